@@ -1,0 +1,191 @@
+//! The rollout batch: the one input struct every estimator, filter and loss reads.
+
+use crate::error::{EngineError, Result, check_shape};
+use crate::ops::Groups;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+/// A batch of `batch` trajectories of up to `steps` steps (tokens of an LLM response,
+/// denoising steps of a flow model, routing decisions of a router), as sampled.
+///
+/// Required: `mask` `[batch, steps]` (1 for real steps), per-sample `rewards` `[batch]`
+/// (non-finite values mark a failed reward: excluded from baselines, advantage 0, counted)
+/// and `group_ids` (samples of the same prompt share an id). Everything else is optional and
+/// added with the `with_*` builders, each of which checks its shape.
+#[derive(Debug, Clone)]
+pub struct RolloutBatch {
+    /// `[batch, steps]` float mask, 1 on valid steps.
+    pub mask: Tensor<2>,
+    /// `[batch]` outcome reward per sample.
+    pub rewards: Tensor<1>,
+    /// Group membership (by prompt).
+    pub groups: Groups,
+    /// `[batch, steps]` per-step rewards added to the outcome reward (placed on the last step).
+    pub token_rewards: Option<Tensor<2>>,
+    /// `[batch, steps]` log-probs recorded by the sampler (`rollout`).
+    pub rollout_log_probs: Option<Tensor<2>>,
+    /// `[batch, steps]` log-probs recomputed by the trainer before the update (`old`).
+    pub old_log_probs: Option<Tensor<2>>,
+    /// `[batch, steps]` log-probs of the reference policy.
+    pub ref_log_probs: Option<Tensor<2>>,
+    /// `[batch, steps]` critic values (GAE).
+    pub values: Option<Tensor<2>>,
+    /// `[batch]` baseline reward per sample, e.g. the greedy rollout's reward for ReMax.
+    pub baseline_rewards: Option<Tensor<1>>,
+    /// `[batch]` true where the sample hit the length limit without finishing.
+    pub truncated: Option<Tensor<1, Bool>>,
+}
+
+impl RolloutBatch {
+    /// A batch from its mask, rewards and group ids.
+    ///
+    /// # Errors
+    /// [`EngineError::EmptyBatch`] for zero rows or steps; [`EngineError::ShapeMismatch`] when
+    /// `rewards` or `group_ids` disagree with the mask's batch size.
+    pub fn new(mask: Tensor<2>, rewards: Tensor<1>, group_ids: &[usize]) -> Result<Self> {
+        let [batch, steps] = mask.dims();
+        if batch == 0 || steps == 0 {
+            return Err(EngineError::EmptyBatch("mask"));
+        }
+        check_shape("rewards", rewards.dims(), [batch])?;
+        check_shape("group_ids", [group_ids.len()], [batch])?;
+        let groups = Groups::new(group_ids, &mask.device());
+        Ok(Self {
+            mask,
+            rewards,
+            groups,
+            token_rewards: None,
+            rollout_log_probs: None,
+            old_log_probs: None,
+            ref_log_probs: None,
+            values: None,
+            baseline_rewards: None,
+            truncated: None,
+        })
+    }
+
+    /// `[batch, steps]` of the batch.
+    pub fn dims(&self) -> [usize; 2] {
+        self.mask.dims()
+    }
+
+    fn check2(&self, name: &'static str, t: &Tensor<2>) -> Result<()> {
+        check_shape(name, t.dims(), self.dims())
+    }
+
+    /// Adds per-step rewards.
+    pub fn with_token_rewards(mut self, t: Tensor<2>) -> Result<Self> {
+        self.check2("token_rewards", &t)?;
+        self.token_rewards = Some(t);
+        Ok(self)
+    }
+
+    /// Adds the sampler's log-probs.
+    pub fn with_rollout_log_probs(mut self, t: Tensor<2>) -> Result<Self> {
+        self.check2("rollout_log_probs", &t)?;
+        self.rollout_log_probs = Some(t);
+        Ok(self)
+    }
+
+    /// Adds the recomputed old log-probs.
+    pub fn with_old_log_probs(mut self, t: Tensor<2>) -> Result<Self> {
+        self.check2("old_log_probs", &t)?;
+        self.old_log_probs = Some(t);
+        Ok(self)
+    }
+
+    /// Adds the reference policy's log-probs.
+    pub fn with_ref_log_probs(mut self, t: Tensor<2>) -> Result<Self> {
+        self.check2("ref_log_probs", &t)?;
+        self.ref_log_probs = Some(t);
+        Ok(self)
+    }
+
+    /// Adds critic values.
+    pub fn with_values(mut self, t: Tensor<2>) -> Result<Self> {
+        self.check2("values", &t)?;
+        self.values = Some(t);
+        Ok(self)
+    }
+
+    /// Adds per-sample baseline rewards (ReMax).
+    pub fn with_baseline_rewards(mut self, t: Tensor<1>) -> Result<Self> {
+        check_shape("baseline_rewards", t.dims(), [self.dims()[0]])?;
+        self.baseline_rewards = Some(t);
+        Ok(self)
+    }
+
+    /// Adds truncation flags.
+    pub fn with_truncated(mut self, t: Tensor<1, Bool>) -> Result<Self> {
+        check_shape("truncated", t.dims(), [self.dims()[0]])?;
+        self.truncated = Some(t);
+        Ok(self)
+    }
+
+    /// `[batch]` float: 1 where the outcome reward (and baseline reward, if any) is finite.
+    pub fn reward_valid(&self) -> Tensor<1> {
+        let mut valid = self.rewards.clone().is_finite();
+        if let Some(b) = &self.baseline_rewards {
+            valid = valid.bool_and(b.clone().is_finite());
+        }
+        valid.float()
+    }
+
+    /// `[batch]` rewards with non-finite entries replaced by 0.
+    pub fn clean_rewards(&self) -> Tensor<1> {
+        let invalid = self.rewards.clone().is_finite().bool_not();
+        self.rewards.clone().mask_fill(invalid, 0.0)
+    }
+
+    /// `[batch]` number of valid steps per sample.
+    pub fn lengths(&self) -> Tensor<1> {
+        let [batch, _] = self.dims();
+        self.mask.clone().sum_dim(1).reshape([batch])
+    }
+
+    /// The rows at `indices` (in that order), e.g. those kept by dynamic sampling.
+    ///
+    /// # Errors
+    /// [`EngineError::EmptyBatch`] when `indices` is empty; [`EngineError::ShapeMismatch`] when an
+    /// index is out of range.
+    pub fn select(&self, indices: &[usize]) -> Result<Self> {
+        let [b, _] = self.dims();
+        if indices.is_empty() {
+            return Err(EngineError::EmptyBatch("indices"));
+        }
+        if let Some(&bad) = indices.iter().find(|&&i| i >= b) {
+            return Err(EngineError::ShapeMismatch {
+                name: "indices",
+                actual: vec![bad],
+                expected: vec![b],
+            });
+        }
+        let device = self.mask.device();
+        let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [indices.len()]), &device);
+        let rows2 = |t: &Tensor<2>| t.clone().select(0, idx.clone());
+        let rows1 = |t: &Tensor<1>| t.clone().select(0, idx.clone());
+        let ids: Vec<usize> = indices.iter().map(|&i| self.groups.ids()[i]).collect();
+        Ok(Self {
+            mask: rows2(&self.mask),
+            rewards: rows1(&self.rewards),
+            groups: Groups::new(&ids, &device),
+            token_rewards: self.token_rewards.as_ref().map(rows2),
+            rollout_log_probs: self.rollout_log_probs.as_ref().map(rows2),
+            old_log_probs: self.old_log_probs.as_ref().map(rows2),
+            ref_log_probs: self.ref_log_probs.as_ref().map(rows2),
+            values: self.values.as_ref().map(rows2),
+            baseline_rewards: self.baseline_rewards.as_ref().map(rows1),
+            truncated: self
+                .truncated
+                .as_ref()
+                .map(|t| t.clone().int().select(0, idx.clone()).equal_elem(1)),
+        })
+    }
+
+    /// The old log-probs: recomputed ones if present, else the sampler's.
+    pub fn behaviour_log_probs(&self) -> Option<&Tensor<2>> {
+        self.old_log_probs
+            .as_ref()
+            .or(self.rollout_log_probs.as_ref())
+    }
+}

@@ -1,0 +1,14 @@
+//! Ember: pure-Rust policy-gradient post-training on burn.
+//!
+//! This facade re-exports the engine and picks the compute device among the backends compiled
+//! in (cargo features `cpu`, `cuda`, `wgpu`).
+
+#[cfg(not(any(feature = "cpu", feature = "cuda", feature = "wgpu")))]
+compile_error!(
+    "Ember needs a compute backend: build with one of the cargo features `cpu` (the default), \
+     `cuda` or `wgpu`, e.g. `cargo build --release --features cuda`."
+);
+
+pub use ember_engine as engine;
+
+pub mod device;

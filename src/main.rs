@@ -1,0 +1,56 @@
+//! The `ember` command line.
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "usage: ember <command>
+
+commands:
+  info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
+  help                                 this text";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("info") => info(&args[1..]),
+        Some("help") | Some("--help") | Some("-h") | None => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}
+
+fn info(args: &[String]) -> Result<()> {
+    let mut name = "auto".to_string();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--device" => name = it.next().context("--device needs a value")?.clone(),
+            other => bail!("unknown option `{other}` for `ember info`"),
+        }
+    }
+    let backends: Vec<String> = ember::device::compiled_backends()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    println!(
+        "ember {} — backends compiled in: {}",
+        env!("CARGO_PKG_VERSION"),
+        backends.join(", ")
+    );
+    let device = ember::device::device(&name)?;
+    println!("device: {device:?}");
+    // A one-group GRPO check on the chosen device: rewards [1, 0, 0, 0] → [1.5, −0.5, −0.5, −0.5].
+    use burn::tensor::Tensor;
+    use ember::engine::{AdvantageConfig, RolloutBatch, compute_advantages};
+    let mask = Tensor::<2>::ones([4, 1], &device);
+    let rewards = Tensor::<1>::from_floats([1.0, 0.0, 0.0, 0.0], &device);
+    let batch = RolloutBatch::new(mask, rewards, &[0, 0, 0, 0])?;
+    let adv = compute_advantages(&AdvantageConfig::default(), &batch, 0)?;
+    let v: Vec<f32> = adv
+        .advantages
+        .try_into_vec_as::<f32>()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    println!("GRPO advantages of rewards [1, 0, 0, 0]: {v:?}");
+    Ok(())
+}

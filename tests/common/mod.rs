@@ -1,0 +1,79 @@
+//! Helpers shared by the whole-stack tests.
+#![allow(dead_code)]
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// The CPU test device.
+pub fn dev() -> Device {
+    Device::flex()
+}
+
+/// A `[rows, cols]` tensor from nested rows.
+pub fn t2(rows: &[&[f32]]) -> Tensor<2> {
+    let r = rows.len();
+    let c = rows.first().map_or(0, |x| x.len());
+    let flat: Vec<f32> = rows.iter().flat_map(|x| x.iter().copied()).collect();
+    Tensor::from_data(TensorData::new(flat, [r, c]), &dev())
+}
+
+/// A `[n]` tensor.
+pub fn t1(v: &[f32]) -> Tensor<1> {
+    Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), &dev())
+}
+
+/// A `[rows, cols]` tensor filled with `v`.
+pub fn full2(rows: usize, cols: usize, v: f32) -> Tensor<2> {
+    Tensor::full([rows, cols], v, &dev())
+}
+
+/// Host values of a tensor.
+pub fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.try_into_vec_as::<f32>().expect("f32 data")
+}
+
+/// Asserts element-wise closeness with an absolute tolerance.
+#[track_caller]
+pub fn assert_close(actual: &[f32], expected: &[f64], tol: f64) {
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "length: {actual:?} vs {expected:?}"
+    );
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        assert!(
+            (f64::from(*a) - e).abs() <= tol,
+            "element {i}: {a} vs expected {e} (tol {tol}); actual {actual:?}"
+        );
+    }
+}
+
+/// Deterministic pseudo-random numbers in [lo, hi) (SplitMix64).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+    pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// A `[rows, cols]` tensor from f64 host values.
+pub fn from_f64(v: &[f64], rows: usize, cols: usize) -> Tensor<2> {
+    let f: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+    Tensor::from_data(TensorData::new(f, [rows, cols]), &dev())
+}
+
+/// A `[rows, cols]` tensor from f64 host values on `device`.
+pub fn from_f64_on(v: &[f64], rows: usize, cols: usize, device: &Device) -> Tensor<2> {
+    let f: Vec<f32> = v.iter().map(|x| *x as f32).collect();
+    Tensor::from_data(TensorData::new(f, [rows, cols]), device)
+}

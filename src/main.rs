@@ -2,16 +2,33 @@
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: ember <command>
+mod cli_llm;
+
+const USAGE: &str = "usage: ember <command> [options]
 
 commands:
+  generate --model <dir|file.gguf> --prompt <text> [--chat] [--max-new-tokens N]
+           [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--n N]
+           [--adapter <peft dir>] [--device cpu|cuda|wgpu|auto]
+                                       complete a prompt (temperature 0 = greedy)
+  export --model <dir|file.gguf> [--adapter <peft dir>] --out <dir>
+                                       write Hugging Face safetensors + config.json
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
   help                                 this text";
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("info") => info(&args[1..]),
+        Some("generate") => cli_llm::generate_cmd(&args[1..]),
+        Some("export") => cli_llm::export_cmd(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
             Ok(())

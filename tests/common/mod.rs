@@ -1,6 +1,8 @@
 //! Helpers shared by the whole-stack tests.
 #![allow(dead_code)]
 
+pub mod assets;
+
 use burn::tensor::{Device, Tensor, TensorData};
 
 /// The CPU test device.

@@ -1,0 +1,122 @@
+//! The preallocated key/value cache of batched decoding.
+//!
+//! Buffers of a fixed capacity `[batch, kv_heads, capacity, head_dim]` per layer are written in
+//! place, and attention always runs over the whole buffer under a key mask, so every decode
+//! step runs the same kernels with the same shapes (no shape-driven recompiles on GPU
+//! backends). Capacities are rounded up to a bucket so that different prompt lengths share
+//! shapes too.
+
+use crate::model::Llama;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+/// Rounds `needed` up to a multiple of `bucket`.
+pub fn bucketed(needed: usize, bucket: usize) -> usize {
+    needed.div_ceil(bucket.max(1)) * bucket.max(1)
+}
+
+/// Per-layer keys and values, the key mask and each row's next position id.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    k: Vec<Tensor<4>>,
+    v: Vec<Tensor<4>>,
+    key_mask: Tensor<2>,
+    next_pos: Tensor<2, Int>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `batch` rows and `capacity` positions.
+    pub fn new(model: &Llama, batch: usize, capacity: usize, device: &Device) -> Self {
+        let (kv, hd) = model.kv_shape();
+        let zeros = || Tensor::<4>::zeros([batch, kv, capacity, hd], device);
+        Self {
+            k: (0..model.n_layers()).map(|_| zeros()).collect(),
+            v: (0..model.n_layers()).map(|_| zeros()).collect(),
+            key_mask: Tensor::zeros([batch, capacity], device),
+            next_pos: Tensor::zeros([batch, 1], device),
+            len: 0,
+            capacity,
+        }
+    }
+
+    /// Positions written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing has been written.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Total positions.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Position ids of `t` new tokens with mask `mask` `[batch, t]`: continuing each row's count
+    /// of real tokens (padding gets the position of the previous real token, as in HF).
+    pub(crate) fn positions_for(&self, mask: &Tensor<2>) -> Tensor<2, Int> {
+        let offset = mask.clone().cumsum(1) - 1.0;
+        (self.next_pos.clone().float() + offset)
+            .clamp_min(0.0)
+            .int()
+    }
+
+    /// Records the mask of `t` new positions.
+    pub(crate) fn append_mask(&mut self, mask: Tensor<2>) {
+        let [b, t] = mask.dims();
+        assert!(
+            self.len + t <= self.capacity,
+            "KV cache overflow: {} + {t} > {}",
+            self.len,
+            self.capacity
+        );
+        self.next_pos = self.next_pos.clone() + mask.clone().sum_dim(1).int();
+        self.key_mask = self
+            .key_mask
+            .clone()
+            .slice_assign([0..b, self.len..self.len + t], mask);
+    }
+
+    /// Additive attention bias `[batch, 1, t, capacity]` for `t` queries starting at `start`:
+    /// keys must be real and not in the future.
+    pub(crate) fn attention_bias(&self, start: usize, t: usize) -> Tensor<4> {
+        let [b, cap] = self.key_mask.dims();
+        let device = self.key_mask.device();
+        let keys = self.key_mask.clone().reshape([b, 1, 1, cap]);
+        let allowed = if t == 1 {
+            // Future positions are not written yet: the key mask alone is causal.
+            keys
+        } else {
+            let causal: Vec<f32> = (0..t)
+                .flat_map(|i| (0..cap).map(move |j| if j <= start + i { 1.0 } else { 0.0 }))
+                .collect();
+            let causal = Tensor::<2>::from_data(TensorData::new(causal, [t, cap]), &device);
+            keys * causal.reshape([1, 1, t, cap])
+        };
+        (allowed.neg() + 1.0) * -1e9
+    }
+
+    /// Writes layer `layer`'s keys/values `[batch, kv, t, hd]` at `start`; returns the whole
+    /// buffers.
+    pub(crate) fn write(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: Tensor<4>,
+        v: Tensor<4>,
+    ) -> (Tensor<4>, Tensor<4>) {
+        let [b, kv, t, hd] = k.dims();
+        let range = [0..b, 0..kv, start..start + t, 0..hd];
+        self.k[layer] = self.k[layer].clone().slice_assign(range.clone(), k);
+        self.v[layer] = self.v[layer].clone().slice_assign(range, v);
+        (self.k[layer].clone(), self.v[layer].clone())
+    }
+
+    /// Moves the write position on by `t`.
+    pub(crate) fn advance(&mut self, t: usize) {
+        self.len += t;
+    }
+}

@@ -1,0 +1,20 @@
+//! Ember's LLM policy: Llama/Qwen2 decoders loaded from Hugging Face or GGUF checkpoints,
+//! batched KV-cache sampling with the log-probs RL needs, LoRA with PEFT I/O, and export.
+
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod load;
+pub mod lora;
+pub mod model;
+pub mod sample;
+pub mod tokenizer;
+
+pub use config::{Family, HfConfig, LlamaConfig};
+pub use error::{LlmError, Result};
+pub use load::{Loaded, load, save_hf};
+pub use lora::{LoraSettings, apply_lora, load_peft, merge, save_peft};
+pub use model::Llama;
+pub use sample::{Generation, SamplingConfig, generate};
+pub use tokenizer::{Message, Tokenizer};

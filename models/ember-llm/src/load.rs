@@ -1,0 +1,668 @@
+//! Checkpoints: Hugging Face directories (`config.json` + `model.safetensors` or a sharded
+//! index) and GGUF files in, Hugging Face safetensors + `config.json` out.
+//!
+//! One name table per family maps Hugging Face names to GGUF names; Linear weights are stored
+//! `[out, in]` in both formats and `[in, out]` in burn, so they are transposed once at load.
+
+use crate::config::{HfConfig, LlamaConfig, ids_of};
+use crate::error::{LlmError, Result};
+use crate::gguf::{GgufFile, Value};
+use crate::model::{Attention, Block, Llama, Mlp};
+use burn::module::Param;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::{Device, Tensor, TensorData};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where weights come from: Hugging Face tensor names in, row-major f32 out.
+pub trait WeightSource {
+    /// The tensor `name` (Hugging Face name) as f32 with its shape, or None if absent.
+    fn get(&mut self, name: &str, shape_hint: &[usize]) -> Result<Option<(Vec<f32>, Vec<usize>)>>;
+    /// The file, for error messages.
+    fn path(&self) -> &Path;
+}
+
+/// Tensors of one or more `.safetensors` files.
+pub struct SafetensorsSource {
+    files: Vec<(PathBuf, Vec<u8>)>,
+    index: HashMap<String, usize>,
+    path: PathBuf,
+}
+
+impl SafetensorsSource {
+    /// Opens `model.safetensors`, or every shard named by `model.safetensors.index.json`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if single.exists() {
+            vec!["model.safetensors".into()]
+        } else if index_path.exists() {
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| LlmError::io(&index_path, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| LlmError::Checkpoint {
+                    path: index_path.clone(),
+                    reason: e.to_string(),
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| LlmError::Checkpoint {
+                    path: index_path.clone(),
+                    reason: "no `weight_map` object".into(),
+                })?;
+            let mut names: Vec<String> = map
+                .values()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            return Err(LlmError::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: "neither model.safetensors nor model.safetensors.index.json exists".into(),
+            });
+        };
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for (i, name) in shard_names.iter().enumerate() {
+            let p = dir.join(name);
+            let bytes = std::fs::read(&p).map_err(|e| LlmError::io(&p, e))?;
+            let st = SafeTensors::deserialize(&bytes).map_err(|e| LlmError::Checkpoint {
+                path: p.clone(),
+                reason: e.to_string(),
+            })?;
+            for n in st.names() {
+                index.insert(n.to_string(), i);
+            }
+            files.push((p, bytes));
+        }
+        Ok(Self {
+            files,
+            index,
+            path: dir.to_path_buf(),
+        })
+    }
+}
+
+impl SafetensorsSource {
+    /// Opens one `.safetensors` file.
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| LlmError::io(path, e))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| LlmError::Checkpoint {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let index = st.names().into_iter().map(|n| (n.to_string(), 0)).collect();
+        Ok(Self {
+            files: vec![(path.to_path_buf(), bytes)],
+            index,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl WeightSource for SafetensorsSource {
+    fn get(&mut self, name: &str, _shape_hint: &[usize]) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
+        let Some(&i) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let (path, bytes) = &self.files[i];
+        let bad = |reason: String| LlmError::Checkpoint {
+            path: path.clone(),
+            reason,
+        };
+        let st = SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+        let view = st.tensor(name).map_err(|e| bad(e.to_string()))?;
+        let data = view.data();
+        let values: Vec<f32> = match view.dtype() {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(bad(format!(
+                    "tensor `{name}` has dtype {other:?} (supported: F32, F16, BF16)"
+                )));
+            }
+        };
+        Ok(Some((values, view.shape().to_vec())))
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Tensors of a GGUF file, named the Hugging Face way.
+pub struct GgufSource {
+    file: GgufFile,
+    unpermute_heads: Option<(usize, usize)>,
+}
+
+impl GgufSource {
+    /// Wraps an open file. For the `llama` architecture, llama.cpp stored Q and K rows permuted
+    /// for its interleaved RoPE; they are put back in rotate-half order per head.
+    pub fn new(file: GgufFile, n_heads: usize, n_kv_heads: usize) -> Self {
+        let arch = file
+            .metadata
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let unpermute_heads = (arch == "llama").then_some((n_heads, n_kv_heads));
+        Self {
+            file,
+            unpermute_heads,
+        }
+    }
+
+    /// The GGUF name of a Hugging Face tensor name.
+    pub fn gguf_name(hf: &str) -> Option<String> {
+        if hf == "model.embed_tokens.weight" {
+            return Some("token_embd.weight".into());
+        }
+        if hf == "model.norm.weight" {
+            return Some("output_norm.weight".into());
+        }
+        if hf == "lm_head.weight" {
+            return Some("output.weight".into());
+        }
+        let rest = hf.strip_prefix("model.layers.")?;
+        let (layer, tail) = rest.split_once('.')?;
+        let table = [
+            ("input_layernorm.weight", "attn_norm.weight"),
+            ("post_attention_layernorm.weight", "ffn_norm.weight"),
+            ("self_attn.q_proj.weight", "attn_q.weight"),
+            ("self_attn.k_proj.weight", "attn_k.weight"),
+            ("self_attn.v_proj.weight", "attn_v.weight"),
+            ("self_attn.o_proj.weight", "attn_output.weight"),
+            ("self_attn.q_proj.bias", "attn_q.bias"),
+            ("self_attn.k_proj.bias", "attn_k.bias"),
+            ("self_attn.v_proj.bias", "attn_v.bias"),
+            ("mlp.gate_proj.weight", "ffn_gate.weight"),
+            ("mlp.up_proj.weight", "ffn_up.weight"),
+            ("mlp.down_proj.weight", "ffn_down.weight"),
+        ];
+        let g = table.iter().find(|(h, _)| *h == tail)?.1;
+        Some(format!("blk.{layer}.{g}"))
+    }
+}
+
+/// Undoes llama.cpp's Q/K permutation: GGUF row `h·d + 2j + s` holds HF row `h·d + s·d/2 + j`.
+pub fn unpermute_rows(w: &[f32], rows: usize, cols: usize, n_heads: usize) -> Vec<f32> {
+    let d = rows / n_heads;
+    let half = d / 2;
+    let mut out = vec![0f32; w.len()];
+    for h in 0..n_heads {
+        for j in 0..half {
+            for s in 0..2 {
+                let src = h * d + 2 * j + s;
+                let dst = h * d + s * half + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+impl WeightSource for GgufSource {
+    fn get(&mut self, name: &str, _shape_hint: &[usize]) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
+        let Some(g) = Self::gguf_name(name) else {
+            return Ok(None);
+        };
+        if self.file.tensor_info(&g).is_err() {
+            return Ok(None);
+        }
+        let (mut data, shape) = self.file.read_f32(&g)?;
+        if let Some((nh, nkv)) = self.unpermute_heads {
+            let heads = if name.ends_with("q_proj.weight") {
+                Some(nh)
+            } else if name.ends_with("k_proj.weight") {
+                Some(nkv)
+            } else {
+                None
+            };
+            if let (Some(heads), [rows, cols]) = (heads, shape.as_slice()) {
+                data = unpermute_rows(&data, *rows, *cols, heads);
+            }
+        }
+        Ok(Some((data, shape)))
+    }
+    fn path(&self) -> &Path {
+        self.file.path()
+    }
+}
+
+/// Our config from GGUF metadata (`{arch}.*` keys).
+pub fn config_from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
+    let arch = file
+        .get("general.architecture")?
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let family = match arch.as_str() {
+        "llama" => crate::config::Family::Llama,
+        "qwen2" => crate::config::Family::Qwen2,
+        other => {
+            return Err(LlmError::Config {
+                field: "general.architecture",
+                reason: format!("`{other}` is not supported (supported: llama, qwen2)"),
+            });
+        }
+    };
+    let u = |k: &str| -> Result<usize> {
+        let key = format!("{arch}.{k}");
+        file.get(&key)?
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| LlmError::Config {
+                field: "gguf metadata",
+                reason: format!("`{key}` is not an integer"),
+            })
+    };
+    let f = |k: &str, default: f64| {
+        file.metadata
+            .get(&format!("{arch}.{k}"))
+            .and_then(Value::as_f64)
+            .unwrap_or(default)
+    };
+    let n_heads = u("attention.head_count")?;
+    let vocab = match u("vocab_size") {
+        Ok(v) => v,
+        Err(_) => file
+            .get("tokenizer.ggml.tokens")?
+            .as_array()
+            .map_or(0, <[Value]>::len),
+    };
+    let d_model = u("embedding_length")?;
+    let head_dim = u("rope.dimension_count")
+        .ok()
+        .filter(|hd| *hd != d_model / n_heads.max(1));
+    if let Some(t) = file
+        .metadata
+        .get(&format!("{arch}.rope.scaling.type"))
+        .and_then(Value::as_str)
+        .filter(|t| *t != "none")
+    {
+        return Err(LlmError::Config {
+            field: "rope.scaling.type",
+            reason: format!("`{t}` is not supported"),
+        });
+    }
+    let cfg = LlamaConfig::new(
+        family,
+        vocab,
+        d_model,
+        u("feed_forward_length")?,
+        u("block_count")?,
+        n_heads,
+        u("attention.head_count_kv").unwrap_or(n_heads),
+    )
+    .with_head_dim(head_dim)
+    .with_rms_norm_eps(f("attention.layer_norm_rms_epsilon", 1e-5))
+    .with_rope_theta(f("rope.freq_base", 10000.0))
+    .with_max_position_embeddings(u("context_length").unwrap_or(2048))
+    .with_qkv_bias(family == crate::config::Family::Qwen2)
+    .with_tie_embeddings(file.tensor_info("output.weight").is_err());
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Reads one named tensor of an expected shape.
+type Take<'a> = dyn FnMut(&str, &[usize]) -> Result<Vec<f32>> + 'a;
+
+/// Builds the model from `source`, checking every tensor's shape.
+pub fn build_model(
+    cfg: &LlamaConfig,
+    source: &mut dyn WeightSource,
+    device: &Device,
+) -> Result<Llama> {
+    let path = source.path().to_path_buf();
+    let mut take = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        let (data, actual) = source
+            .get(name, shape)?
+            .ok_or_else(|| LlmError::Checkpoint {
+                path: path.clone(),
+                reason: format!("missing tensor `{name}`"),
+            })?;
+        if actual != shape {
+            return Err(LlmError::Checkpoint {
+                path: path.clone(),
+                reason: format!("tensor `{name}` has shape {actual:?}, expected {shape:?}"),
+            });
+        }
+        Ok(data)
+    };
+    let t1 = |v: Vec<f32>, n: usize| {
+        Param::from_tensor(Tensor::<1>::from_data(TensorData::new(v, [n]), device))
+    };
+    let hd = cfg.head_dim();
+    let linear = |take: &mut Take<'_>,
+                  prefix: &str,
+                  d_in: usize,
+                  d_out: usize,
+                  bias: bool|
+     -> Result<Linear> {
+        let w = take(&format!("{prefix}.weight"), &[d_out, d_in])?;
+        let mut t = vec![0f32; w.len()];
+        for o in 0..d_out {
+            for i in 0..d_in {
+                t[i * d_out + o] = w[o * d_in + i];
+            }
+        }
+        let weight = Param::from_tensor(Tensor::<2>::from_data(
+            TensorData::new(t, [d_in, d_out]),
+            device,
+        ));
+        let bias = if bias {
+            Some(t1(take(&format!("{prefix}.bias"), &[d_out])?, d_out))
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    };
+    let norm = |v: Vec<f32>| RmsNorm {
+        gamma: t1(v, cfg.d_model),
+        epsilon: cfg.rms_norm_eps,
+    };
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    for l in 0..cfg.n_layers {
+        let p = format!("model.layers.{l}");
+        let a = format!("{p}.self_attn");
+        let m = format!("{p}.mlp");
+        layers.push(Block {
+            input_layernorm: norm(take(
+                &format!("{p}.input_layernorm.weight"),
+                &[cfg.d_model],
+            )?),
+            self_attn: Attention {
+                q_proj: linear(
+                    &mut take,
+                    &format!("{a}.q_proj"),
+                    cfg.d_model,
+                    cfg.n_heads * hd,
+                    cfg.qkv_bias,
+                )?,
+                k_proj: linear(
+                    &mut take,
+                    &format!("{a}.k_proj"),
+                    cfg.d_model,
+                    cfg.n_kv_heads * hd,
+                    cfg.qkv_bias,
+                )?,
+                v_proj: linear(
+                    &mut take,
+                    &format!("{a}.v_proj"),
+                    cfg.d_model,
+                    cfg.n_kv_heads * hd,
+                    cfg.qkv_bias,
+                )?,
+                o_proj: linear(
+                    &mut take,
+                    &format!("{a}.o_proj"),
+                    cfg.n_heads * hd,
+                    cfg.d_model,
+                    cfg.out_bias,
+                )?,
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: hd,
+            },
+            post_attention_layernorm: norm(take(
+                &format!("{p}.post_attention_layernorm.weight"),
+                &[cfg.d_model],
+            )?),
+            mlp: Mlp {
+                gate_proj: linear(
+                    &mut take,
+                    &format!("{m}.gate_proj"),
+                    cfg.d_model,
+                    cfg.d_ff,
+                    cfg.out_bias,
+                )?,
+                up_proj: linear(
+                    &mut take,
+                    &format!("{m}.up_proj"),
+                    cfg.d_model,
+                    cfg.d_ff,
+                    cfg.out_bias,
+                )?,
+                down_proj: linear(
+                    &mut take,
+                    &format!("{m}.down_proj"),
+                    cfg.d_ff,
+                    cfg.d_model,
+                    cfg.out_bias,
+                )?,
+            },
+        });
+    }
+    let embed = take("model.embed_tokens.weight", &[cfg.vocab_size, cfg.d_model])?;
+    let embed_tokens = Embedding {
+        weight: Param::from_tensor(Tensor::<2>::from_data(
+            TensorData::new(embed, [cfg.vocab_size, cfg.d_model]),
+            device,
+        )),
+    };
+    let final_norm = norm(take("model.norm.weight", &[cfg.d_model])?);
+    let lm_head = if cfg.tie_embeddings {
+        None
+    } else {
+        Some(linear(
+            &mut take,
+            "lm_head",
+            cfg.d_model,
+            cfg.vocab_size,
+            false,
+        )?)
+    };
+    Ok(Llama {
+        embed_tokens,
+        layers,
+        norm: final_norm,
+        lm_head,
+        rope_theta: cfg.rope_theta,
+        max_positions: cfg.max_position_embeddings,
+    })
+}
+
+/// A loaded checkpoint: model, config, and the eos ids the checkpoint declares.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The model.
+    pub model: Llama,
+    /// Its config.
+    pub config: LlamaConfig,
+    /// EOS ids from `generation_config.json` / `config.json` (HF) or GGUF metadata.
+    pub eos_ids: Vec<u32>,
+}
+
+/// Loads a Hugging Face directory or a `.gguf` file.
+pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
+    if !path.exists() {
+        return Err(LlmError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
+    }
+    if path.is_file() {
+        let file = GgufFile::open(path)?;
+        let config = config_from_gguf(&file)?;
+        let eos_ids = file
+            .metadata
+            .get("tokenizer.ggml.eos_token_id")
+            .and_then(Value::as_u64)
+            .map(|v| vec![v as u32])
+            .unwrap_or_default();
+        let mut src = GgufSource::new(file, config.n_heads, config.n_kv_heads);
+        let model = build_model(&config, &mut src, device)?;
+        return Ok(Loaded {
+            model,
+            config,
+            eos_ids,
+        });
+    }
+    let cfg_path = path.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
+    let hf = HfConfig::from_json(&text)?;
+    let config = hf.to_config()?;
+    let mut eos_ids = hf.eos_ids();
+    let gen_path = path.join("generation_config.json");
+    if gen_path.exists() {
+        let text = std::fs::read_to_string(&gen_path).map_err(|e| LlmError::io(&gen_path, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| LlmError::Config {
+            field: "generation_config.json",
+            reason: e.to_string(),
+        })?;
+        let ids = ids_of(v.get("eos_token_id"));
+        if !ids.is_empty() {
+            eos_ids = ids;
+        }
+    }
+    let mut src = SafetensorsSource::open_dir(path)?;
+    let model = build_model(&config, &mut src, device)?;
+    Ok(Loaded {
+        model,
+        config,
+        eos_ids,
+    })
+}
+
+fn host(t: Tensor<2>) -> (Vec<f32>, [usize; 2]) {
+    let dims = t.dims();
+    (t.try_into_vec_as::<f32>().unwrap_or_default(), dims)
+}
+
+/// Writes `model` (its effective weights: LoRA merged) as Hugging Face `model.safetensors` plus
+/// `config.json` into `dir`, which `transformers` loads with `from_pretrained`. Files are written
+/// to temporary names and renamed, so an interrupted save leaves no half-written checkpoint.
+pub fn save_hf(model: &Llama, cfg: &LlamaConfig, eos_ids: &[u32], dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| LlmError::io(dir, e))?;
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>, v: Vec<f32>| {
+        tensors.push((
+            name,
+            shape,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
+    };
+    let linear = |push: &mut dyn FnMut(String, Vec<usize>, Vec<f32>), name: &str, l: &Linear| {
+        let (w, [d_in, d_out]) = host(l.weight.val());
+        let mut t = vec![0f32; w.len()];
+        for i in 0..d_in {
+            for o in 0..d_out {
+                t[o * d_in + i] = w[i * d_out + o];
+            }
+        }
+        push(format!("{name}.weight"), vec![d_out, d_in], t);
+        if let Some(b) = &l.bias {
+            push(
+                format!("{name}.bias"),
+                vec![d_out],
+                b.val().try_into_vec_as::<f32>().unwrap_or_default(),
+            );
+        }
+    };
+    let vec1 = |t: Tensor<1>| t.try_into_vec_as::<f32>().unwrap_or_default();
+    let (e, [v, d]) = host(model.embed_tokens.weight.val());
+    push("model.embed_tokens.weight".into(), vec![v, d], e);
+    for (i, l) in model.layers.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        push(
+            format!("{p}.input_layernorm.weight"),
+            vec![d],
+            vec1(l.input_layernorm.gamma.val()),
+        );
+        push(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![d],
+            vec1(l.post_attention_layernorm.gamma.val()),
+        );
+        linear(
+            &mut push,
+            &format!("{p}.self_attn.q_proj"),
+            &l.self_attn.q_proj,
+        );
+        linear(
+            &mut push,
+            &format!("{p}.self_attn.k_proj"),
+            &l.self_attn.k_proj,
+        );
+        linear(
+            &mut push,
+            &format!("{p}.self_attn.v_proj"),
+            &l.self_attn.v_proj,
+        );
+        linear(
+            &mut push,
+            &format!("{p}.self_attn.o_proj"),
+            &l.self_attn.o_proj,
+        );
+        linear(&mut push, &format!("{p}.mlp.gate_proj"), &l.mlp.gate_proj);
+        linear(&mut push, &format!("{p}.mlp.up_proj"), &l.mlp.up_proj);
+        linear(&mut push, &format!("{p}.mlp.down_proj"), &l.mlp.down_proj);
+    }
+    push(
+        "model.norm.weight".into(),
+        vec![d],
+        vec1(model.norm.gamma.val()),
+    );
+    if let Some(head) = &model.lm_head {
+        linear(&mut push, "lm_head", head);
+    }
+    write_safetensors(
+        &dir.join("model.safetensors"),
+        &tensors,
+        Some(&[("format", "pt")]),
+    )?;
+    let json = serde_json::to_string_pretty(&cfg.to_hf_json(eos_ids, None)).unwrap_or_default();
+    write_atomic(&dir.join("config.json"), json.as_bytes())
+}
+
+/// Writes f32 tensors `(name, shape, little-endian bytes)` as a safetensors file, atomically.
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<u8>)],
+    metadata: Option<&[(&str, &str)]>,
+) -> Result<()> {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| LlmError::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<_>>()?;
+    let meta: Option<HashMap<String, String>> = metadata.map(|m| {
+        m.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    });
+    let bytes = safetensors::tensor::serialize(views, meta).map_err(|e| LlmError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!(
+        "{}.tmp",
+        path.extension().and_then(|e| e.to_str()).unwrap_or("")
+    ));
+    std::fs::write(&tmp, bytes).map_err(|e| LlmError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| LlmError::io(path, e))
+}

@@ -1,0 +1,346 @@
+//! Batched sampling with a preallocated KV cache: left-padded prompts, temperature, top-k,
+//! top-p, min-p, stop tokens, n samples per prompt, seeded.
+//!
+//! Tokens are chosen on the device by inverse-CDF sampling: one uniform number per row (from a
+//! seeded host RNG, so results do not depend on the device's global RNG or on other work sharing
+//! it) is compared with the cumulative distribution of the truncated softmax. The only host
+//! reads are the stop check every `stop_check_every` steps and the final results.
+
+use crate::cache::{KvCache, bucketed};
+use crate::error::{LlmError, Result};
+use crate::model::Llama;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+fn one() -> f32 {
+    1.0
+}
+fn n1() -> usize {
+    1
+}
+fn max_new() -> usize {
+    64
+}
+fn every() -> usize {
+    8
+}
+fn bucket() -> usize {
+    64
+}
+
+/// Sampling settings (vLLM / HF `generate` semantics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    /// Softmax temperature; 0 is greedy.
+    #[serde(default = "one")]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[serde(default)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = off).
+    #[serde(default = "one")]
+    pub top_p: f32,
+    /// Drop tokens with probability below min_p · max probability (0 = off).
+    #[serde(default)]
+    pub min_p: f32,
+    /// New tokens at most.
+    #[serde(default = "max_new")]
+    pub max_new_tokens: usize,
+    /// Tokens that end a response (included in it).
+    #[serde(default)]
+    pub stop_tokens: Vec<u32>,
+    /// Samples per prompt.
+    #[serde(default = "n1")]
+    pub n: usize,
+    /// RNG seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Steps between host checks for "all rows finished".
+    #[serde(default = "every")]
+    pub stop_check_every: usize,
+    /// KV-cache capacity bucket (positions).
+    #[serde(default = "bucket")]
+    pub cache_bucket: usize,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            max_new_tokens: max_new(),
+            stop_tokens: Vec::new(),
+            n: 1,
+            seed: 0,
+            stop_check_every: every(),
+            cache_bucket: bucket(),
+        }
+    }
+}
+
+impl SamplingConfig {
+    /// Checks every value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Err(LlmError::Input(s));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature {} must be >= 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p {} must be in (0, 1]", self.top_p));
+        }
+        if !(0.0..1.0).contains(&self.min_p) {
+            return bad(format!("min_p {} must be in [0, 1)", self.min_p));
+        }
+        if self.n == 0 || self.max_new_tokens == 0 {
+            return bad("n and max_new_tokens must be >= 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The result of [`generate`]: prompts (left-padded) and responses (right-padded), one row per
+/// sample; rows `i·n .. (i+1)·n` belong to prompt `i`.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// `[rows, prompt_len]` left-padded prompt tokens (pad = 0).
+    pub prompt_tokens: Tensor<2, Int>,
+    /// `[rows, prompt_len]` prompt mask.
+    pub prompt_mask: Tensor<2>,
+    /// `[rows, new]` response tokens (0 after the end).
+    pub tokens: Tensor<2, Int>,
+    /// `[rows, new]` log-probs of the sampled tokens under the temperature-scaled distribution
+    /// (before top-k/top-p/min-p truncation, as vLLM reports them).
+    pub log_probs: Tensor<2>,
+    /// `[rows, new]` response mask (1 up to and including the stop token).
+    pub mask: Tensor<2>,
+    /// Prompt index of each row.
+    pub group_ids: Vec<usize>,
+    /// True for rows that hit `max_new_tokens` without a stop token.
+    pub truncated: Vec<bool>,
+}
+
+impl Generation {
+    /// Response token ids of each row (up to and including the stop token).
+    pub fn response_ids(&self) -> Vec<Vec<u32>> {
+        let [rows, t] = self.tokens.dims();
+        let toks: Vec<i64> = self
+            .tokens
+            .clone()
+            .try_into_vec_as::<i64>()
+            .unwrap_or_default();
+        let mask: Vec<f32> = self
+            .mask
+            .clone()
+            .try_into_vec_as::<f32>()
+            .unwrap_or_default();
+        (0..rows)
+            .map(|r| {
+                (0..t)
+                    .filter(|&j| mask[r * t + j] > 0.5)
+                    .map(|j| toks[r * t + j] as u32)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `[rows, prompt_len + new]` prompt and response concatenated, with its mask: the input of
+    /// rescoring. The response occupies the last `new` columns.
+    pub fn sequences(&self) -> (Tensor<2, Int>, Tensor<2>) {
+        (
+            Tensor::cat(vec![self.prompt_tokens.clone(), self.tokens.clone()], 1),
+            Tensor::cat(vec![self.prompt_mask.clone(), self.mask.clone()], 1),
+        )
+    }
+}
+
+/// Left-pads token lists into `[rows, len]` tokens and mask.
+pub fn left_pad(rows: &[Vec<u32>], device: &Device) -> (Tensor<2, Int>, Tensor<2>) {
+    let len = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut toks = vec![0i64; rows.len() * len];
+    let mut mask = vec![0f32; rows.len() * len];
+    for (r, row) in rows.iter().enumerate() {
+        let off = len - row.len();
+        for (j, t) in row.iter().enumerate() {
+            toks[r * len + off + j] = i64::from(*t);
+            mask[r * len + off + j] = 1.0;
+        }
+    }
+    (
+        Tensor::from_data(TensorData::new(toks, [rows.len(), len]), device),
+        Tensor::from_data(TensorData::new(mask, [rows.len(), len]), device),
+    )
+}
+
+/// Applies top-k, top-p and min-p to log-probs `[rows, vocab]` (removed entries become −inf).
+pub fn truncate(lp: Tensor<2>, top_k: usize, top_p: f32, min_p: f32) -> Tensor<2> {
+    let [rows, vocab] = lp.dims();
+    let mut lp = lp;
+    if top_k > 0 && top_k < vocab {
+        let sorted = lp.clone().sort_descending(1);
+        let kth = sorted.slice([0..rows, top_k - 1..top_k]);
+        lp = lp
+            .clone()
+            .mask_fill(lp.lower(kth.expand([rows, vocab])), f32::NEG_INFINITY);
+    }
+    if top_p < 1.0 {
+        // Keep sorted tokens whose preceding cumulative mass is below p (always the first).
+        let sorted = lp.clone().sort_descending(1);
+        let probs = sorted.clone().exp();
+        let before = probs.clone().cumsum(1) - probs;
+        let kept = before.lower_elem(top_p);
+        let smallest_kept = sorted.mask_fill(kept.bool_not(), f32::INFINITY).min_dim(1);
+        lp = lp.clone().mask_fill(
+            lp.lower(smallest_kept.expand([rows, vocab])),
+            f32::NEG_INFINITY,
+        );
+    }
+    if min_p > 0.0 {
+        let max = lp.clone().max_dim(1);
+        let threshold = max.add_scalar(min_p.ln());
+        lp = lp
+            .clone()
+            .mask_fill(lp.lower(threshold.expand([rows, vocab])), f32::NEG_INFINITY);
+    }
+    lp
+}
+
+/// SplitMix64 (Steele et al. 2014): the per-row uniforms of the sampler.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform number in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Draws one token per row from the distribution whose log-probs are `lp` `[rows, vocab]`
+/// (−inf entries have probability 0) by inverse CDF: the index where the cumulative mass first
+/// exceeds u·total.
+pub fn sample_rows(lp: Tensor<2>, rng: &mut SplitMix64) -> Tensor<2, Int> {
+    let [rows, vocab] = lp.dims();
+    let device = lp.device();
+    let probs = (lp.clone() - lp.max_dim(1)).exp();
+    let cdf = probs.cumsum(1);
+    let total = cdf.clone().slice([0..rows, vocab - 1..vocab]);
+    let u: Vec<f32> = (0..rows).map(|_| rng.uniform()).collect();
+    let u = Tensor::<2>::from_data(TensorData::new(u, [rows, 1]), &device) * total;
+    let below = cdf.lower_equal(u.expand([rows, vocab])).int().sum_dim(1);
+    below.clamp_max(vocab as i64 - 1)
+}
+
+/// Samples `cfg.n` responses for each prompt.
+///
+/// # Errors
+/// An empty prompt list or prompt, a prompt plus `max_new_tokens` longer than the model's
+/// context, or an invalid setting.
+pub fn generate(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    device: &Device,
+) -> Result<Generation> {
+    cfg.validate()?;
+    if prompts.is_empty() {
+        return Err(LlmError::Input("no prompts".into()));
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(LlmError::Input(format!("prompt {i} is empty")));
+    }
+    let vocab = model.vocab_size();
+    if let Some(bad) = prompts.iter().flatten().find(|t| **t as usize >= vocab) {
+        return Err(LlmError::Input(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest + cfg.max_new_tokens > model.max_positions() {
+        return Err(LlmError::Input(format!(
+            "prompt of {longest} tokens + max_new_tokens {} exceeds the context of {} positions",
+            cfg.max_new_tokens,
+            model.max_positions()
+        )));
+    }
+    let rows: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), cfg.n))
+        .collect();
+    let group_ids: Vec<usize> = (0..prompts.len())
+        .flat_map(|i| std::iter::repeat_n(i, cfg.n))
+        .collect();
+    let b = rows.len();
+    let (prompt_tokens, prompt_mask) = left_pad(&rows, device);
+    let prompt_len = prompt_tokens.dims()[1];
+    let capacity = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
+    let mut cache = KvCache::new(model, b, capacity, device);
+    let mut rng = SplitMix64(cfg.seed);
+
+    let stop: Vec<i64> = cfg.stop_tokens.iter().map(|t| i64::from(*t)).collect();
+    let mut logits = model.forward_cached(prompt_tokens.clone(), prompt_mask.clone(), &mut cache);
+    let mut alive = Tensor::<2>::ones([b, 1], device);
+    let (mut toks, mut lps, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+    for step in 0..cfg.max_new_tokens {
+        let t = if cfg.temperature > 0.0 {
+            cfg.temperature
+        } else {
+            1.0
+        };
+        let lp = log_softmax(logits / t, 1);
+        let token = if cfg.temperature == 0.0 {
+            lp.clone().argmax(1)
+        } else {
+            let filtered = truncate(lp.clone(), cfg.top_k, cfg.top_p, cfg.min_p);
+            sample_rows(filtered, &mut rng)
+        };
+        lps.push(lp.gather(1, token.clone()) * alive.clone());
+        masks.push(alive.clone());
+        let token = token * alive.clone().int();
+        toks.push(token.clone());
+        let mut stopped: Tensor<2, Bool> = token.clone().equal_elem(-1);
+        for s in &stop {
+            stopped = stopped.bool_or(token.clone().equal_elem(*s));
+        }
+        let step_mask = alive.clone();
+        alive = alive * stopped.bool_not().float();
+        let last = step + 1 == cfg.max_new_tokens;
+        if last {
+            break;
+        }
+        if (step + 1) % cfg.stop_check_every.max(1) == 0 {
+            let any: f32 = alive.clone().sum().into_scalar();
+            if any == 0.0 {
+                break;
+            }
+        }
+        logits = model.forward_cached(token, step_mask, &mut cache);
+    }
+    let truncated: Vec<bool> = alive
+        .try_into_vec_as::<f32>()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| *a > 0.5)
+        .collect();
+    Ok(Generation {
+        prompt_tokens,
+        prompt_mask,
+        tokens: Tensor::cat(toks, 1),
+        log_probs: Tensor::cat(lps, 1),
+        mask: Tensor::cat(masks, 1),
+        group_ids,
+        truncated,
+    })
+}

@@ -1,0 +1,33 @@
+//! Locating the real artefacts `.ci/run` fetches into a cache outside the clone.
+
+use std::path::PathBuf;
+
+/// The SmolLM2-135M-Instruct Q4_1 GGUF file: `$EMBER_SMOLLM2_GGUF`, else
+/// `$EMBER_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf` (default cache `~/.cache/ember`).
+/// Returns None (and says so) when it is absent, unless `EMBER_REQUIRE_ASSETS` is set, in which
+/// case a missing file fails the test.
+pub fn smollm2() -> Option<PathBuf> {
+    let path = std::env::var_os("EMBER_SMOLLM2_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("EMBER_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ember")
+                });
+            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("EMBER_REQUIRE_ASSETS").is_none(),
+        "{} is missing (run .ci/run, or `scripts/fetch_assets.sh`)",
+        path.display()
+    );
+    eprintln!(
+        "skipping: {} not found (scripts/fetch_assets.sh fetches it)",
+        path.display()
+    );
+    None
+}

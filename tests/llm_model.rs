@@ -1,0 +1,313 @@
+//! The LLM against the reference library: logits of random tiny Llama and Qwen2 checkpoints
+//! saved by `transformers` (fixtures made by `scripts/make_llm_fixtures.py`), cached decoding
+//! against the full forward, sampling log-probs against rescoring, export round trips.
+
+mod common;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use common::*;
+use ember_llm::sample::left_pad;
+use ember_llm::{SamplingConfig, generate, load};
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm")
+        .join(name)
+}
+
+#[derive(serde::Deserialize)]
+struct LogitsFixture {
+    tokens: Vec<Vec<i64>>,
+    mask: Vec<Vec<f32>>,
+    logits: Vec<Vec<Vec<f32>>>,
+}
+
+fn check_logits(name: &str) {
+    let dir = fixture(name);
+    let loaded = load(&dir, &dev()).expect("load tiny checkpoint");
+    let fx: LogitsFixture =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+    let (b, t) = (fx.tokens.len(), fx.tokens[0].len());
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(fx.tokens.concat(), [b, t]), &dev());
+    let mask = Tensor::<2>::from_data(TensorData::new(fx.mask.concat(), [b, t]), &dev());
+    let logits = vals(loaded.model.forward(tokens, mask));
+    let v = fx.logits[0][0].len();
+    let mut worst = 0f32;
+    for r in 0..b {
+        for p in 0..t {
+            if fx.mask[r][p] == 0.0 {
+                continue;
+            }
+            for k in 0..v {
+                let d = (logits[(r * t + p) * v + k] - fx.logits[r][p][k]).abs();
+                worst = worst.max(d);
+            }
+        }
+    }
+    eprintln!("{name}: max |logit − reference| = {worst:e}");
+    assert!(
+        worst <= 1e-4,
+        "{name}: logits differ from transformers by {worst}"
+    );
+}
+
+#[test]
+fn tiny_llama_matches_transformers() {
+    check_logits("tiny_llama");
+}
+
+#[test]
+fn tiny_qwen2_matches_transformers() {
+    check_logits("tiny_qwen2");
+}
+
+#[test]
+fn cached_decode_matches_full_forward_and_rescoring() {
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let model = &loaded.model;
+    // Two prompts of different lengths (left padding), 3 samples each, sampled at T = 0.7.
+    let prompts = vec![vec![5u32, 17, 33], vec![3u32, 9, 27, 81, 44, 12]];
+    let cfg = SamplingConfig {
+        temperature: 0.7,
+        max_new_tokens: 9,
+        n: 3,
+        seed: 11,
+        ..SamplingConfig::default()
+    };
+    let g = generate(model, &prompts, &cfg, &dev()).unwrap();
+    assert_eq!(g.group_ids, vec![0, 0, 0, 1, 1, 1]);
+    let (seq, mask) = g.sequences();
+    let (lp, _) = model.token_log_probs(seq, mask, 0.7, false, true);
+    let [rows, total] = lp.dims();
+    let new = g.tokens.dims()[1];
+    let rescored = vals(lp.slice([0..rows, total - new..total]));
+    let sampled = vals(g.log_probs.clone());
+    let m = vals(g.mask.clone());
+    let worst = rescored
+        .iter()
+        .zip(&sampled)
+        .zip(&m)
+        .filter(|(_, m)| **m > 0.0)
+        .map(|((a, b), _)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("sampling vs rescoring: max |Δ log-prob| = {worst:e}");
+    assert!(
+        worst <= 1e-4,
+        "sampler log-probs differ from rescoring by {worst}"
+    );
+    // Same seed, same samples; another seed, other samples.
+    let again = generate(model, &prompts, &cfg, &dev()).unwrap();
+    assert_eq!(g.response_ids(), again.response_ids());
+    let other = generate(
+        model,
+        &prompts,
+        &SamplingConfig {
+            seed: 12,
+            ..cfg.clone()
+        },
+        &dev(),
+    )
+    .unwrap();
+    assert_ne!(g.response_ids(), other.response_ids());
+}
+
+#[test]
+fn greedy_cached_logits_equal_full_forward_logits() {
+    let loaded = load(&fixture("tiny_qwen2"), &dev()).unwrap();
+    let model = &loaded.model;
+    let prompts = vec![vec![8u32, 16, 24], vec![1u32, 2, 3, 4, 5]];
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: 6,
+        ..SamplingConfig::default()
+    };
+    let g = generate(model, &prompts, &cfg, &dev()).unwrap();
+    // Greedy: each token is the argmax of the full forward's logits at the previous position.
+    let (seq, mask) = g.sequences();
+    let [rows, total] = seq.dims();
+    let logits = model.forward(seq.clone(), mask);
+    let v = logits.dims()[2];
+    let argmax = vals(
+        logits
+            .slice([0..rows, 0..total - 1, 0..v])
+            .argmax(2)
+            .float()
+            .reshape([rows, total - 1]),
+    );
+    let toks = vals(seq.float());
+    let new = g.tokens.dims()[1];
+    for r in 0..rows {
+        for j in total - new..total {
+            assert_eq!(
+                argmax[r * (total - 1) + j - 1],
+                toks[r * total + j],
+                "row {r} position {j}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stop_tokens_truncation_and_top_k() {
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let model = &loaded.model;
+    let prompts = vec![vec![5u32, 17]];
+    // Find the greedy continuation, then stop on its third token.
+    let greedy = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: 5,
+        ..SamplingConfig::default()
+    };
+    let g = generate(model, &prompts, &greedy, &dev()).unwrap();
+    let ids = g.response_ids()[0].clone();
+    assert_eq!(ids.len(), 5);
+    assert_eq!(g.truncated, vec![true]);
+    let stop = SamplingConfig {
+        stop_tokens: vec![ids[2]],
+        ..greedy.clone()
+    };
+    let s = generate(model, &prompts, &stop, &dev()).unwrap();
+    let first = ids.iter().position(|t| *t == ids[2]).unwrap();
+    assert_eq!(s.response_ids()[0], ids[..=first].to_vec());
+    assert_eq!(s.truncated, vec![false]);
+    // top-k = 1 at any temperature is greedy.
+    let k1 = SamplingConfig {
+        temperature: 1.3,
+        top_k: 1,
+        seed: 3,
+        ..greedy.clone()
+    };
+    assert_eq!(
+        generate(model, &prompts, &k1, &dev())
+            .unwrap()
+            .response_ids()[0],
+        ids
+    );
+    // A tiny top-p keeps only the most likely token too.
+    let p = SamplingConfig {
+        temperature: 1.0,
+        top_p: 1e-6,
+        seed: 4,
+        ..greedy.clone()
+    };
+    assert_eq!(
+        generate(model, &prompts, &p, &dev())
+            .unwrap()
+            .response_ids()[0],
+        ids
+    );
+    let mp = SamplingConfig {
+        temperature: 1.0,
+        min_p: 0.999,
+        seed: 5,
+        ..greedy
+    };
+    assert_eq!(
+        generate(model, &prompts, &mp, &dev())
+            .unwrap()
+            .response_ids()[0],
+        ids
+    );
+}
+
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let m = &loaded.model;
+    let cfg = SamplingConfig::default();
+    let e = generate(m, &[], &cfg, &dev()).unwrap_err().to_string();
+    assert!(e.contains("no prompts"), "{e}");
+    let e = generate(m, &[vec![]], &cfg, &dev())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("prompt 0 is empty"), "{e}");
+    let e = generate(m, &[vec![1; 60]], &cfg, &dev())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exceeds the context of 64"), "{e}");
+    let e = generate(m, &[vec![500]], &cfg, &dev())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    let e = generate(m, &[vec![1]], &SamplingConfig { top_p: 0.0, ..cfg }, &dev())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("top_p"), "{e}");
+    let e = load(Path::new("/nonexistent/model"), &dev())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nonexistent"), "{e}");
+    let tmp = std::env::temp_dir().join(format!("ember-bad-config-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let base = std::fs::read_to_string(fixture("tiny_llama/config.json")).unwrap();
+    for (from, to, expect) in [
+        (
+            "\"model_type\": \"llama\"",
+            "\"model_type\": \"gpt2\"",
+            "`gpt2` is not supported",
+        ),
+        (
+            "\"hidden_act\": \"silu\"",
+            "\"hidden_act\": \"gelu\"",
+            "hidden_act",
+        ),
+        ("\"vocab_size\": 96", "\"vocab_size\": 97", "shape"),
+    ] {
+        std::fs::write(tmp.join("config.json"), base.replace(from, to)).unwrap();
+        std::fs::copy(
+            fixture("tiny_llama/model.safetensors"),
+            tmp.join("model.safetensors"),
+        )
+        .unwrap();
+        let e = load(&tmp, &dev()).unwrap_err().to_string();
+        assert!(e.contains(expect), "{from} → {to}: {e}");
+    }
+    std::fs::write(tmp.join("config.json"), "{ not json").unwrap();
+    assert!(
+        load(&tmp, &dev())
+            .unwrap_err()
+            .to_string()
+            .contains("config.json")
+    );
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+#[test]
+fn export_to_hf_and_reload_gives_the_same_logits() {
+    let loaded = load(&fixture("tiny_qwen2"), &dev()).unwrap();
+    let out = std::env::temp_dir().join(format!("ember-export-{}", std::process::id()));
+    ember_llm::save_hf(&loaded.model, &loaded.config, &loaded.eos_ids, &out).unwrap();
+    let again = load(&out, &dev()).unwrap();
+    assert_eq!(again.config, loaded.config);
+    let (toks, mask) = left_pad(&[vec![4, 8, 15, 16, 23, 42]], &dev());
+    let a = vals(loaded.model.forward(toks.clone(), mask.clone()));
+    let b = vals(again.model.forward(toks, mask));
+    assert_eq!(a, b);
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn inverse_cdf_sampler_draws_from_the_distribution() {
+    use ember_llm::sample::{SplitMix64, sample_rows};
+    // p = [0.1, 0.2, 0.3, 0.4, 0] (last entry −inf): 4000 rows of one draw each.
+    let p = [0.1f32, 0.2, 0.3, 0.4];
+    let rows = 4000;
+    let mut lp = Vec::new();
+    for _ in 0..rows {
+        lp.extend(p.iter().map(|x| x.ln()));
+        lp.push(f32::NEG_INFINITY);
+    }
+    let lp = Tensor::<2>::from_data(TensorData::new(lp, [rows, 5]), &dev());
+    let draws = vals(sample_rows(lp, &mut SplitMix64(9)).float());
+    for (k, want) in p.iter().enumerate() {
+        let freq = draws.iter().filter(|d| **d as usize == k).count() as f32 / rows as f32;
+        // 4 standard errors of a binomial proportion at n = 4000.
+        let se = (want * (1.0 - want) / rows as f32).sqrt();
+        assert!(
+            (freq - want).abs() < 4.0 * se,
+            "token {k}: {freq} vs {want}"
+        );
+    }
+    assert!(draws.iter().all(|d| *d < 4.0), "a −inf token was drawn");
+}

@@ -1,0 +1,110 @@
+//! SmolLM2-135M-Instruct (GGUF Q4_1) against `transformers` (fixture
+//! `tests/fixtures/llm/smollm2.json`, made by `scripts/make_llm_fixtures.py`): tokenizer ids,
+//! chat template, next-token logits, greedy decoding.
+
+mod common;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use common::*;
+use ember_llm::gguf::GgufFile;
+use ember_llm::{Message, SamplingConfig, Tokenizer, generate, load};
+
+#[derive(serde::Deserialize)]
+struct Prompt {
+    text: String,
+    ids: Vec<u32>,
+    top_ids: Vec<usize>,
+    top_logits: Vec<f32>,
+    logsumexp: f32,
+}
+
+#[derive(serde::Deserialize)]
+struct Chat {
+    messages: Vec<Message>,
+    rendered: String,
+    ids: Vec<u32>,
+    greedy: Vec<u32>,
+    greedy_text: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Fixture {
+    prompts: Vec<Prompt>,
+    chat: Chat,
+}
+
+fn fixture() -> Fixture {
+    serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/llm/smollm2.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap()
+}
+
+/// Logits of the Q4_1 model agree with transformers' dequantized float model to this tolerance
+/// (the weights are identical; the difference is f32 summation order over 30 layers).
+const LOGIT_TOL: f32 = 2e-3;
+
+#[test]
+fn smollm2_matches_transformers() {
+    let Some(path) = common::assets::smollm2() else {
+        return;
+    };
+    let fx = fixture();
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    for p in &fx.prompts {
+        assert_eq!(
+            tok.encode(&p.text).unwrap(),
+            p.ids,
+            "tokens of {:?}",
+            p.text
+        );
+        assert_eq!(tok.decode(&p.ids, false).unwrap(), p.text);
+    }
+    let rendered = tok.apply_chat_template(&fx.chat.messages, true).unwrap();
+    assert_eq!(rendered, fx.chat.rendered);
+    assert_eq!(tok.encode(&rendered).unwrap(), fx.chat.ids);
+
+    let loaded = load(&path, &dev()).unwrap();
+    let model = &loaded.model;
+    let mut worst = 0f32;
+    for p in &fx.prompts {
+        let n = p.ids.len();
+        let ids: Vec<i64> = p.ids.iter().map(|x| i64::from(*x)).collect();
+        let toks = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &dev());
+        let logits = model.forward(toks, Tensor::ones([1, n], &dev()));
+        let v = logits.dims()[2];
+        let last = vals(logits.slice([0..1, n - 1..n, 0..v]).reshape([v]));
+        for (id, want) in p.top_ids.iter().zip(&p.top_logits) {
+            worst = worst.max((last[*id] - want).abs());
+        }
+        let m = last.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + last.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
+        assert!(
+            (lse - p.logsumexp).abs() < LOGIT_TOL,
+            "logsumexp {lse} vs {}",
+            p.logsumexp
+        );
+        let argmax = last
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, x)| if *x > last[b] { i } else { b });
+        assert_eq!(argmax, p.top_ids[0], "argmax of {:?}", p.text);
+    }
+    eprintln!("SmolLM2: max |logit − transformers| over top-64 = {worst:e}");
+    assert!(worst < LOGIT_TOL, "logits differ by {worst}");
+
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: fx.chat.greedy.len(),
+        stop_tokens: tok.eos_ids.clone(),
+        ..SamplingConfig::default()
+    };
+    let g = generate(model, std::slice::from_ref(&fx.chat.ids), &cfg, &dev()).unwrap();
+    let ids = &g.response_ids()[0];
+    assert_eq!(ids, &fx.chat.greedy);
+    assert_eq!(tok.decode(ids, true).unwrap(), fx.chat.greedy_text);
+}

@@ -1,7 +1,8 @@
 //! Ember: pure-Rust policy-gradient post-training on burn.
 //!
-//! This facade re-exports the engine and picks the compute device among the backends compiled
-//! in (cargo features `cpu`, `cuda`, `wgpu`).
+//! This facade re-exports the engine, picks the compute device among the backends compiled in
+//! (cargo features `cpu`, `cuda`, `wgpu`), and holds the jobs the CLI runs: recipes, tasks,
+//! rewards and the RL loop of the CPU recipe.
 
 #[cfg(not(any(feature = "cpu", feature = "cuda", feature = "wgpu")))]
 compile_error!(
@@ -11,4 +12,9 @@ compile_error!(
 
 pub use ember_engine as engine;
 
+pub mod chartok;
 pub mod device;
+pub mod job;
+pub mod recipe;
+pub mod reward;
+pub mod tasks;

@@ -4,6 +4,8 @@ use anyhow::{Context, Result, bail};
 
 mod cli_llm;
 
+use ember::{job, recipe};
+
 const USAGE: &str = "usage: ember <command> [options]
 
 commands:
@@ -13,6 +15,8 @@ commands:
                                        complete a prompt (temperature 0 = greedy)
   export --model <dir|file.gguf> [--adapter <peft dir>] --out <dir>
                                        write Hugging Face safetensors + config.json
+  train <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
+                                       run a recipe (default run directory runs/<name>)
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
   help                                 this text";
 
@@ -28,6 +32,7 @@ fn run() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("info") => info(&args[1..]),
         Some("generate") => cli_llm::generate_cmd(&args[1..]),
+        Some("train") => train_cmd(&args[1..]),
         Some("export") => cli_llm::export_cmd(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
@@ -35,6 +40,36 @@ fn run() -> Result<()> {
         }
         Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
     }
+}
+
+fn train_cmd(args: &[String]) -> Result<()> {
+    let path = args
+        .first()
+        .filter(|a| !a.starts_with("--"))
+        .context("usage: ember train <recipe.toml> [--set key=value ...] [--out dir]")?;
+    let mut sets = Vec::new();
+    let mut out = None;
+    let mut quiet = false;
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--set" => sets.push(it.next().context("--set needs key=value")?.clone()),
+            "--out" => {
+                out = Some(std::path::PathBuf::from(
+                    it.next().context("--out needs a directory")?,
+                ))
+            }
+            "--quiet" => quiet = true,
+            other => {
+                bail!("unknown option `{other}` for `ember train` (valid: --set, --out, --quiet)")
+            }
+        }
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
+    let recipe = recipe::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
+    let out = out.unwrap_or_else(|| std::path::Path::new("runs").join(&recipe.name));
+    job::train(&recipe, &out, quiet)?;
+    Ok(())
 }
 
 fn info(args: &[String]) -> Result<()> {

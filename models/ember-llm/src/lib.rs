@@ -1,6 +1,7 @@
 //! Ember's LLM policy: Llama/Qwen2 decoders loaded from Hugging Face or GGUF checkpoints,
 //! batched KV-cache sampling with the log-probs RL needs, LoRA with PEFT I/O, and export.
 
+pub mod actor;
 pub mod cache;
 pub mod config;
 pub mod error;

@@ -1,0 +1,91 @@
+"""PyTorch side of benches/llm.rs: the same checkpoints (written by the Rust bench), shapes and
+measurements, in eager mode. Run after the Rust bench with the same --out directory:
+
+    python benches/llm_torch.py --out DIR [--size tiny|smollm2|all] [--device cpu|cuda]
+                                [--reps N] [--json FILE] [--dtype float32|bfloat16]
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import transformers
+
+
+def timed(fn, reps, device):
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    first = time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return first, best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="all")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--matmul", action="store_true")
+    a = ap.parse_args()
+    sizes = ["tiny", "smollm2"] if a.size == "all" else ([] if a.size == "none" else [a.size])
+    rows = []
+    dtype = getattr(torch, a.dtype)
+    if a.matmul:
+        for m, k, n in [(1024, 576, 1536), (1024, 576, 49152), (32, 576, 1536)]:
+            x = torch.ones(m, k, device=a.device, dtype=dtype)
+            y = torch.ones(k, n, device=a.device, dtype=dtype)
+            first, best = timed(lambda: x @ y, a.reps, a.device)
+            print(f"torch matmul {m}x{k}x{n}: {2 * m * k * n / best / 1e9:.1f} GFLOP/s (best {best:.4f} s)")
+            rows.append({"size": "matmul", "bench": f"{m}x{k}x{n}", "gflops": 2 * m * k * n / best / 1e9, "best_s": best})
+    for size in sizes:
+        model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(a.out, size), dtype=dtype).to(a.device)
+        model.eval()
+        vocab = model.config.vocab_size
+
+        def toks(b, t):
+            return torch.tensor([[((i * t + j) * 7919 + 13) % vocab for j in range(t)] for i in range(b)], device=a.device)
+
+        def record(name, n, ft):
+            first, best = ft
+            print(f"torch {size:8} {name:18} {n / best:12.1f} tokens/s   (best {best:.4f} s, first {first:.3f} s)")
+            rows.append({"size": size, "bench": name, "tokens_per_s": n / best, "best_s": best, "first_s": first})
+
+        b, t = 8, 128
+        ids = toks(b, t)
+        with torch.no_grad():
+            record("prefill_b8_t128", b * t, timed(lambda: model(ids), a.reps, a.device))
+            for batch in (1, 32):
+                prompt = torch.tensor([[((i * 31 + j * 17) % vocab) for j in range(16)] for i in range(batch)], device=a.device)
+                gen = lambda: model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=64, min_new_tokens=64,
+                                             do_sample=False, pad_token_id=0)
+                record(f"decode_b{batch}", batch * 64, timed(gen, min(a.reps, 2), a.device))
+
+        def train():
+            logits = model(ids).logits[:, :-1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            (-lp.sum()).backward()
+            model.zero_grad(set_to_none=True)
+
+        model.train()
+        record("train_b8_t128", b * t, timed(train, a.reps, a.device))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+//! Ember's trainer: the model-agnostic part of the RL loop.
+//!
+//! A model implements [`Actor`] (score the steps of some rows of an experience batch); the
+//! trainer runs μ epochs × mini-batches with gradient accumulation over micro-batches, one
+//! optimizer step per mini-batch with step-global loss normalisers, and the learning-rate
+//! schedule. Rollout, rewards and evaluation are the job's (see the root package).
+
+pub mod schedule;
+pub mod update;
+
+pub use schedule::LrSchedule;
+pub use update::{Actor, Scored, UpdateConfig, UpdateStats, update};

@@ -1,0 +1,166 @@
+//! The policy update: μ epochs over the experience, each split into mini-batches (one optimizer
+//! step each), each mini-batch accumulated over micro-batches. The loss normalisers
+//! ([`AggNorm`]) are those of the whole mini-batch, so accumulation equals one big batch
+//! (verl `dp_actor.update_policy`).
+
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_engine::{
+    ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, PolicyLossInput, RolloutBatch,
+    actor_loss,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Per-step log-probs (with gradient) and optionally entropies of some rows.
+#[derive(Debug, Clone)]
+pub struct Scored {
+    /// `[rows, steps]`.
+    pub log_probs: Tensor<2>,
+    /// `[rows, steps]` full-distribution entropy.
+    pub entropy: Option<Tensor<2>>,
+}
+
+/// A trainable policy over the steps of an experience batch.
+pub trait Actor: Module + Clone {
+    /// What the model needs to score steps (tokens for an LLM, latents for a flow model).
+    type Experience;
+
+    /// Scores the steps of `rows` of `experience` (rows in the given order).
+    fn score(&self, experience: &Self::Experience, rows: &[usize], with_entropy: bool) -> Scored;
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Epochs, mini-batches and micro-batches of one update.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateConfig {
+    /// μ: passes over the experience.
+    #[serde(default = "one")]
+    pub epochs: usize,
+    /// Optimizer steps per epoch.
+    #[serde(default = "one")]
+    pub mini_batches: usize,
+    /// Rows per forward/backward (gradient accumulation inside a mini-batch); 0 = whole
+    /// mini-batch.
+    #[serde(default)]
+    pub micro_batch_rows: usize,
+    /// The actor objective.
+    #[serde(default)]
+    pub loss: ActorLossConfig,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            mini_batches: 1,
+            micro_batch_rows: 0,
+            loss: ActorLossConfig::default(),
+        }
+    }
+}
+
+/// Host metrics of an update, averaged over micro-batches, plus counts.
+#[derive(Debug, Clone, Default)]
+pub struct UpdateStats {
+    /// `actor/*`, `mismatch/*` means.
+    pub metrics: BTreeMap<String, f64>,
+    /// Optimizer steps taken.
+    pub optimizer_steps: usize,
+}
+
+fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
+    t.clone().select(0, idx.clone())
+}
+
+/// Runs the update and returns the new actor.
+///
+/// `batch` must carry `old_log_probs` (recomputed) or `rollout_log_probs` (bypass); `adv` is the
+/// estimator's output for it. `order` permutes rows between epochs (pass a seeded shuffle for
+/// reproducible runs, or identity).
+///
+/// # Errors
+/// Missing old log-probs, or any loss error (shapes, missing reference for KL, …).
+#[allow(clippy::too_many_arguments)]
+pub fn update<A: Actor>(
+    mut actor: A,
+    optim: &mut ModuleOptimizer,
+    experience: &A::Experience,
+    batch: &RolloutBatch,
+    adv: &Advantages,
+    cfg: &UpdateConfig,
+    lr: f64,
+    kl_coef: f32,
+    order: &mut dyn FnMut(usize) -> Vec<usize>,
+) -> Result<(A, UpdateStats), EngineError> {
+    let [rows, _] = batch.dims();
+    let old = batch
+        .behaviour_log_probs()
+        .cloned()
+        .ok_or(EngineError::MissingInput {
+            what: "policy update",
+            input: "old_log_probs",
+        })?;
+    let device = old.device();
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let mut stats = UpdateStats::default();
+    let mini = cfg.mini_batches.clamp(1, rows);
+    let with_entropy = cfg.loss.entropy_coef != 0.0;
+    for _ in 0..cfg.epochs.max(1) {
+        let perm = order(rows);
+        for m in 0..mini {
+            let part: Vec<usize> = perm[m * rows / mini..(m + 1) * rows / mini].to_vec();
+            if part.is_empty() {
+                continue;
+            }
+            let idx_of = |r: &[usize]| {
+                let v: Vec<i64> = r.iter().map(|x| *x as i64).collect();
+                Tensor::<1, Int>::from_data(TensorData::new(v, [r.len()]), &device)
+            };
+            let norm = AggNorm::of_mask(&select2(&adv.mask, &idx_of(&part)));
+            let micro = if cfg.micro_batch_rows == 0 {
+                part.len()
+            } else {
+                cfg.micro_batch_rows
+            };
+            let mut acc = GradientsAccumulator::<A>::new();
+            for chunk in part.chunks(micro) {
+                let idx = idx_of(chunk);
+                let scored = actor.score(experience, chunk, with_entropy);
+                let input = ActorInput {
+                    policy: PolicyLossInput {
+                        log_probs: scored.log_probs,
+                        old_log_probs: select2(&old, &idx),
+                        advantages: select2(&adv.advantages, &idx),
+                        mask: select2(&adv.mask, &idx),
+                        ref_log_probs: batch.ref_log_probs.as_ref().map(|r| select2(r, &idx)),
+                    },
+                    entropy: scored.entropy,
+                    rollout_log_probs: batch.rollout_log_probs.as_ref().map(|r| select2(r, &idx)),
+                };
+                let (loss, metrics) = actor_loss(&cfg.loss, &input, kl_coef, norm)?;
+                let grads = GradientsParams::from_grads(loss.backward(), &actor);
+                acc.accumulate(&actor, grads);
+                for (k, v) in metrics.to_host() {
+                    let e = sums.entry(k).or_insert((0.0, 0));
+                    if v.is_finite() {
+                        e.0 += v;
+                        e.1 += 1;
+                    }
+                }
+            }
+            actor = optim.step(lr, actor, acc.grads());
+            stats.optimizer_steps += 1;
+        }
+    }
+    stats.metrics = sums
+        .into_iter()
+        .map(|(k, (s, n))| (k, if n > 0 { s / n as f64 } else { f64::NAN }))
+        .collect();
+    Ok((actor, stats))
+}

@@ -1,0 +1,49 @@
+//! The LLM as an [`Actor`] of the trainer: its steps are response tokens.
+
+use crate::model::Llama;
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_train::{Actor, Scored};
+
+/// Sequences (prompt + response) of one RL step, on the training device.
+#[derive(Debug, Clone)]
+pub struct LlmExperience {
+    /// `[rows, prompt_len + response_len]` tokens.
+    pub tokens: Tensor<2, Int>,
+    /// `[rows, prompt_len + response_len]` mask.
+    pub mask: Tensor<2>,
+    /// Response columns at the end of each row.
+    pub response_len: usize,
+    /// Sampling temperature (log-probs are scored at the same temperature).
+    pub temperature: f32,
+    /// Score with LoRA adapters off (the reference policy).
+    pub adapters: bool,
+}
+
+impl LlmExperience {
+    /// Log-probs `[rows, response_len]` of the response tokens of all rows under `model`.
+    pub fn score_all(&self, model: &Llama) -> Tensor<2> {
+        let rows: Vec<usize> = (0..self.tokens.dims()[0]).collect();
+        model.score(self, &rows, false).log_probs
+    }
+}
+
+impl Actor for Llama {
+    type Experience = LlmExperience;
+
+    fn score(&self, exp: &LlmExperience, rows: &[usize], with_entropy: bool) -> Scored {
+        let device = exp.tokens.device();
+        let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
+        let tokens = exp.tokens.clone().select(0, idx.clone());
+        let mask = exp.mask.clone().select(0, idx);
+        let [n, total] = tokens.dims();
+        let (lp, entropy) =
+            self.token_log_probs(tokens, mask, exp.temperature, with_entropy, exp.adapters);
+        let start = total - 1 - exp.response_len;
+        let cut = |t: Tensor<2>| t.slice([0..n, start..total - 1]);
+        Scored {
+            log_probs: cut(lp),
+            entropy: entropy.map(cut),
+        }
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine: the CUDA (NVRTC) build of benches/llm.rs beside PyTorch on the same
+# checkpoints and shapes. Expects the gzipped bench binary at .device/llm-cuda.gz, built with
+#   ../shared/tools/cuda-offline/build.sh -p ember --bench llm --no-default-features --features cuda-nvrtc
+# Writes ember-*.json, torch-*.json and log.txt into $OUT (or ./gpu-bench-out).
+set -u
+out=${OUT:-gpu-bench-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export CUDA_PATH=/usr/local/cuda
+export CUBECL_CACHE_DIR=/tmp/cubecl-cache
+gunzip -c .device/llm-cuda.gz > /tmp/llm-cuda && chmod +x /tmp/llm-cuda
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  for size in tiny smollm2; do
+    echo "== ember $size (cuda)"
+    timeout 170 /tmp/llm-cuda --size "$size" --device cuda --reps 3 --out /tmp/bench --json "$out/ember-$size.json"
+    echo "exit $?"
+    echo "== torch $size (cuda)"
+    timeout 90 python3 benches/llm_torch.py --out /tmp/bench --size "$size" --device cuda --reps 3 --json "$out/torch-$size.json"
+    echo "exit $?"
+  done
+} 2>&1 | tee "$out/log.txt"

@@ -1,0 +1,401 @@
+//! Recipes: one TOML file per run, with `--set key=value` overrides checked against the schema.
+
+use crate::engine::*;
+use crate::tasks::Arithmetic;
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
+/// papers define them. `[advantage]` / `[loss]` tables in a recipe override the preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// GRPO (Shao et al. 2024): group-normalised advantages, PPO clip.
+    Grpo,
+    /// Dr.GRPO (Liu et al. 2025): no std, constant-normalised token sum.
+    DrGrpo,
+    /// RLOO (Ahmadian et al. 2024) with PPO clip.
+    Rloo,
+    /// REINFORCE++ (Hu 2025): k1 KL in the reward, batch whitening.
+    #[serde(rename = "reinforce++")]
+    ReinforcePp,
+    /// REINFORCE++-baseline (Hu 2025): group mean then batch whitening.
+    #[serde(rename = "reinforce++-baseline")]
+    ReinforcePpBaseline,
+    /// DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling, overlong shaping.
+    Dapo,
+    /// CISPO (MiniMax-M1 2025): clipped stop-gradient IS weight on log π.
+    Cispo,
+    /// GSPO (Zheng et al. 2025): sequence-level ratio.
+    Gspo,
+    /// TOPR (Le Roux et al. 2025): tapered IS for negatives.
+    Topr,
+    /// RAFT (Dong et al. 2023): SFT on positives.
+    Raft,
+    /// Reinforce-Rej (Xiong et al. 2025): reject all-right/all-wrong groups.
+    ReinforceRej,
+    /// OPO (Hao et al. 2025): length-weighted baseline.
+    Opo,
+    /// ReMax (Li et al. 2024): greedy-rollout baseline.
+    Remax,
+}
+
+impl Algorithm {
+    /// Every preset, in table order.
+    pub const ALL: [Algorithm; 13] = [
+        Self::Grpo,
+        Self::Rloo,
+        Self::ReinforcePp,
+        Self::ReinforcePpBaseline,
+        Self::DrGrpo,
+        Self::Dapo,
+        Self::Cispo,
+        Self::Gspo,
+        Self::Topr,
+        Self::Raft,
+        Self::ReinforceRej,
+        Self::Opo,
+        Self::Remax,
+    ];
+
+    /// The recipe name of the preset.
+    pub fn name(&self) -> String {
+        toml::Value::try_from(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// (estimator, actor loss, dynamic sampling) of the preset; `max_new_tokens` is Dr.GRPO's
+    /// normalising constant.
+    pub fn preset(&self, max_new_tokens: usize) -> (AdvantageConfig, ActorLossConfig, bool) {
+        let grpo = AdvantageKind::Grpo {
+            std: StdKind::Unbiased,
+            epsilon: 1e-6,
+            scale_by_std: true,
+        };
+        let ppo = PolicyLossKind::Ppo {
+            clip_low: 0.2,
+            clip_high: 0.2,
+            dual_clip: None,
+        };
+        let actor = |policy, agg| ActorLossConfig {
+            policy,
+            agg,
+            ..ActorLossConfig::default()
+        };
+        let (kind, loss, dynamic) = match self {
+            Self::Grpo => (grpo, actor(ppo, LossAgg::TokenMean), false),
+            Self::DrGrpo => (
+                AdvantageKind::DrGrpo,
+                actor(
+                    ppo,
+                    LossAgg::SeqMeanTokenSumNorm {
+                        constant: max_new_tokens as f32,
+                    },
+                ),
+                false,
+            ),
+            Self::Rloo => (AdvantageKind::Rloo, actor(ppo, LossAgg::TokenMean), false),
+            Self::ReinforcePp => (
+                AdvantageKind::ReinforcePlusPlus {
+                    gamma: 1.0,
+                    kl_coef: 0.0,
+                },
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::ReinforcePpBaseline => (
+                AdvantageKind::ReinforcePlusPlusBaseline,
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::Dapo => (
+                grpo,
+                actor(
+                    PolicyLossKind::Ppo {
+                        clip_low: 0.2,
+                        clip_high: 0.28,
+                        dual_clip: None,
+                    },
+                    LossAgg::TokenMean,
+                ),
+                true,
+            ),
+            Self::Cispo => (
+                grpo,
+                actor(
+                    PolicyLossKind::Cispo {
+                        clip_low: 1.0,
+                        clip_high: 0.28,
+                    },
+                    LossAgg::TokenMean,
+                ),
+                false,
+            ),
+            Self::Gspo => (
+                grpo,
+                actor(
+                    PolicyLossKind::Gspo {
+                        clip_low: 3e-4,
+                        clip_high: 4e-4,
+                    },
+                    LossAgg::SeqMeanTokenMean,
+                ),
+                false,
+            ),
+            Self::Topr => (
+                AdvantageKind::Reinforce {
+                    baseline: BatchBaseline::Mean,
+                },
+                actor(
+                    PolicyLossKind::Topr {
+                        level: RatioLevel::Sequence,
+                    },
+                    LossAgg::TokenMean,
+                ),
+                false,
+            ),
+            Self::Raft => (
+                AdvantageKind::Raft { threshold: 0.5 },
+                actor(PolicyLossKind::Vanilla, LossAgg::TokenMean),
+                false,
+            ),
+            Self::ReinforceRej => (
+                AdvantageKind::ReinforceRej,
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::Opo => (AdvantageKind::Opo, actor(ppo, LossAgg::TokenMean), false),
+            Self::Remax => (AdvantageKind::Remax, actor(ppo, LossAgg::TokenMean), false),
+        };
+        (AdvantageConfig::new(kind), loss, dynamic)
+    }
+}
+
+fn f(v: f64) -> f64 {
+    v
+}
+
+/// The tiny Llama-architecture policy of the CPU recipe (trained from scratch).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Hidden size.
+    pub d_model: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads.
+    pub kv_heads: usize,
+    /// MLP size.
+    pub d_ff: usize,
+}
+
+/// Which task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Operands and operators.
+    #[serde(flatten)]
+    pub arithmetic: Arithmetic,
+    /// Held-out problems evaluated.
+    pub eval_size: usize,
+}
+
+/// Supervised warm-up on generated demonstrations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Warmup {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Examples per step.
+    pub batch: usize,
+    /// Learning rate.
+    pub lr: f64,
+}
+
+/// Sampling of rollouts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSpec {
+    /// Prompts per RL step.
+    pub prompts_per_step: usize,
+    /// Samples per prompt (the group size).
+    pub samples_per_prompt: usize,
+    /// Temperature.
+    pub temperature: f32,
+    /// Maximum response length.
+    pub max_new_tokens: usize,
+}
+
+/// The RL phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    /// RL steps (one rollout batch each).
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warm-up steps.
+    #[serde(default)]
+    pub warmup_steps: usize,
+    /// Cosine floor as a fraction of the peak.
+    #[serde(default = "one_f")]
+    pub min_lr_ratio: f64,
+    /// μ epochs per batch.
+    #[serde(default = "one")]
+    pub epochs: usize,
+    /// Optimizer steps per epoch.
+    #[serde(default = "one")]
+    pub mini_batches: usize,
+    /// Rows per forward/backward (0 = whole mini-batch).
+    #[serde(default)]
+    pub micro_batch_rows: usize,
+    /// Per-parameter gradient-norm clip (0 = off).
+    #[serde(default)]
+    pub grad_clip: f32,
+    /// KL coefficient (KL in the loss when > 0; the reference is the warm-started policy).
+    #[serde(default)]
+    pub kl_coef: f32,
+    /// Evaluate every this many steps.
+    #[serde(default = "ten")]
+    pub eval_every: usize,
+    /// Recompute old log-probs with the trainer (true) or take the sampler's (bypass).
+    #[serde(default = "yes")]
+    pub recompute_old_log_probs: bool,
+}
+
+fn one() -> usize {
+    1
+}
+fn ten() -> usize {
+    10
+}
+fn one_f() -> f64 {
+    f(1.0)
+}
+fn yes() -> bool {
+    true
+}
+fn auto() -> String {
+    "auto".into()
+}
+fn grpo() -> Algorithm {
+    Algorithm::Grpo
+}
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// Run name (the default run directory is `runs/<name>`).
+    pub name: String,
+    /// Seed of every random choice.
+    #[serde(default)]
+    pub seed: u64,
+    /// `cpu`, `cuda`, `wgpu` or `auto`.
+    #[serde(default = "auto")]
+    pub device: String,
+    /// Algorithm preset.
+    #[serde(default = "grpo")]
+    pub algorithm: Algorithm,
+    /// The policy.
+    pub model: ModelSpec,
+    /// The task.
+    pub task: TaskSpec,
+    /// Supervised warm-up.
+    pub warmup: Warmup,
+    /// Rollouts.
+    pub rollout: RolloutSpec,
+    /// RL phase.
+    pub train: TrainSpec,
+    /// Overrides the preset's estimator.
+    #[serde(default)]
+    pub advantage: Option<AdvantageConfig>,
+    /// Overrides the preset's actor loss.
+    #[serde(default)]
+    pub loss: Option<ActorLossConfig>,
+}
+
+/// Parses `text` with `key=value` overrides applied (dotted keys address nested tables; values
+/// are TOML, bare words are strings). Unknown keys are errors that list the valid ones.
+pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
+    let mut root: toml::Table = text.parse().context("recipe is not valid TOML")?;
+    for o in overrides {
+        let (key, value) = o
+            .split_once('=')
+            .with_context(|| format!("--set {o:?}: expected key=value"))?;
+        let value: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
+            Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(value.into())),
+            Err(_) => toml::Value::String(value.to_string()),
+        };
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        let mut table = &mut root;
+        for p in &parts[..parts.len() - 1] {
+            table = table
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .with_context(|| format!("--set {key}: `{p}` is not a table"))?;
+        }
+        table.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    let recipe: Recipe = toml::Value::Table(root)
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))?;
+    recipe.validate()?;
+    Ok(recipe)
+}
+
+impl Recipe {
+    /// Checks the values serde cannot.
+    pub fn validate(&self) -> Result<()> {
+        self.task
+            .arithmetic
+            .validate()
+            .map_err(anyhow::Error::msg)?;
+        if self.rollout.samples_per_prompt < 2 {
+            bail!(
+                "rollout.samples_per_prompt = {} must be >= 2 (group baselines need two samples)",
+                self.rollout.samples_per_prompt
+            );
+        }
+        if self.rollout.prompts_per_step == 0 || self.task.eval_size == 0 || self.warmup.batch == 0
+        {
+            bail!("rollout.prompts_per_step, task.eval_size and warmup.batch must be >= 1");
+        }
+        if self.model.heads == 0
+            || self.model.kv_heads == 0
+            || !self.model.heads.is_multiple_of(self.model.kv_heads)
+        {
+            bail!(
+                "model.heads = {} must be a positive multiple of model.kv_heads = {}",
+                self.model.heads,
+                self.model.kv_heads
+            );
+        }
+        if self.train.eval_every == 0 {
+            bail!("train.eval_every must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// Estimator, actor loss and dynamic sampling after preset and overrides.
+    pub fn algorithm_parts(&self) -> (AdvantageConfig, ActorLossConfig, bool) {
+        let (mut adv, mut loss, dynamic) = self.algorithm.preset(self.rollout.max_new_tokens);
+        if let Some(a) = self.advantage {
+            adv = a;
+        }
+        if let Some(l) = self.loss {
+            loss = l;
+        }
+        if self.train.kl_coef > 0.0 && loss.kl.is_none() {
+            loss.kl = Some(KlLoss {
+                estimator: KlEstimator::K3,
+            });
+        }
+        (adv, loss, dynamic)
+    }
+}

@@ -157,6 +157,9 @@ pub fn export_cmd(args: &[String]) -> Result<()> {
         loaded.model = ember_llm::merge(load_peft(loaded.model, Path::new(a), &device)?.0);
     }
     ember_llm::save_hf(&loaded.model, &loaded.config, &loaded.eos_ids, &out)?;
+    if let Ok(tok) = tokenizer_for(&model_path) {
+        tok.save(&out)?;
+    }
     println!("wrote {}", out.display());
     Ok(())
 }

@@ -12,6 +12,7 @@ compile_error!(
 
 pub use ember_engine as engine;
 
+pub mod bench;
 pub mod chartok;
 pub mod device;
 pub mod job;

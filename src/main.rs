@@ -17,6 +17,8 @@ commands:
                                        write Hugging Face safetensors + config.json
   train <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
                                        run a recipe (default run directory runs/<name>)
+  bench-llm [--size tiny|smollm2|all] [--device ..] [--json FILE] [--matmul]
+                                       LLM throughput benchmark (benches/README.md)
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
   help                                 this text";
 
@@ -33,6 +35,10 @@ fn run() -> Result<()> {
         Some("info") => info(&args[1..]),
         Some("generate") => cli_llm::generate_cmd(&args[1..]),
         Some("train") => train_cmd(&args[1..]),
+        Some("bench-llm") => {
+            ember::bench::run(&args[1..]);
+            Ok(())
+        }
         Some("export") => cli_llm::export_cmd(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");

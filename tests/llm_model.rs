@@ -311,3 +311,41 @@ fn inverse_cdf_sampler_draws_from_the_distribution() {
     }
     assert!(draws.iter().all(|d| *d < 4.0), "a −inf token was drawn");
 }
+
+#[test]
+fn sharded_safetensors_load_like_a_single_file() {
+    let src = fixture("tiny_llama");
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let dir = std::env::temp_dir().join(format!("ember-shards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    names.sort();
+    let mut map = serde_json::Map::new();
+    for (i, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", i + 1);
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
+        std::fs::write(
+            dir.join(&file),
+            safetensors::tensor::serialize(views, None).unwrap(),
+        )
+        .unwrap();
+        for n in part {
+            map.insert(n.clone(), serde_json::Value::String(file.clone()));
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let a = load(&src, &dev()).unwrap().model;
+    let b = load(&dir, &dev()).unwrap().model;
+    let (toks, mask) = left_pad(&[vec![4, 8, 15, 16, 23, 42]], &dev());
+    assert_eq!(
+        vals(a.forward(toks.clone(), mask.clone())),
+        vals(b.forward(toks, mask))
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

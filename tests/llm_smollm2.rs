@@ -108,3 +108,24 @@ fn smollm2_matches_transformers() {
     assert_eq!(ids, &fx.chat.greedy);
     assert_eq!(tok.decode(ids, true).unwrap(), fx.chat.greedy_text);
 }
+
+#[test]
+fn gguf_tokenizer_saved_as_tokenizer_json_reloads_identically() {
+    let Some(path) = common::assets::smollm2() else {
+        return;
+    };
+    let fx = fixture();
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let dir = std::env::temp_dir().join(format!("ember-tok-{}", std::process::id()));
+    tok.save(&dir).unwrap();
+    let again = Tokenizer::from_hf_dir(&dir).unwrap();
+    for p in &fx.prompts {
+        assert_eq!(again.encode(&p.text).unwrap(), p.ids);
+    }
+    assert_eq!(
+        again.apply_chat_template(&fx.chat.messages, true).unwrap(),
+        fx.chat.rendered
+    );
+    assert_eq!(again.eos_ids, vec![2]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -196,6 +196,31 @@ impl Tokenizer {
         })
     }
 
+    /// Writes `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens) into
+    /// `dir`, so a model exported from GGUF is a complete Hugging Face directory.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| LlmError::io(dir, e))?;
+        let path = dir.join("tokenizer.json");
+        self.inner
+            .save(&path, false)
+            .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
+        let mut cfg = serde_json::Map::new();
+        cfg.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
+        if let Some(t) = &self.chat_template {
+            cfg.insert("chat_template".into(), json!(t));
+        }
+        if let Some(b) = &self.bos_token {
+            cfg.insert("bos_token".into(), json!(b));
+        }
+        if let Some(e) = &self.eos_token {
+            cfg.insert("eos_token".into(), json!(e));
+        }
+        let cfg_path = dir.join("tokenizer_config.json");
+        let text =
+            serde_json::to_string_pretty(&serde_json::Value::Object(cfg)).unwrap_or_default();
+        std::fs::write(&cfg_path, text).map_err(|e| LlmError::io(&cfg_path, e))
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

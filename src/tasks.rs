@@ -11,32 +11,8 @@ pub struct Example {
     pub answer: String,
 }
 
-/// SplitMix64: the job's deterministic RNG (state is one u64, so checkpoints can store it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform integer in [0, n).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-    /// A Fisher–Yates permutation of 0..n.
-    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
-        let mut v: Vec<usize> = (0..n).collect();
-        for i in (1..n).rev() {
-            v.swap(i, self.below(i as u64 + 1) as usize);
-        }
-        v
-    }
-}
+/// The job's deterministic RNG (its state is one u64, so checkpoints can store it).
+pub use crate::engine::SplitMix64 as Rng;
 
 fn digits() -> u32 {
     2

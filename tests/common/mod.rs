@@ -49,21 +49,17 @@ pub fn assert_close(actual: &[f32], expected: &[f64], tol: f64) {
     }
 }
 
-/// Deterministic pseudo-random numbers in [lo, hi) (SplitMix64).
-pub struct Rng(pub u64);
+/// Deterministic pseudo-random numbers (the engine's SplitMix64).
+pub use ember_engine::SplitMix64 as Rng;
 
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-    pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+/// Helpers on [`Rng`] for the tests.
+pub trait RngExt {
+    /// `n` uniform values in [lo, hi).
+    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64>;
+}
+
+impl RngExt for Rng {
+    fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
         (0..n).map(|_| self.uniform(lo, hi)).collect()
     }
 }

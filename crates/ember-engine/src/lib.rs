@@ -15,6 +15,7 @@ pub mod kl;
 pub mod loss;
 pub mod metrics;
 pub mod ops;
+pub mod rng;
 
 pub use advantage::{
     AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind,
@@ -31,3 +32,4 @@ pub use loss::{
     RecClip, actor_loss, policy_loss,
 };
 pub use metrics::Metrics;
+pub use rng::SplitMix64;

@@ -208,25 +208,7 @@ pub fn truncate(lp: Tensor<2>, top_k: usize, top_p: f32, min_p: f32) -> Tensor<2
     lp
 }
 
-/// SplitMix64 (Steele et al. 2014): the per-row uniforms of the sampler.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform number in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
+pub use ember_engine::SplitMix64;
 
 /// Draws one token per row from the distribution whose log-probs are `lp` `[rows, vocab]`
 /// (−inf entries have probability 0) by inverse CDF: the index where the cumulative mass first
@@ -237,7 +219,7 @@ pub fn sample_rows(lp: Tensor<2>, rng: &mut SplitMix64) -> Tensor<2, Int> {
     let probs = (lp.clone() - lp.max_dim(1)).exp();
     let cdf = probs.cumsum(1);
     let total = cdf.clone().slice([0..rows, vocab - 1..vocab]);
-    let u: Vec<f32> = (0..rows).map(|_| rng.uniform()).collect();
+    let u: Vec<f32> = (0..rows).map(|_| rng.next_f32()).collect();
     let u = Tensor::<2>::from_data(TensorData::new(u, [rows, 1]), &device) * total;
     let below = cdf.lower_equal(u.expand([rows, vocab])).int().sum_dim(1);
     below.clamp_max(vocab as i64 - 1)

@@ -2,9 +2,11 @@
 //! log-prob loss, for a tiny config and the SmolLM2-135M shape. Random weights are written as a
 //! Hugging Face checkpoint that `benches/llm_torch.py` loads, so both run the same model.
 //!
-//!     cargo bench --bench llm -- [--size tiny|smollm2|all|none] [--device cpu|cuda|wgpu|auto]
-//!                                [--out DIR] [--reps N] [--json FILE] [--matmul]
-//!     ember bench-llm [same options]     (the same, from the CLI: how GPU builds run it)
+//! ```text
+//! cargo bench --bench llm -- [--size tiny|smollm2|all|none] [--device cpu|cuda|wgpu|auto]
+//!                            [--out DIR] [--reps N] [--json FILE] [--matmul]
+//! ember bench-llm [same options]     (the same, from the CLI: how GPU builds run it)
+//! ```
 //!
 //! Prints one line per measurement and, with `--json`, writes them for the comparison table.
 

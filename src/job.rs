@@ -255,8 +255,8 @@ pub fn train(r: &Recipe, out: &Path, quiet: bool) -> Result<Summary> {
         let (seq, seq_mask) = g.sequences();
         let response_len = g.tokens.dims()[1];
         let exp = LlmExperience {
-            tokens: seq.to_device(&ad),
-            mask: seq_mask.to_device(&ad),
+            tokens: seq.clone().to_device(&ad),
+            mask: seq_mask.clone().to_device(&ad),
             response_len,
             temperature: sc.temperature.max(1e-6),
             adapters: true,
@@ -269,16 +269,16 @@ pub fn train(r: &Recipe, out: &Path, quiet: bool) -> Result<Summary> {
         .with_rollout_log_probs(g.log_probs.clone().to_device(&ad))?;
         if r.train.recompute_old_log_probs {
             let host_exp = LlmExperience {
-                tokens: g.sequences().0,
-                mask: g.sequences().1,
+                tokens: seq.clone(),
+                mask: seq_mask.clone(),
                 ..exp.clone()
             };
             batch = batch.with_old_log_probs(host_exp.score_all(&sampler).to_device(&ad))?;
         }
         if let Some(reference) = &reference {
             let host_exp = LlmExperience {
-                tokens: g.sequences().0,
-                mask: g.sequences().1,
+                tokens: seq.clone(),
+                mask: seq_mask.clone(),
                 ..exp.clone()
             };
             batch = batch.with_ref_log_probs(host_exp.score_all(reference).to_device(&ad))?;

@@ -1,8 +1,8 @@
 //! `ember generate` and `ember export`: try a checkpoint in one command.
 
 use anyhow::{Context, Result, bail};
-use ember_llm::gguf::GgufFile;
-use ember_llm::{Message, SamplingConfig, Tokenizer, generate, load, load_peft};
+use ember::tokenizer_for;
+use ember_llm::{Message, SamplingConfig, generate, load, load_peft};
 use std::path::{Path, PathBuf};
 
 /// Parsed `--flag value` options.
@@ -62,15 +62,6 @@ impl Opts {
                 .map_err(|_| anyhow::anyhow!("--{name}: `{v}` is not a valid number")),
         }
     }
-}
-
-/// The tokenizer of a checkpoint: `tokenizer.json` in a directory, or GGUF metadata.
-pub fn tokenizer_for(model: &Path) -> Result<Tokenizer> {
-    Ok(if model.is_dir() {
-        Tokenizer::from_hf_dir(model)?
-    } else {
-        Tokenizer::from_gguf(&GgufFile::open(model)?)?
-    })
 }
 
 /// `ember generate`.

@@ -14,8 +14,20 @@ pub use ember_engine as engine;
 
 pub mod bench;
 pub mod chartok;
+pub mod checkpoint;
 pub mod device;
 pub mod job;
+pub mod molora_job;
+pub mod plot;
 pub mod recipe;
 pub mod reward;
 pub mod tasks;
+
+/// The tokenizer of a checkpoint: `tokenizer.json` in a directory, or GGUF metadata.
+pub fn tokenizer_for(model: &std::path::Path) -> ember_llm::Result<ember_llm::Tokenizer> {
+    if model.is_dir() {
+        ember_llm::Tokenizer::from_hf_dir(model)
+    } else {
+        ember_llm::Tokenizer::from_gguf(&ember_llm::gguf::GgufFile::open(model)?)
+    }
+}

@@ -15,8 +15,13 @@ commands:
                                        complete a prompt (temperature 0 = greedy)
   export --model <dir|file.gguf> [--adapter <peft dir>] --out <dir>
                                        write Hugging Face safetensors + config.json
-  train <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
-                                       run a recipe (default run directory runs/<name>)
+  train <recipe.toml> [--set key=value ...] [--out <dir>] [--resume] [--overwrite]
+        [--stop-after N] [--quiet]     run a recipe (default run directory runs/<name>);
+                                       Ctrl-C stops after the current step with a checkpoint
+  molora <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
+                                       compare LoRA, learned-router MoLoRA and ReMix
+  eval <run dir> [--checkpoint <dir>] [--eval-size N]
+                                       greedy held-out accuracy of a run's final model
   bench-llm [--size tiny|smollm2|all] [--device ..] [--json FILE] [--matmul]
                                        LLM throughput benchmark (benches/README.md)
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
@@ -35,6 +40,8 @@ fn run() -> Result<()> {
         Some("info") => info(&args[1..]),
         Some("generate") => cli_llm::generate_cmd(&args[1..]),
         Some("train") => train_cmd(&args[1..]),
+        Some("eval") => eval_cmd(&args[1..]),
+        Some("molora") => molora_cmd(&args[1..]),
         Some("bench-llm") => {
             ember::bench::run(&args[1..]);
             Ok(())
@@ -52,10 +59,10 @@ fn train_cmd(args: &[String]) -> Result<()> {
     let path = args
         .first()
         .filter(|a| !a.starts_with("--"))
-        .context("usage: ember train <recipe.toml> [--set key=value ...] [--out dir]")?;
+        .context("usage: ember train <recipe.toml> [--set key=value ...] [--out dir] [--resume]")?;
     let mut sets = Vec::new();
     let mut out = None;
-    let mut quiet = false;
+    let mut opts = job::RunOptions::default();
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -65,16 +72,92 @@ fn train_cmd(args: &[String]) -> Result<()> {
                     it.next().context("--out needs a directory")?,
                 ))
             }
-            "--quiet" => quiet = true,
-            other => {
-                bail!("unknown option `{other}` for `ember train` (valid: --set, --out, --quiet)")
+            "--quiet" => opts.quiet = true,
+            "--resume" => opts.resume = true,
+            "--overwrite" => opts.overwrite = true,
+            "--stop-after" => {
+                let v = it.next().context("--stop-after needs a step count")?;
+                opts.stop_after = Some(
+                    v.parse()
+                        .with_context(|| format!("--stop-after: `{v}` is not a step count"))?,
+                );
             }
+            other => bail!(
+                "unknown option `{other}` for `ember train` (valid: --out, --overwrite, --quiet, \
+                 --resume, --set, --stop-after)"
+            ),
         }
+    }
+    if opts.resume && opts.overwrite {
+        bail!("--resume and --overwrite contradict each other");
     }
     let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
     let recipe = recipe::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
     let out = out.unwrap_or_else(|| std::path::Path::new("runs").join(&recipe.name));
-    job::train(&recipe, &out, quiet)?;
+    // First Ctrl-C: finish the step, checkpoint, exit 130. Second: exit at once.
+    let _ = ctrlc::set_handler(|| {
+        if job::request_stop() {
+            eprintln!("\ninterrupted again: exiting without a final checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\nCtrl-C: stopping after this step and writing a checkpoint (Ctrl-C again to quit now)"
+        );
+    });
+    let s = job::train(&recipe, &out, &opts)?;
+    if s.interrupted {
+        std::process::exit(130);
+    }
+    Ok(())
+}
+
+fn molora_cmd(args: &[String]) -> Result<()> {
+    let path = args
+        .first()
+        .filter(|a| !a.starts_with("--"))
+        .context("usage: ember molora <recipe.toml> [--set key=value ...] [--out dir]")?;
+    let mut sets = Vec::new();
+    let mut out = None;
+    let mut quiet = false;
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--set" => sets.push(it.next().context("--set needs key=value")?.clone()),
+            "--out" => out = Some(it.next().context("--out needs a directory")?.clone()),
+            "--quiet" => quiet = true,
+            other => {
+                bail!("unknown option `{other}` for `ember molora` (valid: --out, --quiet, --set)")
+            }
+        }
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
+    let recipe =
+        ember::molora_job::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
+    let out = out.map_or_else(
+        || std::path::Path::new("runs").join(&recipe.name),
+        std::path::PathBuf::from,
+    );
+    ember::molora_job::run(&recipe, &out, quiet)?;
+    Ok(())
+}
+
+fn eval_cmd(args: &[String]) -> Result<()> {
+    let run = args
+        .first()
+        .filter(|a| !a.starts_with("--"))
+        .context("usage: ember eval <run dir> [--checkpoint <dir>] [--eval-size N]")?;
+    let o = cli_llm::Opts::parse(&args[1..], &["checkpoint", "eval-size"], &[])?;
+    let eval_size = o
+        .get("eval-size")
+        .map(str::parse)
+        .transpose()
+        .context("--eval-size")?;
+    let acc = job::evaluate_run(
+        std::path::Path::new(run),
+        o.get("checkpoint").map(std::path::Path::new),
+        eval_size,
+    )?;
+    println!("{}", serde_json::json!({ "run": run, "accuracy": acc }));
     Ok(())
 }
 

@@ -1,9 +1,12 @@
 //! Recipes: one TOML file per run, with `--set key=value` overrides checked against the schema.
 
 use crate::engine::*;
-use crate::tasks::Arithmetic;
+use crate::reward::ExternalSpec;
+use crate::tasks::{Arithmetic, Countdown, JsonlData, TaskSet};
 use anyhow::{Context, Result, bail};
+use ember_llm::LoraSettings;
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 /// Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
 /// papers define them. `[advantage]` / `[loss]` tables in a recipe override the preset.
@@ -193,15 +196,210 @@ pub struct ModelSpec {
     pub d_ff: usize,
 }
 
-/// Which task.
+/// Which task family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskKind {
+    /// Generated multi-digit arithmetic (`digits`, `ops`).
+    #[default]
+    Arithmetic,
+    /// Generated countdown (`count`, `max_number`, `max_target`).
+    Countdown,
+    /// A JSONL file (`path`): GSM8K `question`/`answer` or `prompt`/`answer`.
+    Jsonl,
+}
+
+/// Which task, and its settings (only those of its kind may be set).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
-    /// Operands and operators.
-    #[serde(flatten)]
-    pub arithmetic: Arithmetic,
+    /// Task family.
+    #[serde(default)]
+    pub kind: TaskKind,
+    /// Arithmetic: maximum digits per operand (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digits: Option<u32>,
+    /// Arithmetic: operators, any of `+-*` (default `+`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops: Option<String>,
+    /// Countdown: numbers per problem (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+    /// Countdown: largest number (default 9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_number: Option<i64>,
+    /// Countdown: largest target (default 99).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_target: Option<i64>,
+    /// JSONL: the data file (`~` and `$VAR` are expanded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// Held-out problems evaluated.
     pub eval_size: usize,
+}
+
+/// Expands a leading `~/` and `$NAME` / `${NAME}` / `${NAME:-default}` environment variables
+/// (an unset variable without a default is an error naming it).
+pub fn expand_path(p: &str) -> Result<PathBuf> {
+    let mut out = String::new();
+    let mut rest = p;
+    if let Some(r) = rest.strip_prefix("~/") {
+        out += &std::env::var("HOME").context("`~` in a path needs HOME")?;
+        out.push('/');
+        rest = r;
+    }
+    while let Some(i) = rest.find('$') {
+        out += &rest[..i];
+        let tail = &rest[i + 1..];
+        let (name, after) = if let Some(t) = tail.strip_prefix('{') {
+            let end = t
+                .find('}')
+                .with_context(|| format!("unclosed `${{` in {p:?}"))?;
+            (&t[..end], &t[end + 1..])
+        } else {
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            (&tail[..end], &tail[end..])
+        };
+        let (name, default) = match name.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (name, None),
+        };
+        match (std::env::var(name), default) {
+            (Ok(v), _) if !v.is_empty() => out += &v,
+            (_, Some(d)) => match d.strip_prefix("~/") {
+                Some(t) => {
+                    out += &std::env::var("HOME").context("`~` in a path needs HOME")?;
+                    out.push('/');
+                    out += t;
+                }
+                None => out += d,
+            },
+            _ => bail!("environment variable {name} (in {p:?}) is not set"),
+        }
+        rest = after;
+    }
+    out += rest;
+    Ok(PathBuf::from(out))
+}
+
+impl TaskSpec {
+    /// Builds the task (reads a JSONL file), checking that only this kind's fields are set.
+    pub fn build(&self) -> Result<TaskSet> {
+        let given = |name: &str, set: bool, kinds: &str| -> Result<()> {
+            if set {
+                bail!("task.{name} applies to kind = {kinds}, not {:?}", self.kind);
+            }
+            Ok(())
+        };
+        let k = self.kind;
+        given(
+            "digits",
+            self.digits.is_some() && k != TaskKind::Arithmetic,
+            "arithmetic",
+        )?;
+        given(
+            "ops",
+            self.ops.is_some() && k != TaskKind::Arithmetic,
+            "arithmetic",
+        )?;
+        for (n, set) in [
+            ("count", self.count.is_some()),
+            ("max_number", self.max_number.is_some()),
+            ("max_target", self.max_target.is_some()),
+        ] {
+            given(n, set && k != TaskKind::Countdown, "countdown")?;
+        }
+        given("path", self.path.is_some() && k != TaskKind::Jsonl, "jsonl")?;
+        Ok(match k {
+            TaskKind::Arithmetic => {
+                let d = Arithmetic::default();
+                let t = Arithmetic {
+                    digits: self.digits.unwrap_or(d.digits),
+                    ops: self.ops.clone().unwrap_or(d.ops),
+                };
+                t.validate().map_err(anyhow::Error::msg)?;
+                TaskSet::Arithmetic(t)
+            }
+            TaskKind::Countdown => {
+                let d = Countdown::default();
+                let t = Countdown {
+                    count: self.count.unwrap_or(d.count),
+                    max_number: self.max_number.unwrap_or(d.max_number),
+                    max_target: self.max_target.unwrap_or(d.max_target),
+                };
+                t.validate().map_err(anyhow::Error::msg)?;
+                TaskSet::Countdown(t)
+            }
+            TaskKind::Jsonl => {
+                let p = self
+                    .path
+                    .as_deref()
+                    .context("task.kind = \"jsonl\" needs task.path")?;
+                TaskSet::Jsonl(JsonlData::load(&expand_path(p)?)?)
+            }
+        })
+    }
+}
+
+/// A pretrained checkpoint (Hugging Face directory or GGUF file) trained through LoRA adapters,
+/// prompted through its chat template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PretrainedSpec {
+    /// Checkpoint path (`~` and `$VAR` are expanded).
+    pub path: String,
+    /// Wrap the prompt in the tokenizer's chat template.
+    #[serde(default = "yes")]
+    pub chat: bool,
+    /// Optional system message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// The user message; `{question}` is replaced by the example's question.
+    #[serde(default = "question")]
+    pub template: String,
+    /// LoRA adapters (the only trained parameters).
+    #[serde(default)]
+    pub lora: LoraSettings,
+}
+
+fn question() -> String {
+    "{question}".into()
+}
+
+/// The reward: a weighted sum of the task's verifiable reward, a format reward, an external
+/// program's reward, plus DAPO's overlong penalty.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSpec {
+    /// Weight of the verifiable (correctness) reward.
+    #[serde(default = "one_f32")]
+    pub correct: f32,
+    /// Weight of the format reward (see `reward::format_reward`).
+    #[serde(default)]
+    pub format: f32,
+    /// DAPO's soft overlong penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlong: Option<OverlongPenalty>,
+    /// An external reward program speaking JSON lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalSpec>,
+}
+
+impl Default for RewardSpec {
+    fn default() -> Self {
+        Self {
+            correct: 1.0,
+            format: 0.0,
+            overlong: None,
+            external: None,
+        }
+    }
+}
+
+fn one_f32() -> f32 {
+    1.0
 }
 
 /// Supervised warm-up on generated demonstrations.
@@ -265,6 +463,16 @@ pub struct TrainSpec {
     /// Recompute old log-probs with the trainer (true) or take the sampler's (bypass).
     #[serde(default = "yes")]
     pub recompute_old_log_probs: bool,
+    /// Write a checkpoint every this many steps (0 = only at the end or on Ctrl-C).
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    #[serde(default = "two")]
+    pub keep_checkpoints: usize,
+}
+
+fn two() -> usize {
+    2
 }
 
 fn one() -> usize {
@@ -301,12 +509,20 @@ pub struct Recipe {
     /// Algorithm preset.
     #[serde(default = "grpo")]
     pub algorithm: Algorithm,
-    /// The policy.
-    pub model: ModelSpec,
+    /// The tiny policy trained from scratch (or use `[pretrained]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// A pretrained policy with LoRA (or use `[model]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretrained: Option<PretrainedSpec>,
     /// The task.
     pub task: TaskSpec,
-    /// Supervised warm-up.
-    pub warmup: Warmup,
+    /// The reward.
+    #[serde(default)]
+    pub reward: RewardSpec,
+    /// Supervised warm-up of the tiny policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<Warmup>,
     /// Rollouts.
     pub rollout: RolloutSpec,
     /// RL phase.
@@ -322,6 +538,17 @@ pub struct Recipe {
 /// Parses `text` with `key=value` overrides applied (dotted keys address nested tables; values
 /// are TOML, bare words are strings). Unknown keys are errors that list the valid ones.
 pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
+    let root = apply_overrides(text, overrides)?;
+    let recipe: Recipe = toml::Value::Table(root)
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))?;
+    recipe.validate()?;
+    Ok(recipe)
+}
+
+/// Parses TOML `text` and applies `key=value` overrides (dotted keys address nested tables;
+/// values are TOML, bare words are strings).
+pub fn apply_overrides(text: &str, overrides: &[String]) -> Result<toml::Table> {
     let mut root: toml::Table = text.parse().context("recipe is not valid TOML")?;
     for o in overrides {
         let (key, value) = o
@@ -342,39 +569,59 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
         }
         table.insert(parts[parts.len() - 1].to_string(), value);
     }
-    let recipe: Recipe = toml::Value::Table(root)
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))?;
-    recipe.validate()?;
-    Ok(recipe)
+    Ok(root)
 }
 
 impl Recipe {
     /// Checks the values serde cannot.
     pub fn validate(&self) -> Result<()> {
-        self.task
-            .arithmetic
-            .validate()
-            .map_err(anyhow::Error::msg)?;
+        match (&self.model, &self.pretrained) {
+            (Some(_), Some(_)) => {
+                bail!("give either [model] (tiny policy) or [pretrained], not both")
+            }
+            (None, None) => bail!("the recipe needs a policy: [model] (tiny) or [pretrained]"),
+            (Some(m), None) => {
+                if self.warmup.is_none() {
+                    bail!("the tiny [model] needs a [warmup] table (steps, batch, lr)");
+                }
+                if m.heads == 0 || m.kv_heads == 0 || !m.heads.is_multiple_of(m.kv_heads) {
+                    bail!(
+                        "model.heads = {} must be a positive multiple of model.kv_heads = {}",
+                        m.heads,
+                        m.kv_heads
+                    );
+                }
+            }
+            (None, Some(p)) => {
+                if self.warmup.is_some() {
+                    bail!("[warmup] applies to the tiny [model] only, not to [pretrained]");
+                }
+                p.lora.validate()?;
+                if !p.template.contains("{question}") {
+                    bail!(
+                        "pretrained.template = {:?} must contain {{question}}",
+                        p.template
+                    );
+                }
+            }
+        }
+        if let Some(o) = &self.reward.overlong {
+            o.validate()?;
+        }
+        if !(self.reward.correct.is_finite() && self.reward.format.is_finite()) {
+            bail!("reward.correct and reward.format must be finite");
+        }
         if self.rollout.samples_per_prompt < 2 {
             bail!(
                 "rollout.samples_per_prompt = {} must be >= 2 (group baselines need two samples)",
                 self.rollout.samples_per_prompt
             );
         }
-        if self.rollout.prompts_per_step == 0 || self.task.eval_size == 0 || self.warmup.batch == 0
+        if self.rollout.prompts_per_step == 0
+            || self.task.eval_size == 0
+            || self.warmup.as_ref().is_some_and(|w| w.batch == 0)
         {
             bail!("rollout.prompts_per_step, task.eval_size and warmup.batch must be >= 1");
-        }
-        if self.model.heads == 0
-            || self.model.kv_heads == 0
-            || !self.model.heads.is_multiple_of(self.model.kv_heads)
-        {
-            bail!(
-                "model.heads = {} must be a positive multiple of model.kv_heads = {}",
-                self.model.heads,
-                self.model.kv_heads
-            );
         }
         if self.train.eval_every == 0 {
             bail!("train.eval_every must be >= 1");

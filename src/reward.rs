@@ -1,4 +1,186 @@
-//! Verifiable rewards: answer extraction and numeric exact match.
+//! Verifiable rewards: answer extraction, numeric exact match, countdown expressions, a format
+//! reward, and external reward functions run as a subprocess speaking JSON lines.
+
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::Duration;
+
+/// How a completion is verified against an example.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Check {
+    /// The extracted answer equals the reference numerically (textually if not numbers).
+    Numeric,
+    /// The expression uses each given number at most once and evaluates to the target.
+    Countdown {
+        /// The numbers on offer.
+        numbers: Vec<i64>,
+        /// The target.
+        target: i64,
+    },
+}
+
+/// The verifiable reward of `completion` for an example with reference `answer`: 1 or 0.
+pub fn check(check: &Check, completion: &str, answer: &str) -> f32 {
+    match check {
+        Check::Numeric => exact_match(completion, answer),
+        Check::Countdown { numbers, target } => countdown_reward(completion, numbers, *target),
+    }
+}
+
+/// An exact rational `num/den` (den > 0), for countdown expressions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ratio {
+    num: i128,
+    den: i128,
+}
+
+fn gcd(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        a.abs().max(1)
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+impl Ratio {
+    fn new(num: i128, den: i128) -> Option<Self> {
+        if den == 0 || num.abs() > 1 << 60 || den.abs() > 1 << 60 {
+            return None;
+        }
+        let g = gcd(num, den) * den.signum();
+        Some(Self {
+            num: num / g,
+            den: den / g,
+        })
+    }
+
+    /// The value when it is an integer.
+    pub fn as_integer(&self) -> Option<i64> {
+        (self.den == 1)
+            .then(|| i64::try_from(self.num).ok())
+            .flatten()
+    }
+}
+
+/// Evaluates `+ - * /` with parentheses and standard precedence over non-negative integer
+/// literals, exactly; `None` on a syntax error or division by zero.
+pub fn eval_expression(s: &str) -> Option<Ratio> {
+    let toks: Vec<char> = s.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut pos = 0;
+    let v = expr(&toks, &mut pos)?;
+    (pos == toks.len()).then_some(v)
+}
+
+fn expr(t: &[char], p: &mut usize) -> Option<Ratio> {
+    let mut v = term(t, p)?;
+    while *p < t.len() && matches!(t[*p], '+' | '-') {
+        let op = t[*p];
+        *p += 1;
+        let r = term(t, p)?;
+        v = if op == '+' {
+            Ratio::new(v.num * r.den + r.num * v.den, v.den * r.den)?
+        } else {
+            Ratio::new(v.num * r.den - r.num * v.den, v.den * r.den)?
+        };
+    }
+    Some(v)
+}
+
+fn term(t: &[char], p: &mut usize) -> Option<Ratio> {
+    let mut v = atom(t, p)?;
+    while *p < t.len() && matches!(t[*p], '*' | '/') {
+        let op = t[*p];
+        *p += 1;
+        let r = atom(t, p)?;
+        v = if op == '*' {
+            Ratio::new(v.num * r.num, v.den * r.den)?
+        } else {
+            Ratio::new(v.num * r.den, v.den * r.num)?
+        };
+    }
+    Some(v)
+}
+
+fn atom(t: &[char], p: &mut usize) -> Option<Ratio> {
+    if *p < t.len() && t[*p] == '(' {
+        *p += 1;
+        let v = expr(t, p)?;
+        if *p < t.len() && t[*p] == ')' {
+            *p += 1;
+            return Some(v);
+        }
+        return None;
+    }
+    let start = *p;
+    while *p < t.len() && t[*p].is_ascii_digit() {
+        *p += 1;
+    }
+    if start == *p || *p - start > 12 {
+        return None;
+    }
+    let n: i128 = t[start..*p].iter().collect::<String>().parse().ok()?;
+    Ratio::new(n, 1)
+}
+
+/// Countdown reward (TinyZero's `compute_score` without its format bonus): 1 when the answer
+/// expression (from `<answer>` tags or `\boxed{}`, else the whole completion) uses each offered
+/// number at most once and equals the target exactly, else 0.
+pub fn countdown_reward(completion: &str, numbers: &[i64], target: i64) -> f32 {
+    let text = explicit_answer(completion).unwrap_or_else(|| completion.trim().to_string());
+    let text = text.split('=').next().unwrap_or("").trim();
+    let mut used: Vec<i64> = Vec::new();
+    let mut cur = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_digit() {
+            cur.push(c);
+        } else if !cur.is_empty() {
+            match cur.parse() {
+                Ok(n) => used.push(n),
+                Err(_) => return 0.0,
+            }
+            cur.clear();
+        }
+    }
+    let mut pool = numbers.to_vec();
+    for u in &used {
+        match pool.iter().position(|n| n == u) {
+            Some(i) => {
+                pool.swap_remove(i);
+            }
+            None => return 0.0,
+        }
+    }
+    match eval_expression(text) {
+        Some(v) if v.as_integer() == Some(target) => 1.0,
+        _ => 0.0,
+    }
+}
+
+/// The answer when the completion marks it explicitly (`\boxed{}`, `<answer>` tags).
+fn explicit_answer(text: &str) -> Option<String> {
+    if text.contains("\\boxed{") || (text.contains("<answer>") && text.contains("</answer>")) {
+        extract_answer(text)
+    } else {
+        None
+    }
+}
+
+/// Format reward: 1 when the response ended with a stop token and its answer is cleanly
+/// extractable: marked (`\boxed{}`, `<answer>` tags, "answer:") or the whole response is one
+/// number or expression; else 0.
+pub fn format_reward(completion: &str, stopped: bool) -> f32 {
+    if !stopped {
+        return 0.0;
+    }
+    let t = completion.trim();
+    let marked = explicit_answer(t).is_some() || t.to_lowercase().contains("answer:");
+    let bare = !t.is_empty()
+        && t.chars()
+            .all(|c| c.is_ascii_digit() || "+-*/(). ,".contains(c));
+    f32::from(marked || bare)
+}
 
 /// The final answer in a completion, tried in order: the last `\boxed{…}`, the last
 /// `<answer>…</answer>`, the text after the last "answer:" / "answer is", else the last number.
@@ -84,6 +266,203 @@ pub fn exact_match(completion: &str, answer: &str) -> f32 {
     }
 }
 
+/// An external reward function: a subprocess started once per run that reads one JSON request
+/// per line on stdin and answers one JSON line on stdout.
+///
+/// Request: `{"step": 3, "items": [{"prompt": "..", "completion": "..", "answer": "..",
+/// "group": 0}, ...]}`. Answer: `{"rewards": [1.0, 0.0, null, ...]}`, one per item; `null`,
+/// `NaN` or ±`Infinity` mark a sample invalid (it is masked and counted, never trained on).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalSpec {
+    /// Program and arguments.
+    pub command: Vec<String>,
+    /// Weight of its reward in the sum.
+    #[serde(default = "one")]
+    pub weight: f32,
+    /// Seconds to wait for each answer.
+    #[serde(default = "sixty")]
+    pub timeout_s: f64,
+}
+
+fn one() -> f32 {
+    1.0
+}
+fn sixty() -> f64 {
+    60.0
+}
+
+/// Why an external reward failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RewardError {
+    /// The program could not be started.
+    #[error("cannot start external reward `{command}`: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The program exited, timed out or answered something unusable.
+    #[error("external reward `{command}`: {reason}")]
+    Protocol {
+        /// The command line.
+        command: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// One item of a request.
+#[derive(Debug, Clone, Serialize)]
+pub struct RewardItem<'a> {
+    /// The prompt as the policy saw it.
+    pub prompt: &'a str,
+    /// The decoded completion.
+    pub completion: &'a str,
+    /// The reference answer.
+    pub answer: &'a str,
+    /// Index of the prompt in the step (samples of one prompt share it).
+    pub group: usize,
+}
+
+/// A running external reward process.
+pub struct ExternalReward {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<std::io::Result<String>>,
+    timeout: Duration,
+    command: String,
+}
+
+impl ExternalReward {
+    /// Starts the program.
+    pub fn spawn(spec: &ExternalSpec) -> Result<Self, RewardError> {
+        let command = spec.command.join(" ");
+        let Some(program) = spec.command.first() else {
+            return Err(RewardError::Protocol {
+                command,
+                reason: "reward.external.command is empty".into(),
+            });
+        };
+        if !(spec.timeout_s > 0.0 && spec.timeout_s.is_finite()) {
+            return Err(RewardError::Protocol {
+                command,
+                reason: format!("timeout_s = {} must be > 0", spec.timeout_s),
+            });
+        }
+        let mut child = Command::new(program)
+            .args(&spec.command[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|source| RewardError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let (tx, rx) = channel();
+        if let Some(out) = stdout {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines() {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(Self {
+            child,
+            stdin,
+            lines: rx,
+            timeout: Duration::from_secs_f64(spec.timeout_s),
+            command,
+        })
+    }
+
+    fn fail(&self, reason: String) -> RewardError {
+        RewardError::Protocol {
+            command: self.command.clone(),
+            reason,
+        }
+    }
+
+    /// Scores one batch: one reward per item, NaN for an invalid sample.
+    pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Vec<f32>, RewardError> {
+        let request = serde_json::json!({ "step": step, "items": items });
+        let stdin = self.stdin.as_mut().ok_or_else(|| RewardError::Protocol {
+            command: self.command.clone(),
+            reason: "stdin is closed".into(),
+        })?;
+        writeln!(stdin, "{request}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| self.fail(format!("writing the request failed ({e}); did it exit?")))?;
+        let line = match self.lines.recv_timeout(self.timeout) {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => return Err(self.fail(format!("reading its answer failed: {e}"))),
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(self.fail(format!(
+                    "no answer within {:.1} s for step {step} ({} items)",
+                    self.timeout.as_secs_f64(),
+                    items.len()
+                )));
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self
+                    .child
+                    .try_wait()
+                    .ok()
+                    .flatten()
+                    .map_or("closed its stdout".to_string(), |s| format!("exited ({s})"));
+                return Err(self.fail(format!("{status} before answering step {step}")));
+            }
+        };
+        parse_rewards(&line, items.len()).map_err(|reason| self.fail(reason))
+    }
+}
+
+impl Drop for ExternalReward {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses `{"rewards": [...]}` with `expected` entries (`null`/`NaN`/`Infinity` become NaN).
+pub fn parse_rewards(line: &str, expected: usize) -> Result<Vec<f32>, String> {
+    let cleaned = line
+        .replace("-Infinity", "null")
+        .replace("Infinity", "null")
+        .replace("NaN", "null");
+    let v: serde_json::Value = serde_json::from_str(&cleaned).map_err(|e| {
+        format!(
+            "answer is not JSON ({e}): {:?}",
+            line.chars().take(200).collect::<String>()
+        )
+    })?;
+    let arr = v
+        .get("rewards")
+        .and_then(|r| r.as_array())
+        .ok_or_else(|| "answer has no `rewards` array".to_string())?;
+    if arr.len() != expected {
+        return Err(format!(
+            "answered {} rewards for {expected} completions",
+            arr.len()
+        ));
+    }
+    arr.iter()
+        .enumerate()
+        .map(|(i, x)| match x {
+            serde_json::Value::Null => Ok(f32::NAN),
+            serde_json::Value::Number(n) => Ok(n.as_f64().map_or(f32::NAN, |f| f as f32)),
+            other => Err(format!("reward {i} is {other}, not a number")),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +488,54 @@ mod tests {
         assert_eq!(exact_match("#### 1,000", "1000"), 1.0);
         assert_eq!(exact_match("45", "46"), 0.0);
         assert_eq!(exact_match("", "46"), 0.0);
+    }
+
+    #[test]
+    fn countdown_checks_numbers_and_value() {
+        let n = [3, 5, 7];
+        assert_eq!(countdown_reward("3*5+7", &n, 22), 1.0);
+        assert_eq!(countdown_reward("<answer>(7-5)*3</answer>", &n, 6), 1.0);
+        assert_eq!(countdown_reward("7/(5-3)*4", &[3, 4, 5, 7], 14), 1.0);
+        assert_eq!(countdown_reward("3*5+7 = 22", &n, 22), 1.0);
+        assert_eq!(countdown_reward("3*5+7", &n, 23), 0.0, "wrong value");
+        assert_eq!(countdown_reward("3*3+13", &n, 22), 0.0, "3 used twice");
+        assert_eq!(countdown_reward("5/(3-3)", &n, 1), 0.0, "division by zero");
+        assert_eq!(countdown_reward("3*(5+7", &n, 36), 0.0, "syntax");
+        assert_eq!(countdown_reward("7/2", &[7, 2], 3), 0.0, "3.5 is not 3");
+        assert_eq!(
+            eval_expression("7/2*2").and_then(|r| r.as_integer()),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn format_reward_cases() {
+        assert_eq!(format_reward("46", true), 1.0);
+        assert_eq!(format_reward("46", false), 0.0, "truncated");
+        assert_eq!(format_reward("so <answer>4</answer>", true), 1.0);
+        assert_eq!(format_reward("The answer: 4", true), 1.0);
+        assert_eq!(format_reward("I think 4", true), 0.0);
+        assert_eq!(format_reward("", true), 0.0);
+    }
+
+    #[test]
+    fn reward_answers_parse() {
+        assert_eq!(
+            parse_rewards(r#"{"rewards": [1, 0.5]}"#, 2).unwrap(),
+            vec![1.0, 0.5]
+        );
+        let v = parse_rewards(r#"{"rewards": [null, NaN, Infinity]}"#, 3).unwrap();
+        assert!(v.iter().all(|x| x.is_nan()));
+        assert!(
+            parse_rewards(r#"{"rewards": [1]}"#, 2)
+                .unwrap_err()
+                .contains("1 rewards for 2")
+        );
+        assert!(parse_rewards("oops", 1).unwrap_err().contains("not JSON"));
+        assert!(
+            parse_rewards(r#"{"rewards": ["x"]}"#, 1)
+                .unwrap_err()
+                .contains("not a number")
+        );
     }
 }

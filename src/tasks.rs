@@ -1,14 +1,22 @@
-//! Procedurally generated tasks with held-out splits.
+//! Tasks with held-out splits: procedurally generated arithmetic and countdown, and JSONL
+//! datasets (GSM8K's `question`/`answer` with `#### <number>`, or generic `prompt`/`answer`).
 
+use crate::reward::Check;
 use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 
 /// A prompt and its reference answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Example {
-    /// What the policy sees.
+    /// The compact prompt the character-level policy sees (`12+34=`).
     pub prompt: String,
-    /// The verifiable answer.
+    /// The verifiable answer (for countdown, one solution).
     pub answer: String,
+    /// The question in words, for policies with a real tokenizer (placed into the recipe's
+    /// prompt template as `{question}`).
+    pub question: String,
+    /// How a completion is verified.
+    pub check: Check,
 }
 
 /// The job's deterministic RNG (its state is one u64, so checkpoints can store it).
@@ -82,6 +90,8 @@ impl Arithmetic {
         Example {
             prompt: format!("{a}{op}{b}="),
             answer: v.to_string(),
+            question: format!("{a} {op} {b}"),
+            check: Check::Numeric,
         }
     }
 
@@ -114,6 +124,297 @@ impl Arithmetic {
     }
 }
 
+fn count() -> usize {
+    3
+}
+fn max_number() -> i64 {
+    9
+}
+fn max_target() -> i64 {
+    99
+}
+
+/// Countdown (as in TinyZero): reach a target with the given numbers, each used at most once,
+/// with `+ - * /` and parentheses; standard precedence, exact rational arithmetic.
+///
+/// Problems are generated from a random solution over all the numbers with `+ - *`, so every
+/// problem is solvable; the held-out split is a hash of (sorted numbers, target).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Countdown {
+    /// Numbers per problem.
+    #[serde(default = "count")]
+    pub count: usize,
+    /// Numbers are drawn from 1..=max_number.
+    #[serde(default = "max_number")]
+    pub max_number: i64,
+    /// Targets lie in 0..=max_target.
+    #[serde(default = "max_target")]
+    pub max_target: i64,
+}
+
+impl Default for Countdown {
+    fn default() -> Self {
+        Self {
+            count: count(),
+            max_number: max_number(),
+            max_target: max_target(),
+        }
+    }
+}
+
+impl Countdown {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(2..=6).contains(&self.count) {
+            return Err(format!("task.count = {} must be in 2..=6", self.count));
+        }
+        if !(1..=100).contains(&self.max_number) || self.max_target < 1 {
+            return Err(format!(
+                "task.max_number = {} must be in 1..=100 and task.max_target = {} >= 1",
+                self.max_number, self.max_target
+            ));
+        }
+        Ok(())
+    }
+
+    fn draw(&self, rng: &mut Rng) -> Example {
+        loop {
+            let nums: Vec<i64> = (0..self.count)
+                .map(|_| 1 + rng.below(self.max_number as u64) as i64)
+                .collect();
+            let mut expr = nums[0].to_string();
+            for n in &nums[1..] {
+                let op = ['+', '-', '*'][rng.below(3) as usize];
+                expr += &format!("{op}{n}");
+            }
+            let Some(v) = crate::reward::eval_expression(&expr).and_then(|v| v.as_integer()) else {
+                continue;
+            };
+            if !(0..=self.max_target).contains(&v) {
+                continue;
+            }
+            let mut sorted = nums.clone();
+            sorted.sort_unstable();
+            let list: Vec<String> = sorted.iter().map(ToString::to_string).collect();
+            return Example {
+                prompt: format!("{} {v}=", list.join(",")),
+                answer: expr,
+                question: format!(
+                    "Using the numbers {} (each at most once) with + - * / and parentheses, \
+                     write an expression equal to {v}.",
+                    list.join(", ")
+                ),
+                check: Check::Countdown {
+                    numbers: sorted,
+                    target: v,
+                },
+            };
+        }
+    }
+
+    fn held_out(e: &Example) -> bool {
+        let Check::Countdown { numbers, target } = &e.check else {
+            return false;
+        };
+        let mut h = *target as u64;
+        for n in numbers {
+            h = h.wrapping_mul(1_000_003) ^ (*n as u64);
+        }
+        Rng(h).next_u64().is_multiple_of(10)
+    }
+
+    /// `n` training problems.
+    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let e = self.draw(rng);
+            if !Self::held_out(&e) {
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    /// `n` distinct held-out problems (fixed by `seed`).
+    pub fn held_out_set(&self, seed: u64, n: usize) -> Vec<Example> {
+        let mut rng = Rng(seed ^ 0xC0D0);
+        let mut out: Vec<Example> = Vec::with_capacity(n);
+        let mut tries = 0;
+        while out.len() < n && tries < 1000 * n.max(1) {
+            tries += 1;
+            let e = self.draw(&mut rng);
+            if Self::held_out(&e) && !out.iter().any(|o| o.check == e.check) {
+                out.push(e);
+            }
+        }
+        out
+    }
+}
+
+/// A JSONL dataset read in place: each line `{"question", "answer"}` (GSM8K: the answer's
+/// `#### <number>` line is the reference) or `{"prompt", "answer"}`. A line is held out when a
+/// hash of its prompt is 0 mod 10, whatever the seed.
+#[derive(Debug, Clone)]
+pub struct JsonlData {
+    train: Vec<Example>,
+    held_out: Vec<Example>,
+}
+
+/// Why a dataset could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("cannot read dataset {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A line is not what the loader expects.
+    #[error("{path}:{line}: {reason}")]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No usable example.
+    #[error("dataset {path} is empty: {reason}")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+        /// Which split is empty.
+        reason: String,
+    },
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+impl JsonlData {
+    /// Reads `path`.
+    pub fn load(path: &Path) -> Result<Self, DataError> {
+        let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let line_err = |line: usize, reason: String| DataError::Line {
+            path: path.to_path_buf(),
+            line,
+            reason,
+        };
+        let (mut train, mut held_out) = (Vec::new(), Vec::new());
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| line_err(i + 1, format!("not JSON: {e}")))?;
+            let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+            let (question, answer) = match (field("question"), field("prompt"), field("answer")) {
+                (Some(q), _, Some(a)) => {
+                    let a = match a.rsplit_once("####") {
+                        Some((_, tail)) => tail.trim().replace(',', ""),
+                        None => a.trim().to_string(),
+                    };
+                    (q, a)
+                }
+                (None, Some(p), Some(a)) => (p, a.trim().to_string()),
+                _ => {
+                    return Err(line_err(
+                        i + 1,
+                        "expected string fields `question` and `answer` (GSM8K) or `prompt` and \
+                         `answer`"
+                            .into(),
+                    ));
+                }
+            };
+            if answer.is_empty() {
+                return Err(line_err(i + 1, "the answer is empty".into()));
+            }
+            let e = Example {
+                prompt: question.clone(),
+                answer,
+                question,
+                check: Check::Numeric,
+            };
+            if Rng(fnv(&e.question)).next_u64().is_multiple_of(10) {
+                held_out.push(e);
+            } else {
+                train.push(e);
+            }
+        }
+        let empty = |reason: &str| DataError::Empty {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        };
+        if train.is_empty() && held_out.is_empty() {
+            return Err(empty("no examples"));
+        }
+        if train.is_empty() || held_out.is_empty() {
+            return Err(empty(
+                "too few examples to split into training and held-out (1 in 10 is held out)",
+            ));
+        }
+        Ok(Self { train, held_out })
+    }
+
+    /// `n` training examples drawn uniformly.
+    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+        (0..n)
+            .map(|_| self.train[rng.below(self.train.len() as u64) as usize].clone())
+            .collect()
+    }
+
+    /// The first `n` held-out examples (file order).
+    pub fn held_out_set(&self, n: usize) -> Vec<Example> {
+        self.held_out.iter().take(n).cloned().collect()
+    }
+
+    /// (training, held-out) sizes.
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.train.len(), self.held_out.len())
+    }
+}
+
+/// A task ready to draw from.
+#[derive(Debug, Clone)]
+pub enum TaskSet {
+    /// Generated arithmetic.
+    Arithmetic(Arithmetic),
+    /// Generated countdown.
+    Countdown(Countdown),
+    /// A JSONL file.
+    Jsonl(JsonlData),
+}
+
+impl TaskSet {
+    /// `n` training examples.
+    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+        match self {
+            Self::Arithmetic(t) => t.train(rng, n),
+            Self::Countdown(t) => t.train(rng, n),
+            Self::Jsonl(t) => t.train(rng, n),
+        }
+    }
+
+    /// The held-out evaluation set.
+    pub fn held_out_set(&self, seed: u64, n: usize) -> Vec<Example> {
+        match self {
+            Self::Arithmetic(t) => t.held_out_set(seed, n),
+            Self::Countdown(t) => t.held_out_set(seed, n),
+            Self::Jsonl(t) => t.held_out_set(n),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +439,60 @@ mod tests {
             eval,
             "held-out set is fixed by its seed"
         );
+    }
+
+    #[test]
+    fn countdown_problems_are_solvable_and_split() {
+        let t = Countdown::default();
+        let eval = t.held_out_set(0, 50);
+        assert_eq!(eval.len(), 50);
+        let train = t.train(&mut Rng(3), 500);
+        for e in train.iter().chain(&eval) {
+            // The generating solution earns the reward.
+            assert_eq!(
+                crate::reward::check(&e.check, &e.answer, &e.answer),
+                1.0,
+                "{e:?}"
+            );
+        }
+        for e in &train {
+            assert!(
+                !eval.iter().any(|h| h.check == e.check),
+                "{e:?} in both splits"
+            );
+        }
+    }
+
+    #[test]
+    fn jsonl_gsm8k_and_generic_and_errors() {
+        let dir = std::env::temp_dir().join(format!("ember-jsonl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("d.jsonl");
+        let mut text = String::new();
+        for i in 0..40 {
+            text += &format!("{{\"question\": \"q{i}\", \"answer\": \"work\\n#### 1,{i:03}\"}}\n");
+        }
+        text += "{\"prompt\": \"p\", \"answer\": \" 7 \"}\n";
+        std::fs::write(&p, &text).unwrap();
+        let d = JsonlData::load(&p).unwrap();
+        let (a, b) = d.sizes();
+        assert_eq!(a + b, 41);
+        assert!(b >= 1 && a >= 1);
+        let all: Vec<Example> = d.train.iter().chain(&d.held_out).cloned().collect();
+        let q3 = all.iter().find(|e| e.question == "q3").unwrap();
+        assert_eq!(q3.answer, "1003");
+        assert_eq!(all.iter().find(|e| e.question == "p").unwrap().answer, "7");
+
+        std::fs::write(&p, "{\"question\": 3}\n").unwrap();
+        let e = JsonlData::load(&p).unwrap_err().to_string();
+        assert!(e.contains("d.jsonl:1:") && e.contains("question"), "{e}");
+        std::fs::write(&p, "\n\n").unwrap();
+        let e = JsonlData::load(&p).unwrap_err().to_string();
+        assert!(e.contains("is empty"), "{e}");
+        let e = JsonlData::load(&dir.join("missing.jsonl"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.jsonl"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

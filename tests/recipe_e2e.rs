@@ -66,6 +66,10 @@ fn cpu_recipe_lifts_held_out_accuracy() {
         "recipe.resolved.toml",
         "final/model.safetensors",
         "final/config.json",
+        "curves.png",
+        "checkpoints/latest",
+        "checkpoints/step-00000300/model.bpk",
+        "checkpoints/step-00000300/optim.bpk",
     ] {
         assert!(out.join(f).exists(), "{f} missing");
     }

@@ -413,6 +413,10 @@ pub fn build_model(
                     cfg.d_model,
                     cfg.out_bias,
                 )?,
+                q_mix: None,
+                k_mix: None,
+                v_mix: None,
+                o_mix: None,
                 n_heads: cfg.n_heads,
                 n_kv_heads: cfg.n_kv_heads,
                 head_dim: hd,
@@ -443,6 +447,9 @@ pub fn build_model(
                     cfg.d_model,
                     cfg.out_bias,
                 )?,
+                gate_mix: None,
+                up_mix: None,
+                down_mix: None,
             },
         });
     }

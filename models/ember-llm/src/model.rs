@@ -11,6 +11,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_molora::{MoLora, RouteCtx};
 
 /// Additive bias for masked attention scores (finite, so fully masked rows stay NaN-free).
 const MASKED: f32 = -1e9;
@@ -26,6 +27,14 @@ pub struct Attention {
     pub v_proj: Linear,
     /// W_o.
     pub o_proj: Linear,
+    /// Mixture-of-LoRA on W_q (see `ember_molora`), added to the projection.
+    pub q_mix: Option<MoLora>,
+    /// Mixture on W_k.
+    pub k_mix: Option<MoLora>,
+    /// Mixture on W_v.
+    pub v_mix: Option<MoLora>,
+    /// Mixture on W_o.
+    pub o_mix: Option<MoLora>,
     pub(crate) n_heads: usize,
     pub(crate) n_kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -40,6 +49,12 @@ pub struct Mlp {
     pub up_proj: Linear,
     /// Down projection.
     pub down_proj: Linear,
+    /// Mixture on the gate projection.
+    pub gate_mix: Option<MoLora>,
+    /// Mixture on the up projection.
+    pub up_mix: Option<MoLora>,
+    /// Mixture on the down projection.
+    pub down_mix: Option<MoLora>,
 }
 
 /// One pre-norm decoder layer.
@@ -80,6 +95,14 @@ fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
     }
 }
 
+/// A projection plus its Mixture-of-LoRA, if any (off with the adapters).
+fn proj(l: &Linear, mix: &Option<MoLora>, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
+    match mix {
+        Some(m) if c.adapters => lin(l, x.clone(), true) + m.forward(x, c),
+        _ => lin(l, x, c.adapters),
+    }
+}
+
 fn linear(d_in: usize, d_out: usize, bias: bool, device: &Device) -> Linear {
     LinearConfig::new(d_in, d_out).with_bias(bias).init(device)
 }
@@ -101,6 +124,10 @@ impl LlamaConfig {
                     k_proj: linear(self.d_model, self.n_kv_heads * hd, self.qkv_bias, device),
                     v_proj: linear(self.d_model, self.n_kv_heads * hd, self.qkv_bias, device),
                     o_proj: linear(self.n_heads * hd, self.d_model, self.out_bias, device),
+                    q_mix: None,
+                    k_mix: None,
+                    v_mix: None,
+                    o_mix: None,
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: hd,
@@ -110,6 +137,9 @@ impl LlamaConfig {
                     gate_proj: linear(self.d_model, self.d_ff, self.out_bias, device),
                     up_proj: linear(self.d_model, self.d_ff, self.out_bias, device),
                     down_proj: linear(self.d_ff, self.d_model, self.out_bias, device),
+                    gate_mix: None,
+                    up_mix: None,
+                    down_mix: None,
                 },
             })
             .collect();
@@ -160,17 +190,17 @@ impl Attention {
         x: Tensor<3>,
         positions: Tensor<2, Int>,
         theta: f64,
-        ad: bool,
+        c: &RouteCtx,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, t, _] = x.dims();
         let hd = self.head_dim;
-        let q = lin(&self.q_proj, x.clone(), ad)
+        let q = proj(&self.q_proj, &self.q_mix, x.clone(), c)
             .reshape([b, t, self.n_heads, hd])
             .swap_dims(1, 2);
-        let k = lin(&self.k_proj, x.clone(), ad)
+        let k = proj(&self.k_proj, &self.k_mix, x.clone(), c)
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
-        let v = lin(&self.v_proj, x, ad)
+        let v = proj(&self.v_proj, &self.v_mix, x, c)
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
         let (cos, sin) = rope_tables(positions, hd, theta);
@@ -184,7 +214,7 @@ impl Attention {
         k: Tensor<4>,
         v: Tensor<4>,
         bias: Tensor<4>,
-        ad: bool,
+        c: &RouteCtx,
     ) -> Tensor<3> {
         let [b, h, t, hd] = q.dims();
         let [_, kv, keys, _] = k.dims();
@@ -204,16 +234,18 @@ impl Attention {
             .matmul(repeat(v))
             .swap_dims(1, 2)
             .reshape([b, t, h * hd]);
-        lin(&self.o_proj, out, ad)
+        proj(&self.o_proj, &self.o_mix, out, c)
     }
 }
 
 impl Mlp {
-    fn forward(&self, x: Tensor<3>, ad: bool) -> Tensor<3> {
-        lin(
+    fn forward(&self, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
+        proj(
             &self.down_proj,
-            silu(lin(&self.gate_proj, x.clone(), ad)) * lin(&self.up_proj, x, ad),
-            ad,
+            &self.down_mix,
+            silu(proj(&self.gate_proj, &self.gate_mix, x.clone(), c))
+                * proj(&self.up_proj, &self.up_mix, x, c),
+            c,
         )
     }
 }
@@ -283,7 +315,19 @@ impl Llama {
         mask: Tensor<2>,
         adapters: bool,
     ) -> Tensor<3> {
-        let ad = adapters;
+        self.forward_routed(tokens, mask, &RouteCtx::plain(adapters))
+    }
+
+    /// [`forward_with`](Self::forward_with) under a routing context: Mixture-of-LoRA layers
+    /// sample or take their top-k as `ctx` says, and record their decisions in it.
+    pub fn forward_routed(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        ctx: &RouteCtx,
+    ) -> Tensor<3> {
+        ctx.begin_pass();
+        let ad = ctx.adapters;
         let [b, t] = tokens.dims();
         let positions = position_ids(&mask);
         let device = mask.device();
@@ -297,12 +341,12 @@ impl Llama {
             let x = layer.input_layernorm.forward(h.clone());
             let (q, k, v) = layer
                 .self_attn
-                .project(x, positions.clone(), self.rope_theta, ad);
-            h = h + layer.self_attn.attend(q, k, v, bias.clone(), ad);
+                .project(x, positions.clone(), self.rope_theta, ctx);
+            h = h + layer.self_attn.attend(q, k, v, bias.clone(), ctx);
             h = h.clone()
                 + layer
                     .mlp
-                    .forward(layer.post_attention_layernorm.forward(h), ad);
+                    .forward(layer.post_attention_layernorm.forward(h), ctx);
         }
         self.head(h, ad)
     }
@@ -319,6 +363,19 @@ impl Llama {
         mask: Tensor<2>,
         cache: &mut KvCache,
     ) -> Tensor<2> {
+        self.forward_cached_routed(tokens, mask, cache, &RouteCtx::plain(true))
+    }
+
+    /// [`forward_cached`](Self::forward_cached) under a routing context (sequence routing
+    /// records its decisions at the prefill and replays them while decoding).
+    pub fn forward_cached_routed(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        cache: &mut KvCache,
+        ctx: &RouteCtx,
+    ) -> Tensor<2> {
+        ctx.begin_pass();
         let [b, t] = tokens.dims();
         let start = cache.len();
         let positions = cache.positions_for(&mask);
@@ -329,13 +386,13 @@ impl Llama {
             let x = layer.input_layernorm.forward(h.clone());
             let (q, k, v) = layer
                 .self_attn
-                .project(x, positions.clone(), self.rope_theta, true);
+                .project(x, positions.clone(), self.rope_theta, ctx);
             let (k_all, v_all) = cache.write(i, start, k, v);
-            h = h + layer.self_attn.attend(q, k_all, v_all, bias.clone(), true);
+            h = h + layer.self_attn.attend(q, k_all, v_all, bias.clone(), ctx);
             h = h.clone()
                 + layer
                     .mlp
-                    .forward(layer.post_attention_layernorm.forward(h), true);
+                    .forward(layer.post_attention_layernorm.forward(h), ctx);
         }
         cache.advance(t);
         let [_, _, d] = h.dims();

@@ -272,7 +272,17 @@ pub fn generate(
     let mut rng = SplitMix64(cfg.seed);
 
     let stop: Vec<i64> = cfg.stop_tokens.iter().map(|t| i64::from(*t)).collect();
-    let mut logits = model.forward_cached(prompt_tokens.clone(), prompt_mask.clone(), &mut cache);
+    // Mixture-of-LoRA routers take their top-k; sequence routing decides on the prompt and
+    // replays that decision for every decoded token.
+    let mut route = ember_molora::RouteCtx::decoding(prompt_mask.clone());
+    let mut logits = model.forward_cached_routed(
+        prompt_tokens.clone(),
+        prompt_mask.clone(),
+        &mut cache,
+        &route,
+    );
+    route.start_replay();
+    route.stop_recording();
     let mut alive = Tensor::<2>::ones([b, 1], device);
     let (mut toks, mut lps, mut masks) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..cfg.max_new_tokens {
@@ -308,7 +318,7 @@ pub fn generate(
                 break;
             }
         }
-        logits = model.forward_cached(token, step_mask, &mut cache);
+        logits = model.forward_cached_routed(token, step_mask, &mut cache, &route);
     }
     let truncated: Vec<bool> = alive
         .try_into_vec_as::<f32>()

@@ -1,0 +1,475 @@
+//! The RL job through the `ember` binary: resume equality, Ctrl-C, the external reward protocol
+//! with a real subprocess, other tasks, and bad inputs.
+
+mod common;
+
+use ember::reward::{ExternalReward, ExternalSpec, RewardItem};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn recipe() -> String {
+    root()
+        .join("recipes/arithmetic-cpu.toml")
+        .to_string_lossy()
+        .into()
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ember-job-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A small budget: warm-up long enough for non-zero rewards, a few RL steps.
+const SMALL: [&str; 12] = [
+    "warmup.steps=200",
+    "train.steps=6",
+    "rollout.prompts_per_step=8",
+    "task.eval_size=40",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+    "train.warmup_steps=2",
+    "train.kl_coef=0.01",
+    "train.recompute_old_log_probs=true",
+    "train.epochs=2",
+    "train.mini_batches=2",
+    "rollout.samples_per_prompt=4",
+];
+
+fn train(out: &Path, extra: &[&str], flags: &[&str]) -> Output {
+    train_recipe(&recipe(), out, extra, flags)
+}
+
+/// The CPU recipe with its `[task]` table replaced by `task` (written next to `out`).
+fn variant(out: &Path, task: &str) -> String {
+    let text = std::fs::read_to_string(recipe()).unwrap();
+    let start = text.find("[task]").unwrap();
+    let end = start + text[start..].find("\n[warmup]").unwrap();
+    let new = format!("{}[task]\n{task}\n{}", &text[..start], &text[end..]);
+    let p = out.with_extension("toml");
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, new).unwrap();
+    p.to_string_lossy().into()
+}
+
+fn train_recipe(recipe: &str, out: &Path, extra: &[&str], flags: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    c.args(["train", recipe, "--quiet", "--out"]).arg(out);
+    for s in SMALL.iter().chain(extra) {
+        c.args(["--set", s]);
+    }
+    c.args(flags).output().unwrap()
+}
+
+fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(l).unwrap();
+            m.retain(|k, _| !k.starts_with("perf/"));
+            m
+        })
+        .collect()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into()
+}
+
+/// Stopping at step 3 and resuming gives the same metrics, step for step, as an uninterrupted
+/// run: model, AdamW moments, RNG state and the KL reference all come back from disk.
+#[test]
+fn resume_equals_uninterrupted_run() {
+    let (a, b) = (tmp("resume-a"), tmp("resume-b"));
+    let o = train(&a, &[], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = train(&b, &[], &["--stop-after", "3"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(b.join("checkpoints/step-00000003/model.bpk").exists());
+    assert!(b.join("checkpoints/step-00000003/optim.bpk").exists());
+    // A second run into the same directory without --resume is refused; nothing is lost.
+    let o = train(&b, &[], &[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
+    // Resuming with a different recipe is refused.
+    let o = train(&b, &["train.lr=0.5"], &["--resume"]);
+    assert!(stderr(&o).contains("recipe differs"), "{}", stderr(&o));
+    let o = train(&b, &[], &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ra, rb) = (
+        rows(&a.join("metrics.jsonl")),
+        rows(&b.join("metrics.jsonl")),
+    );
+    assert_eq!(ra.len(), 7);
+    let rewards: f64 = ra
+        .iter()
+        .filter_map(|r| r.get("rollout/reward_mean")?.as_f64())
+        .sum();
+    assert!(
+        rewards > 0.0,
+        "the test needs non-zero rewards to mean anything"
+    );
+    assert_eq!(ra, rb, "resumed metrics differ from the uninterrupted run");
+    for f in ["curves.png", "metrics.csv", "final/model.safetensors"] {
+        assert!(b.join(f).exists(), "{f} missing");
+    }
+    eval_matches_last(&b, &ra);
+    std::fs::remove_dir_all(&a).ok();
+    std::fs::remove_dir_all(&b).ok();
+}
+
+/// `ember eval` scores the final model as the run's last evaluation did.
+fn eval_matches_last(run: &Path, rows: &[serde_json::Map<String, serde_json::Value>]) {
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .arg("eval")
+        .arg(run)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let last = rows.last().unwrap()["eval/accuracy"].as_f64().unwrap();
+    assert!(
+        (v["accuracy"].as_f64().unwrap() - last).abs() < 1e-9,
+        "{v} vs {last}"
+    );
+}
+
+/// Ctrl-C (SIGINT) finishes the step, writes a checkpoint and exits with 130.
+#[test]
+fn ctrl_c_writes_a_checkpoint() {
+    let out = tmp("sigint");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["train", &recipe(), "--out"])
+        .arg(&out)
+        .args([
+            "--set",
+            "warmup.steps=10",
+            "--set",
+            "train.steps=100000",
+            "--set",
+            "task.eval_size=10",
+            "--set",
+            "train.eval_every=1000",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(err).lines();
+    for line in lines.by_ref() {
+        if line.unwrap().contains("step    2/") {
+            break;
+        }
+    }
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("--resume")), "{rest:?}");
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            out.join("checkpoints")
+                .join(latest.trim())
+                .join("state.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(state["step"].as_u64().unwrap() >= 2, "{state}");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+fn script() -> String {
+    root()
+        .join("tests/fixtures/reward/length_reward.py")
+        .to_string_lossy()
+        .into()
+}
+
+/// The JSON-lines protocol with a real subprocess: lengths back, NaN for the first item.
+#[test]
+fn external_reward_round_trip() {
+    let spec = ExternalSpec {
+        command: vec!["python3".into(), script()],
+        weight: 1.0,
+        timeout_s: 30.0,
+    };
+    let mut ext = ExternalReward::spawn(&spec).unwrap();
+    let items = |c: &[&'static str]| -> Vec<RewardItem<'static>> {
+        c.iter()
+            .map(|s| RewardItem {
+                prompt: "1+1=",
+                completion: s,
+                answer: "2",
+                group: 0,
+            })
+            .collect()
+    };
+    for step in 0..3 {
+        let v = ext.score(step, &items(&["x", "ab", "abcd"])).unwrap();
+        assert!(v[0].is_nan());
+        assert_eq!(&v[1..], &[2.0, 4.0]);
+    }
+    // Timeouts, crashes and missing programs are errors that name the command.
+    let slow = ExternalSpec {
+        command: vec![
+            "python3".into(),
+            "-c".into(),
+            "import time; time.sleep(30)".into(),
+        ],
+        weight: 1.0,
+        timeout_s: 0.5,
+    };
+    let e = ExternalReward::spawn(&slow)
+        .unwrap()
+        .score(1, &items(&["a"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no answer within 0.5 s") && e.contains("time.sleep"),
+        "{e}"
+    );
+    let crash = ExternalSpec {
+        command: vec![
+            "python3".into(),
+            "-c".into(),
+            "import sys; sys.exit(3)".into(),
+        ],
+        ..slow.clone()
+    };
+    let mut c = ExternalReward::spawn(&crash).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let e = c.score(1, &items(&["a"])).unwrap_err().to_string();
+    assert!(e.contains("sys.exit(3)"), "{e}");
+    let missing = ExternalSpec {
+        command: vec!["/no/such/reward-program".into()],
+        ..slow
+    };
+    let e = ExternalReward::spawn(&missing).err().unwrap().to_string();
+    assert!(e.contains("cannot start") && e.contains("/no/such"), "{e}");
+}
+
+/// A run with the external reward: the NaN sample is masked and counted every step, the run
+/// completes, and the external mean is logged.
+#[test]
+fn nan_rewards_are_masked_and_counted() {
+    let out = tmp("nan");
+    let cmd = format!("reward.external.command=[\"python3\", \"{}\"]", script());
+    let o = train(
+        &out,
+        &[
+            "train.steps=2",
+            "train.checkpoint_every=0",
+            "reward.correct=0.0",
+            &cmd,
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out.join("metrics.jsonl"));
+    assert_eq!(r.len(), 3);
+    for row in &r[1..] {
+        assert_eq!(
+            row["rollout/invalid_rewards"].as_f64(),
+            Some(1.0),
+            "{row:?}"
+        );
+        assert!(row["reward/external_mean"].as_f64().unwrap() > 0.0);
+        assert!(row["rollout/reward_mean"].as_f64().unwrap().is_finite());
+        assert!(row["actor/pg_loss"].as_f64().unwrap().is_finite());
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn countdown_and_format_reward_run() {
+    let out = tmp("countdown");
+    let o = train(
+        &out,
+        &[
+            "task.kind=countdown",
+            "task.digits=2",
+            "train.steps=2",
+            "rollout.max_new_tokens=8",
+        ],
+        &[],
+    );
+    assert!(
+        stderr(&o).contains("task.digits applies to kind = arithmetic"),
+        "{}",
+        stderr(&o)
+    );
+    let cd = variant(&out, "kind = \"countdown\"\neval_size = 20");
+    let o = train_recipe(
+        &cd,
+        &out,
+        &[
+            "train.steps=2",
+            "rollout.max_new_tokens=8",
+            "reward.format=0.5",
+            "reward.overlong={max_len = 8, cache_len = 4}",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out.join("metrics.jsonl"));
+    assert_eq!(r.len(), 3);
+    assert!(r[2].contains_key("reward/format_mean"), "{:?}", r[2]);
+    std::fs::remove_dir_all(&out).ok();
+    std::fs::remove_file(&cd).ok();
+}
+
+fn fails_with(task: Option<&str>, extra: &[&str], needles: &[&str]) {
+    let out = tmp("bad");
+    let o = match task {
+        Some(t) => train_recipe(&variant(&out, t), &out, extra, &[]),
+        None => train(&out, extra, &[]),
+    };
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{extra:?} should fail");
+    for n in needles {
+        assert!(e.contains(n), "{extra:?}: {n:?} not in {e}");
+    }
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn bad_inputs_get_clear_errors() {
+    // Prompt longer than the context: 7 prompt tokens + 60 new > 64 positions.
+    fails_with(
+        None,
+        &["rollout.max_new_tokens=60"],
+        &["exceeds the model's context of 64", "max_new_tokens = 60"],
+    );
+    // Missing data file, empty dataset, text the tiny vocabulary cannot encode.
+    let dir = tmp("data");
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.jsonl");
+    let jsonl = |p: &Path| {
+        format!(
+            "kind = \"jsonl\"\neval_size = 4\npath = \"{}\"",
+            p.display()
+        )
+    };
+    fails_with(
+        Some(&jsonl(&missing)),
+        &[],
+        &["cannot read dataset", "missing.jsonl"],
+    );
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    fails_with(Some(&jsonl(&empty)), &[], &["empty.jsonl is empty"]);
+    let text = dir.join("text.jsonl");
+    let lines: String = (0..30)
+        .map(|i| {
+            format!(
+                "{{\"question\": \"What is {i} plus one?\", \"answer\": \"#### {}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    std::fs::write(&text, lines).unwrap();
+    fails_with(
+        Some(&jsonl(&text)),
+        &[],
+        &["not in the vocabulary", "[pretrained]"],
+    );
+    // Missing model file.
+    let recipe_text = format!(
+        "name = \"x\"\n[pretrained]\npath = \"{}\"\n[task]\neval_size = 4\n[rollout]\n\
+         prompts_per_step = 2\nsamples_per_prompt = 2\ntemperature = 1.0\nmax_new_tokens = 4\n\
+         [train]\nsteps = 1\nlr = 1e-4\n",
+        dir.join("nope.gguf").display()
+    );
+    let rp = dir.join("r.toml");
+    std::fs::write(&rp, recipe_text).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["train", rp.to_str().unwrap(), "--quiet", "--out"])
+        .arg(dir.join("run"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("nope.gguf"), "{}", stderr(&o));
+    // A missing recipe, and `--resume` with nothing to resume.
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["train", "no-such-recipe.toml"])
+        .output()
+        .unwrap();
+    assert!(stderr(&o).contains("no-such-recipe.toml"), "{}", stderr(&o));
+    let o = train(&dir.join("fresh"), &[], &["--resume"]);
+    assert!(stderr(&o).contains("no checkpoint"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The SmolLM2 LoRA recipe at a micro budget: stop after one step, resume, and match the
+/// uninterrupted run (the checkpoint holds only the adapters and their AdamW state); the final
+/// adapter is written in PEFT layout and `ember eval` reproduces the last evaluation.
+#[test]
+fn lora_policy_checkpoints_and_resumes() {
+    let Some(gguf) = common::assets::smollm2() else {
+        return;
+    };
+    let recipe: String = root()
+        .join("recipes/smollm2-lora-grpo.toml")
+        .to_string_lossy()
+        .into();
+    let path = format!("pretrained.path=\"{}\"", gguf.display());
+    let sets = [
+        path.as_str(),
+        "train.steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "rollout.max_new_tokens=4",
+        "task.eval_size=3",
+        "train.eval_every=1",
+        "pretrained.lora.targets=[\"q_proj\", \"v_proj\"]",
+    ];
+    let run = |out: &Path, flags: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+        c.args(["train", &recipe, "--quiet", "--out"]).arg(out);
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        c.args(flags).output().unwrap()
+    };
+    let (a, b) = (tmp("lora-a"), tmp("lora-b"));
+    let o = run(&a, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&b, &["--stop-after", "1"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = run(&b, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ra, rb) = (
+        rows(&a.join("metrics.jsonl")),
+        rows(&b.join("metrics.jsonl")),
+    );
+    assert_eq!(ra.len(), 3);
+    assert_eq!(
+        ra, rb,
+        "resumed LoRA metrics differ from the uninterrupted run"
+    );
+    // Adapters only: far smaller than the 135M-parameter model.
+    let size = std::fs::metadata(b.join("checkpoints/step-00000002/model.bpk"))
+        .unwrap()
+        .len();
+    assert!(
+        size < 4_000_000,
+        "checkpoint of {size} bytes holds more than adapters"
+    );
+    assert!(b.join("final/adapter_model.safetensors").exists());
+    eval_matches_last(&b, &ra);
+    std::fs::remove_dir_all(&a).ok();
+    std::fs::remove_dir_all(&b).ok();
+}

@@ -431,16 +431,34 @@ struct Scorer<'a> {
     external: Option<ExternalReward>,
 }
 
+/// The completions of one step, a row each.
+struct Completions<'a> {
+    /// The example each row answers.
+    examples: &'a [&'a Example],
+    /// Prompt index of each row.
+    groups: &'a [usize],
+    /// The question each row answers.
+    prompts: &'a [String],
+    /// Decoded responses.
+    texts: &'a [String],
+    /// Whether each response ended with a stop token.
+    stopped: &'a [bool],
+}
+
 impl Scorer<'_> {
     fn score(
         &mut self,
         step: usize,
-        examples: &[&Example],
-        prompts: &[String],
-        texts: &[String],
-        stopped: &[bool],
+        c: &Completions,
         row: &mut BTreeMap<String, f64>,
     ) -> Result<Vec<f32>> {
+        let Completions {
+            examples,
+            groups,
+            prompts,
+            texts,
+            stopped,
+        } = *c;
         let n = texts.len().max(1) as f64;
         let correct: Vec<f32> = examples
             .iter()
@@ -467,20 +485,6 @@ impl Scorer<'_> {
             }
         }
         if let (Some(ext), Some(spec)) = (self.external.as_mut(), &self.spec.external) {
-            let groups: Vec<usize> = {
-                let mut g = Vec::with_capacity(examples.len());
-                let mut last: Option<*const Example> = None;
-                for e in examples {
-                    let p = *e as *const Example;
-                    if last != Some(p) {
-                        g.push(g.last().map_or(0, |x| x + 1));
-                    } else {
-                        g.push(*g.last().unwrap_or(&0));
-                    }
-                    last = Some(p);
-                }
-                g
-            };
             let items: Vec<RewardItem> = (0..texts.len())
                 .map(|i| RewardItem {
                     prompt: &prompts[i],
@@ -742,14 +746,14 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             .collect();
         let stopped: Vec<bool> = g.truncated.iter().map(|t| !t).collect();
         let mut row = BTreeMap::new();
-        let rewards = scorer.score(
-            step + 1,
-            &row_examples,
-            &prompt_texts,
-            &texts,
-            &stopped,
-            &mut row,
-        )?;
+        let completions = Completions {
+            examples: &row_examples,
+            groups: &g.group_ids,
+            prompts: &prompt_texts,
+            texts: &texts,
+            stopped: &stopped,
+        };
+        let rewards = scorer.score(step + 1, &completions, &mut row)?;
         let (seq, seq_mask) = g.sequences();
         let response_len = g.tokens.dims()[1];
         let exp = LlmExperience {
@@ -799,7 +803,15 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             let gstop: Vec<bool> = gg.truncated.iter().map(|t| !t).collect();
             let gprompts: Vec<String> = examples.iter().map(|e| e.question.clone()).collect();
             let mut scratch = BTreeMap::new();
-            let base_r = scorer.score(step + 1, &gex, &gprompts, &gtexts, &gstop, &mut scratch)?;
+            let gids: Vec<usize> = (0..gex.len()).collect();
+            let greedy_completions = Completions {
+                examples: &gex,
+                groups: &gids,
+                prompts: &gprompts,
+                texts: &gtexts,
+                stopped: &gstop,
+            };
+            let base_r = scorer.score(step + 1, &greedy_completions, &mut scratch)?;
             let per_row: Vec<f32> = g.group_ids.iter().map(|gi| base_r[*gi]).collect();
             batch = batch.with_baseline_rewards(Tensor::from_floats(per_row.as_slice(), &ad))?;
         }

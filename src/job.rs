@@ -735,7 +735,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             stop_tokens: policy.stop.clone(),
             ..SamplingConfig::default()
         };
-        let g = generate(&sampler, &prompts, &sc, &base)?;
+        let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
         let responses = g.response_ids();
         let texts: Vec<String> = responses.iter().map(|r| policy.decode(r)).collect();
         let row_examples: Vec<&Example> = g.group_ids.iter().map(|gi| &examples[*gi]).collect();

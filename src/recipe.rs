@@ -426,6 +426,10 @@ pub struct RolloutSpec {
     pub temperature: f32,
     /// Maximum response length.
     pub max_new_tokens: usize,
+    /// Pad prompts and responses to multiples of this many tokens before rescoring and
+    /// training, so GPU kernels see a few shapes (0 = off, the CPU default; 16 or 32 on GPUs).
+    #[serde(default)]
+    pub shape_bucket: usize,
 }
 
 /// The RL phase.

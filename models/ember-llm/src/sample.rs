@@ -157,6 +157,68 @@ impl Generation {
     }
 }
 
+impl Generation {
+    /// Pads the prompt columns (on the left) and the response columns (on the right) with
+    /// masked zeros up to multiples of `bucket`, so that rescoring and training see a few
+    /// distinct shapes instead of one per step (GPU kernels are compiled and autotuned per
+    /// shape). Position ids come from the mask and padded keys are masked, so every real
+    /// position's log-prob is unchanged. `bucket` 0 or 1 leaves the generation as it is.
+    pub fn padded(self, bucket: usize) -> Generation {
+        if bucket <= 1 {
+            return self;
+        }
+        let [rows, p] = self.prompt_tokens.dims();
+        let n = self.tokens.dims()[1];
+        let (p2, n2) = (p.div_ceil(bucket) * bucket, n.div_ceil(bucket) * bucket);
+        let device = self.tokens.device();
+        let left = |t: Tensor<2>| -> Tensor<2> {
+            if p2 == p {
+                t
+            } else {
+                Tensor::cat(vec![Tensor::zeros([rows, p2 - p], &device), t], 1)
+            }
+        };
+        let right = |t: Tensor<2>| -> Tensor<2> {
+            if n2 == n {
+                t
+            } else {
+                Tensor::cat(vec![t, Tensor::zeros([rows, n2 - n], &device)], 1)
+            }
+        };
+        let prompt_tokens = if p2 == p {
+            self.prompt_tokens
+        } else {
+            Tensor::cat(
+                vec![
+                    Tensor::<2, Int>::zeros([rows, p2 - p], &device),
+                    self.prompt_tokens,
+                ],
+                1,
+            )
+        };
+        let tokens = if n2 == n {
+            self.tokens
+        } else {
+            Tensor::cat(
+                vec![
+                    self.tokens,
+                    Tensor::<2, Int>::zeros([rows, n2 - n], &device),
+                ],
+                1,
+            )
+        };
+        Generation {
+            prompt_tokens,
+            prompt_mask: left(self.prompt_mask),
+            tokens,
+            log_probs: right(self.log_probs),
+            mask: right(self.mask),
+            group_ids: self.group_ids,
+            truncated: self.truncated,
+        }
+    }
+}
+
 /// Left-pads token lists into `[rows, len]` tokens and mask.
 pub fn left_pad(rows: &[Vec<u32>], device: &Device) -> (Tensor<2, Int>, Tensor<2>) {
     let len = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);

@@ -356,6 +356,12 @@ fn row_json(row: &BTreeMap<String, f64>) -> String {
 /// Loads the recipe's policy on `device` (the tiny model freshly initialised from the seed, or
 /// the pretrained checkpoint with fresh adapters).
 pub fn build_policy(r: &Recipe, device: &Device) -> Result<Policy> {
+    build_policy_with(r, device, None)
+}
+
+/// [`build_policy`], with a pretrained policy's adapters read from a PEFT directory instead of
+/// freshly initialised.
+fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
     if let Some(m) = &r.model {
         device.seed(r.seed);
         let config = model_config(m);
@@ -376,7 +382,10 @@ pub fn build_policy(r: &Recipe, device: &Device) -> Result<Policy> {
     let loaded = ember_llm::load(&path, device)
         .with_context(|| format!("loading pretrained.path {}", path.display()))?;
     device.seed(r.seed);
-    let model = ember_llm::apply_lora(loaded.model, &p.lora)?;
+    let model = match peft {
+        Some(dir) => ember_llm::load_peft(loaded.model, dir, device)?.0,
+        None => ember_llm::apply_lora(loaded.model, &p.lora)?,
+    };
     let mut stop = loaded.eos_ids.clone();
     stop.extend(tok.eos_ids.iter().copied());
     stop.sort_unstable();
@@ -1031,24 +1040,18 @@ pub fn evaluate_run(
     let task = r.task.build()?;
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     let base = crate::device::device(&r.device)?;
-    let mut policy = build_policy(&r, &base)?;
-    match checkpoint_dir {
-        Some(d) => policy = load_model_record(policy, &d.join(checkpoint::MODEL))?,
-        None => {
-            let f = run.join("final");
-            if !f.exists() {
-                bail!(
-                    "{} has no final/ model (did the run finish?); pass --checkpoint <dir>",
-                    run.display()
-                );
-            }
-            policy.model = if let Some(p) = &r.pretrained {
-                let plain = ember_llm::load(&expand_path(&p.path)?, &base)?.model;
-                ember_llm::load_peft(plain, &f, &base)?.0
-            } else {
-                ember_llm::load(&f, &base)?.model
-            };
-        }
-    }
+    let final_dir = run.join("final");
+    let policy = match checkpoint_dir {
+        Some(d) => load_model_record(build_policy(&r, &base)?, &d.join(checkpoint::MODEL))?,
+        None if !final_dir.exists() => bail!(
+            "{} has no final/ model (did the run finish?); pass --checkpoint <dir>",
+            run.display()
+        ),
+        None if r.pretrained.is_some() => build_policy_with(&r, &base, Some(&final_dir))?,
+        None => Policy {
+            model: ember_llm::load(&final_dir, &base)?.model,
+            ..build_policy(&r, &base)?
+        },
+    };
     evaluate(&policy, &eval, r.rollout.max_new_tokens, &base)
 }

@@ -259,8 +259,7 @@ pub struct MoLora {
 
 /// k-hot `[.., N]` from indices `[.., k]`.
 fn k_hot(idx: Tensor<3, Int>, n: usize) -> Tensor<3> {
-    let [b, s, k] = idx.dims();
-    let _ = k;
+    let [b, s, _] = idx.dims();
     idx.one_hot::<4>(n).float().sum_dim(2).reshape([b, s, n])
 }
 
@@ -349,7 +348,7 @@ impl MoLora {
     }
 
     fn route(&self, x: &Tensor<3>, ctx: &RouteCtx) -> Tensor<3> {
-        let [b, t, d] = x.dims();
+        let [b, t, _] = x.dims();
         let n = self.experts();
         let k = self.top_k;
         if self.per_sequence
@@ -395,7 +394,6 @@ impl MoLora {
             let w = w.clone() / w.sum_dim(2).clamp_min(1e-12);
             (w, sel, None)
         };
-        let _ = d;
         if ctx.record {
             ctx.records.borrow_mut().push(RouteRecord {
                 log_prob,

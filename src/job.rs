@@ -32,6 +32,11 @@ pub fn request_stop() -> bool {
     STOP.swap(true, Ordering::SeqCst)
 }
 
+/// True once a stop was requested (Ctrl-C).
+pub(crate) fn request_stop_seen() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
 /// How to run a recipe.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -257,7 +262,7 @@ pub(crate) fn warm_up(
 }
 
 /// Appends metric rows to `metrics.jsonl` and rewrites `metrics.csv`.
-struct MetricsLog {
+pub(crate) struct MetricsLog {
     jsonl: std::fs::File,
     rows: Vec<BTreeMap<String, f64>>,
     dir: PathBuf,
@@ -266,7 +271,7 @@ struct MetricsLog {
 impl MetricsLog {
     /// Starts `metrics.jsonl`; when resuming, keeps the rows up to step `keep_until` (rewritten
     /// atomically) and appends after them.
-    fn open(dir: &Path, keep_until: Option<usize>) -> Result<Self> {
+    pub(crate) fn open(dir: &Path, keep_until: Option<usize>) -> Result<Self> {
         let path = dir.join("metrics.jsonl");
         let mut rows = Vec::new();
         if let Some(last) = keep_until {
@@ -302,14 +307,14 @@ impl MetricsLog {
         })
     }
 
-    fn push(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
+    pub(crate) fn push(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
         writeln!(self.jsonl, "{}", row_json(&row))?;
         self.jsonl.flush()?;
         self.rows.push(row);
         Ok(())
     }
 
-    fn write_csv(&self) -> Result<()> {
+    pub(crate) fn write_csv(&self) -> Result<()> {
         let mut keys: Vec<String> = self.rows.iter().flat_map(|r| r.keys().cloned()).collect();
         keys.sort();
         keys.dedup();
@@ -325,6 +330,11 @@ impl MetricsLog {
     }
 
     fn write_plot(&self) -> Result<()> {
+        self.write_curves("rollout/reward_mean", "eval/accuracy")
+    }
+
+    /// `curves.png` from two metric series (reward, accuracy).
+    pub(crate) fn write_curves(&self, reward: &str, accuracy: &str) -> Result<()> {
         let series = |key: &str| -> Vec<(f64, f64)> {
             self.rows
                 .iter()
@@ -333,8 +343,8 @@ impl MetricsLog {
         };
         crate::plot::curves(
             &self.dir.join("curves.png"),
-            &series("rollout/reward_mean"),
-            &series("eval/accuracy"),
+            &series(reward),
+            &series(accuracy),
         )
     }
 }
@@ -520,14 +530,14 @@ impl Scorer<'_> {
     }
 }
 
-fn say(quiet: bool, s: &str) {
+pub(crate) fn say(quiet: bool, s: &str) {
     if !quiet {
         eprintln!("{s}");
     }
 }
 
 /// Refuses to clobber a directory that holds an earlier run.
-fn check_out_dir(out: &Path, opts: &RunOptions) -> Result<()> {
+pub(crate) fn check_out_dir(out: &Path, opts: &RunOptions) -> Result<()> {
     let ckpts = out.join("checkpoints");
     if opts.resume {
         if checkpoint::latest(&ckpts)?.is_none() {
@@ -710,18 +720,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             recipe: resolved.clone(),
         };
         checkpoint::save(&ckpt_root, step, r.train.keep_checkpoints, |d| {
-            model_record(policy)
-                .save(d.join(checkpoint::MODEL))
-                .map_err(|e| anyhow!("writing the model record: {e}"))?;
-            optim
-                .to_record()
-                .save(d.join(checkpoint::OPTIM))
-                .map_err(|e| anyhow!("writing the optimizer record: {e}"))?;
-            std::fs::write(
-                d.join(checkpoint::STATE),
-                serde_json::to_string_pretty(&state)?,
-            )?;
-            Ok(())
+            checkpoint::write_records(d, model_record(policy), optim, &state)
         })
     };
     let tty = std::io::stderr().is_terminal();

@@ -16,6 +16,8 @@ pub mod bench;
 pub mod chartok;
 pub mod checkpoint;
 pub mod device;
+pub mod digits;
+pub mod flow_job;
 pub mod job;
 pub mod molora_job;
 pub mod plot;

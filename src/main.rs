@@ -16,12 +16,13 @@ commands:
   export --model <dir|file.gguf> [--adapter <peft dir>] --out <dir>
                                        write Hugging Face safetensors + config.json
   train <recipe.toml> [--set key=value ...] [--out <dir>] [--resume] [--overwrite]
-        [--stop-after N] [--quiet]     run a recipe (default run directory runs/<name>);
+        [--stop-after N] [--quiet]     run a recipe (default run directory runs/<name>): an LLM
+                                       recipe, or an image recipe (kind = flow);
                                        Ctrl-C stops after the current step with a checkpoint
   molora <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
                                        compare LoRA, learned-router MoLoRA and ReMix
   eval <run dir> [--checkpoint <dir>] [--eval-size N]
-                                       greedy held-out accuracy of a run's final model
+                                       greedy held-out accuracy of an LLM run's final model
   bench-llm [--size tiny|smollm2|all] [--device ..] [--json FILE] [--matmul]
                                        LLM throughput benchmark (benches/README.md)
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
@@ -92,9 +93,29 @@ fn train_cmd(args: &[String]) -> Result<()> {
         bail!("--resume and --overwrite contradict each other");
     }
     let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
+    if ember::flow_job::is_flow_recipe(&text) {
+        let recipe =
+            ember::flow_job::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
+        let out = out.unwrap_or_else(|| std::path::Path::new("runs").join(&recipe.name));
+        set_ctrlc();
+        let s = ember::flow_job::train(&recipe, &out, &opts)?;
+        if s.interrupted {
+            std::process::exit(130);
+        }
+        return Ok(());
+    }
     let recipe = recipe::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
     let out = out.unwrap_or_else(|| std::path::Path::new("runs").join(&recipe.name));
-    // First Ctrl-C: finish the step, checkpoint, exit 130. Second: exit at once.
+    set_ctrlc();
+    let s = job::train(&recipe, &out, &opts)?;
+    if s.interrupted {
+        std::process::exit(130);
+    }
+    Ok(())
+}
+
+/// First Ctrl-C: finish the step, checkpoint, exit 130. Second: exit at once.
+fn set_ctrlc() {
     let _ = ctrlc::set_handler(|| {
         if job::request_stop() {
             eprintln!("\ninterrupted again: exiting without a final checkpoint");
@@ -104,11 +125,6 @@ fn train_cmd(args: &[String]) -> Result<()> {
             "\nCtrl-C: stopping after this step and writing a checkpoint (Ctrl-C again to quit now)"
         );
     });
-    let s = job::train(&recipe, &out, &opts)?;
-    if s.interrupted {
-        std::process::exit(130);
-    }
-    Ok(())
 }
 
 fn molora_cmd(args: &[String]) -> Result<()> {

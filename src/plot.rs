@@ -239,6 +239,46 @@ pub fn curves(path: &Path, rewards: &[(f64, f64)], accuracy: &[(f64, f64)]) -> R
     crate::checkpoint::write_atomic(path, &bytes)
 }
 
+/// Writes a grid of grayscale images (values in [0, 1], `side × side` each, row-major) as an
+/// 8-bit PNG, `cols` images per row, each pixel drawn `zoom × zoom`, with a 2-pixel gray gutter.
+pub fn image_grid(
+    path: &Path,
+    images: &[Vec<f32>],
+    side: usize,
+    cols: usize,
+    zoom: usize,
+) -> Result<()> {
+    if images.is_empty() || cols == 0 || zoom == 0 {
+        return Err(anyhow!("image_grid: nothing to draw"));
+    }
+    let rows = images.len().div_ceil(cols);
+    let cell = side * zoom + 2;
+    let (w, h) = (cols * cell + 2, rows * cell + 2);
+    let mut px = vec![128u8; w * h];
+    for (n, img) in images.iter().enumerate() {
+        let (r, c) = (n / cols, n % cols);
+        for y in 0..side * zoom {
+            for x in 0..side * zoom {
+                let v = img
+                    .get((y / zoom) * side + x / zoom)
+                    .copied()
+                    .unwrap_or(0.0);
+                let i = (2 + r * cell + y) * w + 2 + c * cell + x;
+                px[i] = (v.clamp(0.0, 1.0) * 255.0).round() as u8;
+            }
+        }
+    }
+    let mut bytes = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut bytes, w as u32, h as u32);
+        enc.set_color(png::ColorType::Grayscale);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut wr = enc.write_header().map_err(|e| anyhow!("png: {e}"))?;
+        wr.write_image_data(&px).map_err(|e| anyhow!("png: {e}"))?;
+    }
+    crate::checkpoint::write_atomic(path, &bytes)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

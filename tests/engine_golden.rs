@@ -406,6 +406,26 @@ fn capo_curriculum_and_lopti_reweighting() {
         &[f, third * f, third * f, third * f],
         1e-6,
     );
+    // Clipping at 0.5 (DDPO adv_clip_max): RLOO [1, −1/3, −1/3, −1/3] → [0.5, −1/3, …].
+    let cfg = AdvantageConfig {
+        clip: Some(0.5),
+        ..AdvantageConfig::new(AdvantageKind::Rloo)
+    };
+    assert_close(
+        &vals(
+            compute_advantages(&cfg, &one_group_1000(), 0)
+                .unwrap()
+                .advantages,
+        ),
+        &[0.5, third, third, third],
+        1e-6,
+    );
+    let bad = AdvantageConfig {
+        clip: Some(0.0),
+        ..AdvantageConfig::new(AdvantageKind::Rloo)
+    };
+    let err = compute_advantages(&bad, &one_group_1000(), 0).unwrap_err();
+    assert!(err.to_string().contains("advantage.clip"), "{err}");
 }
 
 #[test]

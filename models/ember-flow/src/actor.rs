@@ -1,0 +1,99 @@
+//! The flow model as an engine [`Actor`]: the trained denoising steps of a batch of SDE
+//! trajectories are its `[batch, steps]` axis, and [`Actor::score`] recomputes each step's
+//! Gaussian log-likelihood under the current weights (Flow-GRPO eq. 9; DDPO, Black et al. 2023,
+//! eq. 4), so the engine's ratios, clipping, KL and aggregation apply unchanged.
+
+use crate::dit::FlowDit;
+use crate::sde::{SdeCoef, gaussian_log_prob};
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_train::{Actor, Scored};
+
+/// The trained steps of a batch of trajectories.
+#[derive(Debug, Clone)]
+pub struct FlowExperience {
+    /// `[rows, k, pixels]` each trained step's input latent.
+    pub inputs: Tensor<3>,
+    /// `[rows, k, pixels]` each trained step's output latent (the sampled x_{σ'}, detached).
+    pub outputs: Tensor<3>,
+    /// The k trained steps' coefficients (shared by every row).
+    pub coefs: Vec<SdeCoef>,
+    /// `[rows]` class labels.
+    pub labels: Tensor<1, Int>,
+    /// Classifier-free guidance scale used when sampling (1 = none).
+    pub guidance: f32,
+}
+
+impl FlowExperience {
+    /// Gathers the trained steps `steps` (indices into the sampler's grid) of `latents`
+    /// (`steps_total + 1` tensors `[rows, pixels]`).
+    pub fn from_trajectory(
+        latents: &[Tensor<2>],
+        coefs: &[SdeCoef],
+        steps: &[usize],
+        labels: Tensor<1, Int>,
+        guidance: f32,
+    ) -> Self {
+        let pick = |off: usize| {
+            Tensor::stack::<3>(steps.iter().map(|&s| latents[s + off].clone()).collect(), 1)
+        };
+        Self {
+            inputs: pick(0),
+            outputs: pick(1),
+            coefs: steps.iter().map(|&s| coefs[s]).collect(),
+            labels,
+            guidance,
+        }
+    }
+
+    /// Per-step log-probs of `rows` under `model` with adapters on or off (off: the reference).
+    ///
+    /// # Shapes
+    /// → `[rows.len(), k]`.
+    pub fn log_probs(&self, model: &FlowDit, rows: &[usize], adapters: bool) -> Tensor<2> {
+        let device = self.inputs.device();
+        let [_, k, pixels] = self.inputs.dims();
+        let r = rows.len();
+        let idx = Tensor::<1, Int>::from_data(
+            TensorData::new(rows.iter().map(|&x| x as i64).collect::<Vec<_>>(), [r]),
+            &device,
+        );
+        let x = self
+            .inputs
+            .clone()
+            .select(0, idx.clone())
+            .reshape([r * k, pixels]);
+        let next = self
+            .outputs
+            .clone()
+            .select(0, idx.clone())
+            .reshape([r * k, pixels]);
+        let per_row = |f: fn(&SdeCoef) -> f32| {
+            let v: Vec<f32> = (0..r).flat_map(|_| self.coefs.iter().map(f)).collect();
+            Tensor::<2>::from_data(TensorData::new(v, [r * k, 1]), &device)
+        };
+        let t = per_row(|c| c.sigma).reshape([r * k]);
+        let labels = self
+            .labels
+            .clone()
+            .select(0, idx)
+            .unsqueeze_dim::<2>(1)
+            .repeat_dim(1, k)
+            .reshape([r * k]);
+        let v = model.guided(x.clone(), t, labels, self.guidance, adapters);
+        let mean = x * per_row(|c| c.a_x) + v * per_row(|c| c.a_v);
+        gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k])
+    }
+}
+
+impl Actor for FlowDit {
+    type Experience = FlowExperience;
+
+    /// The Gaussian policy's entropy does not depend on θ (its variance is fixed by the
+    /// schedule), so no entropy is returned.
+    fn score(&self, experience: &FlowExperience, rows: &[usize], _with_entropy: bool) -> Scored {
+        Scored {
+            log_probs: experience.log_probs(self, rows, true),
+            entropy: None,
+        }
+    }
+}

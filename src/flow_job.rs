@@ -18,7 +18,7 @@
 use crate::checkpoint::{self, TrainState};
 use crate::digits::{Digits, PIXELS};
 use crate::engine::*;
-use crate::job::{MetricsLog, RunOptions, check_out_dir, request_stop_seen, say};
+use crate::job::{MetricsLog, RunDir, RunOptions, open_run_dir, request_stop_seen, say};
 use crate::recipe::expand_path;
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::{Lora, Module, ParamGroup};
@@ -832,32 +832,12 @@ struct FlowState {
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummary> {
     let quiet = opts.quiet;
-    check_out_dir(out, opts)?;
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let resolved = toml::to_string_pretty(r)?;
-    let ckpt_root = out.join("checkpoints");
-    let resume_from = if opts.resume {
-        checkpoint::latest(&ckpt_root)?
-    } else {
-        None
-    };
-    let resumed = match &resume_from {
-        Some(d) => {
-            let st = checkpoint::read_state(d)?;
-            if st.recipe != resolved {
-                bail!(
-                    "--resume: the recipe differs from the one {} was started with; resume with \
-                     the same recipe and --set values",
-                    out.display()
-                );
-            }
-            Some(st)
-        }
-        None => None,
-    };
-    if resumed.is_none() {
-        checkpoint::write_atomic(&out.join("recipe.resolved.toml"), resolved.as_bytes())?;
-    }
+    let RunDir {
+        ckpt_root,
+        resume_from,
+        resumed,
+    } = open_run_dir(out, opts, &resolved)?;
     let digits = Digits::load(&expand_path(&r.data.digits)?)?;
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();

@@ -537,7 +537,7 @@ pub(crate) fn say(quiet: bool, s: &str) {
 }
 
 /// Refuses to clobber a directory that holds an earlier run.
-pub(crate) fn check_out_dir(out: &Path, opts: &RunOptions) -> Result<()> {
+fn check_out_dir(out: &Path, opts: &RunOptions) -> Result<()> {
     let ckpts = out.join("checkpoints");
     if opts.resume {
         if checkpoint::latest(&ckpts)?.is_none() {
@@ -561,13 +561,22 @@ pub(crate) fn check_out_dir(out: &Path, opts: &RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs the recipe, writing into `out`.
-pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
-    let start = Instant::now();
-    let quiet = opts.quiet;
+/// A run directory opened for writing.
+pub(crate) struct RunDir {
+    /// `out/checkpoints`.
+    pub ckpt_root: PathBuf,
+    /// The checkpoint to resume from (`--resume`).
+    pub resume_from: Option<PathBuf>,
+    /// Its state.
+    pub resumed: Option<TrainState>,
+}
+
+/// Checks `out` (no clobbering without `--resume`/`--overwrite`), creates it, finds the
+/// checkpoint to resume from and checks that the recipe (`resolved`, its TOML) is unchanged;
+/// writes `recipe.resolved.toml` for a new run.
+pub(crate) fn open_run_dir(out: &Path, opts: &RunOptions, resolved: &str) -> Result<RunDir> {
     check_out_dir(out, opts)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let resolved = toml::to_string_pretty(r)?;
     let ckpt_root = out.join("checkpoints");
     let resume_from = if opts.resume {
         checkpoint::latest(&ckpt_root)?
@@ -592,6 +601,23 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     if resumed.is_none() {
         checkpoint::write_atomic(&out.join("recipe.resolved.toml"), resolved.as_bytes())?;
     }
+    Ok(RunDir {
+        ckpt_root,
+        resume_from,
+        resumed,
+    })
+}
+
+/// Runs the recipe, writing into `out`.
+pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
+    let start = Instant::now();
+    let quiet = opts.quiet;
+    let resolved = toml::to_string_pretty(r)?;
+    let RunDir {
+        ckpt_root,
+        resume_from,
+        resumed,
+    } = open_run_dir(out, opts, &resolved)?;
     let task = r.task.build()?;
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     if eval.is_empty() {

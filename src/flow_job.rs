@@ -986,6 +986,12 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         total_steps: r.rl.steps,
         min_ratio: r.rl.min_lr_ratio,
     };
+    let flow_state = |after: EvalResult| FlowState {
+        before,
+        after,
+        pretrain_seconds: state.pretrain_seconds,
+    };
+    let mut last_eval: Option<(usize, Vec<Vec<f32>>)> = None;
     let t_ft = Instant::now();
     let mut steps_done = first_step;
     let mut interrupted = false;
@@ -1120,8 +1126,9 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         row.insert("step".into(), done as f64);
         row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
         if done % r.rl.eval_every == 0 || done == r.rl.steps {
-            let (e, _) = evaluate(&model.valid(), &classifier, r, &base)?;
+            let (e, images) = evaluate(&model.valid(), &classifier, r, &base)?;
             after = e;
+            last_eval = Some((done, images));
             row.extend(eval_row(done, &e));
         }
         if !quiet {
@@ -1137,29 +1144,28 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
             );
         }
         log.push(row)?;
-        let st = FlowState {
-            before,
-            after,
-            pretrain_seconds: state.pretrain_seconds,
-        };
         let stop = request_stop_seen();
         if stop || (r.rl.checkpoint_every > 0 && done % r.rl.checkpoint_every == 0) {
-            save_ckpt(&model, &optim, done, rng.0, &st)?;
+            save_ckpt(&model, &optim, done, rng.0, &flow_state(after))?;
         }
         if stop || opts.stop_after.is_some_and(|s| done >= s) {
             interrupted = stop;
             break;
         }
     }
-    let st = FlowState {
-        before,
-        after,
-        pretrain_seconds: state.pretrain_seconds,
+    // The final samples: those of the last evaluation when it was of the final weights (a run
+    // stopped early evaluates them now, so `after` describes the saved model).
+    let images = match last_eval {
+        Some((at, images)) if at == steps_done => images,
+        _ => {
+            let (e, images) = evaluate(&model.valid(), &classifier, r, &base)?;
+            after = e;
+            images
+        }
     };
-    save_ckpt(&model, &optim, steps_done, rng.0, &st)?;
+    save_ckpt(&model, &optim, steps_done, rng.0, &flow_state(after))?;
     log.write_csv()?;
     log.write_curves("reward/class_prob", "eval/accuracy")?;
-    let (_, images) = evaluate(&model.valid(), &classifier, r, &base)?;
     grid(
         &out.join("samples_after.png"),
         &images,

@@ -3,9 +3,16 @@ measurements, in eager mode. Run after the Rust bench with the same --out direct
 
     python benches/llm_torch.py --out DIR [--size tiny|smollm2|all] [--device cpu|cuda]
                                 [--reps N] [--json FILE] [--dtype float32|bfloat16]
+                                [--autocast]
+
+Each row has tokens/s of the best run, the first run's seconds, the best ("warm") seconds and the
+process's peak resident memory during the measurement (Linux: the high-water mark is reset
+before each one through /proc/self/clear_refs, as the Rust bench does). --autocast keeps f32
+weights and runs under torch.autocast(bfloat16), the counterpart of Ember's --precision bf16.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -31,6 +38,25 @@ def timed(fn, reps, device):
     return first, best
 
 
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mib():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -40,7 +66,9 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--matmul", action="store_true")
+    ap.add_argument("--autocast", action="store_true")
     a = ap.parse_args()
+    amp = (lambda: torch.autocast(a.device, dtype=torch.bfloat16)) if a.autocast else contextlib.nullcontext
     sizes = ["tiny", "smollm2"] if a.size == "all" else ([] if a.size == "none" else [a.size])
     rows = []
     dtype = getattr(torch, a.dtype)
@@ -61,12 +89,16 @@ def main():
 
         def record(name, n, ft):
             first, best = ft
-            print(f"torch {size:8} {name:18} {n / best:12.1f} tokens/s   (best {best:.4f} s, first {first:.3f} s)")
-            rows.append({"size": size, "bench": name, "tokens_per_s": n / best, "best_s": best, "first_s": first})
+            peak = peak_rss_mib()
+            print(f"torch {size:8} {name:18} {n / best:12.1f} tokens/s   (best {best:.4f} s, first {first:.3f} s, peak RSS {peak or 0:.0f} MiB)")
+            rows.append({"size": size, "bench": name, "tokens_per_s": n / best, "best_s": best, "first_s": first,
+                         "peak_rss_mib": peak, "precision": "bf16-autocast" if a.autocast else a.dtype})
+            reset_peak_rss()
 
         b, t = 8, 128
         ids = toks(b, t)
-        with torch.no_grad():
+        reset_peak_rss()
+        with torch.no_grad(), amp():
             record("prefill_b8_t128", b * t, timed(lambda: model(ids), a.reps, a.device))
             for batch in (1, 32):
                 prompt = torch.tensor([[((i * 31 + j * 17) % vocab) for j in range(16)] for i in range(batch)], device=a.device)
@@ -75,7 +107,8 @@ def main():
                 record(f"decode_b{batch}", batch * 64, timed(gen, min(a.reps, 2), a.device))
 
         def train():
-            logits = model(ids).logits[:, :-1].float()
+            with amp():
+                logits = model(ids).logits[:, :-1].float()
             lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             (-lp.sum()).backward()
             model.zero_grad(set_to_none=True)

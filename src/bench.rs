@@ -5,10 +5,16 @@
 //! ```text
 //! cargo bench --bench llm -- [--size tiny|smollm2|all|none] [--device cpu|cuda|wgpu|auto]
 //!                            [--out DIR] [--reps N] [--json FILE] [--matmul]
+//!                            [--precision f32|bf16]
 //! ember bench-llm [same options]     (the same, from the CLI: how GPU builds run it)
 //! ```
 //!
-//! Prints one line per measurement and, with `--json`, writes them for the comparison table.
+//! Prints one line per measurement and, with `--json`, writes them for the comparison table:
+//! tokens/s of the best run, the first run's seconds (kernel compilation and autotuning on a
+//! GPU), the best ("warm") seconds, and the process's peak resident memory during the
+//! measurement (Linux: the high-water mark is reset before each one through
+//! `/proc/self/clear_refs`; `benches/llm_torch.py` measures the same way). GPU memory is
+//! sampled outside the process by `scripts/gpu_bench.sh`.
 
 use crate::device;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -32,6 +38,19 @@ fn tokens(b: usize, t: usize, vocab: usize, device: &Device) -> Tensor<2, Int> {
         .map(|i| ((i * 7919 + 13) % vocab) as i64)
         .collect();
     Tensor::from_data(TensorData::new(v, [b, t]), device)
+}
+
+/// Resets the process's peak resident set size (Linux ≥ 4.0; a no-op elsewhere).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The process's peak resident set size in MiB since the last reset (`VmHWM`), if known.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 fn sync(device: &Device) {
@@ -68,7 +87,18 @@ pub fn run(args: &[String]) {
         Some("none") => vec![],
         Some(s) => vec![s.to_string()],
     };
-    let device = device::device(get("--device").as_deref().unwrap_or("auto")).expect("device");
+    let device_name = get("--device").unwrap_or_else(|| "auto".into());
+    let device = device::device(&device_name).expect("device");
+    let requested = match get("--precision").as_deref() {
+        None | Some("f32") => ember_llm::Precision::F32,
+        Some("bf16") => ember_llm::Precision::Bf16,
+        Some(other) => panic!("--precision {other}: expected f32 or bf16"),
+    };
+    let (precision, note) =
+        device::resolve_precision(requested, device::kind(&device_name).expect("device"));
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let reps: usize = get("--reps").and_then(|r| r.parse().ok()).unwrap_or(3);
     let out = std::path::PathBuf::from(get("--out").unwrap_or_else(|| {
         std::env::temp_dir()
@@ -102,18 +132,27 @@ pub fn run(args: &[String]) {
         let model = cfg.init(&device);
         let dir = out.join(size);
         save_hf(&model, &cfg, &[], &dir).expect("write checkpoint");
+        let model = model.with_precision(precision);
         let vocab = cfg.vocab_size;
         let mut record = |name: &str, tokens: usize, (first, best): (f64, f64)| {
             let tps = tokens as f64 / best;
+            let peak = peak_rss_mib();
             println!(
-                "ember {size:8} {name:18} {tps:12.1} tokens/s   (best {best:.4} s, first {first:.3} s)"
+                "ember {size:8} {name:18} {tps:12.1} tokens/s   (best {best:.4} s, first {first:.3} s, \
+                 peak RSS {} MiB)",
+                peak.map_or("?".into(), |m| format!("{m:.0}"))
             );
-            rows.push(serde_json::json!({"size": size, "bench": name, "tokens_per_s": tps, "best_s": best, "first_s": first}));
+            rows.push(
+                serde_json::json!({"size": size, "bench": name, "tokens_per_s": tps,
+                "best_s": best, "first_s": first, "peak_rss_mib": peak,
+                "precision": format!("{precision:?}").to_lowercase()}),
+            );
         };
         // Prefill: batch 8 × 128 tokens, no grad.
         let (b, t) = (8, 128);
         let toks = tokens(b, t, vocab, &device);
         let mask = Tensor::<2>::ones([b, t], &device);
+        reset_peak_rss();
         record(
             "prefill_b8_t128",
             b * t,
@@ -136,6 +175,7 @@ pub fn run(args: &[String]) {
                 stop_check_every: 1000,
                 ..SamplingConfig::default()
             };
+            reset_peak_rss();
             record(
                 &format!("decode_b{batch}"),
                 batch * 64,
@@ -146,9 +186,13 @@ pub fn run(args: &[String]) {
         }
         // Training: forward + backward of −Σ log π over batch 8 × 128 tokens.
         let ad = device.clone().autodiff();
-        let train_model = ember_llm::load(&dir, &ad).expect("reload checkpoint").model;
+        let train_model = ember_llm::load(&dir, &ad)
+            .expect("reload checkpoint")
+            .model
+            .with_precision(precision);
         let toks = tokens(b, t, vocab, &ad);
         let mask = Tensor::<2>::ones([b, t], &ad);
+        reset_peak_rss();
         record(
             "train_b8_t128",
             b * t,

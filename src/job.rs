@@ -372,6 +372,17 @@ pub fn build_policy(r: &Recipe, device: &Device) -> Result<Policy> {
 /// [`build_policy`], with a pretrained policy's adapters read from a PEFT directory instead of
 /// freshly initialised.
 fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
+    let (precision, note) =
+        crate::device::resolve_precision(r.precision, crate::device::kind(&r.device)?);
+    if let Some(note) = note {
+        eprintln!("[{}] {note}", r.name);
+    }
+    let mut policy = build_policy_f32(r, device, peft)?;
+    policy.model = policy.model.with_precision(precision);
+    Ok(policy)
+}
+
+fn build_policy_f32(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
     if let Some(m) = &r.model {
         device.seed(r.seed);
         let config = model_config(m);
@@ -707,7 +718,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         let m = model_config(r.model.as_ref().context("tiny model")?)
             .init(&ad)
             .try_load_record(rec)
-            .map_err(|e| anyhow!("applying {}: {e}", reference_path.display()))?;
+            .map_err(|e| anyhow!("applying {}: {e}", reference_path.display()))?
+            .with_precision(policy.model.precision());
         Some(m.valid())
     } else {
         None
@@ -767,6 +779,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             n,
             seed: rng.next_u64(),
             stop_tokens: policy.stop.clone(),
+            prompt_bucket: r.rollout.shape_bucket,
             ..SamplingConfig::default()
         };
         let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);

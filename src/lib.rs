@@ -19,11 +19,13 @@ pub mod device;
 pub mod digits;
 pub mod flow_job;
 pub mod job;
+pub mod kernel_cache;
 pub mod molora_job;
 pub mod plot;
 pub mod recipe;
 pub mod reward;
 pub mod tasks;
+pub mod warmup;
 
 /// The tokenizer of a checkpoint: `tokenizer.json` in a directory, or GGUF metadata.
 pub fn tokenizer_for(model: &std::path::Path) -> ember_llm::Result<ember_llm::Tokenizer> {

@@ -19,6 +19,11 @@ commands:
         [--stop-after N] [--quiet]     run a recipe (default run directory runs/<name>): an LLM
                                        recipe, or an image recipe (kind = flow);
                                        Ctrl-C stops after the current step with a checkpoint
+  warmup <recipe.toml> [--set key=value ...] [--passes N] [--no-eval] [--json FILE] [--quiet]
+                                       run every shape of an LLM recipe's job (generation,
+                                       rescoring, training, evaluation) N times (default 2) and
+                                       time each pass: compiles GPU kernels ahead of a run into
+                                       the kernel cache; first-run vs warm seconds
   molora <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
                                        compare LoRA, learned-router MoLoRA and ReMix
   eval <run dir> [--checkpoint <dir>] [--eval-size N]
@@ -26,7 +31,10 @@ commands:
   bench-llm [--size tiny|smollm2|all] [--device ..] [--json FILE] [--matmul]
                                        LLM throughput benchmark (benches/README.md)
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
-  help                                 this text";
+  help                                 this text
+
+global option (GPU builds): --kernel-cache <dir|off>  where compiled kernels and autotune results
+  persist between runs (default: $EMBER_KERNEL_CACHE, else $EMBER_CACHE/kernels)";
 
 fn main() {
     if let Err(e) = run() {
@@ -36,13 +44,17 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = take_option(&mut args, "--kernel-cache")?;
+    let cache = ember::kernel_cache::resolve(flag.as_deref())?;
+    ember::kernel_cache::configure(&cache)?;
     match args.first().map(String::as_str) {
         Some("info") => info(&args[1..]),
         Some("generate") => cli_llm::generate_cmd(&args[1..]),
         Some("train") => train_cmd(&args[1..]),
         Some("eval") => eval_cmd(&args[1..]),
         Some("molora") => molora_cmd(&args[1..]),
+        Some("warmup") => warmup_cmd(&args[1..]),
         Some("bench-llm") => {
             ember::bench::run(&args[1..]);
             Ok(())
@@ -54,6 +66,19 @@ fn run() -> Result<()> {
         }
         Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
     }
+}
+
+/// Removes `name <value>` from `args` wherever it appears, returning the value.
+fn take_option(args: &mut Vec<String>, name: &str) -> Result<Option<String>> {
+    let Some(i) = args.iter().position(|a| a == name) else {
+        return Ok(None);
+    };
+    if i + 1 >= args.len() {
+        bail!("{name} needs a value");
+    }
+    let v = args.remove(i + 1);
+    args.remove(i);
+    Ok(Some(v))
 }
 
 fn train_cmd(args: &[String]) -> Result<()> {
@@ -127,6 +152,50 @@ fn set_ctrlc() {
     });
 }
 
+fn warmup_cmd(args: &[String]) -> Result<()> {
+    let path = args.first().filter(|a| !a.starts_with("--")).context(
+        "usage: ember warmup <recipe.toml> [--set key=value ...] [--passes N] [--json FILE]",
+    )?;
+    let mut sets = Vec::new();
+    let mut json = None;
+    let mut opts = ember::warmup::WarmupOptions::default();
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--set" => sets.push(it.next().context("--set needs key=value")?.clone()),
+            "--json" => json = Some(it.next().context("--json needs a file")?.clone()),
+            "--quiet" => opts.quiet = true,
+            "--no-eval" => opts.eval = false,
+            "--passes" => {
+                let v = it.next().context("--passes needs a count")?;
+                opts.passes = v
+                    .parse()
+                    .with_context(|| format!("--passes: `{v}` is not a count"))?;
+            }
+            other => bail!(
+                "unknown option `{other}` for `ember warmup` (valid: --json, --no-eval, \
+                 --passes, --quiet, --set)"
+            ),
+        }
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
+    if ember::flow_job::is_flow_recipe(&text) {
+        bail!(
+            "{path} is an image (kind = \"flow\") recipe; `ember warmup` covers LLM recipes, \
+             and an image run's shapes are fixed from its first step"
+        );
+    }
+    let recipe = recipe::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
+    let report = ember::warmup::warmup(&recipe, &opts)?;
+    let text = serde_json::to_string_pretty(&report)?;
+    match json {
+        Some(f) => ember::checkpoint::write_atomic(std::path::Path::new(&f), text.as_bytes())
+            .with_context(|| format!("writing {f}"))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
 fn molora_cmd(args: &[String]) -> Result<()> {
     let path = args
         .first()
@@ -197,6 +266,7 @@ fn info(args: &[String]) -> Result<()> {
     );
     let device = ember::device::device(&name)?;
     println!("device: {device:?}");
+    println!("kernel cache: {}", ember::kernel_cache::describe());
     // A one-group GRPO check on the chosen device: rewards [1, 0, 0, 0] → [1.5, −0.5, −0.5, −0.5].
     use burn::tensor::Tensor;
     use ember::engine::{AdvantageConfig, RolloutBatch, compute_advantages};

@@ -510,6 +510,10 @@ pub struct Recipe {
     /// `cpu`, `cuda`, `wgpu` or `auto`.
     #[serde(default = "auto")]
     pub device: String,
+    /// `f32` (default) or `bf16`: mixed precision of the LLM's products (f32 parameters,
+    /// optimizer state, norms, softmax and losses); wgpu falls back to f32 with a message.
+    #[serde(default)]
+    pub precision: crate::device::Precision,
     /// Algorithm preset.
     #[serde(default = "grpo")]
     pub algorithm: Algorithm,

@@ -505,6 +505,43 @@ fn shape_buckets_leave_the_step_unchanged() {
     std::fs::remove_dir_all(&b).ok();
 }
 
+/// `SamplingConfig::prompt_bucket`: the prompt batch is left-padded to a bucket multiple
+/// (the prefill shape), and the sampled tokens and their log-probs are those of the unpadded
+/// batch.
+#[test]
+fn prompt_bucket_leaves_sampling_unchanged() {
+    use ember_llm::{Family, LlamaConfig, SamplingConfig, generate};
+    let device = common::dev();
+    device.seed(3);
+    let model = LlamaConfig::new(Family::Llama, 20, 16, 32, 2, 4, 2)
+        .with_max_position_embeddings(64)
+        .init(&device);
+    let prompts = vec![vec![1u32, 4, 6, 8, 3], vec![1, 9]];
+    let cfg = SamplingConfig {
+        temperature: 1.0,
+        max_new_tokens: 6,
+        n: 2,
+        seed: 9,
+        ..SamplingConfig::default()
+    };
+    let g = generate(&model, &prompts, &cfg, &device).unwrap();
+    let bucketed = SamplingConfig {
+        prompt_bucket: 16,
+        ..cfg
+    };
+    let p = generate(&model, &prompts, &bucketed, &device).unwrap();
+    assert_eq!(g.prompt_tokens.dims()[1], 5);
+    assert_eq!(p.prompt_tokens.dims()[1], 16);
+    assert_eq!(p.response_ids(), g.response_ids());
+    let (a, b) = (common::vals(g.log_probs), common::vals(p.log_probs));
+    let d = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(d < 1e-4, "log-probs differ by {d}");
+}
+
 /// `Generation::padded`: bucket-multiple shapes, and the log-probs of the real response tokens
 /// under rescoring are those of the unpadded sequences.
 #[test]
@@ -558,4 +595,72 @@ fn padded_generation_rescores_identically() {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max);
     assert!(d < 1e-4, "rescoring vs sampler {d}");
+}
+
+/// `ember warmup`: every bucketed prompt width and response width of the recipe, each pass
+/// timed by phase, the report written as JSON; bad options and image recipes are refused.
+#[test]
+fn warmup_runs_the_recipe_shapes() {
+    let d = tmp("warmup");
+    std::fs::create_dir_all(&d).unwrap();
+    let json = d.join("warmup.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["warmup", &recipe(), "--quiet", "--passes", "2", "--json"])
+        .arg(&json)
+        .args([
+            "--set",
+            "rollout.shape_bucket=8",
+            "--set",
+            "rollout.prompts_per_step=4",
+        ])
+        .args([
+            "--set",
+            "rollout.max_new_tokens=12",
+            "--set",
+            "task.eval_size=8",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["rollout_rows"], 4 * 8);
+    // Responses of up to 12 tokens in buckets of 8: widths 8 and 16.
+    assert_eq!(r["response_widths"], serde_json::json!([8, 16]));
+    let widths = r["prompt_widths"].as_array().unwrap();
+    assert!(!widths.is_empty());
+    assert!(
+        widths.iter().all(|w| w.as_u64().unwrap() % 8 == 0),
+        "{widths:?}"
+    );
+    let passes = r["passes"].as_array().unwrap();
+    assert_eq!(passes.len(), 2);
+    for p in passes {
+        for k in ["generate_s", "train_s", "eval_s"] {
+            assert!(p[k].as_f64().unwrap() > 0.0, "{k} in {p}");
+        }
+        let parts: f64 = ["generate_s", "rescore_s", "train_s", "eval_s"]
+            .iter()
+            .map(|k| p[*k].as_f64().unwrap())
+            .sum();
+        assert!(p["total_s"].as_f64().unwrap() >= parts * 0.999);
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["warmup", &recipe(), "--passes", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--passes must be at least 1"),
+        "{}",
+        stderr(&o)
+    );
+    let flow = format!("{}/recipes/digits-flow.toml", env!("CARGO_MANIFEST_DIR"));
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["warmup", &flow])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("covers LLM recipes"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -349,3 +349,82 @@ fn sharded_safetensors_load_like_a_single_file() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Mixed precision (`Precision::Bf16`, autocast style): logits stay f32 and within bf16
+/// rounding of the f32 model's; cached bf16 decoding matches the bf16 full forward; the
+/// parameters, their gradients and so the optimizer state stay f32.
+#[test]
+fn bf16_autocast_matches_f32_within_bf16_rounding() {
+    use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+    use burn::tensor::DType;
+    use ember_llm::Precision;
+    let dir = fixture("tiny_llama");
+    let f32_model = load(&dir, &dev()).unwrap().model;
+    let bf16_model = load(&dir, &dev())
+        .unwrap()
+        .model
+        .with_precision(Precision::Bf16);
+    let (toks, mask) = left_pad(&[vec![4, 8, 15, 16, 23, 42], vec![7, 9, 11]], &dev());
+    let a = f32_model.forward(toks.clone(), mask.clone());
+    let b = bf16_model.forward(toks.clone(), mask.clone());
+    assert_eq!(
+        b.dtype(),
+        DType::F32,
+        "logits must be f32 under mixed precision"
+    );
+    let (a, b) = (vals(a), vals(b));
+    let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let d = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    // bf16 keeps 8 significant bits (relative rounding 2^-9 per product input).
+    eprintln!("bf16 vs f32 logits: max |diff| {d:.2e}, max |logit| {scale:.2e}");
+    assert!(d > 0.0, "bf16 path was not taken");
+    assert!(
+        d < 0.03 * scale.max(1.0),
+        "bf16 vs f32 logits differ by {d} (scale {scale})"
+    );
+
+    // Cached decoding under bf16 against the bf16 full forward.
+    let prompts = vec![vec![4u32, 8, 15, 16], vec![23, 42]];
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: 5,
+        ..SamplingConfig::default()
+    };
+    let g = generate(&bf16_model, &prompts, &cfg, &dev()).unwrap();
+    let (seq, seq_mask) = g.sequences();
+    let (lp, _) = bf16_model.token_log_probs(seq, seq_mask, 1.0, false, true);
+    let [rows, t] = lp.dims();
+    let n = g.tokens.dims()[1];
+    let rescored = vals(lp.slice([0..rows, t - n..t]) * g.mask.clone());
+    let sampled = vals(g.log_probs.clone() * g.mask.clone());
+    let d = rescored
+        .iter()
+        .zip(&sampled)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    eprintln!("bf16 cached decode vs bf16 rescoring: max |diff| {d:.2e}");
+    assert!(
+        d < 0.05,
+        "bf16 cached decode vs full forward log-probs differ by {d}"
+    );
+
+    // One training step: f32 gradients and parameters.
+    let ad = dev().autodiff();
+    let model = load(&dir, &ad)
+        .unwrap()
+        .model
+        .with_precision(Precision::Bf16);
+    let (toks, mask) = left_pad(&[vec![4, 8, 15, 16, 23, 42]], &ad);
+    let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
+    assert_eq!(lp.dtype(), DType::F32);
+    let loss = lp.sum().neg();
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let mut optim: ModuleOptimizer = AdamWConfig::new().init();
+    let model = optim.step(1e-3, model, grads);
+    let w = model.embed_tokens.weight.val();
+    assert_eq!(w.dtype(), DType::F32, "parameters must stay f32");
+    assert!(vals(w).iter().all(|x| x.is_finite()));
+    assert_eq!(model.precision(), Precision::Bf16);
+}

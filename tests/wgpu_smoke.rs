@@ -100,10 +100,12 @@ fn wgpu_matches_cpu() {
     let d = max_diff(&values(a.log_probs), &values(b.log_probs));
     assert!(d < 1e-4, "sampler log-probs differ by {d}");
     // Sampling with the same seed draws the same tokens (host-generated uniforms).
+    // Prompts left-padded to a bucket of 8 (the prefill shape of a bucketed recipe).
     let sampled = SamplingConfig {
         temperature: 1.0,
         seed: 9,
         n: 2,
+        prompt_bucket: 8,
         ..cfg
     };
     let a = generate(&model, &prompts, &sampled, &cpu).unwrap();
@@ -119,4 +121,12 @@ fn wgpu_matches_cpu() {
     );
     let d = max_diff(&want, &got);
     assert!(d < 1e-3, "logits after one AdamW step differ by {d}");
+
+    // WGSL has no bf16: a bf16 recipe runs in f32 on wgpu, and says so.
+    let (p, note) = ember::device::resolve_precision(
+        ember::device::Precision::Bf16,
+        ember::device::kind("wgpu").unwrap(),
+    );
+    assert_eq!(p, ember::device::Precision::F32);
+    assert!(note.unwrap().contains("no bf16 type"));
 }

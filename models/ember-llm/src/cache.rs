@@ -29,7 +29,8 @@ impl KvCache {
     /// An empty cache for `batch` rows and `capacity` positions.
     pub fn new(model: &Llama, batch: usize, capacity: usize, device: &Device) -> Self {
         let (kv, hd) = model.kv_shape();
-        let zeros = || Tensor::<4>::zeros([batch, kv, capacity, hd], device);
+        let dt = model.precision().activation_dtype();
+        let zeros = || Tensor::<4>::zeros([batch, kv, capacity, hd], (device, dt));
         Self {
             k: (0..model.n_layers()).map(|_| zeros()).collect(),
             v: (0..model.n_layers()).map(|_| zeros()).collect(),

@@ -18,6 +18,6 @@ pub use error::{LlmError, Result};
 pub use load::{Loaded, load, save_hf};
 pub use lora::{LoraSettings, apply_lora, load_peft, merge, save_peft};
 pub use mixture::{apply_mixture, mixtures};
-pub use model::Llama;
+pub use model::{Llama, Precision};
 pub use sample::{Generation, SamplingConfig, generate};
 pub use tokenizer::{Message, Tokenizer};

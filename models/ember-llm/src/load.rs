@@ -479,6 +479,7 @@ pub fn build_model(
         lm_head,
         rope_theta: cfg.rope_theta,
         max_positions: cfg.max_position_embeddings,
+        precision: crate::model::Precision::F32,
     })
 }
 

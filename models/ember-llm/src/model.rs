@@ -10,8 +10,52 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::module::linear as linear_op;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use ember_molora::{MoLora, RouteCtx};
+use serde::{Deserialize, Serialize};
+
+/// The precision of the model's matrix products.
+///
+/// `Bf16` is automatic mixed precision in the manner of PyTorch's `torch.autocast`: parameters
+/// (and so gradients and optimizer state) stay f32, each projection casts its weight and input
+/// to bf16 for the product, and the numerically sensitive steps run in f32: RMSNorm (as HF's
+/// `LlamaRMSNorm` upcasts), the attention softmax, the logits and everything after them
+/// (log-softmax, sampling, losses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 throughout (the default, and the only choice on the CPU and wgpu backends' f32
+    /// kernels).
+    #[default]
+    F32,
+    /// bf16 products with f32 parameters, normalisation, softmax and logits.
+    Bf16,
+}
+
+impl Precision {
+    /// The dtype of activations between projections.
+    pub fn activation_dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// `x` in dtype `dt` (no-op when it already is).
+fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
+    if x.dtype() == dt {
+        x
+    } else {
+        x.cast(FloatDType::from(dt))
+    }
+}
+
+/// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`).
+fn rms_norm(n: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
+    let dt = x.dtype();
+    like(n.forward(like(x, DType::F32)), dt)
+}
 
 /// Additive bias for masked attention scores (finite, so fully masked rows stay NaN-free).
 const MASKED: f32 = -1e9;
@@ -83,22 +127,38 @@ pub struct Llama {
     pub lm_head: Option<Linear>,
     pub(crate) rope_theta: f64,
     pub(crate) max_positions: usize,
+    /// Precision of the products (not stored in checkpoints).
+    #[module(skip)]
+    pub(crate) precision: Precision,
 }
 
 /// Applies `l` with its effective weight (LoRA adapter included) or, when `adapters` is false,
 /// with the frozen base weight alone: the reference policy without a second copy of the model.
+/// The product runs in the input's dtype (the weight is cast to it under mixed precision).
 fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
-    if adapters {
-        l.forward(x)
-    } else {
-        linear_op(x, l.weight.base(), l.bias.as_ref().map(|b| b.base()))
+    let dt = x.dtype();
+    if dt == DType::F32 {
+        return if adapters {
+            l.forward(x)
+        } else {
+            linear_op(x, l.weight.base(), l.bias.as_ref().map(|b| b.base()))
+        };
     }
+    let (w, b) = if adapters {
+        (l.weight.val(), l.bias.as_ref().map(|b| b.val()))
+    } else {
+        (l.weight.base(), l.bias.as_ref().map(|b| b.base()))
+    };
+    linear_op(x, like(w, dt), b.map(|b| like(b, dt)))
 }
 
 /// A projection plus its Mixture-of-LoRA, if any (off with the adapters).
 fn proj(l: &Linear, mix: &Option<MoLora>, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
     match mix {
-        Some(m) if c.adapters => lin(l, x.clone(), true) + m.forward(x, c),
+        Some(m) if c.adapters => {
+            let dt = x.dtype();
+            lin(l, x.clone(), true) + like(m.forward(like(x, DType::F32), c), dt)
+        }
         _ => lin(l, x, c.adapters),
     }
 }
@@ -156,6 +216,7 @@ impl LlamaConfig {
                 .then(|| linear(self.d_model, self.vocab_size, false, device)),
             rope_theta: self.rope_theta,
             max_positions: self.max_position_embeddings,
+            precision: Precision::F32,
         }
     }
 }
@@ -204,6 +265,8 @@ impl Attention {
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
         let (cos, sin) = rope_tables(positions, hd, theta);
+        let dt = q.dtype();
+        let (cos, sin) = (like(cos, dt), like(sin, dt));
         (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin), v)
     }
 
@@ -228,8 +291,12 @@ impl Attention {
                     .reshape([b, h, keys, hd])
             }
         };
-        let scores = q.matmul(repeat(k).swap_dims(2, 3)) * (1.0 / (hd as f32).sqrt()) + bias;
-        let probs = softmax(scores, 3);
+        let dt = q.dtype();
+        // Scores, mask and softmax in f32; the products in the activations' dtype.
+        let scores = like(q.matmul(repeat(k).swap_dims(2, 3)), DType::F32)
+            * (1.0 / (hd as f32).sqrt())
+            + bias;
+        let probs = like(softmax(scores, 3), dt);
         let out = probs
             .matmul(repeat(v))
             .swap_dims(1, 2)
@@ -266,6 +333,17 @@ impl Llama {
         self.embed_tokens.weight.dims()[0]
     }
 
+    /// This model with its products in `precision` (parameters stay as they are).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The precision of the products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// Longest supported sequence.
     pub fn max_positions(&self) -> usize {
         self.max_positions
@@ -278,9 +356,10 @@ impl Llama {
             .map_or((1, 1), |l| (l.self_attn.n_kv_heads, l.self_attn.head_dim))
     }
 
+    /// Final norm and output head; the logits are always f32.
     fn head(&self, h: Tensor<3>, ad: bool) -> Tensor<3> {
-        let h = self.norm.forward(h);
-        match &self.lm_head {
+        let h = rms_norm(&self.norm, h);
+        let logits = match &self.lm_head {
             Some(head) => lin(head, h, ad),
             None => {
                 let [b, t, d] = h.dims();
@@ -290,11 +369,21 @@ impl Llama {
                     self.embed_tokens.weight.base()
                 };
                 let v = w.dims()[0];
+                let w = like(w, h.dtype());
                 h.reshape([b * t, d])
                     .matmul(w.transpose())
                     .reshape([b, t, v])
             }
-        }
+        };
+        like(logits, DType::F32)
+    }
+
+    /// Token embeddings in the activation dtype.
+    fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        like(
+            self.embed_tokens.forward(tokens),
+            self.precision.activation_dtype(),
+        )
     }
 
     /// Full-sequence forward for training and rescoring.
@@ -336,9 +425,9 @@ impl Llama {
             .reshape([1, 1, t, t]);
         let allowed = causal * mask.reshape([b, 1, 1, t]);
         let bias = (allowed.neg() + 1.0) * MASKED;
-        let mut h = self.embed_tokens.forward(tokens);
+        let mut h = self.embed(tokens);
         for layer in &self.layers {
-            let x = layer.input_layernorm.forward(h.clone());
+            let x = rms_norm(&layer.input_layernorm, h.clone());
             let (q, k, v) = layer
                 .self_attn
                 .project(x, positions.clone(), self.rope_theta, ctx);
@@ -346,7 +435,7 @@ impl Llama {
             h = h.clone()
                 + layer
                     .mlp
-                    .forward(layer.post_attention_layernorm.forward(h), ctx);
+                    .forward(rms_norm(&layer.post_attention_layernorm, h), ctx);
         }
         self.head(h, ad)
     }
@@ -381,9 +470,9 @@ impl Llama {
         let positions = cache.positions_for(&mask);
         cache.append_mask(mask);
         let bias = cache.attention_bias(start, t);
-        let mut h = self.embed_tokens.forward(tokens);
+        let mut h = self.embed(tokens);
         for (i, layer) in self.layers.iter().enumerate() {
-            let x = layer.input_layernorm.forward(h.clone());
+            let x = rms_norm(&layer.input_layernorm, h.clone());
             let (q, k, v) = layer
                 .self_attn
                 .project(x, positions.clone(), self.rope_theta, ctx);
@@ -392,7 +481,7 @@ impl Llama {
             h = h.clone()
                 + layer
                     .mlp
-                    .forward(layer.post_attention_layernorm.forward(h), ctx);
+                    .forward(rms_norm(&layer.post_attention_layernorm, h), ctx);
         }
         cache.advance(t);
         let [_, _, d] = h.dims();

@@ -63,6 +63,11 @@ pub struct SamplingConfig {
     /// KV-cache capacity bucket (positions).
     #[serde(default = "bucket")]
     pub cache_bucket: usize,
+    /// Left-pad the prompt batch to a multiple of this many tokens (0 or 1 = to the longest
+    /// prompt), so that prefill sees a few shapes on GPUs; the padding is masked, so results
+    /// are unchanged.
+    #[serde(default)]
+    pub prompt_bucket: usize,
 }
 
 impl Default for SamplingConfig {
@@ -78,6 +83,7 @@ impl Default for SamplingConfig {
             seed: 0,
             stop_check_every: every(),
             cache_bucket: bucket(),
+            prompt_bucket: 0,
         }
     }
 }
@@ -221,7 +227,17 @@ impl Generation {
 
 /// Left-pads token lists into `[rows, len]` tokens and mask.
 pub fn left_pad(rows: &[Vec<u32>], device: &Device) -> (Tensor<2, Int>, Tensor<2>) {
-    let len = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    left_pad_to(rows, 1, device)
+}
+
+/// [`left_pad`] to a width rounded up to a multiple of `bucket` (0 or 1: the longest row).
+pub fn left_pad_to(
+    rows: &[Vec<u32>],
+    bucket: usize,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2>) {
+    let longest = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let len = bucketed(longest, bucket);
     let mut toks = vec![0i64; rows.len() * len];
     let mut mask = vec![0f32; rows.len() * len];
     for (r, row) in rows.iter().enumerate() {
@@ -327,7 +343,7 @@ pub fn generate(
         .flat_map(|i| std::iter::repeat_n(i, cfg.n))
         .collect();
     let b = rows.len();
-    let (prompt_tokens, prompt_mask) = left_pad(&rows, device);
+    let (prompt_tokens, prompt_mask) = left_pad_to(&rows, cfg.prompt_bucket, device);
     let prompt_len = prompt_tokens.dims()[1];
     let capacity = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
     let mut cache = KvCache::new(model, b, capacity, device);

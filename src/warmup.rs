@@ -1,0 +1,334 @@
+//! `ember warmup`: runs every shape a recipe's job will use (rollout prefill and decode at each
+//! bucketed prompt width, rescoring and the training update at each bucketed prompt × response
+//! width, the held-out evaluation) before the run, so that GPU kernels are compiled and
+//! autotuned ahead of time and stored in the persistent kernel cache (`kernel_cache`).
+//!
+//! It runs the whole set `passes` times and times each pass: on a GPU, pass 1 of the first
+//! process pays compilation and autotuning ("first run"), later passes are warm in memory, and
+//! pass 1 of a second process shows what the persistent cache saves ("warm start"). The weights
+//! are the recipe's initial ones (no supervised warm-up); the numbers they produce are thrown
+//! away.
+
+use crate::engine::*;
+use crate::job::{Policy, build_policy, evaluate};
+use crate::recipe::Recipe;
+use crate::tasks::Rng;
+use anyhow::{Context, Result, bail};
+use burn::module::Module;
+use burn::optim::{AdamWConfig, ModuleOptimizer};
+use burn::tensor::{Device, Int, Tensor};
+use ember_llm::actor::LlmExperience;
+use ember_llm::cache::bucketed;
+use ember_llm::{SamplingConfig, generate};
+use ember_train::{UpdateConfig, update};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Options of `ember warmup`.
+#[derive(Debug, Clone)]
+pub struct WarmupOptions {
+    /// How many times to run the whole shape set (≥ 1).
+    pub passes: usize,
+    /// Training prompts sampled to find the prompt widths.
+    pub prompt_samples: usize,
+    /// Also run the held-out evaluation.
+    pub eval: bool,
+    /// No progress lines on stderr.
+    pub quiet: bool,
+}
+
+impl Default for WarmupOptions {
+    fn default() -> Self {
+        Self {
+            passes: 2,
+            prompt_samples: 256,
+            eval: true,
+            quiet: false,
+        }
+    }
+}
+
+/// Seconds spent in one pass over the shape set, by phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassTimes {
+    /// 1-based pass number.
+    pub pass: usize,
+    /// Rollout generation (prefill + decode) at every prompt width.
+    pub generate_s: f64,
+    /// Rescoring without gradients (old-policy and reference log-probs).
+    pub rescore_s: f64,
+    /// Training updates (forward, backward, optimizer step).
+    pub train_s: f64,
+    /// Held-out evaluation (greedy generation).
+    pub eval_s: f64,
+    /// The whole pass.
+    pub total_s: f64,
+}
+
+/// What `ember warmup` ran and how long it took.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarmupReport {
+    /// Recipe name.
+    pub recipe: String,
+    /// The device, as burn prints it.
+    pub device: String,
+    /// Where compiled kernels and autotune results persist.
+    pub kernel_cache: String,
+    /// Rows per rollout batch (prompts × samples per prompt).
+    pub rollout_rows: usize,
+    /// Prompt widths (prefill lengths) run.
+    pub prompt_widths: Vec<usize>,
+    /// Response widths run by rescoring and training.
+    pub response_widths: Vec<usize>,
+    /// Notes on shapes the warm-up cannot cover.
+    pub notes: Vec<String>,
+    /// One entry per pass.
+    pub passes: Vec<PassTimes>,
+}
+
+/// The shapes of a recipe's job.
+struct Shapes {
+    /// Prompt batches (token ids), one per prefill width.
+    prompt_batches: Vec<(usize, Vec<Vec<u32>>)>,
+    response_widths: Vec<usize>,
+    notes: Vec<String>,
+}
+
+fn shapes(r: &Recipe, policy: &Policy, opts: &WarmupOptions) -> Result<Shapes> {
+    let task = r.task.build()?;
+    let bucket = r.rollout.shape_bucket;
+    let max_new = r.rollout.max_new_tokens;
+    let mut rng = Rng(r.seed ^ 0x5741_524d);
+    let examples = task.train(&mut rng, opts.prompt_samples.max(1));
+    if examples.is_empty() {
+        bail!("the task produced no training prompts");
+    }
+    let mut by_width: BTreeMap<usize, Vec<Vec<u32>>> = BTreeMap::new();
+    for e in &examples {
+        let ids = policy.prompt_ids(e, max_new)?;
+        by_width
+            .entry(bucketed(ids.len(), bucket))
+            .or_default()
+            .push(ids);
+    }
+    let mut notes = Vec::new();
+    if bucket <= 1 {
+        notes.push(
+            "rollout.shape_bucket is 0: prefill and training shapes follow the exact prompt and \
+             response lengths, so a GPU run will still compile new kernels; set \
+             rollout.shape_bucket (16 or 32) for a complete warm-up"
+                .to_string(),
+        );
+    }
+    let k = r.rollout.prompts_per_step;
+    // Each batch holds one prompt of its width and the shortest prompts for the rest, so its
+    // longest prompt (the prefill width) is that width.
+    let shortest: Vec<Vec<u32>> = by_width.values().flatten().take(k).cloned().collect();
+    let prompt_batches = by_width
+        .iter()
+        .map(|(w, ids)| {
+            let mut batch = vec![ids[0].clone()];
+            batch.extend(shortest.iter().cycle().take(k.saturating_sub(1)).cloned());
+            (*w, batch)
+        })
+        .collect();
+    let response_widths = if bucket > 1 {
+        (1..=max_new.div_ceil(bucket)).map(|i| i * bucket).collect()
+    } else {
+        vec![max_new]
+    };
+    if r.algorithm_parts().2 {
+        notes.push(
+            "dynamic sampling drops groups, so training may also see fewer rows than a full \
+             rollout batch; those row counts are not warmed"
+                .to_string(),
+        );
+    }
+    Ok(Shapes {
+        prompt_batches,
+        response_widths,
+        notes,
+    })
+}
+
+/// Waits for the device's queued work, so that a phase's time includes its kernels.
+fn sync(device: &Device) -> Result<()> {
+    device
+        .sync()
+        .map_err(|e| anyhow::anyhow!("device error while warming up: {e:?}"))
+}
+
+fn say(quiet: bool, s: &str) {
+    if !quiet {
+        eprintln!("{s}");
+    }
+}
+
+/// Runs the recipe's shapes `opts.passes` times; see the module documentation.
+pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
+    if opts.passes == 0 {
+        bail!("--passes must be at least 1");
+    }
+    let base = crate::device::device(&r.device)?;
+    let ad = base.clone().autodiff();
+    let mut policy = build_policy(r, &ad)?;
+    let sh = shapes(r, &policy, opts)?;
+    let task = r.task.build()?;
+    let eval = task.held_out_set(r.seed, r.task.eval_size);
+    let (adv_cfg, loss, _) = r.algorithm_parts();
+    let upd = UpdateConfig {
+        epochs: r.train.epochs,
+        mini_batches: r.train.mini_batches,
+        micro_batch_rows: r.train.micro_batch_rows,
+        loss,
+    };
+    let mut adamw = AdamWConfig::new().with_weight_decay(0.0);
+    if r.train.grad_clip > 0.0 {
+        adamw = adamw.with_grad_clipping(Some(burn::grad_clipping::GradientClippingConfig::Norm(
+            r.train.grad_clip,
+        )));
+    }
+    let mut optim: ModuleOptimizer = adamw.init();
+    let n = r.rollout.samples_per_prompt;
+    let k = r.rollout.prompts_per_step;
+    let rows = k * n;
+    let max_new = r.rollout.max_new_tokens;
+    let widths: Vec<usize> = sh.prompt_batches.iter().map(|(w, _)| *w).collect();
+    say(
+        opts.quiet,
+        &format!(
+            "[{}] warm-up on {base:?}: rollout {k}×{n} rows, prompt widths {widths:?}, response \
+             widths {:?}; kernel cache {}",
+            r.name,
+            sh.response_widths,
+            crate::kernel_cache::describe()
+        ),
+    );
+    let group_ids: Vec<usize> = (0..rows).map(|i| i / n).collect();
+    let rewards: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
+    let needs_greedy = matches!(adv_cfg.kind, AdvantageKind::Remax);
+    let mut passes = Vec::new();
+    for pass in 1..=opts.passes {
+        let t_pass = Instant::now();
+        let mut t = PassTimes {
+            pass,
+            generate_s: 0.0,
+            rescore_s: 0.0,
+            train_s: 0.0,
+            eval_s: 0.0,
+            total_s: 0.0,
+        };
+        let sampler = policy.model.valid();
+        for (i, (w, prompts)) in sh.prompt_batches.iter().enumerate() {
+            let t0 = Instant::now();
+            let sc = SamplingConfig {
+                temperature: r.rollout.temperature,
+                max_new_tokens: max_new,
+                n,
+                seed: r.seed.wrapping_add(i as u64),
+                // No stop tokens: every decode step runs, as in the longest rollout.
+                stop_tokens: Vec::new(),
+                prompt_bucket: r.rollout.shape_bucket,
+                ..SamplingConfig::default()
+            };
+            let g = generate(&sampler, prompts, &sc, &base)
+                .with_context(|| format!("generating at prompt width {w}"))?;
+            if needs_greedy {
+                let greedy = SamplingConfig {
+                    temperature: 0.0,
+                    n: 1,
+                    ..sc.clone()
+                };
+                generate(&sampler, prompts, &greedy, &base)?;
+            }
+            drop(g);
+            sync(&base)?;
+            t.generate_s += t0.elapsed().as_secs_f64();
+        }
+        for &w in &widths {
+            for &nw in &sh.response_widths {
+                let tokens = Tensor::<2, Int>::zeros([rows, w + nw], &base);
+                let mask = Tensor::<2>::ones([rows, w + nw], &base);
+                let exp = LlmExperience {
+                    tokens,
+                    mask,
+                    response_len: nw,
+                    temperature: r.rollout.temperature.max(1e-6),
+                    adapters: true,
+                };
+                let t0 = Instant::now();
+                let mut batch = RolloutBatch::new(
+                    Tensor::<2>::ones([rows, nw], &ad),
+                    Tensor::from_floats(rewards.as_slice(), &ad),
+                    &group_ids,
+                )?
+                .with_rollout_log_probs(Tensor::<2>::zeros([rows, nw], &ad))?;
+                if r.train.recompute_old_log_probs {
+                    let old = exp.score_all(&sampler);
+                    batch = batch.with_old_log_probs(old.to_device(&ad))?;
+                }
+                if r.train.kl_coef > 0.0 {
+                    let reference = LlmExperience {
+                        adapters: false,
+                        ..exp.clone()
+                    }
+                    .score_all(&sampler);
+                    batch = batch.with_ref_log_probs(reference.to_device(&ad))?;
+                }
+                if needs_greedy {
+                    batch = batch.with_baseline_rewards(Tensor::<1>::zeros([rows], &ad))?;
+                }
+                sync(&base)?;
+                t.rescore_s += t0.elapsed().as_secs_f64();
+                let t0 = Instant::now();
+                let adv = compute_advantages(&adv_cfg, &batch, 0)?;
+                let exp = LlmExperience {
+                    tokens: exp.tokens.to_device(&ad),
+                    mask: exp.mask.to_device(&ad),
+                    ..exp
+                };
+                let mut order = |m: usize| (0..m).collect::<Vec<_>>();
+                let (m, _) = update(
+                    policy.model,
+                    &mut optim,
+                    &exp,
+                    &batch,
+                    &adv,
+                    &upd,
+                    r.train.lr,
+                    r.train.kl_coef,
+                    &mut order,
+                )
+                .with_context(|| format!("training at prompt width {w}, response width {nw}"))?;
+                policy.model = m;
+                sync(&ad)?;
+                t.train_s += t0.elapsed().as_secs_f64();
+            }
+        }
+        if opts.eval && !eval.is_empty() {
+            let t0 = Instant::now();
+            evaluate(&policy, &eval, max_new, &base)?;
+            t.eval_s = t0.elapsed().as_secs_f64();
+        }
+        t.total_s = t_pass.elapsed().as_secs_f64();
+        say(
+            opts.quiet,
+            &format!(
+                "[{}] pass {pass}: {:.2} s (generate {:.2}, rescore {:.2}, train {:.2}, eval {:.2})",
+                r.name, t.total_s, t.generate_s, t.rescore_s, t.train_s, t.eval_s
+            ),
+        );
+        passes.push(t);
+    }
+    Ok(WarmupReport {
+        recipe: r.name.clone(),
+        device: format!("{base:?}"),
+        kernel_cache: crate::kernel_cache::describe(),
+        rollout_rows: rows,
+        prompt_widths: widths,
+        response_widths: sh.response_widths,
+        notes: sh.notes,
+        passes,
+    })
+}

@@ -46,6 +46,8 @@ with_mem() {
     echo "== torch $size (cuda, f32)"
     with_mem "torch-$size" timeout 60 python3 benches/llm_torch.py --out /tmp/bench --size "$size" --device cuda --reps 3 --json "$out/torch-$size.json"
   done
+  echo "== ember smollm2 (cuda, f32, fused attention for prefill and training)"
+  with_mem ember-smollm2-fused timeout 90 /tmp/ember-cuda bench-llm --size smollm2 --device cuda --reps 3 --fused-attention --out /tmp/bench --json "$out/ember-smollm2-fused.json"
   echo "== ember smollm2 (cuda, bf16 mixed precision)"
   with_mem ember-smollm2-bf16 timeout 90 /tmp/ember-cuda bench-llm --size smollm2 --device cuda --reps 3 --precision bf16 --out /tmp/bench --json "$out/ember-smollm2-bf16.json"
   echo "== torch smollm2 (cuda, bf16 autocast)"

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo bench --bench llm -- [--size tiny|smollm2|all|none] [--device cpu|cuda|wgpu|auto]
 //!                            [--out DIR] [--reps N] [--json FILE] [--matmul]
-//!                            [--precision f32|bf16]
+//!                            [--precision f32|bf16] [--fused-attention]
 //! ember bench-llm [same options]     (the same, from the CLI: how GPU builds run it)
 //! ```
 //!
@@ -132,7 +132,8 @@ pub fn run(args: &[String]) {
         let model = cfg.init(&device);
         let dir = out.join(size);
         save_hf(&model, &cfg, &[], &dir).expect("write checkpoint");
-        let model = model.with_precision(precision);
+        let fused = args.iter().any(|a| a == "--fused-attention");
+        let model = model.with_precision(precision).with_fused_attention(fused);
         let vocab = cfg.vocab_size;
         let mut record = |name: &str, tokens: usize, (first, best): (f64, f64)| {
             let tps = tokens as f64 / best;
@@ -189,7 +190,8 @@ pub fn run(args: &[String]) {
         let train_model = ember_llm::load(&dir, &ad)
             .expect("reload checkpoint")
             .model
-            .with_precision(precision);
+            .with_precision(precision)
+            .with_fused_attention(fused);
         let toks = tokens(b, t, vocab, &ad);
         let mask = Tensor::<2>::ones([b, t], &ad);
         reset_peak_rss();

@@ -378,7 +378,10 @@ fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result
         eprintln!("[{}] {note}", r.name);
     }
     let mut policy = build_policy_f32(r, device, peft)?;
-    policy.model = policy.model.with_precision(precision);
+    policy.model = policy
+        .model
+        .with_precision(precision)
+        .with_fused_attention(r.fused_attention);
     Ok(policy)
 }
 
@@ -620,6 +623,27 @@ pub(crate) fn open_run_dir(out: &Path, opts: &RunOptions, resolved: &str) -> Res
 }
 
 /// Runs the recipe, writing into `out`.
+/// The update schedule of a recipe's RL phase.
+pub(crate) fn update_config(r: &Recipe, loss: ActorLossConfig) -> UpdateConfig {
+    UpdateConfig {
+        epochs: r.train.epochs,
+        mini_batches: r.train.mini_batches,
+        micro_batch_rows: r.train.micro_batch_rows,
+        loss,
+    }
+}
+
+/// The RL phase's AdamW (no weight decay; gradient-norm clipping when `train.grad_clip` > 0).
+pub(crate) fn optimizer(r: &Recipe) -> ModuleOptimizer {
+    let mut adamw = AdamWConfig::new().with_weight_decay(0.0);
+    if r.train.grad_clip > 0.0 {
+        adamw = adamw.with_grad_clipping(Some(burn::grad_clipping::GradientClippingConfig::Norm(
+            r.train.grad_clip,
+        )));
+    }
+    adamw.init()
+}
+
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let start = Instant::now();
     let quiet = opts.quiet;
@@ -703,12 +727,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     );
 
     let (adv_cfg, loss, dynamic) = r.algorithm_parts();
-    let upd = UpdateConfig {
-        epochs: r.train.epochs,
-        mini_batches: r.train.mini_batches,
-        micro_batch_rows: r.train.micro_batch_rows,
-        loss,
-    };
+    let upd = update_config(r, loss);
     let needs_greedy = matches!(adv_cfg.kind, AdvantageKind::Remax);
     // The reference policy: the warm-started tiny model, or the pretrained model with adapters
     // off.
@@ -719,18 +738,13 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             .init(&ad)
             .try_load_record(rec)
             .map_err(|e| anyhow!("applying {}: {e}", reference_path.display()))?
-            .with_precision(policy.model.precision());
+            .with_precision(policy.model.precision())
+            .with_fused_attention(r.fused_attention);
         Some(m.valid())
     } else {
         None
     };
-    let mut adamw = AdamWConfig::new().with_weight_decay(0.0);
-    if r.train.grad_clip > 0.0 {
-        adamw = adamw.with_grad_clipping(Some(burn::grad_clipping::GradientClippingConfig::Norm(
-            r.train.grad_clip,
-        )));
-    }
-    let mut optim: ModuleOptimizer = adamw.init();
+    let mut optim = optimizer(r);
     if let Some(dir) = &resume_from {
         let p = dir.join(checkpoint::OPTIM);
         let rec = OptimizerRecord::load(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))?;

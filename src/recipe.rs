@@ -514,6 +514,10 @@ pub struct Recipe {
     /// optimizer state, norms, softmax and losses); wgpu falls back to f32 with a message.
     #[serde(default)]
     pub precision: crate::device::Precision,
+    /// Run multi-token passes (prefill, rescoring) through burn's fused attention op; decode
+    /// steps keep the explicit path that every backend runs.
+    #[serde(default)]
+    pub fused_attention: bool,
     /// Algorithm preset.
     #[serde(default = "grpo")]
     pub algorithm: Algorithm,

@@ -10,17 +10,16 @@
 //! away.
 
 use crate::engine::*;
-use crate::job::{Policy, build_policy, evaluate};
+use crate::job::{Policy, build_policy, evaluate, optimizer, update_config};
 use crate::recipe::Recipe;
 use crate::tasks::Rng;
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
-use burn::optim::{AdamWConfig, ModuleOptimizer};
 use burn::tensor::{Device, Int, Tensor};
 use ember_llm::actor::LlmExperience;
 use ember_llm::cache::bucketed;
 use ember_llm::{SamplingConfig, generate};
-use ember_train::{UpdateConfig, update};
+use ember_train::update;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -177,19 +176,8 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     let task = r.task.build()?;
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     let (adv_cfg, loss, _) = r.algorithm_parts();
-    let upd = UpdateConfig {
-        epochs: r.train.epochs,
-        mini_batches: r.train.mini_batches,
-        micro_batch_rows: r.train.micro_batch_rows,
-        loss,
-    };
-    let mut adamw = AdamWConfig::new().with_weight_decay(0.0);
-    if r.train.grad_clip > 0.0 {
-        adamw = adamw.with_grad_clipping(Some(burn::grad_clipping::GradientClippingConfig::Norm(
-            r.train.grad_clip,
-        )));
-    }
-    let mut optim: ModuleOptimizer = adamw.init();
+    let upd = update_config(r, loss);
+    let mut optim = optimizer(r);
     let n = r.rollout.samples_per_prompt;
     let k = r.rollout.prompts_per_step;
     let rows = k * n;

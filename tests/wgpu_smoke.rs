@@ -58,6 +58,11 @@ fn train_step(model: Llama, device: &Device) -> Vec<f32> {
 
 #[test]
 fn wgpu_matches_cpu() {
+    // The kernel cache `ember` would use (`.ci/gpu-smoke` points EMBER_KERNEL_CACHE at a fresh
+    // directory), set up before the first wgpu device.
+    let cache = ember::kernel_cache::resolve(None).unwrap();
+    let db = ember::kernel_cache::configure(&cache).unwrap();
+    eprintln!("kernel cache: {db:?}");
     let cpu = ember::device::device("cpu").unwrap();
     let gpu = ember::device::device("wgpu").unwrap();
     let (cpu_ad, gpu_ad) = (cpu.clone().autodiff(), gpu.clone().autodiff());

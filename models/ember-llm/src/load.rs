@@ -480,6 +480,7 @@ pub fn build_model(
         rope_theta: cfg.rope_theta,
         max_positions: cfg.max_position_embeddings,
         precision: crate::model::Precision::F32,
+        fused_attention: false,
     })
 }
 

@@ -130,6 +130,9 @@ pub struct Llama {
     /// Precision of the products (not stored in checkpoints).
     #[module(skip)]
     pub(crate) precision: Precision,
+    /// Use burn's fused attention op for multi-token passes (prefill, rescoring).
+    #[module(skip)]
+    pub(crate) fused_attention: bool,
 }
 
 /// Applies `l` with its effective weight (LoRA adapter included) or, when `adapters` is false,
@@ -217,6 +220,7 @@ impl LlamaConfig {
             rope_theta: self.rope_theta,
             max_positions: self.max_position_embeddings,
             precision: Precision::F32,
+            fused_attention: false,
         }
     }
 }
@@ -271,6 +275,9 @@ impl Attention {
     }
 
     /// softmax(q kᵀ/√d + bias) v over `k`, `v` `[b, kv_heads, keys, hd]`; bias `[b, 1, t, keys]`.
+    /// `fused` runs burn's `attention` op (a fused kernel where the backend has one; the same
+    /// formula decomposed elsewhere and under autodiff); otherwise explicit products and softmax,
+    /// which every backend runs for every shape, one query token included.
     fn attend(
         &self,
         q: Tensor<4>,
@@ -278,6 +285,7 @@ impl Attention {
         v: Tensor<4>,
         bias: Tensor<4>,
         c: &RouteCtx,
+        fused: bool,
     ) -> Tensor<3> {
         let [b, h, t, hd] = q.dims();
         let [_, kv, keys, _] = k.dims();
@@ -292,6 +300,21 @@ impl Attention {
             }
         };
         let dt = q.dtype();
+        if fused {
+            let keys_all = repeat(k);
+            let bias = like(bias, dt).expand([b, h, t, keys]);
+            let out = burn::tensor::module::attention(
+                q,
+                keys_all,
+                repeat(v),
+                None,
+                Some(bias),
+                Default::default(),
+            )
+            .swap_dims(1, 2)
+            .reshape([b, t, h * hd]);
+            return proj(&self.o_proj, &self.o_mix, out, c);
+        }
         // Scores, mask and softmax in f32; the products in the activations' dtype.
         let scores = like(q.matmul(repeat(k).swap_dims(2, 3)), DType::F32)
             * (1.0 / (hd as f32).sqrt())
@@ -342,6 +365,19 @@ impl Llama {
     /// The precision of the products.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// This model with burn's fused `attention` op for passes of more than one query token
+    /// (prefill, rescoring, training); single-token decode steps keep the explicit path, which
+    /// every backend runs (burn 0.22's fused CUDA kernel has no tile size for one query token).
+    pub fn with_fused_attention(mut self, fused: bool) -> Self {
+        self.fused_attention = fused;
+        self
+    }
+
+    /// Whether multi-token passes use the fused attention op.
+    pub fn fused_attention(&self) -> bool {
+        self.fused_attention
     }
 
     /// Longest supported sequence.
@@ -431,7 +467,14 @@ impl Llama {
             let (q, k, v) = layer
                 .self_attn
                 .project(x, positions.clone(), self.rope_theta, ctx);
-            h = h + layer.self_attn.attend(q, k, v, bias.clone(), ctx);
+            h = h + layer.self_attn.attend(
+                q,
+                k,
+                v,
+                bias.clone(),
+                ctx,
+                self.fused_attention && t > 1,
+            );
             h = h.clone()
                 + layer
                     .mlp
@@ -477,7 +520,14 @@ impl Llama {
                 .self_attn
                 .project(x, positions.clone(), self.rope_theta, ctx);
             let (k_all, v_all) = cache.write(i, start, k, v);
-            h = h + layer.self_attn.attend(q, k_all, v_all, bias.clone(), ctx);
+            h = h + layer.self_attn.attend(
+                q,
+                k_all,
+                v_all,
+                bias.clone(),
+                ctx,
+                self.fused_attention && t > 1,
+            );
             h = h.clone()
                 + layer
                     .mlp

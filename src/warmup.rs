@@ -215,13 +215,17 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                 max_new_tokens: max_new,
                 n,
                 seed: r.seed.wrapping_add(i as u64),
-                // No stop tokens: every decode step runs, as in the longest rollout.
-                stop_tokens: Vec::new(),
+                // The job's stop tokens (the per-step "finished" bookkeeping compiles kernels
+                // of its own); random weights rarely stop early, so decode steps still run.
+                stop_tokens: policy.stop.clone(),
                 prompt_bucket: r.rollout.shape_bucket,
                 ..SamplingConfig::default()
             };
             let g = generate(&sampler, prompts, &sc, &base)
-                .with_context(|| format!("generating at prompt width {w}"))?;
+                .with_context(|| format!("generating at prompt width {w}"))?
+                .padded(r.rollout.shape_bucket);
+            // The job's padding and concatenation of prompt and response.
+            let _ = g.sequences();
             if needs_greedy {
                 let greedy = SamplingConfig {
                     temperature: 0.0,
@@ -271,13 +275,15 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                 t.rescore_s += t0.elapsed().as_secs_f64();
                 let t0 = Instant::now();
                 let adv = compute_advantages(&adv_cfg, &batch, 0)?;
+                // The job reads these metrics every step: their reductions are kernels too.
+                let _ = adv.metrics.to_host();
                 let exp = LlmExperience {
                     tokens: exp.tokens.to_device(&ad),
                     mask: exp.mask.to_device(&ad),
                     ..exp
                 };
                 let mut order = |m: usize| (0..m).collect::<Vec<_>>();
-                let (m, _) = update(
+                let (m, _stats) = update(
                     policy.model,
                     &mut optim,
                     &exp,

@@ -112,19 +112,7 @@ pub fn resolve_precision(
 
 /// The device for `name` (`cpu`, `cuda`, `wgpu`, or `auto` for the first compiled backend).
 pub fn device(name: &str) -> Result<Device, BackendNotCompiled> {
-    let available = compiled_backends();
-    let kind = match name {
-        "auto" => available.first().copied(),
-        "cpu" => available.iter().copied().find(|k| *k == BackendKind::Cpu),
-        "cuda" => available.iter().copied().find(|k| *k == BackendKind::Cuda),
-        "wgpu" => available.iter().copied().find(|k| *k == BackendKind::Wgpu),
-        _ => None,
-    };
-    let not_compiled = || BackendNotCompiled {
-        requested: name.to_string(),
-        available: available.clone(),
-    };
-    match kind.ok_or_else(not_compiled)? {
+    match kind(name)? {
         #[cfg(feature = "cpu")]
         BackendKind::Cpu => Ok(Device::flex()),
         #[cfg(feature = "cuda")]
@@ -132,7 +120,10 @@ pub fn device(name: &str) -> Result<Device, BackendNotCompiled> {
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => Ok(Device::wgpu(Default::default())),
         #[allow(unreachable_patterns)]
-        _ => Err(not_compiled()),
+        _ => Err(BackendNotCompiled {
+            requested: name.to_string(),
+            available: compiled_backends(),
+        }),
     }
 }
 

@@ -505,17 +505,31 @@ fn shape_buckets_leave_the_step_unchanged() {
     std::fs::remove_dir_all(&b).ok();
 }
 
+/// The micro Llama of the padding tests, seeded.
+fn micro_llama(seed: u64) -> ember_llm::Llama {
+    let device = common::dev();
+    device.seed(seed);
+    ember_llm::LlamaConfig::new(ember_llm::Family::Llama, 20, 16, 32, 2, 4, 2)
+        .with_max_position_embeddings(64)
+        .init(&device)
+}
+
+/// Largest absolute difference of two equal-length slices.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 /// `SamplingConfig::prompt_bucket`: the prompt batch is left-padded to a bucket multiple
 /// (the prefill shape), and the sampled tokens and their log-probs are those of the unpadded
 /// batch.
 #[test]
 fn prompt_bucket_leaves_sampling_unchanged() {
-    use ember_llm::{Family, LlamaConfig, SamplingConfig, generate};
+    use ember_llm::{SamplingConfig, generate};
     let device = common::dev();
-    device.seed(3);
-    let model = LlamaConfig::new(Family::Llama, 20, 16, 32, 2, 4, 2)
-        .with_max_position_embeddings(64)
-        .init(&device);
+    let model = micro_llama(3);
     let prompts = vec![vec![1u32, 4, 6, 8, 3], vec![1, 9]];
     let cfg = SamplingConfig {
         temperature: 1.0,
@@ -533,12 +547,7 @@ fn prompt_bucket_leaves_sampling_unchanged() {
     assert_eq!(g.prompt_tokens.dims()[1], 5);
     assert_eq!(p.prompt_tokens.dims()[1], 16);
     assert_eq!(p.response_ids(), g.response_ids());
-    let (a, b) = (common::vals(g.log_probs), common::vals(p.log_probs));
-    let d = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
+    let d = max_abs_diff(&common::vals(g.log_probs), &common::vals(p.log_probs));
     assert!(d < 1e-4, "log-probs differ by {d}");
 }
 
@@ -547,12 +556,9 @@ fn prompt_bucket_leaves_sampling_unchanged() {
 #[test]
 fn padded_generation_rescores_identically() {
     use ember_llm::actor::LlmExperience;
-    use ember_llm::{Family, LlamaConfig, SamplingConfig, generate};
+    use ember_llm::{SamplingConfig, generate};
     let device = common::dev();
-    device.seed(2);
-    let model = LlamaConfig::new(Family::Llama, 20, 16, 32, 2, 4, 2)
-        .with_max_position_embeddings(64)
-        .init(&device);
+    let model = micro_llama(2);
     let prompts = vec![vec![1u32, 4, 6, 8, 3], vec![1, 9]];
     let cfg = SamplingConfig {
         temperature: 1.0,
@@ -582,18 +588,10 @@ fn padded_generation_rescores_identically() {
     let rows = g.tokens.dims()[0];
     let want = common::vals(score(&g) * g.mask.clone());
     let got = common::vals((score(&p) * p.mask.clone()).slice([0..rows, 0..n]));
-    let d = want
-        .iter()
-        .zip(&got)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
+    let d = max_abs_diff(&want, &got);
     assert!(d < 1e-5, "{d}");
     let sampler = common::vals(g.log_probs.clone());
-    let d = want
-        .iter()
-        .zip(&sampler)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max);
+    let d = max_abs_diff(&want, &sampler);
     assert!(d < 1e-4, "rescoring vs sampler {d}");
 }
 

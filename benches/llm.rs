@@ -2,5 +2,8 @@
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    ember::bench::run(&args);
+    if let Err(e) = ember::bench::run(&args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
 }

@@ -73,12 +73,17 @@ def main():
     rows = []
     dtype = getattr(torch, a.dtype)
     if a.matmul:
-        for m, k, n in [(1024, 576, 1536), (1024, 576, 49152), (32, 576, 1536)]:
+        # f32 products, then the decode shape with f16 / bf16 operands (activations cast per call),
+        # as in Ember's --matmul rows.
+        for m, k, n, dt in [(1024, 576, 1536, None), (1024, 576, 49152, None), (32, 576, 1536, None),
+                            (32, 576, 1536, torch.float16), (32, 576, 1536, torch.bfloat16)]:
             x = torch.ones(m, k, device=a.device, dtype=dtype)
-            y = torch.ones(k, n, device=a.device, dtype=dtype)
-            first, best = timed(lambda: x @ y, a.reps, a.device)
-            print(f"torch matmul {m}x{k}x{n}: {2 * m * k * n / best / 1e9:.1f} GFLOP/s (best {best:.4f} s)")
-            rows.append({"size": "matmul", "bench": f"{m}x{k}x{n}", "gflops": 2 * m * k * n / best / 1e9, "best_s": best})
+            y = torch.ones(k, n, device=a.device, dtype=dt or dtype)
+            fn = (lambda: x.to(dt) @ y) if dt else (lambda: x @ y)
+            first, best = timed(fn, a.reps, a.device)
+            name = f"{m}x{k}x{n}" + (f" {str(dt).removeprefix('torch.').replace('float16', 'f16').replace('bfloat16', 'bf16')}" if dt else "")
+            print(f"torch matmul {name}: {2 * m * k * n / best / 1e9:.1f} GFLOP/s (best {best:.4f} s)")
+            rows.append({"size": "matmul", "bench": name, "gflops": 2 * m * k * n / best / 1e9, "best_s": best})
     for size in sizes:
         model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(a.out, size), dtype=dtype).to(a.device)
         model.eval()

@@ -73,66 +73,183 @@ fn time<F: FnMut()>(device: &Device, reps: usize, mut f: F) -> (f64, f64) {
     (first, best)
 }
 
-/// Runs the benchmark with command-line style `args`.
-pub fn run(args: &[String]) {
-    let args: Vec<String> = args.iter().filter(|a| *a != "--bench").cloned().collect();
-    let get = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
+/// The usage text of `ember bench-llm` / `cargo bench --bench llm`.
+pub const USAGE: &str =
+    "usage: ember bench-llm [options]   (or: cargo bench --bench llm -- [options])
+
+LLM throughput, Ember side (benches/README.md; benches/llm_torch.py is the PyTorch side):
+prefill b8x128, greedy decode b1 and b32 (16-token prompts, 64 new tokens) and a training
+forward+backward b8x128, on random weights written as a Hugging Face checkpoint.
+
+options:
+  --size tiny|smollm2|all|none   model shapes to run (default all; none with --matmul)
+  --device cpu|cuda|wgpu|auto    backend (default auto)
+  --out DIR                      where the checkpoints go (default: the temp dir's ember-bench)
+  --reps N                       timed runs after the warm-up run; the best counts (default 3)
+  --json FILE                    also write the rows as JSON
+  --matmul                       matrix products of the SmolLM2 shapes, in GFLOP/s (f32;
+                                 the decode shape also in f16 and bf16)
+  --precision f32|bf16           product precision (bf16: autocast-style mixed precision)
+  --fused-attention              burn's fused attention op for multi-token passes
+  --only ROWS                    a comma-separated subset of prefill,decode_b1,decode_b32,train
+                                 (e.g. to profile one of them; default all)
+  -h, --help                     this text";
+
+/// Parsed benchmark options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchArgs {
+    /// Model shapes to run.
+    pub sizes: Vec<String>,
+    /// Device name.
+    pub device: String,
+    /// Checkpoint directory.
+    pub out: std::path::PathBuf,
+    /// Timed repetitions.
+    pub reps: usize,
+    /// JSON output file.
+    pub json: Option<String>,
+    /// Run the matrix-product rows.
+    pub matmul: bool,
+    /// Requested precision.
+    pub precision: ember_llm::Precision,
+    /// Fused attention for multi-token passes.
+    pub fused_attention: bool,
+    /// The rows to run (`prefill`, `decode_b1`, `decode_b32`, `train`).
+    pub only: Vec<String>,
+}
+
+/// The measurements of each size, in order.
+const ROWS: [&str; 4] = ["prefill", "decode_b1", "decode_b32", "train"];
+
+impl BenchArgs {
+    /// Parses `args`; `Ok(None)` means `--help` was asked for. Unknown flags, missing values
+    /// and bad values are errors that name them.
+    pub fn parse(args: &[String]) -> anyhow::Result<Option<Self>> {
+        use anyhow::{Context, bail};
+        let mut out = BenchArgs {
+            sizes: vec!["tiny".into(), "smollm2".into()],
+            device: "auto".into(),
+            out: std::env::temp_dir().join("ember-bench"),
+            reps: 3,
+            json: None,
+            matmul: false,
+            precision: ember_llm::Precision::F32,
+            fused_attention: false,
+            only: ROWS.iter().map(|r| r.to_string()).collect(),
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .with_context(|| format!("{flag} needs a value\n\n{USAGE}"))
+            };
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                // `cargo bench` passes `--bench` to every harness-less bench binary.
+                "--bench" => {}
+                "--matmul" => out.matmul = true,
+                "--fused-attention" => out.fused_attention = true,
+                "--size" => {
+                    out.sizes = match value()?.as_str() {
+                        "all" => vec!["tiny".into(), "smollm2".into()],
+                        "none" => vec![],
+                        s @ ("tiny" | "smollm2") => vec![s.to_string()],
+                        s => bail!("--size {s}: expected tiny, smollm2, all or none"),
+                    }
+                }
+                "--device" => out.device = value()?,
+                "--only" => {
+                    let v = value()?;
+                    out.only = v.split(',').map(|r| r.trim().to_string()).collect();
+                    if let Some(bad) = out.only.iter().find(|r| !ROWS.contains(&r.as_str())) {
+                        bail!("--only {v}: unknown row `{bad}` (rows: {})", ROWS.join(","));
+                    }
+                }
+                "--out" => out.out = value()?.into(),
+                "--json" => out.json = Some(value()?),
+                "--reps" => {
+                    let v = value()?;
+                    out.reps = match v.parse::<usize>() {
+                        Ok(n) if n >= 1 => n,
+                        _ => bail!("--reps {v}: expected a whole number >= 1"),
+                    }
+                }
+                "--precision" => {
+                    out.precision = match value()?.as_str() {
+                        "f32" => ember_llm::Precision::F32,
+                        "bf16" => ember_llm::Precision::Bf16,
+                        p => bail!("--precision {p}: expected f32 or bf16"),
+                    }
+                }
+                other => bail!("unknown option `{other}`\n\n{USAGE}"),
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+/// Runs the benchmark with command-line style `args` (`--help` prints the usage).
+///
+/// # Errors
+/// A bad option, an unknown device, or a checkpoint or JSON file that cannot be written.
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let Some(opts) = BenchArgs::parse(args)? else {
+        println!("{USAGE}");
+        return Ok(());
     };
-    let sizes: Vec<String> = match get("--size").as_deref() {
-        Some("all") | None => vec!["tiny".into(), "smollm2".into()],
-        Some("none") => vec![],
-        Some(s) => vec![s.to_string()],
-    };
-    let device_name = get("--device").unwrap_or_else(|| "auto".into());
-    let device = device::device(&device_name).expect("device");
-    let requested = match get("--precision").as_deref() {
-        None | Some("f32") => ember_llm::Precision::F32,
-        Some("bf16") => ember_llm::Precision::Bf16,
-        Some(other) => panic!("--precision {other}: expected f32 or bf16"),
-    };
-    let (precision, note) =
-        device::resolve_precision(requested, device::kind(&device_name).expect("device"));
+    let device = device::device(&opts.device)?;
+    let (precision, note) = device::resolve_precision(opts.precision, device::kind(&opts.device)?);
     if let Some(note) = note {
         eprintln!("{note}");
     }
-    let reps: usize = get("--reps").and_then(|r| r.parse().ok()).unwrap_or(3);
-    let out = std::path::PathBuf::from(get("--out").unwrap_or_else(|| {
-        std::env::temp_dir()
-            .join("ember-bench")
-            .display()
-            .to_string()
-    }));
+    let reps = opts.reps;
+    let out = opts.out.clone();
     let mut rows = Vec::new();
-    if get("--matmul").is_some() || args.iter().any(|a| a == "--matmul") {
-        // Attribution: plain f32 matrix products of the SmolLM2 shapes (an MLP projection and the
-        // LM head over 1024 tokens).
-        for (m, k, n) in [
-            (1024usize, 576usize, 1536usize),
-            (1024, 576, 49152),
-            (32, 576, 1536),
+    if opts.matmul {
+        // Attribution: matrix products of the SmolLM2 shapes (an MLP projection and the LM head
+        // over 1024 tokens, and a decode step's projection at batch 32): f32, then the decode
+        // shape with f16 and bf16 operands (the activations cast on every call, as a
+        // reduced-precision rollout would; the weight cast once).
+        use burn::tensor::FloatDType;
+        for (m, k, n, dt) in [
+            (1024usize, 576usize, 1536usize, None),
+            (1024, 576, 49152, None),
+            (32, 576, 1536, None),
+            (32, 576, 1536, Some(FloatDType::F16)),
+            (32, 576, 1536, Some(FloatDType::BF16)),
         ] {
             let a = Tensor::<2>::ones([m, k], &device);
             let b = Tensor::<2>::ones([k, n], &device);
+            let b = match dt {
+                Some(dt) => b.cast(dt),
+                None => b,
+            };
             let (first, best) = time(&device, reps, || {
-                let _ = a.clone().matmul(b.clone());
+                let _ = match dt {
+                    Some(dt) => a.clone().cast(dt).matmul(b.clone()),
+                    None => a.clone().matmul(b.clone()),
+                };
             });
             let gflops = 2.0 * (m * k * n) as f64 / best / 1e9;
+            let name = match dt {
+                Some(dt) => format!("{m}x{k}x{n} {dt:?}").to_lowercase(),
+                None => format!("{m}x{k}x{n}"),
+            };
             println!(
-                "ember matmul {m}x{k}x{n}: {gflops:.1} GFLOP/s (best {best:.4} s, first {first:.3} s)"
+                "ember matmul {name}: {gflops:.1} GFLOP/s (best {best:.4} s, first {first:.3} s)"
             );
-            rows.push(serde_json::json!({"size": "matmul", "bench": format!("{m}x{k}x{n}"), "gflops": gflops, "best_s": best}));
+            rows.push(serde_json::json!({"size": "matmul", "bench": name, "gflops": gflops, "best_s": best}));
         }
     }
-    for size in &sizes {
+    for size in &opts.sizes {
         let cfg = config(size);
         let model = cfg.init(&device);
         let dir = out.join(size);
-        save_hf(&model, &cfg, &[], &dir).expect("write checkpoint");
-        let fused = args.iter().any(|a| a == "--fused-attention");
+        save_hf(&model, &cfg, &[], &dir)
+            .with_context(|| format!("writing the benchmark checkpoint {}", dir.display()))?;
+        let fused = opts.fused_attention;
         let model = model.with_precision(precision).with_fused_attention(fused);
         let vocab = cfg.vocab_size;
         let mut record = |name: &str, tokens: usize, (first, best): (f64, f64)| {
@@ -153,16 +270,21 @@ pub fn run(args: &[String]) {
         let (b, t) = (8, 128);
         let toks = tokens(b, t, vocab, &device);
         let mask = Tensor::<2>::ones([b, t], &device);
-        reset_peak_rss();
-        record(
-            "prefill_b8_t128",
-            b * t,
-            time(&device, reps, || {
-                let _ = model.forward(toks.clone(), mask.clone());
-            }),
-        );
+        if opts.only.iter().any(|r| r == "prefill") {
+            reset_peak_rss();
+            record(
+                "prefill_b8_t128",
+                b * t,
+                time(&device, reps, || {
+                    let _ = model.forward(toks.clone(), mask.clone());
+                }),
+            );
+        }
         // Decode: 16-token prompts, 64 new tokens, greedy, no stop token.
         for batch in [1usize, 32] {
+            if !opts.only.contains(&format!("decode_b{batch}")) {
+                continue;
+            }
             let prompts: Vec<Vec<u32>> = (0..batch)
                 .map(|i| {
                     (0..16)
@@ -181,14 +303,18 @@ pub fn run(args: &[String]) {
                 &format!("decode_b{batch}"),
                 batch * 64,
                 time(&device, reps.min(2), || {
+                    // The prompts are valid by construction (in the vocabulary, within context).
                     let _ = generate(&model, &prompts, &sc, &device).expect("generate");
                 }),
             );
         }
         // Training: forward + backward of −Σ log π over batch 8 × 128 tokens.
+        if !opts.only.iter().any(|r| r == "train") {
+            continue;
+        }
         let ad = device.clone().autodiff();
         let train_model = ember_llm::load(&dir, &ad)
-            .expect("reload checkpoint")
+            .with_context(|| format!("reloading {}", dir.display()))?
             .model
             .with_precision(precision)
             .with_fused_attention(fused);
@@ -205,7 +331,40 @@ pub fn run(args: &[String]) {
             }),
         );
     }
-    if let Some(path) = get("--json") {
-        std::fs::write(&path, serde_json::to_string_pretty(&rows).unwrap()).expect("write json");
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {path}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Option<BenchArgs>> {
+        BenchArgs::parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn options_parse_and_bad_ones_are_named() {
+        let o = parse(&["--size", "tiny", "--reps", "5", "--matmul", "--bench"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.sizes, vec!["tiny".to_string()]);
+        assert_eq!((o.reps, o.matmul, o.fused_attention), (5, true, false));
+        assert!(parse(&["--help"]).unwrap().is_none());
+        assert!(parse(&["--size", "none", "-h"]).unwrap().is_none());
+        for (args, needle) in [
+            (&["--sizes", "tiny"][..], "unknown option `--sizes`"),
+            (&["--reps"][..], "--reps needs a value"),
+            (&["--reps", "0"][..], "--reps 0"),
+            (&["--size", "huge"][..], "--size huge"),
+            (&["--precision", "f16"][..], "--precision f16"),
+            (&["--only", "prefill,decode"][..], "unknown row `decode`"),
+        ] {
+            let e = parse(args).unwrap_err().to_string();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
     }
 }

@@ -798,6 +798,9 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         };
         let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
         let responses = g.response_ids();
+        // Phase wall times as verl logs them (`timing_s/*`); `response_ids` above already
+        // waited for the device.
+        let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
         let texts: Vec<String> = responses.iter().map(|r| policy.decode(r)).collect();
         let row_examples: Vec<&Example> = g.group_ids.iter().map(|gi| &examples[*gi]).collect();
         let prompt_texts: Vec<String> = g
@@ -838,6 +841,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             mask: seq_mask.clone(),
             ..exp.clone()
         };
+        let t_ref = Instant::now();
         if r.train.recompute_old_log_probs {
             batch = batch.with_old_log_probs(host_exp.score_all(&sampler).to_device(&ad))?;
         }
@@ -851,6 +855,10 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 .score_all(&sampler),
             };
             batch = batch.with_ref_log_probs(ref_lp.to_device(&ad))?;
+        }
+        if r.train.recompute_old_log_probs || r.train.kl_coef > 0.0 {
+            let _ = base.sync();
+            timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
         }
         if needs_greedy {
             let greedy = SamplingConfig {
@@ -927,6 +935,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 row.insert(k, v);
             }
             let mut order_rng = Rng(rng.next_u64());
+            let t_update = Instant::now();
             let (m, stats) = update(
                 policy.model,
                 &mut optim,
@@ -940,14 +949,19 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             )?;
             policy.model = m;
             row.extend(stats.metrics);
+            let _ = ad.sync();
+            timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
         }
         let secs = t_step.elapsed().as_secs_f64();
         let tokens: usize = lengths.iter().sum();
         row.insert("perf/step_s".to_string(), secs);
         row.insert("perf/tokens_per_s".to_string(), tokens as f64 / secs);
+        row.extend(timing.into_iter().map(|(k, v)| (k.to_string(), v)));
         if (step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps {
+            let t_eval = Instant::now();
             accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
             row.insert("eval/accuracy".to_string(), accuracy_after);
+            row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
         }
         steps_done = step + 1;
         progress(quiet, tty, r, steps_done, &row, accuracy_after);

@@ -28,8 +28,10 @@ commands:
                                        compare LoRA, learned-router MoLoRA and ReMix
   eval <run dir> [--checkpoint <dir>] [--eval-size N]
                                        greedy held-out accuracy of an LLM run's final model
-  bench-llm [--size tiny|smollm2|all] [--device ..] [--json FILE] [--matmul]
-                                       LLM throughput benchmark (benches/README.md)
+  bench-llm [--size tiny|smollm2|all|none] [--device ..] [--reps N] [--json FILE] [--matmul]
+            [--precision f32|bf16] [--fused-attention] [--out DIR]
+                                       LLM throughput benchmark (benches/README.md;
+                                       bench-llm --help lists the options)
   info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
   help                                 this text
 
@@ -55,10 +57,7 @@ fn run() -> Result<()> {
         Some("eval") => eval_cmd(&args[1..]),
         Some("molora") => molora_cmd(&args[1..]),
         Some("warmup") => warmup_cmd(&args[1..]),
-        Some("bench-llm") => {
-            ember::bench::run(&args[1..]);
-            Ok(())
-        }
+        Some("bench-llm") => ember::bench::run(&args[1..]),
         Some("export") => cli_llm::export_cmd(&args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             println!("{USAGE}");
@@ -279,5 +278,50 @@ fn info(args: &[String]) -> Result<()> {
         .try_into_vec_as::<f32>()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     println!("GRPO advantages of rewards [1, 0, 0, 0]: {v:?}");
+    #[cfg(target_arch = "x86_64")]
+    println!(
+        "CPU vector units: avx512f {}, avx2 {}, fma {} (the CPU backend's GEMM picks its \
+         kernels at run time: AVX-512 where present, else AVX2/FMA, else SSE)",
+        yes_no(std::arch::is_x86_feature_detected!("avx512f")),
+        yes_no(std::arch::is_x86_feature_detected!("avx2")),
+        yes_no(std::arch::is_x86_feature_detected!("fma")),
+    );
+    let err = matmul_check(&device)?;
+    println!("f32 matmul 67x96 · 96x130 against a host loop: max |error| {err:.2e}");
+    if err > 1e-3 {
+        bail!("the matrix product on {name} disagrees with the host loop by {err}");
+    }
     Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+/// A product large enough to go through the backend's GEMM kernels (and its runtime choice of
+/// vector units), checked against a plain host loop.
+fn matmul_check(device: &burn::tensor::Device) -> Result<f32> {
+    use burn::tensor::{Tensor, TensorData};
+    let (m, k, n) = (67usize, 96usize, 130usize);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+        .collect();
+    let ta = Tensor::<2>::from_data(TensorData::new(a.clone(), [m, k]), device);
+    let tb = Tensor::<2>::from_data(TensorData::new(b.clone(), [k, n]), device);
+    let got: Vec<f32> = ta
+        .matmul(tb)
+        .try_into_vec_as::<f32>()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut worst = 0f32;
+    for i in 0..m {
+        for j in 0..n {
+            let want: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            worst = worst.max((got[i * n + j] - want).abs());
+        }
+    }
+    Ok(worst)
 }

@@ -73,7 +73,8 @@ fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
         .map(|l| {
             let mut m: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(l).unwrap();
-            m.retain(|k, _| !k.starts_with("perf/"));
+            // Wall times (perf/*, timing_s/*) differ from run to run.
+            m.retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
             m
         })
         .collect()

@@ -194,3 +194,68 @@ fn adapter_saved_by_peft_loads_and_matches_its_logits() {
         std::fs::remove_dir_all(&out).ok();
     }
 }
+
+/// The adapters are applied factored, x·W + s·(x·A)·B; their gradients must equal the chain rule
+/// through the materialised weight W' = W + s·A·B: dA = s·dW'·Bᵀ and dB = s·Aᵀ·dW'.
+#[test]
+fn factored_adapters_have_the_gradients_of_the_materialised_weight() {
+    use burn::tensor::Tensor;
+    let device = dev().autodiff();
+    let settings = LoraSettings {
+        rank: 4,
+        alpha: 8.0,
+        targets: vec!["q_proj".into()],
+    };
+    let model = apply_lora(load(&tiny(), &device).unwrap().model, &settings).unwrap();
+    let (toks, mask) = left_pad(&[vec![5, 17, 33, 61, 7], vec![3, 9, 12]], &device);
+    // One step so that B ≠ 0 (B starts at zero).
+    let (lp, _) = model.token_log_probs(toks.clone(), mask.clone(), 1.0, false, true);
+    let grads = GradientsParams::from_grads(lp.sum().neg().backward(), &model);
+    let model = AdamConfig::new().init().step(5e-2, model, grads);
+
+    // Factored: gradients of A and B of layer 0's q_proj.
+    let (lp, _) = model.token_log_probs(toks.clone(), mask.clone(), 0.7, false, true);
+    let g = lp.clone().sum().neg().backward();
+    let ad = model.layers[0].self_attn.q_proj.weight.adapter().unwrap();
+    let (a, b, s) = (ad.a.val(), ad.b.val(), ad.scale);
+    let da = a.grad(&g).unwrap();
+    let db = b.grad(&g).unwrap();
+
+    // Materialised: the same loss through W' as one trainable weight.
+    let merged = merge(model.clone()).no_grad();
+    let mut merged = merged;
+    let w = merged.layers[0]
+        .self_attn
+        .q_proj
+        .weight
+        .clone()
+        .set_require_grad(true);
+    merged.layers[0].self_attn.q_proj.weight = w;
+    let (lp2, _) = merged.token_log_probs(toks, mask, 0.7, false, true);
+    let close = |x: Vec<f32>, y: Vec<f32>| {
+        x.iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(close(vals(lp), vals(lp2.clone())) < 1e-5);
+    let g2 = lp2.sum().neg().backward();
+    let dw: Tensor<2> = merged.layers[0]
+        .self_attn
+        .q_proj
+        .weight
+        .val()
+        .grad(&g2)
+        .unwrap();
+    let (a, b) = (a.inner(), b.inner());
+    let da_ref = dw.clone().matmul(b.transpose()).mul_scalar(s);
+    let db_ref = a.transpose().matmul(dw).mul_scalar(s);
+    let (da, db, da_ref, db_ref) = (vals(da), vals(db), vals(da_ref), vals(db_ref));
+    let scale = da_ref
+        .iter()
+        .chain(&db_ref)
+        .fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 1e-3, "gradients too small to compare ({scale})");
+    assert!(close(da, da_ref) <= 1e-4 * scale.max(1.0), "dA differs");
+    assert!(close(db, db_ref) <= 1e-4 * scale.max(1.0), "dB differs");
+}

@@ -478,3 +478,167 @@ fn fused_attention_matches_the_explicit_path() {
             .all(|x| *x > 0.0 && x.is_finite())
     );
 }
+
+/// `chosen_log_probs` (gather − logsumexp) against hand-worked log-softmax values (the numbers
+/// come from `math.log`/`math.exp` in Python, shown in the comments), with temperature, entropy
+/// and a far-out logit.
+#[test]
+fn chosen_log_probs_match_hand_worked_log_softmax() {
+    use ember_llm::model::chosen_log_probs;
+    // Rows: [1, 2, 3] and [-1000, 0, 5]; targets per position.
+    let logits = Tensor::<3>::from_data(
+        TensorData::new(vec![1.0f32, 2.0, 3.0, -1000.0, 0.0, 5.0], [1, 2, 3]),
+        &dev(),
+    );
+    let pick =
+        |t: [i64; 2]| Tensor::<2, Int>::from_data(TensorData::new(t.to_vec(), [1, 2]), &dev());
+    // T = 1: log softmax([1,2,3]) = [-2.4076060, -1.4076060, -0.4076060]; entropy 0.8323956.
+    let (lp, h) = chosen_log_probs(logits.clone(), pick([0, 2]), 1.0, true);
+    assert_close(&vals(lp), &[-2.407_605_96, -0.006_715_348_5], 1e-5);
+    // Entropy of softmax([-1000, 0, 5]) = 0.0401 (p = [0, 0.0066929, 0.9933071]).
+    let h2 =
+        -(0.006_692_850_9f64 * 0.006_692_850_9f64.ln() + 0.993_307_149f64 * 0.993_307_149f64.ln());
+    assert_close(&vals(h.unwrap()), &[0.832_395_58, h2], 1e-5);
+    // T = 2: log softmax([0.5, 1, 1.5]) = [-1.6802697, -1.1802697, -0.6802697]; entropy 1.0201913.
+    // T = 0.5: log softmax([-2000, 0, 10]) = [-2010.0000454, -10.0000454, -4.54e-5].
+    let (lp2, h2) = chosen_log_probs(
+        logits.clone().slice([0..1, 0..1, 0..3]),
+        pick([1, 0]).slice([0..1, 0..1]),
+        2.0,
+        true,
+    );
+    assert_close(&vals(lp2), &[-1.180_269_67], 1e-5);
+    assert_close(&vals(h2.unwrap()), &[1.020_191_34], 1e-5);
+    let (lp3, _) = chosen_log_probs(
+        logits.slice([0..1, 1..2, 0..3]),
+        pick([0, 1]).slice([0..1, 0..1]),
+        0.5,
+        false,
+    );
+    assert_close(&vals(lp3), &[-2_010.000_045], 1e-2);
+}
+
+/// `last_log_probs` scores only the last n tokens (head and softmax on n positions) and equals
+/// the matching columns of the whole-sequence `token_log_probs`, with entropy.
+#[test]
+fn last_log_probs_equal_the_tail_of_token_log_probs() {
+    let model = ember_llm::load(&fixture("tiny_llama"), &dev())
+        .unwrap()
+        .model;
+    let (toks, mask) = left_pad(&[vec![5, 17, 33, 61, 7, 2], vec![3, 9, 12]], &dev());
+    let (all, all_h) = model.token_log_probs(toks.clone(), mask.clone(), 0.8, true, true);
+    let (tail, tail_h) = model.last_log_probs(toks, mask, 2, 0.8, true, true);
+    let cut = |t: burn::tensor::Tensor<2>| vals(t.slice([0..2, 3..5]));
+    let exp: Vec<f64> = cut(all).iter().map(|x| f64::from(*x)).collect();
+    assert_close(&vals(tail), &exp, 1e-5);
+    let exp_h: Vec<f64> = cut(all_h.unwrap()).iter().map(|x| f64::from(*x)).collect();
+    assert_close(&vals(tail_h.unwrap()), &exp_h, 1e-5);
+}
+
+/// With n > 1 samples per prompt, each distinct prompt is prefilled once and its KV cache rows
+/// repeated: the samples must equal those of the same prompts listed n times with n = 1 (each
+/// row prefilled on its own), same seed.
+#[test]
+fn shared_prompt_prefill_matches_per_row_prefill() {
+    let model = load(&fixture("tiny_llama"), &dev()).unwrap().model;
+    let prompts = vec![vec![5u32, 17, 33], vec![3u32], vec![61u32, 7]];
+    let cfg = SamplingConfig {
+        temperature: 1.0,
+        max_new_tokens: 6,
+        n: 3,
+        seed: 11,
+        ..SamplingConfig::default()
+    };
+    let shared = generate(&model, &prompts, &cfg, &dev()).unwrap();
+    let listed: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), 3))
+        .collect();
+    let one = SamplingConfig { n: 1, ..cfg };
+    let per_row = generate(&model, &listed, &one, &dev()).unwrap();
+    assert_eq!(shared.group_ids, vec![0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    assert_eq!(shared.response_ids(), per_row.response_ids());
+    let lp: Vec<f64> = vals(per_row.log_probs)
+        .iter()
+        .map(|x| f64::from(*x))
+        .collect();
+    assert_close(&vals(shared.log_probs), &lp, 1e-5);
+    assert_eq!(
+        vals(shared.prompt_mask),
+        vals(per_row.prompt_mask),
+        "prompt columns"
+    );
+}
+
+/// Gradients of the summed `token_log_probs` (gather − logsumexp, GQA without repeated K/V,
+/// flipped RoPE) against burn's `log_softmax` + `gather` on the full logits, and a central
+/// finite difference through the attention projections.
+#[test]
+fn token_log_prob_gradients_match_log_softmax_and_finite_differences() {
+    use burn::tensor::activation::log_softmax;
+    let device = dev().autodiff();
+    let model = load(&fixture("tiny_llama"), &device).unwrap().model;
+    let (toks, mask) = left_pad(&[vec![5, 17, 33, 61, 7, 2], vec![3, 9, 12]], &device);
+    let [b, t] = toks.dims();
+    let ours = |m: &ember_llm::Llama| {
+        let (lp, _) = m.token_log_probs(toks.clone(), mask.clone(), 0.9, false, true);
+        (lp * mask.clone().slice([0..b, 1..t])).sum()
+    };
+    let reference = |m: &ember_llm::Llama| {
+        let logits = m.forward(toks.clone(), mask.clone());
+        let v = logits.dims()[2];
+        let lp = log_softmax(logits.slice([0..b, 0..t - 1, 0..v]) / 0.9, 2);
+        let picked = lp
+            .gather(2, toks.clone().slice([0..b, 1..t]).reshape([b, t - 1, 1]))
+            .reshape([b, t - 1]);
+        (picked * mask.clone().slice([0..b, 1..t])).sum()
+    };
+    let (a, r) = (ours(&model), reference(&model));
+    assert_close(&vals(a.clone()), &[f64::from(vals(r.clone())[0])], 1e-4);
+    let (ga, gr) = (a.backward(), r.backward());
+    let w = |m: &ember_llm::Llama| m.layers[0].self_attn.q_proj.weight.val();
+    let k = |m: &ember_llm::Llama| m.layers[1].self_attn.k_proj.weight.val();
+    for (name, p) in [("q_proj", w(&model)), ("k_proj", k(&model))] {
+        let (x, y) = (vals(p.grad(&ga).unwrap()), vals(p.grad(&gr).unwrap()));
+        let y: Vec<f64> = y.iter().map(|v| f64::from(*v)).collect();
+        eprintln!(
+            "{name}: |grad| max {:e}",
+            y.iter().fold(0f64, |m, v| m.max(v.abs()))
+        );
+        assert_close(&x, &y, 1e-4);
+    }
+    // Central difference on one q_proj and one k_proj entry (f64 accumulation of f32 sums).
+    let base = load(&fixture("tiny_llama"), &dev()).unwrap().model;
+    let (toks2, mask2) = left_pad(&[vec![5, 17, 33, 61, 7, 2], vec![3, 9, 12]], &dev());
+    let loss = |m: &ember_llm::Llama| {
+        let (lp, _) = m.token_log_probs(toks2.clone(), mask2.clone(), 0.9, false, true);
+        let lp = vals(lp * mask2.clone().slice([0..b, 1..t]));
+        lp.iter().map(|x| f64::from(*x)).sum::<f64>()
+    };
+    for (layer, which, idx) in [(0usize, "q", 37usize), (1, "k", 5)] {
+        let eps = 1e-2f32;
+        let shifted = |delta: f32| {
+            let mut m = base.clone();
+            let lin = if which == "q" {
+                &mut m.layers[layer].self_attn.q_proj
+            } else {
+                &mut m.layers[layer].self_attn.k_proj
+            };
+            let wv = lin.weight.val();
+            let dims = wv.dims();
+            let mut data = vals(wv);
+            data[idx] += delta;
+            let t = burn::tensor::Tensor::<2>::from_data(
+                burn::tensor::TensorData::new(data, dims),
+                &dev(),
+            );
+            lin.weight = burn::module::Param::from_tensor(t);
+            loss(&m)
+        };
+        let fd = (shifted(eps) - shifted(-eps)) / (2.0 * f64::from(eps));
+        let p = if which == "q" { w(&model) } else { k(&model) };
+        let g = f64::from(vals(p.grad(&ga).unwrap())[idx]);
+        eprintln!("{which}_proj[{idx}] layer {layer}: autodiff {g:.5}, finite difference {fd:.5}");
+        assert!((g - fd).abs() <= 2e-2 * g.abs().max(0.1), "{g} vs {fd}");
+    }
+}

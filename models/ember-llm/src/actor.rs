@@ -36,14 +36,14 @@ impl Actor for Llama {
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
         let tokens = exp.tokens.clone().select(0, idx.clone());
         let mask = exp.mask.clone().select(0, idx);
-        let [n, total] = tokens.dims();
-        let (lp, entropy) =
-            self.token_log_probs(tokens, mask, exp.temperature, with_entropy, exp.adapters);
-        let start = total - 1 - exp.response_len;
-        let cut = |t: Tensor<2>| t.slice([0..n, start..total - 1]);
-        Scored {
-            log_probs: cut(lp),
-            entropy: entropy.map(cut),
-        }
+        let (log_probs, entropy) = self.last_log_probs(
+            tokens,
+            mask,
+            exp.response_len,
+            exp.temperature,
+            with_entropy,
+            exp.adapters,
+        );
+        Scored { log_probs, entropy }
     }
 }

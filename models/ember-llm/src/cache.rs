@@ -8,6 +8,7 @@
 
 use crate::model::Llama;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::ops::Range;
 
 /// Rounds `needed` up to a multiple of `bucket`.
 pub fn bucketed(needed: usize, bucket: usize) -> usize {
@@ -111,13 +112,52 @@ impl KvCache {
     ) -> (Tensor<4>, Tensor<4>) {
         let [b, kv, t, hd] = k.dims();
         let range = [0..b, 0..kv, start..start + t, 0..hd];
-        self.k[layer] = self.k[layer].clone().slice_assign(range.clone(), k);
-        self.v[layer] = self.v[layer].clone().slice_assign(range, v);
-        (self.k[layer].clone(), self.v[layer].clone())
+        (
+            assign_in_place(&mut self.k, layer, range.clone(), k),
+            assign_in_place(&mut self.v, layer, range, v),
+        )
+    }
+
+    /// Each row repeated `n` times in place (rows `i·n .. (i+1)·n` copy row `i`): a prompt
+    /// prefilled once serves its `n` samples.
+    pub(crate) fn repeat_rows(self, n: usize) -> Self {
+        if n <= 1 {
+            return self;
+        }
+        let rows = self.key_mask.dims()[0];
+        let device = self.key_mask.device();
+        let idx: Vec<i64> = (0..rows as i64)
+            .flat_map(|r| std::iter::repeat_n(r, n))
+            .collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows * n]), &device);
+        let rep = |t: Tensor<4>| t.select(0, idx.clone());
+        Self {
+            k: self.k.into_iter().map(rep).collect(),
+            v: self.v.into_iter().map(rep).collect(),
+            key_mask: self.key_mask.select(0, idx.clone()),
+            next_pos: self.next_pos.select(0, idx),
+            len: self.len,
+            capacity: self.capacity,
+        }
     }
 
     /// Moves the write position on by `t`.
     pub(crate) fn advance(&mut self, t: usize) {
         self.len += t;
     }
+}
+
+/// Writes `value` into `bufs[i]` at `range` and returns the updated buffer. The buffer is taken
+/// out of the list first, so the backend holds its only reference and writes in place
+/// (burn-flex copies a shared buffer whole: for the KV cache that was every layer's
+/// `[batch, kv_heads, capacity, head_dim]` per decoded token).
+fn assign_in_place(
+    bufs: &mut Vec<Tensor<4>>,
+    i: usize,
+    range: [Range<usize>; 4],
+    value: Tensor<4>,
+) -> Tensor<4> {
+    let written = bufs.remove(i).slice_assign(range, value);
+    bufs.insert(i, written.clone());
+    written
 }

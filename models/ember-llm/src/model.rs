@@ -8,7 +8,7 @@ use crate::cache::KvCache;
 use crate::config::LlamaConfig;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::activation::{log_softmax, silu, softmax};
+use burn::tensor::activation::{silu, softmax};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use ember_molora::{MoLora, RouteCtx};
@@ -138,21 +138,28 @@ pub struct Llama {
 /// Applies `l` with its effective weight (LoRA adapter included) or, when `adapters` is false,
 /// with the frozen base weight alone: the reference policy without a second copy of the model.
 /// The product runs in the input's dtype (the weight is cast to it under mixed precision).
+///
+/// A LoRA adapter is applied factored, `x·W + s·(x·A)·B` (Hu et al. 2021, eq. 3), rather than
+/// through burn's `Param::val()`, which would materialise `W + s·A·B` on every call and, under
+/// autodiff, compute the full `[d_in, d_out]` gradient of the frozen weight before projecting it
+/// onto A and B: the factored form costs two rank-r products and back-propagates only to A, B
+/// and x.
 fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
     let dt = x.dtype();
-    if dt == DType::F32 {
-        return if adapters {
-            l.forward(x)
-        } else {
-            linear_op(x, l.weight.base(), l.bias.as_ref().map(|b| b.base()))
-        };
+    let adapter = if adapters { l.weight.adapter() } else { None };
+    let bias = l
+        .bias
+        .as_ref()
+        .map(|b| like(if adapters { b.val() } else { b.base() }, dt));
+    // Without an adapter, `base()` is the weight itself (trainable or not).
+    let y = linear_op(x.clone(), like(l.weight.base(), dt), bias);
+    match adapter {
+        None => y,
+        Some(ad) => {
+            let low = linear_op(x, like(ad.a.val(), dt), None);
+            y + linear_op(low, like(ad.b.val(), dt), None).mul_scalar(ad.scale)
+        }
     }
-    let (w, b) = if adapters {
-        (l.weight.val(), l.bias.as_ref().map(|b| b.val()))
-    } else {
-        (l.weight.base(), l.bias.as_ref().map(|b| b.base()))
-    };
-    linear_op(x, like(w, dt), b.map(|b| like(b, dt)))
 }
 
 /// A projection plus its Mixture-of-LoRA, if any (off with the adapters).
@@ -225,8 +232,9 @@ impl LlamaConfig {
     }
 }
 
-/// cos/sin tables `[batch, 1, seq, head_dim]` for positions `[batch, seq]` (rotate-half layout:
-/// the frequencies repeated twice, HF `LlamaRotaryEmbedding`).
+/// cos and signed-sin tables `[batch, 1, seq, head_dim]` for positions `[batch, seq]`
+/// (rotate-half layout: the frequencies repeated twice, HF `LlamaRotaryEmbedding`; the sin
+/// table's first half negated for [`apply_rope`]).
 fn rope_tables(positions: Tensor<2, Int>, head_dim: usize, theta: f64) -> (Tensor<4>, Tensor<4>) {
     let [b, t] = positions.dims();
     let device = positions.device();
@@ -236,25 +244,31 @@ fn rope_tables(positions: Tensor<2, Int>, head_dim: usize, theta: f64) -> (Tenso
         .collect();
     let inv = Tensor::<1>::from_data(TensorData::new(inv, [half]), &device).reshape([1, 1, half]);
     let freqs = positions.float().reshape([b, t, 1]) * inv;
-    let emb = Tensor::cat(vec![freqs.clone(), freqs], 2).reshape([b, 1, t, head_dim]);
-    (emb.clone().cos(), emb.sin())
+    let emb = Tensor::cat(vec![freqs.clone(), freqs.clone()], 2).reshape([b, 1, t, head_dim]);
+    // sin with its first half negated: rotate_half(x)·sin = swap_halves(x)·[−sin₁, sin₂].
+    let sin = freqs.sin();
+    let signed_sin = Tensor::cat(vec![sin.clone().neg(), sin], 2).reshape([b, 1, t, head_dim]);
+    (emb.cos(), signed_sin)
 }
 
-/// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁] (HF `apply_rotary_pos_emb`).
-fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+/// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁] (HF `apply_rotary_pos_emb`),
+/// computed as x·cos + [x₂, x₁]·signed_sin with `signed_sin` = [−sin, sin] from
+/// [`rope_tables`]: one flip instead of two slices, a negation and a concatenation.
+fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
     let [b, h, t, d] = x.dims();
-    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..d / 2]);
-    let x2 = x.clone().slice([0..b, 0..h, 0..t, d / 2..d]);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    x * cos.clone() + rotated * sin.clone()
+    let swapped = x
+        .clone()
+        .reshape([b, h, t, 2, d / 2])
+        .flip([3])
+        .reshape([b, h, t, d]);
+    x * cos.clone() + swapped * signed_sin.clone()
 }
 
 impl Attention {
     fn project(
         &self,
         x: Tensor<3>,
-        positions: Tensor<2, Int>,
-        theta: f64,
+        (cos, sin): &(Tensor<4>, Tensor<4>),
         c: &RouteCtx,
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, t, _] = x.dims();
@@ -268,10 +282,7 @@ impl Attention {
         let v = proj(&self.v_proj, &self.v_mix, x, c)
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
-        let (cos, sin) = rope_tables(positions, hd, theta);
-        let dt = q.dtype();
-        let (cos, sin) = (like(cos, dt), like(sin, dt));
-        (apply_rope(q, &cos, &sin), apply_rope(k, &cos, &sin), v)
+        (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
     }
 
     /// softmax(q kᵀ/√d + bias) v over `k`, `v` `[b, kv_heads, keys, hd]`; bias `[b, 1, t, keys]`.
@@ -290,22 +301,21 @@ impl Attention {
         let [b, h, t, hd] = q.dims();
         let [_, kv, keys, _] = k.dims();
         let groups = h / kv;
-        let repeat = |x: Tensor<4>| {
-            if groups == 1 {
-                x
-            } else {
-                x.reshape([b, kv, 1, keys, hd])
-                    .expand([b, kv, groups, keys, hd])
-                    .reshape([b, h, keys, hd])
-            }
-        };
         let dt = q.dtype();
         if fused {
-            let keys_all = repeat(k);
+            let repeat = |x: Tensor<4>| {
+                if groups == 1 {
+                    x
+                } else {
+                    x.reshape([b, kv, 1, keys, hd])
+                        .expand([b, kv, groups, keys, hd])
+                        .reshape([b, h, keys, hd])
+                }
+            };
             let bias = like(bias, dt).expand([b, h, t, keys]);
             let out = burn::tensor::module::attention(
                 q,
-                keys_all,
+                repeat(k),
                 repeat(v),
                 None,
                 Some(bias),
@@ -315,13 +325,21 @@ impl Attention {
             .reshape([b, t, h * hd]);
             return proj(&self.o_proj, &self.o_mix, out, c);
         }
-        // Scores, mask and softmax in f32; the products in the activations' dtype.
-        let scores = like(q.matmul(repeat(k).swap_dims(2, 3)), DType::F32)
+        // Query head `kv·groups + g` reads key/value head `kv` (HF `repeat_kv`): the `groups`
+        // query heads of one KV head become the rows of one product, so K and V are never
+        // copied `groups` times. Scores, mask and softmax in f32; the products in the
+        // activations' dtype.
+        let scores = like(
+            q.reshape([b, kv, groups * t, hd]).matmul(k.swap_dims(2, 3)),
+            DType::F32,
+        )
+        .reshape([b, kv, groups, t, keys])
             * (1.0 / (hd as f32).sqrt())
-            + bias;
-        let probs = like(softmax(scores, 3), dt);
+            + bias.reshape([b, 1, 1, t, keys]);
+        let probs = like(softmax(scores, 4), dt).reshape([b, kv, groups * t, keys]);
         let out = probs
-            .matmul(repeat(v))
+            .matmul(v)
+            .reshape([b, h, t, hd])
             .swap_dims(1, 2)
             .reshape([b, t, h * hd]);
         proj(&self.o_proj, &self.o_mix, out, c)
@@ -392,6 +410,14 @@ impl Llama {
             .map_or((1, 1), |l| (l.self_attn.n_kv_heads, l.self_attn.head_dim))
     }
 
+    /// The output head's weight (the embeddings when tied).
+    fn head_weight(&self) -> Tensor<2> {
+        match &self.lm_head {
+            Some(head) => head.weight.base(),
+            None => self.embed_tokens.weight.base(),
+        }
+    }
+
     /// Final norm and output head; the logits are always f32.
     fn head(&self, h: Tensor<3>, ad: bool) -> Tensor<3> {
         let h = rms_norm(&self.norm, h);
@@ -451,10 +477,24 @@ impl Llama {
         mask: Tensor<2>,
         ctx: &RouteCtx,
     ) -> Tensor<3> {
+        let h = self.hidden_routed(tokens, mask, ctx);
+        self.head(h, ctx.adapters)
+    }
+
+    /// RoPE cos/sin tables for `positions`, in the activations' dtype: built once per pass and
+    /// shared by every layer.
+    fn rope(&self, positions: Tensor<2, Int>) -> (Tensor<4>, Tensor<4>) {
+        let (_, hd) = self.kv_shape();
+        let (cos, sin) = rope_tables(positions, hd, self.rope_theta);
+        let dt = self.precision.activation_dtype();
+        (like(cos, dt), like(sin, dt))
+    }
+
+    /// The last layer's output `[batch, seq, d_model]` (before the final norm and the head).
+    fn hidden_routed(&self, tokens: Tensor<2, Int>, mask: Tensor<2>, ctx: &RouteCtx) -> Tensor<3> {
         ctx.begin_pass();
-        let ad = ctx.adapters;
         let [b, t] = tokens.dims();
-        let positions = position_ids(&mask);
+        let rope = self.rope(position_ids(&mask));
         let device = mask.device();
         let causal = Tensor::<2>::ones([t, t], &device)
             .tril(0)
@@ -464,9 +504,7 @@ impl Llama {
         let mut h = self.embed(tokens);
         for layer in &self.layers {
             let x = rms_norm(&layer.input_layernorm, h.clone());
-            let (q, k, v) = layer
-                .self_attn
-                .project(x, positions.clone(), self.rope_theta, ctx);
+            let (q, k, v) = layer.self_attn.project(x, &rope, ctx);
             h = h + layer.self_attn.attend(
                 q,
                 k,
@@ -480,7 +518,7 @@ impl Llama {
                     .mlp
                     .forward(rms_norm(&layer.post_attention_layernorm, h), ctx);
         }
-        self.head(h, ad)
+        h
     }
 
     /// Runs `tokens` `[batch, t]` (with `mask` `[batch, t]`) through the model, appending their
@@ -510,15 +548,13 @@ impl Llama {
         ctx.begin_pass();
         let [b, t] = tokens.dims();
         let start = cache.len();
-        let positions = cache.positions_for(&mask);
+        let rope = self.rope(cache.positions_for(&mask));
         cache.append_mask(mask);
         let bias = cache.attention_bias(start, t);
         let mut h = self.embed(tokens);
         for (i, layer) in self.layers.iter().enumerate() {
             let x = rms_norm(&layer.input_layernorm, h.clone());
-            let (q, k, v) = layer
-                .self_attn
-                .project(x, positions.clone(), self.rope_theta, ctx);
+            let (q, k, v) = layer.self_attn.project(x, &rope, ctx);
             let (k_all, v_all) = cache.write(i, start, k, v);
             h = h + layer.self_attn.attend(
                 q,
@@ -555,15 +591,95 @@ impl Llama {
         with_entropy: bool,
         adapters: bool,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
-        let [b, t] = tokens.dims();
-        let logits = self.forward_with(tokens.clone(), mask, adapters);
-        let v = logits.dims()[2];
-        let logits = logits.slice([0..b, 0..t - 1, 0..v]) / temperature;
-        let lp = log_softmax(logits, 2);
-        let targets = tokens.slice([0..b, 1..t]).reshape([b, t - 1, 1]);
-        let picked = lp.clone().gather(2, targets).reshape([b, t - 1]);
-        let entropy =
-            with_entropy.then(|| (lp.clone().exp() * lp).sum_dim(2).neg().reshape([b, t - 1]));
-        (picked, entropy)
+        let t = tokens.dims()[1];
+        self.last_log_probs(tokens, mask, t - 1, temperature, with_entropy, adapters)
     }
+
+    /// [`token_log_probs`](Self::token_log_probs) of the last `n` tokens only (a response after
+    /// its prompt): the final norm, the output head and the softmax run on those `n` positions
+    /// alone, not on the whole sequence.
+    ///
+    /// # Shapes
+    /// `tokens`, `mask` `[batch, seq]`, `1 <= n < seq`; returns `[batch, n]` for the tokens
+    /// `seq − n .. seq`.
+    pub fn last_log_probs(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        n: usize,
+        temperature: f32,
+        with_entropy: bool,
+        adapters: bool,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let [b, t] = tokens.dims();
+        assert!(
+            n >= 1 && n < t,
+            "last_log_probs: n = {n} for sequences of {t}"
+        );
+        let h = self.hidden_routed(tokens.clone(), mask, &RouteCtx::plain(adapters));
+        let d = h.dims()[2];
+        let rows = b * n;
+        let h = h
+            .slice([0..b, t - 1 - n..t - 1, 0..d])
+            .reshape([1, rows, d]);
+        let targets = tokens.slice([0..b, t - n..t]).reshape([1, rows]);
+        // With a frozen head (no-grad scoring, LoRA training) the head and the softmax run over
+        // row chunks whose logits stay under LOGITS_CHUNK elements: only one chunk's
+        // `[rows, vocab]` temporaries live at a time in no-grad scoring, and each chunk's
+        // buffers are small enough for the allocator to reuse instead of mapping (and the
+        // kernel zeroing) fresh pages for every vocabulary-wide tensor. A trainable head takes
+        // one chunk: each chunk would add a whole `[vocab, d_model]` weight gradient.
+        let per = if self.head_weight().is_require_grad() {
+            rows
+        } else {
+            (LOGITS_CHUNK / self.vocab_size().max(1)).clamp(1, rows)
+        };
+        let (mut lps, mut ents) = (Vec::new(), Vec::new());
+        for start in (0..rows).step_by(per) {
+            let end = (start + per).min(rows);
+            let logits = self.head(h.clone().slice([0..1, start..end, 0..d]), adapters);
+            let (lp, ent) = chosen_log_probs(
+                logits,
+                targets.clone().slice([0..1, start..end]),
+                temperature,
+                with_entropy,
+            );
+            lps.push(lp);
+            ents.extend(ent);
+        }
+        let entropy = with_entropy.then(|| Tensor::cat(ents, 1).reshape([b, n]));
+        (Tensor::cat(lps, 1).reshape([b, n]), entropy)
+    }
+}
+
+/// Logit elements per chunk of [`Llama::last_log_probs`] (16 MiB of f32, under glibc's largest
+/// mmap threshold of 32 MiB).
+const LOGITS_CHUNK: usize = 1 << 22;
+
+/// log softmax(z/T)_y = (z_y − m)/T − log Σ_v exp((z_v − m)/T) with m = max z (detached: the
+/// shift cancels in value and gradient), and the entropy H = log S − Σ_v e_v·s_v / S with
+/// s = (z − m)/T, e = exp(s), S = Σ e: the chosen token's log-prob and the entropy without
+/// materialising the `[batch, n, vocab]` log-softmax (HF/verl `logprobs_from_logits` computes
+/// the same as `gather(logits) − logsumexp(logits)`).
+///
+/// # Shapes
+/// `logits` `[batch, n, vocab]`, `targets` `[batch, n]` → `[batch, n]` each.
+pub fn chosen_log_probs(
+    logits: Tensor<3>,
+    targets: Tensor<2, Int>,
+    temperature: f32,
+    with_entropy: bool,
+) -> (Tensor<2>, Option<Tensor<2>>) {
+    let [b, n, _] = logits.dims();
+    let m = logits.clone().detach().max_dim(2);
+    let mut shifted = logits - m;
+    if temperature != 1.0 {
+        shifted = shifted.mul_scalar(1.0 / temperature);
+    }
+    let e = shifted.clone().exp();
+    let sum = e.clone().sum_dim(2);
+    let log_sum = sum.clone().log();
+    let picked = shifted.clone().gather(2, targets.reshape([b, n, 1])) - log_sum.clone();
+    let entropy = with_entropy.then(|| (log_sum - (e * shifted).sum_dim(2) / sum).reshape([b, n]));
+    (picked.reshape([b, n]), entropy)
 }

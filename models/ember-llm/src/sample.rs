@@ -346,19 +346,35 @@ pub fn generate(
     let (prompt_tokens, prompt_mask) = left_pad_to(&rows, cfg.prompt_bucket, device);
     let prompt_len = prompt_tokens.dims()[1];
     let capacity = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
-    let mut cache = KvCache::new(model, b, capacity, device);
     let mut rng = SplitMix64(cfg.seed);
 
     let stop: Vec<i64> = cfg.stop_tokens.iter().map(|t| i64::from(*t)).collect();
     // Mixture-of-LoRA routers take their top-k; sequence routing decides on the prompt and
     // replays that decision for every decoded token.
     let mut route = ember_molora::RouteCtx::decoding(prompt_mask.clone());
-    let mut logits = model.forward_cached_routed(
-        prompt_tokens.clone(),
-        prompt_mask.clone(),
-        &mut cache,
-        &route,
-    );
+    // The n samples of a prompt share its prefill: each distinct prompt runs once and its keys,
+    // values and last logits are repeated n times (vLLM's prefix sharing for `n` > 1; HF
+    // `generate` instead expands the prompts first). Mixture-of-LoRA models prefill every row,
+    // since their routing records are per row.
+    let (mut cache, mut logits) = if cfg.n > 1 && crate::mixture::mixtures(model).is_empty() {
+        let (toks, mask) = left_pad_to(prompts, cfg.prompt_bucket, device);
+        let mut cache = KvCache::new(model, prompts.len(), capacity, device);
+        let logits = model.forward_cached_routed(toks, mask, &mut cache, &route);
+        let idx: Vec<i64> = (0..prompts.len() as i64)
+            .flat_map(|r| std::iter::repeat_n(r, cfg.n))
+            .collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [b]), device);
+        (cache.repeat_rows(cfg.n), logits.select(0, idx))
+    } else {
+        let mut cache = KvCache::new(model, b, capacity, device);
+        let logits = model.forward_cached_routed(
+            prompt_tokens.clone(),
+            prompt_mask.clone(),
+            &mut cache,
+            &route,
+        );
+        (cache, logits)
+    };
     route.start_replay();
     route.stop_recording();
     let mut alive = Tensor::<2>::ones([b, 1], device);

@@ -277,6 +277,9 @@ impl MetricsLog {
         if let Some(last) = keep_until {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {} to resume", path.display()))?;
+            // The kept lines are written back verbatim, not re-serialised from the parsed
+            // values, so a resumed file holds the same bytes as an uninterrupted run's.
+            let mut kept = String::new();
             for line in text.lines() {
                 let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
                     .with_context(|| format!("parsing {}", path.display()))?;
@@ -286,9 +289,10 @@ impl MetricsLog {
                     .collect();
                 if row.get("step").is_some_and(|s| *s <= last as f64) {
                     rows.push(row);
+                    kept.push_str(line);
+                    kept.push('\n');
                 }
             }
-            let kept: String = rows.iter().map(|r| row_json(r) + "\n").collect();
             checkpoint::write_atomic(&path, kept.as_bytes())?;
         }
         let jsonl = std::fs::OpenOptions::new()

@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod device;
 pub mod digits;
 pub mod flow_job;
+pub mod heap;
 pub mod job;
 pub mod kernel_cache;
 pub mod molora_job;

@@ -39,6 +39,7 @@ global option (GPU builds): --kernel-cache <dir|off>  where compiled kernels and
   persist between runs (default: $EMBER_KERNEL_CACHE, else $EMBER_CACHE/kernels)";
 
 fn main() {
+    ember::heap::keep_freed_memory();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -278,6 +279,7 @@ fn info(args: &[String]) -> Result<()> {
         .try_into_vec_as::<f32>()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     println!("GRPO advantages of rewards [1, 0, 0, 0]: {v:?}");
+    println!("heap: {}", ember::heap::keep_freed_memory());
     #[cfg(target_arch = "x86_64")]
     println!(
         "CPU vector units: avx512f {}, avx2 {}, fma {} (the CPU backend's GEMM picks its \

@@ -642,3 +642,44 @@ fn token_log_prob_gradients_match_log_softmax_and_finite_differences() {
         assert!((g - fd).abs() <= 2e-2 * g.abs().max(0.1), "{g} vs {fd}");
     }
 }
+
+/// Projections fold the batch into the rows of one product (`rows_linear`), so a weight's
+/// gradient is one `[d_in, rows]·[rows, d_out]` product. With 16 positions per row (where burn's
+/// own `linear` would keep a batched product over a broadcast weight), the gradient of a
+/// two-row batch must equal the sum of the two rows' gradients, each taken alone.
+#[test]
+fn weight_gradients_of_a_batch_are_the_sum_of_its_rows() {
+    let device = dev().autodiff();
+    let model = load(&fixture("tiny_llama"), &device).unwrap().model;
+    let rows: Vec<Vec<u32>> = vec![
+        (0..16).map(|i| (i * 7 + 3) % 60 + 1).collect(),
+        (0..16).map(|i| (i * 11 + 5) % 60 + 1).collect(),
+    ];
+    let grad_of = |rs: &[Vec<u32>]| {
+        let (toks, mask) = left_pad(rs, &device);
+        let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
+        let g = lp.sum().backward();
+        let w = |m: &ember_llm::Llama| m.layers[0].mlp.up_proj.weight.val();
+        let o = |m: &ember_llm::Llama| m.layers[1].self_attn.o_proj.weight.val();
+        (
+            vals(w(&model).grad(&g).unwrap()),
+            vals(o(&model).grad(&g).unwrap()),
+        )
+    };
+    let (up, o) = grad_of(&rows);
+    let (up0, o0) = grad_of(&rows[..1]);
+    let (up1, o1) = grad_of(&rows[1..]);
+    for (name, both, a, b) in [("up_proj", up, up0, up1), ("o_proj", o, o0, o1)] {
+        let sum: Vec<f64> = a.iter().zip(&b).map(|(x, y)| f64::from(x + y)).collect();
+        let scale = sum.iter().fold(0f64, |m, v| m.max(v.abs()));
+        assert!(
+            scale > 1e-3,
+            "{name}: gradient too small to compare ({scale})"
+        );
+        let err = both
+            .iter()
+            .zip(&sum)
+            .fold(0f64, |m, (x, y)| m.max((f64::from(*x) - y).abs()));
+        assert!(err <= 1e-5 * scale.max(1.0), "{name}: max error {err}");
+    }
+}

@@ -13,9 +13,8 @@ fn recipe_text() -> String {
 #[test]
 fn cpu_recipe_lifts_held_out_accuracy() {
     // The README's main job through the `ember` binary itself, at the recipe's own budget
-    // (seed 0: 0.225 -> 0.375 with the AVX-512 GEMM kernels; the lift depends on float order:
-    // the AVX2 kernels gave 0.275 -> 0.575 with 600 warm-up steps), evaluating only before and
-    // after RL. RL first dips, then climbs after ~120 steps, so fewer steps would not show it.
+    // (seed 0: 0.24 -> 0.53; the warm-up's end point depends on float order, see the recipe),
+    // evaluating only before and after RL. RL climbs over ~300 steps, so fewer would not show it.
     let out = std::env::temp_dir().join(format!("ember-e2e-{}", std::process::id()));
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/arithmetic-cpu.toml");
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
@@ -41,7 +40,7 @@ fn cpu_recipe_lifts_held_out_accuracy() {
     );
     assert!(before > 0.05, "the warm-up should give RL a non-zero start");
     assert!(
-        after - before >= 0.10,
+        after - before >= 0.20,
         "RL lifted accuracy by only {:.3}",
         after - before
     );

@@ -152,14 +152,27 @@ fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
         .as_ref()
         .map(|b| like(if adapters { b.val() } else { b.base() }, dt));
     // Without an adapter, `base()` is the weight itself (trainable or not).
-    let y = linear_op(x.clone(), like(l.weight.base(), dt), bias);
+    let y = rows_linear(x.clone(), like(l.weight.base(), dt), bias);
     match adapter {
         None => y,
         Some(ad) => {
-            let low = linear_op(x, like(ad.a.val(), dt), None);
-            y + linear_op(low, like(ad.b.val(), dt), None).mul_scalar(ad.scale)
+            let low = rows_linear(x, like(ad.a.val(), dt), None);
+            y + rows_linear(low, like(ad.b.val(), dt), None).mul_scalar(ad.scale)
         }
     }
+}
+
+/// `x·w (+ bias)` with x's leading dims folded into rows: one 2-D product `[rows, d_in]·[d_in,
+/// d_out]`, so that under autodiff w's gradient is one `[d_in, rows]·[rows, d_out]` product.
+/// burn's `linear` keeps the batched form when each batch's rows fill its tiles (e.g. 16 or
+/// 128 positions); w is then broadcast to `[batch, d_in, d_out]` and its gradient is computed
+/// as `batch` separate products, materialised at that size and summed over the batch.
+fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    let mut dims = x.dims();
+    let d_in = dims[D - 1];
+    let rows = dims[..D - 1].iter().product::<usize>();
+    dims[D - 1] = w.dims()[1];
+    linear_op(x.reshape([rows, d_in]), w, bias).reshape(dims)
 }
 
 /// A projection plus its Mixture-of-LoRA, if any (off with the adapters).
@@ -253,14 +266,18 @@ fn rope_tables(positions: Tensor<2, Int>, head_dim: usize, theta: f64) -> (Tenso
 
 /// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁] (HF `apply_rotary_pos_emb`),
 /// computed as x·cos + [x₂, x₁]·signed_sin with `signed_sin` = [−sin, sin] from
-/// [`rope_tables`]: one flip instead of two slices, a negation and a concatenation.
+/// [`rope_tables`]: the halves swapped by one concatenation, no negation. (A `flip` of the
+/// halves is a view with negative strides, which burn flex copies element by element.)
 fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
-    let [b, h, t, d] = x.dims();
-    let swapped = x
-        .clone()
-        .reshape([b, h, t, 2, d / 2])
-        .flip([3])
-        .reshape([b, h, t, d]);
+    let d = x.dims()[3];
+    let half = d / 2;
+    let swapped = Tensor::cat(
+        vec![
+            x.clone().narrow(3, half, d - half),
+            x.clone().narrow(3, 0, half),
+        ],
+        3,
+    );
     x * cos.clone() + swapped * signed_sin.clone()
 }
 

@@ -118,24 +118,15 @@ impl KvCache {
         )
     }
 
-    /// Each row repeated `n` times in place (rows `i·n .. (i+1)·n` copy row `i`): a prompt
-    /// prefilled once serves its `n` samples.
-    pub(crate) fn repeat_rows(self, n: usize) -> Self {
-        if n <= 1 {
-            return self;
-        }
-        let rows = self.key_mask.dims()[0];
-        let device = self.key_mask.device();
-        let idx: Vec<i64> = (0..rows as i64)
-            .flat_map(|r| std::iter::repeat_n(r, n))
-            .collect();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows * n]), &device);
+    /// The rows picked by `idx` (from [`repeat_index`]): a prompt prefilled once serves its
+    /// `n` samples.
+    pub(crate) fn repeat_rows(self, idx: &Tensor<1, Int>) -> Self {
         let rep = |t: Tensor<4>| t.select(0, idx.clone());
         Self {
             k: self.k.into_iter().map(rep).collect(),
             v: self.v.into_iter().map(rep).collect(),
             key_mask: self.key_mask.select(0, idx.clone()),
-            next_pos: self.next_pos.select(0, idx),
+            next_pos: self.next_pos.select(0, idx.clone()),
             len: self.len,
             capacity: self.capacity,
         }
@@ -160,4 +151,13 @@ fn assign_in_place(
     let written = bufs.remove(i).slice_assign(range, value);
     bufs.insert(i, written.clone());
     written
+}
+
+/// Row indices `0, 0, …, 1, 1, …` with each of `rows` rows repeated `n` times (rows
+/// `i·n .. (i+1)·n` select row `i`), for `select(0, ·)`.
+pub(crate) fn repeat_index(rows: usize, n: usize, device: &Device) -> Tensor<1, Int> {
+    let idx: Vec<i64> = (0..rows as i64)
+        .flat_map(|r| std::iter::repeat_n(r, n))
+        .collect();
+    Tensor::<1, Int>::from_data(TensorData::new(idx, [rows * n]), device)
 }

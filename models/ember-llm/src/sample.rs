@@ -360,11 +360,8 @@ pub fn generate(
         let (toks, mask) = left_pad_to(prompts, cfg.prompt_bucket, device);
         let mut cache = KvCache::new(model, prompts.len(), capacity, device);
         let logits = model.forward_cached_routed(toks, mask, &mut cache, &route);
-        let idx: Vec<i64> = (0..prompts.len() as i64)
-            .flat_map(|r| std::iter::repeat_n(r, cfg.n))
-            .collect();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [b]), device);
-        (cache.repeat_rows(cfg.n), logits.select(0, idx))
+        let idx = crate::cache::repeat_index(prompts.len(), cfg.n, device);
+        (cache.repeat_rows(&idx), logits.select(0, idx))
     } else {
         let mut cache = KvCache::new(model, b, capacity, device);
         let logits = model.forward_cached_routed(

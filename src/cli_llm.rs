@@ -1,101 +1,77 @@
 //! `ember generate` and `ember export`: try a checkpoint in one command.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use ember::tokenizer_for;
 use ember_llm::{Message, SamplingConfig, generate, load, load_peft};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// Parsed `--flag value` options.
-pub struct Opts {
-    args: Vec<(String, Option<String>)>,
+/// `ember generate` options.
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// A Hugging Face model directory or a .gguf file.
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt.
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt in the tokenizer's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens below this fraction of the most likely one's probability.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Samples of the prompt.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
+    /// A PEFT LoRA adapter directory applied on top of the model.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// cpu, cuda, wgpu or auto.
+    #[arg(long, default_value = "auto")]
+    device: String,
 }
 
-impl Opts {
-    /// Splits `--name value` pairs; `switches` take no value.
-    pub fn parse(args: &[String], valued: &[&str], switches: &[&str]) -> Result<Self> {
-        let mut out = Vec::new();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let name = a
-                .strip_prefix("--")
-                .with_context(|| format!("unexpected argument `{a}`"))?;
-            if switches.contains(&name) {
-                out.push((name.to_string(), None));
-            } else if valued.contains(&name) {
-                let v = it
-                    .next()
-                    .with_context(|| format!("--{name} needs a value"))?;
-                out.push((name.to_string(), Some(v.clone())));
-            } else {
-                let mut all: Vec<String> = valued
-                    .iter()
-                    .chain(switches)
-                    .map(|s| format!("--{s}"))
-                    .collect();
-                all.sort();
-                bail!("unknown option `{a}` (valid: {})", all.join(", "));
-            }
-        }
-        Ok(Self { args: out })
-    }
-
-    /// The value of `--name`.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.args
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, v)| v.as_deref())
-    }
-
-    /// Whether switch `--name` was given.
-    pub fn flag(&self, name: &str) -> bool {
-        self.args.iter().any(|(n, _)| n == name)
-    }
-
-    /// `--name` parsed as `T`, or `default`.
-    pub fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T> {
-        match self.get(name) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--{name}: `{v}` is not a valid number")),
-        }
-    }
+/// `ember export` options.
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// A Hugging Face model directory or a .gguf file.
+    #[arg(long)]
+    model: PathBuf,
+    /// A PEFT LoRA adapter directory, merged into the weights.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// The output directory.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 /// `ember generate`.
-pub fn generate_cmd(args: &[String]) -> Result<()> {
-    let o = Opts::parse(
-        args,
-        &[
-            "model",
-            "prompt",
-            "max-new-tokens",
-            "temperature",
-            "top-k",
-            "top-p",
-            "min-p",
-            "seed",
-            "adapter",
-            "device",
-            "n",
-        ],
-        &["chat"],
-    )?;
-    let model_path = PathBuf::from(
-        o.get("model")
-            .context("--model <dir-or-.gguf> is required")?,
-    );
-    let prompt = o.get("prompt").context("--prompt <text> is required")?;
-    let device = ember::device::device(o.get("device").unwrap_or("auto"))?;
+pub fn generate_cmd(o: GenerateArgs) -> Result<()> {
+    let model_path = o.model;
+    let prompt = o.prompt.as_str();
+    let device = ember::device::device(&o.device)?;
     let tok = tokenizer_for(&model_path)?;
     let mut loaded =
         load(&model_path, &device).with_context(|| format!("loading {}", model_path.display()))?;
-    if let Some(a) = o.get("adapter") {
-        loaded.model = load_peft(loaded.model, Path::new(a), &device)?.0;
+    if let Some(a) = &o.adapter {
+        loaded.model = load_peft(loaded.model, a, &device)?.0;
     }
-    let text = if o.flag("chat") {
+    let text = if o.chat {
         tok.apply_chat_template(&[Message::new("user", prompt)], true)?
     } else {
         prompt.to_string()
@@ -106,13 +82,13 @@ pub fn generate_cmd(args: &[String]) -> Result<()> {
     stop.sort_unstable();
     stop.dedup();
     let cfg = SamplingConfig {
-        temperature: o.num("temperature", 0.0)?,
-        top_k: o.num("top-k", 0)?,
-        top_p: o.num("top-p", 1.0)?,
-        min_p: o.num("min-p", 0.0)?,
-        max_new_tokens: o.num("max-new-tokens", 64)?,
-        seed: o.num("seed", 0)?,
-        n: o.num("n", 1)?,
+        temperature: o.temperature,
+        top_k: o.top_k,
+        top_p: o.top_p,
+        min_p: o.min_p,
+        max_new_tokens: o.max_new_tokens,
+        seed: o.seed,
+        n: o.n,
         stop_tokens: stop,
         ..SamplingConfig::default()
     };
@@ -135,17 +111,12 @@ pub fn generate_cmd(args: &[String]) -> Result<()> {
 }
 
 /// `ember export`: a checkpoint (plus an optional adapter, merged) to Hugging Face safetensors.
-pub fn export_cmd(args: &[String]) -> Result<()> {
-    let o = Opts::parse(args, &["model", "adapter", "out"], &[])?;
-    let model_path = PathBuf::from(
-        o.get("model")
-            .context("--model <dir-or-.gguf> is required")?,
-    );
-    let out = PathBuf::from(o.get("out").context("--out <dir> is required")?);
+pub fn export_cmd(o: ExportArgs) -> Result<()> {
+    let (model_path, out) = (o.model, o.out);
     let device = burn::tensor::Device::default();
     let mut loaded = load(&model_path, &device)?;
-    if let Some(a) = o.get("adapter") {
-        loaded.model = ember_llm::merge(load_peft(loaded.model, Path::new(a), &device)?.0);
+    if let Some(a) = &o.adapter {
+        loaded.model = ember_llm::merge(load_peft(loaded.model, a, &device)?.0);
     }
     ember_llm::save_hf(&loaded.model, &loaded.config, &loaded.eos_ids, &out)?;
     if let Ok(tok) = tokenizer_for(&model_path) {

@@ -1,8 +1,9 @@
 //! Ember: pure-Rust policy-gradient post-training on burn.
 //!
 //! This facade re-exports the engine, picks the compute device among the backends compiled in
-//! (cargo features `cpu`, `cuda`, `wgpu`), and holds the jobs the CLI runs: recipes, tasks,
-//! rewards and the RL loop of the CPU recipe.
+//! (cargo features `cpu`, `cuda`, `wgpu`), and holds what the CLI runs: the run kit (`run`:
+//! run directory, metrics, checkpoints, the end-of-step protocol), the recipes (`recipe`), the
+//! shared LLM and image-model parts (`llm`, `images`), tasks and rewards, and the jobs (`jobs`).
 
 #[cfg(not(any(feature = "cpu", feature = "cuda", feature = "wgpu")))]
 compile_error!(
@@ -14,19 +15,17 @@ pub use ember_engine as engine;
 
 pub mod bench;
 pub mod chartok;
-pub mod checkpoint;
 pub mod device;
 pub mod digits;
-pub mod flow_job;
 pub mod heap;
-pub mod job;
+pub mod images;
+pub mod jobs;
 pub mod kernel_cache;
-pub mod molora_job;
-pub mod plot;
+pub mod llm;
 pub mod recipe;
 pub mod reward;
+pub mod run;
 pub mod tasks;
-pub mod warmup;
 
 /// The tokenizer of a checkpoint: `tokenizer.json` in a directory, or GGUF metadata.
 pub fn tokenizer_for(model: &std::path::Path) -> ember_llm::Result<ember_llm::Tokenizer> {

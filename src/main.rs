@@ -1,139 +1,196 @@
-//! The `ember` command line.
+//! The `ember` command line (clap: `--help` on every subcommand, unknown flags refused). Log
+//! messages of the libraries (`log::warn!` and friends) reach stderr through `env_logger`;
+//! `RUST_LOG` sets the level (default `warn`).
 
 use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use std::path::{Path, PathBuf};
 
 mod cli_llm;
 
-use ember::{job, recipe};
+use ember::recipe::{self, AnyRecipe};
+use ember::run::RunOptions;
 
-const USAGE: &str = "usage: ember <command> [options]
+/// Pure-Rust policy-gradient post-training on burn.
+#[derive(Parser)]
+#[command(name = "ember", version, about, long_about = None)]
+struct Cli {
+    /// GPU builds: where compiled kernels and autotune results persist between runs, or `off`
+    /// (default: $EMBER_KERNEL_CACHE, else $EMBER_CACHE/kernels).
+    #[arg(long, global = true, value_name = "DIR|off")]
+    kernel_cache: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
 
-commands:
-  generate --model <dir|file.gguf> --prompt <text> [--chat] [--max-new-tokens N]
-           [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S] [--n N]
-           [--adapter <peft dir>] [--device cpu|cuda|wgpu|auto]
-                                       complete a prompt (temperature 0 = greedy)
-  export --model <dir|file.gguf> [--adapter <peft dir>] --out <dir>
-                                       write Hugging Face safetensors + config.json
-  train <recipe.toml> [--set key=value ...] [--out <dir>] [--resume] [--overwrite]
-        [--stop-after N] [--quiet]     run a recipe (default run directory runs/<name>): an LLM
-                                       recipe, or an image recipe (kind = flow);
-                                       Ctrl-C stops after the current step with a checkpoint
-  warmup <recipe.toml> [--set key=value ...] [--passes N] [--no-eval] [--json FILE] [--quiet]
-                                       run every shape of an LLM recipe's job (generation,
-                                       rescoring, training, evaluation) N times (default 2) and
-                                       time each pass: compiles GPU kernels ahead of a run into
-                                       the kernel cache; first-run vs warm seconds
-  molora <recipe.toml> [--set key=value ...] [--out <dir>] [--quiet]
-                                       compare LoRA, learned-router MoLoRA and ReMix
-  eval <run dir> [--checkpoint <dir>] [--eval-size N]
-                                       greedy held-out accuracy of an LLM run's final model
-  bench-llm [--size tiny|smollm2|all|none] [--device ..] [--reps N] [--json FILE] [--matmul]
-            [--precision f32|bf16] [--fused-attention] [--out DIR]
-                                       LLM throughput benchmark (benches/README.md;
-                                       bench-llm --help lists the options)
-  info [--device cpu|cuda|wgpu|auto]   show the compiled backends and run a tiny engine check
-  help                                 this text
+#[derive(Subcommand)]
+enum Command {
+    /// Run a recipe: an LLM recipe, or an image recipe (kind = "flow"). The first Ctrl-C stops
+    /// after the current step with a checkpoint (exit 130); a second quits at once.
+    Train(TrainArgs),
+    /// Run every shape of an LLM recipe's job (generation, rescoring, training, evaluation) N
+    /// times and time each pass: compiles GPU kernels into the kernel cache ahead of a run.
+    Warmup(WarmupArgs),
+    /// Compare LoRA, learned-router MoLoRA and ReMix on a mixture of tasks.
+    Molora(MoloraArgs),
+    /// Greedy held-out accuracy of an LLM run's final model (or of a checkpoint).
+    Eval(EvalArgs),
+    /// Complete a prompt with a checkpoint (temperature 0 = greedy).
+    Generate(cli_llm::GenerateArgs),
+    /// Write a checkpoint (plus an optional adapter, merged) as Hugging Face safetensors +
+    /// config.json.
+    Export(cli_llm::ExportArgs),
+    /// LLM throughput benchmark (benches/README.md); `ember bench-llm --help` lists its options.
+    #[command(name = "bench-llm", disable_help_flag = true)]
+    BenchLlm {
+        /// The benchmark's own options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Show the compiled backends and run a tiny engine check on a device.
+    Info {
+        /// cpu, cuda, wgpu or auto.
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+}
 
-global option (GPU builds): --kernel-cache <dir|off>  where compiled kernels and autotune results
-  persist between runs (default: $EMBER_KERNEL_CACHE, else $EMBER_CACHE/kernels)";
+/// A recipe file and its `--set` overrides.
+#[derive(Args)]
+struct RecipeArgs {
+    /// The recipe (TOML).
+    recipe: PathBuf,
+    /// Override a recipe value: dotted key = TOML value (bare words are strings); repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+impl RecipeArgs {
+    fn text(&self) -> Result<String> {
+        std::fs::read_to_string(&self.recipe)
+            .with_context(|| format!("reading recipe {}", self.recipe.display()))
+    }
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// Run directory (default runs/<name>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in --out from its latest checkpoint (same recipe and --set values).
+    #[arg(long, conflicts_with = "overwrite")]
+    resume: bool,
+    /// Replace the run in --out (its logs and checkpoints).
+    #[arg(long)]
+    overwrite: bool,
+    /// Stop with a checkpoint after this many steps, as Ctrl-C would (exit 130).
+    #[arg(long, value_name = "N")]
+    stop_after: Option<usize>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct WarmupArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// Passes over the shape set (the first pays compilation).
+    #[arg(long, default_value_t = 2)]
+    passes: usize,
+    /// Skip the held-out evaluation shapes.
+    #[arg(long)]
+    no_eval: bool,
+    /// Write the report to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct MoloraArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// Output directory (default runs/<name>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// The run directory.
+    run: PathBuf,
+    /// Evaluate this checkpoint directory instead of the final model.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Held-out problems (default: the recipe's task.eval_size).
+    #[arg(long)]
+    eval_size: Option<usize>,
+}
 
 fn main() {
     ember::heap::keep_freed_memory();
-    if let Err(e) = run() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp(None)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<()> {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = take_option(&mut args, "--kernel-cache")?;
-    let cache = ember::kernel_cache::resolve(flag.as_deref())?;
+fn run(cli: Cli) -> Result<()> {
+    let cache = ember::kernel_cache::resolve(cli.kernel_cache.as_deref())?;
     ember::kernel_cache::configure(&cache)?;
-    match args.first().map(String::as_str) {
-        Some("info") => info(&args[1..]),
-        Some("generate") => cli_llm::generate_cmd(&args[1..]),
-        Some("train") => train_cmd(&args[1..]),
-        Some("eval") => eval_cmd(&args[1..]),
-        Some("molora") => molora_cmd(&args[1..]),
-        Some("warmup") => warmup_cmd(&args[1..]),
-        Some("bench-llm") => ember::bench::run(&args[1..]),
-        Some("export") => cli_llm::export_cmd(&args[1..]),
-        Some("help") | Some("--help") | Some("-h") | None => {
-            println!("{USAGE}");
+    match cli.command {
+        Command::Train(a) => train(a),
+        Command::Warmup(a) => warmup(a),
+        Command::Molora(a) => molora(a),
+        Command::Eval(a) => {
+            let acc = ember::jobs::llm::evaluate_run(&a.run, a.checkpoint.as_deref(), a.eval_size)?;
+            println!(
+                "{}",
+                serde_json::json!({ "run": a.run.display().to_string(), "accuracy": acc })
+            );
             Ok(())
         }
-        Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
+        Command::Generate(a) => cli_llm::generate_cmd(a),
+        Command::Export(a) => cli_llm::export_cmd(a),
+        Command::BenchLlm { args } => ember::bench::run(&args),
+        Command::Info { device } => info(&device),
     }
 }
 
-/// Removes `name <value>` from `args` wherever it appears, returning the value.
-fn take_option(args: &mut Vec<String>, name: &str) -> Result<Option<String>> {
-    let Some(i) = args.iter().position(|a| a == name) else {
-        return Ok(None);
+fn train(a: TrainArgs) -> Result<()> {
+    let path = a.recipe.recipe.display().to_string();
+    let recipe = recipe::parse_any(&a.recipe.text()?, &a.recipe.sets)
+        .with_context(|| format!("recipe {path}"))?;
+    let out = a
+        .out
+        .unwrap_or_else(|| Path::new("runs").join(recipe.name()));
+    let opts = RunOptions {
+        quiet: a.quiet,
+        resume: a.resume,
+        overwrite: a.overwrite,
+        stop_after: a.stop_after,
     };
-    if i + 1 >= args.len() {
-        bail!("{name} needs a value");
-    }
-    let v = args.remove(i + 1);
-    args.remove(i);
-    Ok(Some(v))
-}
-
-fn train_cmd(args: &[String]) -> Result<()> {
-    let path = args
-        .first()
-        .filter(|a| !a.starts_with("--"))
-        .context("usage: ember train <recipe.toml> [--set key=value ...] [--out dir] [--resume]")?;
-    let mut sets = Vec::new();
-    let mut out = None;
-    let mut opts = job::RunOptions::default();
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--set" => sets.push(it.next().context("--set needs key=value")?.clone()),
-            "--out" => {
-                out = Some(std::path::PathBuf::from(
-                    it.next().context("--out needs a directory")?,
-                ))
-            }
-            "--quiet" => opts.quiet = true,
-            "--resume" => opts.resume = true,
-            "--overwrite" => opts.overwrite = true,
-            "--stop-after" => {
-                let v = it.next().context("--stop-after needs a step count")?;
-                opts.stop_after = Some(
-                    v.parse()
-                        .with_context(|| format!("--stop-after: `{v}` is not a step count"))?,
-                );
-            }
-            other => bail!(
-                "unknown option `{other}` for `ember train` (valid: --out, --overwrite, --quiet, \
-                 --resume, --set, --stop-after)"
-            ),
-        }
-    }
-    if opts.resume && opts.overwrite {
-        bail!("--resume and --overwrite contradict each other");
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
-    if ember::flow_job::is_flow_recipe(&text) {
-        let recipe =
-            ember::flow_job::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
-        let out = out.unwrap_or_else(|| std::path::Path::new("runs").join(&recipe.name));
-        set_ctrlc();
-        let s = ember::flow_job::train(&recipe, &out, &opts)?;
-        if s.interrupted {
-            std::process::exit(130);
-        }
-        return Ok(());
-    }
-    let recipe = recipe::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
-    let out = out.unwrap_or_else(|| std::path::Path::new("runs").join(&recipe.name));
     set_ctrlc();
-    let s = job::train(&recipe, &out, &opts)?;
-    if s.interrupted {
+    let interrupted = match recipe {
+        AnyRecipe::Llm(r) => ember::jobs::llm::train(&r, &out, &opts)?.interrupted,
+        AnyRecipe::Flow(r) => ember::jobs::flow::train(&r, &out, &opts)?.interrupted,
+    };
+    if interrupted {
         std::process::exit(130);
     }
     Ok(())
@@ -142,7 +199,7 @@ fn train_cmd(args: &[String]) -> Result<()> {
 /// First Ctrl-C: finish the step, checkpoint, exit 130. Second: exit at once.
 fn set_ctrlc() {
     let _ = ctrlc::set_handler(|| {
-        if job::request_stop() {
+        if ember::run::request_stop() {
             eprintln!("\ninterrupted again: exiting without a final checkpoint");
             std::process::exit(130);
         }
@@ -152,109 +209,42 @@ fn set_ctrlc() {
     });
 }
 
-fn warmup_cmd(args: &[String]) -> Result<()> {
-    let path = args.first().filter(|a| !a.starts_with("--")).context(
-        "usage: ember warmup <recipe.toml> [--set key=value ...] [--passes N] [--json FILE]",
-    )?;
-    let mut sets = Vec::new();
-    let mut json = None;
-    let mut opts = ember::warmup::WarmupOptions::default();
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--set" => sets.push(it.next().context("--set needs key=value")?.clone()),
-            "--json" => json = Some(it.next().context("--json needs a file")?.clone()),
-            "--quiet" => opts.quiet = true,
-            "--no-eval" => opts.eval = false,
-            "--passes" => {
-                let v = it.next().context("--passes needs a count")?;
-                opts.passes = v
-                    .parse()
-                    .with_context(|| format!("--passes: `{v}` is not a count"))?;
-            }
-            other => bail!(
-                "unknown option `{other}` for `ember warmup` (valid: --json, --no-eval, \
-                 --passes, --quiet, --set)"
-            ),
-        }
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
-    if ember::flow_job::is_flow_recipe(&text) {
-        bail!(
-            "{path} is an image (kind = \"flow\") recipe; `ember warmup` covers LLM recipes, \
-             and an image run's shapes are fixed from its first step"
-        );
-    }
-    let recipe = recipe::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
-    let report = ember::warmup::warmup(&recipe, &opts)?;
+fn warmup(a: WarmupArgs) -> Result<()> {
+    let path = a.recipe.recipe.display().to_string();
+    let r = match recipe::parse_any(&a.recipe.text()?, &a.recipe.sets)
+        .with_context(|| format!("recipe {path}"))?
+    {
+        AnyRecipe::Llm(r) => r,
+        AnyRecipe::Flow(_) => bail!(
+            "{path} is an image (kind = \"flow\") recipe; `ember warmup` covers LLM recipes, and \
+             an image run's shapes are fixed from its first step"
+        ),
+    };
+    let opts = ember::jobs::warmup::WarmupOptions {
+        passes: a.passes,
+        eval: !a.no_eval,
+        quiet: a.quiet,
+        ..Default::default()
+    };
+    let report = ember::jobs::warmup::warmup(&r, &opts)?;
     let text = serde_json::to_string_pretty(&report)?;
-    match json {
-        Some(f) => ember::checkpoint::write_atomic(std::path::Path::new(&f), text.as_bytes())
-            .with_context(|| format!("writing {f}"))?,
+    match a.json {
+        Some(f) => ember::run::write_atomic(&f, text.as_bytes())?,
         None => println!("{text}"),
     }
     Ok(())
 }
 
-fn molora_cmd(args: &[String]) -> Result<()> {
-    let path = args
-        .first()
-        .filter(|a| !a.starts_with("--"))
-        .context("usage: ember molora <recipe.toml> [--set key=value ...] [--out dir]")?;
-    let mut sets = Vec::new();
-    let mut out = None;
-    let mut quiet = false;
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--set" => sets.push(it.next().context("--set needs key=value")?.clone()),
-            "--out" => out = Some(it.next().context("--out needs a directory")?.clone()),
-            "--quiet" => quiet = true,
-            other => {
-                bail!("unknown option `{other}` for `ember molora` (valid: --out, --quiet, --set)")
-            }
-        }
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading recipe {path}"))?;
-    let recipe =
-        ember::molora_job::parse(&text, &sets).with_context(|| format!("recipe {path}"))?;
-    let out = out.map_or_else(
-        || std::path::Path::new("runs").join(&recipe.name),
-        std::path::PathBuf::from,
-    );
-    ember::molora_job::run(&recipe, &out, quiet)?;
+fn molora(a: MoloraArgs) -> Result<()> {
+    let path = a.recipe.recipe.display().to_string();
+    let r = recipe::molora::parse(&a.recipe.text()?, &a.recipe.sets)
+        .with_context(|| format!("recipe {path}"))?;
+    let out = a.out.unwrap_or_else(|| Path::new("runs").join(&r.name));
+    ember::jobs::molora::run(&r, &out, a.quiet)?;
     Ok(())
 }
 
-fn eval_cmd(args: &[String]) -> Result<()> {
-    let run = args
-        .first()
-        .filter(|a| !a.starts_with("--"))
-        .context("usage: ember eval <run dir> [--checkpoint <dir>] [--eval-size N]")?;
-    let o = cli_llm::Opts::parse(&args[1..], &["checkpoint", "eval-size"], &[])?;
-    let eval_size = o
-        .get("eval-size")
-        .map(str::parse)
-        .transpose()
-        .context("--eval-size")?;
-    let acc = job::evaluate_run(
-        std::path::Path::new(run),
-        o.get("checkpoint").map(std::path::Path::new),
-        eval_size,
-    )?;
-    println!("{}", serde_json::json!({ "run": run, "accuracy": acc }));
-    Ok(())
-}
-
-fn info(args: &[String]) -> Result<()> {
-    let mut name = "auto".to_string();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--device" => name = it.next().context("--device needs a value")?.clone(),
-            other => bail!("unknown option `{other}` for `ember info`"),
-        }
-    }
+fn info(name: &str) -> Result<()> {
     let backends: Vec<String> = ember::device::compiled_backends()
         .iter()
         .map(ToString::to_string)
@@ -264,7 +254,7 @@ fn info(args: &[String]) -> Result<()> {
         env!("CARGO_PKG_VERSION"),
         backends.join(", ")
     );
-    let device = ember::device::device(&name)?;
+    let device = ember::device::device(name)?;
     println!("device: {device:?}");
     println!("kernel cache: {}", ember::kernel_cache::describe());
     // A one-group GRPO check on the chosen device: rewards [1, 0, 0, 0] → [1.5, −0.5, −0.5, −0.5].

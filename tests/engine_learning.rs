@@ -383,3 +383,36 @@ fn gaussian_representative_losses_reach_the_target() {
         );
     }
 }
+
+/// `ember_train::accumulated_step` (RAM's update): one optimizer step on parts whose gradients
+/// are accumulated equals one step on the summed loss, and it returns the summed loss value.
+#[test]
+fn accumulated_step_equals_one_step_on_the_summed_loss() {
+    let device = Device::default().autodiff();
+    let actions = |a: i64| Tensor::<2, Int>::from_data(TensorData::new(vec![a], [1, 1]), &device);
+    let part = |m: &Bandit, i: usize| -> Tensor<1> {
+        let w = [0.7f32, -0.3][i];
+        (m.log_probs(&actions([1i64, 3][i])).reshape([1]) * (-w)).sum()
+    };
+    let init = Bandit {
+        logits: Param::from_tensor(Tensor::from_floats([0.1, -0.2, 0.3, 0.0, 0.5], &device)),
+    };
+    let opt = ember_train::OptimizerConfig::default();
+    let mut o1 = opt.init();
+    let (a, total) = ember_train::accumulated_step(init.clone(), &mut o1, 0.05, 2, part);
+    let mut o2 = opt.init();
+    let loss = part(&init, 0) + part(&init, 1);
+    let want = f64::from(loss.clone().into_scalar::<f32>());
+    let grads = GradientsParams::from_grads(loss.backward(), &init);
+    let b = o2.step(0.05, init, grads);
+    assert!((total - want).abs() < 1e-6, "{total} vs {want}");
+    let (pa, pb) = (vals(a.logits.val()), vals(b.logits.val()));
+    for (x, y) in pa.iter().zip(&pb) {
+        assert!((x - y).abs() < 1e-6, "{pa:?} vs {pb:?}");
+    }
+    assert!(
+        pa.iter()
+            .zip([0.1f32, -0.2, 0.3, 0.0, 0.5])
+            .any(|(x, y)| (x - y).abs() > 1e-3)
+    );
+}

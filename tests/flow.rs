@@ -448,11 +448,18 @@ fn flow_job_runs_every_algorithm_and_resumes() {
             let part = tmp("resume");
             let p = part.to_str().unwrap();
             let args = [&format!("algorithm={algo}")[..], "rl.kl_coef=0.01"];
+            // A stop before the last step writes a checkpoint and exits 130, as in the LLM job
+            // (the run kit's one end-of-step protocol).
             let o = ember(
                 &["train", recipe, "--out", p, "--quiet", "--stop-after", "1"],
                 &args,
             );
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert_eq!(
+                o.status.code(),
+                Some(130),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             let o = ember(&["train", recipe, "--out", p, "--quiet", "--resume"], &args);
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             // Equal up to float reduction order (the CPU backend's parallel sums), `perf/*`

@@ -148,6 +148,42 @@ fn greedy_cached_logits_equal_full_forward_logits() {
     }
 }
 
+/// Greedy decoding (temperature 0) reports its log-probs at `scoring_temperature()` = 1, and a
+/// trainer rescoring at that temperature agrees with them (the RL job rescores this way).
+#[test]
+fn greedy_log_probs_agree_with_rescoring_at_the_scoring_temperature() {
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let model = &loaded.model;
+    let prompts = vec![vec![5u32, 17, 33], vec![3u32, 9]];
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: 6,
+        ..SamplingConfig::default()
+    };
+    assert_eq!(cfg.scoring_temperature(), 1.0);
+    let g = generate(model, &prompts, &cfg, &dev()).unwrap();
+    let (seq, mask) = g.sequences();
+    let (lp, _) = model.token_log_probs(seq, mask, cfg.scoring_temperature(), false, true);
+    let [rows, total] = lp.dims();
+    let new = g.tokens.dims()[1];
+    let rescored = vals(lp.slice([0..rows, total - new..total]));
+    let sampled = vals(g.log_probs.clone());
+    let m = vals(g.mask.clone());
+    let worst = rescored
+        .iter()
+        .zip(&sampled)
+        .zip(&m)
+        .filter(|(_, m)| **m > 0.0)
+        .map(|((a, b), _)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-4,
+        "greedy log-probs differ from rescoring by {worst}"
+    );
+    // Log-probs of the model's own distribution, not the ≈ 0 of a near-zero temperature.
+    assert!(sampled.iter().any(|x| *x < -1e-2), "{sampled:?}");
+}
+
 #[test]
 fn stop_tokens_truncation_and_top_k() {
     let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();

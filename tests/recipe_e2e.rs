@@ -1,6 +1,7 @@
 //! The CPU recipe end to end at a reduced budget, and recipe errors.
 
-use ember::recipe::{Algorithm, parse};
+use ember::engine::Preset;
+use ember::recipe::parse;
 use std::path::Path;
 
 fn recipe_text() -> String {
@@ -98,8 +99,25 @@ fn recipe_errors_name_the_problem() {
     assert!(e.contains("TOML"), "{e}");
     let e = parse(&text, &["oops".into()]).unwrap_err().to_string();
     assert!(e.contains("key=value"), "{e}");
+    // Greedy rollouts make every group's samples identical: refused, with the reason.
+    let e = parse(&text, &["rollout.temperature=0".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rollout.temperature") && e.contains("greedy"),
+        "{e}"
+    );
+    // `kind = "llm"` is the default kind, stated or not; an unknown kind is named.
+    assert_eq!(
+        parse(&format!("kind = \"llm\"\n{text}"), &[]).unwrap(),
+        parse(&text, &[]).unwrap()
+    );
+    let e = parse(&format!("kind = \"gan\"\n{text}"), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"gan\"") && e.contains("flow"), "{e}");
     // Every preset parses and resolves.
-    for a in Algorithm::ALL {
+    for a in Preset::ALL {
         let r = parse(&text, &[format!("algorithm=\"{}\"", a.name())]).unwrap();
         assert_eq!(r.algorithm, a);
         let _ = r.algorithm_parts();

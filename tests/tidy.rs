@@ -161,3 +161,98 @@ fn library_crates_enable_no_backend_and_engine_knows_no_model() {
         }
     }
 }
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| !l.starts_with("//"))
+}
+
+/// The root package's shape (ARCHITECTURE.md): a job (`src/jobs/*.rs`) never imports another
+/// job, and nothing but the CLI (`src/main.rs`) imports the jobs; the kits they share (`run`,
+/// `recipe`, `llm`, `images`, …) live outside `src/jobs/`.
+#[test]
+fn no_job_imports_another() {
+    let src = root().join("src");
+    let jobs = src.join("jobs");
+    let job_files: Vec<PathBuf> = rust_files(&jobs);
+    assert!(job_files.len() >= 4, "src/jobs/ holds {job_files:?}");
+    for f in rust_files(&src) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        for line in code_lines(&text) {
+            if f.starts_with(&jobs) {
+                assert!(
+                    !line.contains("crate::jobs") && !line.contains("super::"),
+                    "{rel}: a job imports another job or the jobs module: `{line}`"
+                );
+            } else if f != src.join("main.rs") && f != src.join("lib.rs") {
+                assert!(
+                    !line.contains("crate::jobs") && !line.contains("ember::jobs"),
+                    "{rel}: only the CLI imports jobs: `{line}`"
+                );
+            }
+        }
+    }
+}
+
+/// No file of the root package is over 600 lines unless its module documentation says why
+/// (a line starting `//! Over 600 lines:`).
+#[test]
+fn root_package_files_stay_short() {
+    for f in rust_files(&root().join("src")) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let n = text.lines().count();
+        let explained = text.lines().any(|l| l.starts_with("//! Over 600 lines:"));
+        assert!(
+            n <= 600 || explained,
+            "{} has {n} lines: split it, or say why in a `//! Over 600 lines:` line",
+            f.strip_prefix(root()).unwrap().display()
+        );
+    }
+}
+
+/// ARCHITECTURE.md names every module of the root package (each file or directory under
+/// `src/`), so the map cannot fall behind the code.
+#[test]
+fn architecture_names_every_root_module() {
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(root().join("src"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        let shown = if e.path().is_dir() {
+            format!("src/{name}/")
+        } else {
+            format!("{name}`")
+        };
+        if !doc.contains(&shown) {
+            missing.push(shown);
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md does not name {missing:?}"
+    );
+}

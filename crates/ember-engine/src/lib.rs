@@ -15,6 +15,7 @@ pub mod kl;
 pub mod loss;
 pub mod metrics;
 pub mod ops;
+pub mod preset;
 pub mod rng;
 
 pub use advantage::{
@@ -32,4 +33,5 @@ pub use loss::{
     RecClip, actor_loss, policy_loss,
 };
 pub use metrics::Metrics;
+pub use preset::{Preset, PresetParts};
 pub use rng::SplitMix64;

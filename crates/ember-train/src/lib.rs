@@ -3,10 +3,14 @@
 //! A model implements [`Actor`] (score the steps of some rows of an experience batch); the
 //! trainer runs μ epochs × mini-batches with gradient accumulation over micro-batches, one
 //! optimizer step per mini-batch with step-global loss normalisers, and the learning-rate
-//! schedule. Rollout, rewards and evaluation are the job's (see the root package).
+//! schedule; the one AdamW builder ([`OptimizerConfig`]) and the durable-write helpers ([`io`])
+//! every writer uses. Rollout, rewards and evaluation are the job's (see the root package).
 
+pub mod io;
+pub mod optim;
 pub mod schedule;
 pub mod update;
 
+pub use optim::OptimizerConfig;
 pub use schedule::LrSchedule;
-pub use update::{Actor, Scored, UpdateConfig, UpdateStats, update};
+pub use update::{Actor, Scored, UpdateConfig, UpdateStats, accumulated_step, update};

@@ -164,3 +164,25 @@ pub fn update<A: Actor>(
         .collect();
     Ok((actor, stats))
 }
+
+/// One optimizer step on the sum of `parts` losses, each part's gradients accumulated before the
+/// step so that memory holds one part's graph at a time: the update of regression losses (RAM's
+/// reward-corrected target, flow matching) and supervised steps. `loss(model, i)` builds part
+/// `i`'s scalar loss. Returns the new model and the sum of the parts' loss values (one host read
+/// per part).
+pub fn accumulated_step<M: Module + Clone>(
+    model: M,
+    optim: &mut ModuleOptimizer,
+    lr: f64,
+    parts: usize,
+    mut loss: impl FnMut(&M, usize) -> Tensor<1>,
+) -> (M, f64) {
+    let mut acc = GradientsAccumulator::<M>::new();
+    let mut total = 0.0;
+    for i in 0..parts.max(1) {
+        let l = loss(&model, i);
+        total += f64::from(l.clone().into_scalar::<f32>());
+        acc.accumulate(&model, GradientsParams::from_grads(l.backward(), &model));
+    }
+    (optim.step(lr, model, acc.grads()), total)
+}

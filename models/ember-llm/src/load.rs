@@ -666,12 +666,8 @@ pub fn write_safetensors(
     write_atomic(path, &bytes)
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+/// Writes `bytes` to `path` atomically and durably (`ember_train::io::write_atomic`: temporary
+/// file, fsync, rename, directory sync).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    std::fs::write(&tmp, bytes).map_err(|e| LlmError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| LlmError::io(path, e))
+    ember_train::io::write_atomic(path, bytes).map_err(|e| LlmError::io(path, e))
 }

@@ -33,7 +33,8 @@ fn bucket() -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SamplingConfig {
-    /// Softmax temperature; 0 is greedy.
+    /// Softmax temperature; 0 is greedy (log-probs then at temperature 1: see
+    /// [`SamplingConfig::scoring_temperature`]).
     #[serde(default = "one")]
     pub temperature: f32,
     /// Keep the k most likely tokens (0 = off).
@@ -89,6 +90,17 @@ impl Default for SamplingConfig {
 }
 
 impl SamplingConfig {
+    /// The temperature that the reported log-probs use, and that a trainer must rescore at to
+    /// agree with them: the sampling temperature, or 1 for greedy decoding (temperature 0, where
+    /// the argmax is taken and its log-prob reported under the model's own distribution).
+    pub fn scoring_temperature(&self) -> f32 {
+        if self.temperature > 0.0 {
+            self.temperature
+        } else {
+            1.0
+        }
+    }
+
     /// Checks every value.
     pub fn validate(&self) -> Result<()> {
         let bad = |s: String| Err(LlmError::Input(s));
@@ -377,12 +389,7 @@ pub fn generate(
     let mut alive = Tensor::<2>::ones([b, 1], device);
     let (mut toks, mut lps, mut masks) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..cfg.max_new_tokens {
-        let t = if cfg.temperature > 0.0 {
-            cfg.temperature
-        } else {
-            1.0
-        };
-        let lp = log_softmax(logits / t, 1);
+        let lp = log_softmax(logits / cfg.scoring_temperature(), 1);
         let token = if cfg.temperature == 0.0 {
             lp.clone().argmax(1)
         } else {

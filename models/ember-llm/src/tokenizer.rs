@@ -201,9 +201,11 @@ impl Tokenizer {
     pub fn save(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| LlmError::io(dir, e))?;
         let path = dir.join("tokenizer.json");
-        self.inner
-            .save(&path, false)
+        let json = self
+            .inner
+            .to_string(false)
             .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
+        crate::load::write_atomic(&path, json.as_bytes())?;
         let mut cfg = serde_json::Map::new();
         cfg.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
         if let Some(t) = &self.chat_template {
@@ -218,7 +220,7 @@ impl Tokenizer {
         let cfg_path = dir.join("tokenizer_config.json");
         let text =
             serde_json::to_string_pretty(&serde_json::Value::Object(cfg)).unwrap_or_default();
-        std::fs::write(&cfg_path, text).map_err(|e| LlmError::io(&cfg_path, e))
+        crate::load::write_atomic(&cfg_path, text.as_bytes())
     }
 
     /// Vocabulary size including added tokens.

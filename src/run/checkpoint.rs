@@ -1,7 +1,7 @@
 //! Atomic checkpoints: each is written into a temporary directory, flushed, then renamed to
-//! `step-XXXXXXXX/`, and only then does the `latest` pointer move (itself written to a temporary
-//! file and renamed). A failure at any point (disk full, I/O error) leaves the previous
-//! checkpoint and pointer untouched.
+//! `step-XXXXXXXX/` (`ember_train::io::publish_dir`), and only then does the `latest` pointer
+//! move (itself written atomically). A failure at any point (disk full, I/O error) leaves the
+//! previous checkpoint and pointer untouched.
 
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
@@ -33,29 +33,6 @@ fn step_name(step: usize) -> String {
     format!("step-{step:08}")
 }
 
-fn fsync_dir(dir: &Path) {
-    // Directory fsync is best effort: not every platform allows opening a directory.
-    if let Ok(f) = std::fs::File::open(dir) {
-        let _ = f.sync_all();
-    }
-}
-
-/// Writes a file through a temporary name and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(anyhow!("writing {} failed: {e}", path.display()));
-    }
-    Ok(())
-}
-
 /// Fills a checkpoint directory: the model (or adapter) record, the optimizer record and the
 /// [`TrainState`].
 pub fn write_records(
@@ -73,6 +50,25 @@ pub fn write_records(
         .map_err(|e| anyhow!("writing the optimizer record: {e}"))?;
     std::fs::write(dir.join(STATE), serde_json::to_string_pretty(state)?)?;
     Ok(())
+}
+
+/// The model (or, with `partial`, adapter) record stored in checkpoint `dir`.
+pub fn read_model(dir: &Path, partial: bool) -> Result<burn::store::ModuleRecord> {
+    let p = dir.join(MODEL);
+    Ok(burn::store::ModuleRecord::load(&p)
+        .map_err(|e| anyhow!("reading {}: {e}", p.display()))?
+        .allow_partial(partial))
+}
+
+/// `optim` with the AdamW state stored in checkpoint `dir`.
+pub fn load_optimizer(
+    dir: &Path,
+    optim: burn::optim::ModuleOptimizer,
+) -> Result<burn::optim::ModuleOptimizer> {
+    let p = dir.join(OPTIM);
+    let rec = burn::optim::OptimizerRecord::load(&p)
+        .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
+    Ok(optim.load_record(rec))
 }
 
 /// Writes checkpoint `step` under `root` with `write` (which fills the directory it is given),
@@ -95,16 +91,11 @@ pub fn save(
         Some(p) => format!("the previous checkpoint {} is intact", p.display()),
         None => "no earlier checkpoint exists".to_string(),
     };
+    let dst = root.join(&name);
     let written = std::fs::create_dir_all(&tmp)
         .map_err(anyhow::Error::from)
         .and_then(|()| write(&tmp))
-        .and_then(|()| {
-            for e in std::fs::read_dir(&tmp)? {
-                std::fs::File::open(e?.path())?.sync_all()?;
-            }
-            fsync_dir(&tmp);
-            Ok(())
-        });
+        .and_then(|()| Ok(ember_train::io::publish_dir(&tmp, &dst)?));
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e.context(format!(
@@ -112,13 +103,7 @@ pub fn save(
             keep_note()
         )));
     }
-    let dst = root.join(&name);
-    if dst.exists() {
-        std::fs::remove_dir_all(&dst).with_context(|| format!("replacing {}", dst.display()))?;
-    }
-    std::fs::rename(&tmp, &dst).with_context(|| format!("renaming into {}", dst.display()))?;
-    fsync_dir(root);
-    write_atomic(&root.join("latest"), name.as_bytes())
+    super::write_atomic(&root.join("latest"), name.as_bytes())
         .with_context(|| format!("moving the latest pointer; {}", keep_note()))?;
     let mut all = list(root)?;
     all.retain(|(s, _)| *s != step);

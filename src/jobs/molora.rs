@@ -4,144 +4,22 @@
 //! parameters; held-out accuracy per task and routing balance are reported.
 
 use crate::chartok;
-use crate::job::{Policy, Tok, demonstrations, evaluate, model_config, warm_up};
-use crate::recipe::{ModelSpec, Warmup};
-use crate::tasks::{Arithmetic, Example, Rng, TaskSet};
-use anyhow::{Context, Result, bail};
+use crate::llm::{Policy, Tok, demonstrations, evaluate, model_config, warm_up};
+use crate::recipe::molora::{Arm, MoloraRecipe, arithmetic};
+use crate::run::write_atomic;
+use crate::tasks::{Example, Rng, TaskSet};
+use anyhow::{Context, Result};
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::GradientsParams;
 use burn::tensor::{Int, Tensor};
 use ember_llm::{Llama, LoraSettings, apply_lora, apply_mixture};
 use ember_molora::{
     MixtureSettings, RouteCtx, RouterKind, balance, load_balance_loss, router_pg_loss,
 };
-use serde::{Deserialize, Serialize};
+use ember_train::OptimizerConfig;
+use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
-
-/// One task of the mixture: arithmetic with its operator and digits.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MixTask {
-    /// Label in the table.
-    pub name: String,
-    /// Operators.
-    pub ops: String,
-    /// Digits per operand.
-    pub digits: u32,
-}
-
-/// One adapter arm.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Arm {
-    /// One LoRA of rank `rank`.
-    Lora {
-        /// Label.
-        name: String,
-        /// Rank.
-        rank: usize,
-    },
-    /// A Mixture-of-LoRA.
-    Mixture {
-        /// Label.
-        name: String,
-        /// The mixture.
-        #[serde(flatten)]
-        settings: MixtureSettings,
-    },
-}
-
-impl Arm {
-    fn name(&self) -> &str {
-        match self {
-            Arm::Lora { name, .. } | Arm::Mixture { name, .. } => name,
-        }
-    }
-}
-
-/// Supervised fine-tuning of the adapters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Finetune {
-    /// Optimizer steps.
-    pub steps: usize,
-    /// Examples per step (ReMix evaluates each under M selections).
-    pub batch: usize,
-    /// Learning rate.
-    pub lr: f64,
-    /// Projections that get adapters.
-    pub targets: Vec<String>,
-    /// α of every adapter.
-    #[serde(default = "alpha")]
-    pub alpha: f64,
-}
-
-fn alpha() -> f64 {
-    16.0
-}
-
-/// The comparison recipe.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MoloraRecipe {
-    /// Run name.
-    pub name: String,
-    /// Seed.
-    #[serde(default)]
-    pub seed: u64,
-    /// Device.
-    #[serde(default = "auto")]
-    pub device: String,
-    /// The tiny model.
-    pub model: ModelSpec,
-    /// Its warm-up (on `warmup_task`).
-    pub warmup: Warmup,
-    /// The warm-up task (the CPU recipe's: 2-digit addition).
-    pub warmup_task: MixTask,
-    /// The tasks of the mixture.
-    pub tasks: Vec<MixTask>,
-    /// Held-out problems per task.
-    pub eval_size: usize,
-    /// Fine-tuning.
-    pub finetune: Finetune,
-    /// The arms compared.
-    pub arms: Vec<Arm>,
-}
-
-fn auto() -> String {
-    "auto".into()
-}
-
-/// Parses a comparison recipe with `key=value` overrides.
-pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
-    let table = crate::recipe::apply_overrides(text, overrides)?;
-    let r: MoloraRecipe = toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))?;
-    if r.tasks.is_empty() || r.arms.is_empty() {
-        bail!("the recipe needs at least one [[tasks]] and one [[arms]]");
-    }
-    for t in r.tasks.iter().chain([&r.warmup_task]) {
-        arithmetic(t).validate().map_err(anyhow::Error::msg)?;
-    }
-    for a in &r.arms {
-        if let Arm::Mixture { settings, .. } = a {
-            settings.validate()?;
-        }
-    }
-    if r.finetune.batch == 0 || r.eval_size == 0 {
-        bail!("finetune.batch and eval_size must be >= 1");
-    }
-    Ok(r)
-}
-
-fn arithmetic(t: &MixTask) -> Arithmetic {
-    Arithmetic {
-        digits: t.digits,
-        ops: t.ops.clone(),
-    }
-}
 
 /// Per-row mean NLL of the answer tokens, `[rows]`.
 fn row_losses(
@@ -188,17 +66,13 @@ pub struct ArmResult {
 /// Runs every arm; writes `results.json` and `results.md` into `out`.
 pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    crate::checkpoint::write_atomic(
+    write_atomic(
         &out.join("recipe.resolved.toml"),
         toml::to_string_pretty(r)?.as_bytes(),
     )?;
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
-    let say = |s: String| {
-        if !quiet {
-            eprintln!("{s}");
-        }
-    };
+    let say = |s: String| crate::run::say(quiet, &s);
     // The CPU recipe's warm-started model (supervised steps on the warm-up task).
     ad.seed(r.seed);
     let cfg = model_config(&r.model);
@@ -284,7 +158,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
                 (m, n, remix, aux)
             }
         };
-        let mut optim: ModuleOptimizer = AdamWConfig::new().with_weight_decay(0.0).init();
+        let mut optim = OptimizerConfig::default().init();
         let mut trng = Rng(r.seed ^ 0x5EED);
         for step in 0..r.finetune.steps {
             let batch: Vec<Example> = (0..r.finetune.batch)
@@ -400,7 +274,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
             seconds,
         });
     }
-    crate::checkpoint::write_atomic(
+    write_atomic(
         &out.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
@@ -427,7 +301,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
             a.seconds
         );
     }
-    crate::checkpoint::write_atomic(&out.join("results.md"), md.as_bytes())?;
+    write_atomic(&out.join("results.md"), md.as_bytes())?;
     say(md);
     Ok(results)
 }

@@ -1,184 +1,13 @@
-//! Recipes: one TOML file per run, with `--set key=value` overrides checked against the schema.
+//! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
+use super::defaults::{auto, one, one_f64, ten, two, yes};
+use super::expand_path;
 use crate::engine::*;
 use crate::reward::ExternalSpec;
 use crate::tasks::{Arithmetic, Countdown, JsonlData, TaskSet};
 use anyhow::{Context, Result, bail};
 use ember_llm::LoraSettings;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
-
-/// Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
-/// papers define them. `[advantage]` / `[loss]` tables in a recipe override the preset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Algorithm {
-    /// GRPO (Shao et al. 2024): group-normalised advantages, PPO clip.
-    Grpo,
-    /// Dr.GRPO (Liu et al. 2025): no std, constant-normalised token sum.
-    DrGrpo,
-    /// RLOO (Ahmadian et al. 2024) with PPO clip.
-    Rloo,
-    /// REINFORCE++ (Hu 2025): k1 KL in the reward, batch whitening.
-    #[serde(rename = "reinforce++")]
-    ReinforcePp,
-    /// REINFORCE++-baseline (Hu 2025): group mean then batch whitening.
-    #[serde(rename = "reinforce++-baseline")]
-    ReinforcePpBaseline,
-    /// DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling, overlong shaping.
-    Dapo,
-    /// CISPO (MiniMax-M1 2025): clipped stop-gradient IS weight on log π.
-    Cispo,
-    /// GSPO (Zheng et al. 2025): sequence-level ratio.
-    Gspo,
-    /// TOPR (Le Roux et al. 2025): tapered IS for negatives.
-    Topr,
-    /// RAFT (Dong et al. 2023): SFT on positives.
-    Raft,
-    /// Reinforce-Rej (Xiong et al. 2025): reject all-right/all-wrong groups.
-    ReinforceRej,
-    /// OPO (Hao et al. 2025): length-weighted baseline.
-    Opo,
-    /// ReMax (Li et al. 2024): greedy-rollout baseline.
-    Remax,
-}
-
-impl Algorithm {
-    /// Every preset, in table order.
-    pub const ALL: [Algorithm; 13] = [
-        Self::Grpo,
-        Self::Rloo,
-        Self::ReinforcePp,
-        Self::ReinforcePpBaseline,
-        Self::DrGrpo,
-        Self::Dapo,
-        Self::Cispo,
-        Self::Gspo,
-        Self::Topr,
-        Self::Raft,
-        Self::ReinforceRej,
-        Self::Opo,
-        Self::Remax,
-    ];
-
-    /// The recipe name of the preset.
-    pub fn name(&self) -> String {
-        toml::Value::try_from(self)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default()
-    }
-
-    /// (estimator, actor loss, dynamic sampling) of the preset; `max_new_tokens` is Dr.GRPO's
-    /// normalising constant.
-    pub fn preset(&self, max_new_tokens: usize) -> (AdvantageConfig, ActorLossConfig, bool) {
-        let grpo = AdvantageKind::Grpo {
-            std: StdKind::Unbiased,
-            epsilon: 1e-6,
-            scale_by_std: true,
-        };
-        let ppo = PolicyLossKind::Ppo {
-            clip_low: 0.2,
-            clip_high: 0.2,
-            dual_clip: None,
-        };
-        let actor = |policy, agg| ActorLossConfig {
-            policy,
-            agg,
-            ..ActorLossConfig::default()
-        };
-        let (kind, loss, dynamic) = match self {
-            Self::Grpo => (grpo, actor(ppo, LossAgg::TokenMean), false),
-            Self::DrGrpo => (
-                AdvantageKind::DrGrpo,
-                actor(
-                    ppo,
-                    LossAgg::SeqMeanTokenSumNorm {
-                        constant: max_new_tokens as f32,
-                    },
-                ),
-                false,
-            ),
-            Self::Rloo => (AdvantageKind::Rloo, actor(ppo, LossAgg::TokenMean), false),
-            Self::ReinforcePp => (
-                AdvantageKind::ReinforcePlusPlus {
-                    gamma: 1.0,
-                    kl_coef: 0.0,
-                },
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::ReinforcePpBaseline => (
-                AdvantageKind::ReinforcePlusPlusBaseline,
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::Dapo => (
-                grpo,
-                actor(
-                    PolicyLossKind::Ppo {
-                        clip_low: 0.2,
-                        clip_high: 0.28,
-                        dual_clip: None,
-                    },
-                    LossAgg::TokenMean,
-                ),
-                true,
-            ),
-            Self::Cispo => (
-                grpo,
-                actor(
-                    PolicyLossKind::Cispo {
-                        clip_low: 1.0,
-                        clip_high: 0.28,
-                    },
-                    LossAgg::TokenMean,
-                ),
-                false,
-            ),
-            Self::Gspo => (
-                grpo,
-                actor(
-                    PolicyLossKind::Gspo {
-                        clip_low: 3e-4,
-                        clip_high: 4e-4,
-                    },
-                    LossAgg::SeqMeanTokenMean,
-                ),
-                false,
-            ),
-            Self::Topr => (
-                AdvantageKind::Reinforce {
-                    baseline: BatchBaseline::Mean,
-                },
-                actor(
-                    PolicyLossKind::Topr {
-                        level: RatioLevel::Sequence,
-                    },
-                    LossAgg::TokenMean,
-                ),
-                false,
-            ),
-            Self::Raft => (
-                AdvantageKind::Raft { threshold: 0.5 },
-                actor(PolicyLossKind::Vanilla, LossAgg::TokenMean),
-                false,
-            ),
-            Self::ReinforceRej => (
-                AdvantageKind::ReinforceRej,
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::Opo => (AdvantageKind::Opo, actor(ppo, LossAgg::TokenMean), false),
-            Self::Remax => (AdvantageKind::Remax, actor(ppo, LossAgg::TokenMean), false),
-        };
-        (AdvantageConfig::new(kind), loss, dynamic)
-    }
-}
-
-fn f(v: f64) -> f64 {
-    v
-}
 
 /// The tiny Llama-architecture policy of the CPU recipe (trained from scratch).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -236,52 +65,6 @@ pub struct TaskSpec {
     pub path: Option<String>,
     /// Held-out problems evaluated.
     pub eval_size: usize,
-}
-
-/// Expands a leading `~/` and `$NAME` / `${NAME}` / `${NAME:-default}` environment variables
-/// (an unset variable without a default is an error naming it).
-pub fn expand_path(p: &str) -> Result<PathBuf> {
-    let mut out = String::new();
-    let mut rest = p;
-    if let Some(r) = rest.strip_prefix("~/") {
-        out += &std::env::var("HOME").context("`~` in a path needs HOME")?;
-        out.push('/');
-        rest = r;
-    }
-    while let Some(i) = rest.find('$') {
-        out += &rest[..i];
-        let tail = &rest[i + 1..];
-        let (name, after) = if let Some(t) = tail.strip_prefix('{') {
-            let end = t
-                .find('}')
-                .with_context(|| format!("unclosed `${{` in {p:?}"))?;
-            (&t[..end], &t[end + 1..])
-        } else {
-            let end = tail
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len());
-            (&tail[..end], &tail[end..])
-        };
-        let (name, default) = match name.split_once(":-") {
-            Some((n, d)) => (n, Some(d)),
-            None => (name, None),
-        };
-        match (std::env::var(name), default) {
-            (Ok(v), _) if !v.is_empty() => out += &v,
-            (_, Some(d)) => match d.strip_prefix("~/") {
-                Some(t) => {
-                    out += &std::env::var("HOME").context("`~` in a path needs HOME")?;
-                    out.push('/');
-                    out += t;
-                }
-                None => out += d,
-            },
-            _ => bail!("environment variable {name} (in {p:?}) is not set"),
-        }
-        rest = after;
-    }
-    out += rest;
-    Ok(PathBuf::from(out))
 }
 
 impl TaskSpec {
@@ -374,7 +157,7 @@ fn question() -> String {
 #[serde(deny_unknown_fields)]
 pub struct RewardSpec {
     /// Weight of the verifiable (correctness) reward.
-    #[serde(default = "one_f32")]
+    #[serde(default = "super::defaults::one_f32")]
     pub correct: f32,
     /// Weight of the format reward (see `reward::format_reward`).
     #[serde(default)]
@@ -396,10 +179,6 @@ impl Default for RewardSpec {
             external: None,
         }
     }
-}
-
-fn one_f32() -> f32 {
-    1.0
 }
 
 /// Supervised warm-up on generated demonstrations.
@@ -444,7 +223,7 @@ pub struct TrainSpec {
     #[serde(default)]
     pub warmup_steps: usize,
     /// Cosine floor as a fraction of the peak.
-    #[serde(default = "one_f")]
+    #[serde(default = "one_f64")]
     pub min_lr_ratio: f64,
     /// μ epochs per batch.
     #[serde(default = "one")]
@@ -475,29 +254,6 @@ pub struct TrainSpec {
     pub keep_checkpoints: usize,
 }
 
-fn two() -> usize {
-    2
-}
-
-fn one() -> usize {
-    1
-}
-fn ten() -> usize {
-    10
-}
-fn one_f() -> f64 {
-    f(1.0)
-}
-fn yes() -> bool {
-    true
-}
-fn auto() -> String {
-    "auto".into()
-}
-fn grpo() -> Algorithm {
-    Algorithm::Grpo
-}
-
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -518,9 +274,9 @@ pub struct Recipe {
     /// steps keep the explicit path that every backend runs.
     #[serde(default)]
     pub fused_attention: bool,
-    /// Algorithm preset.
-    #[serde(default = "grpo")]
-    pub algorithm: Algorithm,
+    /// Algorithm preset (`ember_engine::Preset`).
+    #[serde(default)]
+    pub algorithm: Preset,
     /// The tiny policy trained from scratch (or use `[pretrained]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelSpec>,
@@ -547,41 +303,23 @@ pub struct Recipe {
     pub loss: Option<ActorLossConfig>,
 }
 
-/// Parses `text` with `key=value` overrides applied (dotted keys address nested tables; values
-/// are TOML, bare words are strings). Unknown keys are errors that list the valid ones.
+/// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
+/// tables; values are TOML, bare words are strings). Unknown keys are errors that list the
+/// valid ones.
 pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
-    let root = apply_overrides(text, overrides)?;
-    let recipe: Recipe = toml::Value::Table(root)
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))?;
-    recipe.validate()?;
-    Ok(recipe)
+    match super::parse_any(text, overrides)? {
+        super::AnyRecipe::Llm(r) => Ok(*r),
+        super::AnyRecipe::Flow(_) => {
+            bail!("this is an image (kind = \"flow\") recipe; this command takes LLM recipes")
+        }
+    }
 }
 
-/// Parses TOML `text` and applies `key=value` overrides (dotted keys address nested tables;
-/// values are TOML, bare words are strings).
-pub fn apply_overrides(text: &str, overrides: &[String]) -> Result<toml::Table> {
-    let mut root: toml::Table = text.parse().context("recipe is not valid TOML")?;
-    for o in overrides {
-        let (key, value) = o
-            .split_once('=')
-            .with_context(|| format!("--set {o:?}: expected key=value"))?;
-        let value: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
-            Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(value.into())),
-            Err(_) => toml::Value::String(value.to_string()),
-        };
-        let parts: Vec<&str> = key.trim().split('.').collect();
-        let mut table = &mut root;
-        for p in &parts[..parts.len() - 1] {
-            table = table
-                .entry(p.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .with_context(|| format!("--set {key}: `{p}` is not a table"))?;
-        }
-        table.insert(parts[parts.len() - 1].to_string(), value);
-    }
-    Ok(root)
+/// Deserialises and checks an LLM recipe table (overrides applied, `kind` removed).
+pub(crate) fn from_table(table: toml::Table) -> Result<Recipe> {
+    let recipe: Recipe = super::from_toml(table)?;
+    recipe.validate()?;
+    Ok(recipe)
 }
 
 impl Recipe {
@@ -623,6 +361,14 @@ impl Recipe {
         if !(self.reward.correct.is_finite() && self.reward.format.is_finite()) {
             bail!("reward.correct and reward.format must be finite");
         }
+        let t = self.rollout.temperature;
+        if !(t > 0.0 && t.is_finite()) {
+            bail!(
+                "rollout.temperature = {t}: RL rollouts need a finite temperature > 0 (at 0 every \
+                 sample of a prompt is the same greedy answer, so every group advantage is 0; \
+                 greedy decoding is for `ember eval` and `ember generate`)"
+            );
+        }
         if self.rollout.samples_per_prompt < 2 {
             bail!(
                 "rollout.samples_per_prompt = {} must be >= 2 (group baselines need two samples)",
@@ -641,20 +387,22 @@ impl Recipe {
         Ok(())
     }
 
-    /// Estimator, actor loss and dynamic sampling after preset and overrides.
-    pub fn algorithm_parts(&self) -> (AdvantageConfig, ActorLossConfig, bool) {
-        let (mut adv, mut loss, dynamic) = self.algorithm.preset(self.rollout.max_new_tokens);
+    /// Estimator, actor loss and dynamic sampling after the preset and the recipe's
+    /// `[advantage]` / `[loss]` overrides; a KL coefficient without a `[loss.kl]` table means
+    /// the k3 estimator in the loss.
+    pub fn algorithm_parts(&self) -> PresetParts {
+        let mut parts = self.algorithm.parts(self.rollout.max_new_tokens);
         if let Some(a) = self.advantage {
-            adv = a;
+            parts.advantage = a;
         }
         if let Some(l) = self.loss {
-            loss = l;
+            parts.loss = l;
         }
-        if self.train.kl_coef > 0.0 && loss.kl.is_none() {
-            loss.kl = Some(KlLoss {
+        if self.train.kl_coef > 0.0 && parts.loss.kl.is_none() {
+            parts.loss.kl = Some(KlLoss {
                 estimator: KlEstimator::K3,
             });
         }
-        (adv, loss, dynamic)
+        parts
     }
 }

@@ -10,8 +10,10 @@
 //! away.
 
 use crate::engine::*;
-use crate::job::{Policy, build_policy, evaluate, optimizer, update_config};
-use crate::recipe::Recipe;
+use crate::llm::step::{Reference, optimizer, rescore, update_config, update_policy};
+use crate::llm::{Policy, build_policy, evaluate};
+use crate::recipe::llm::Recipe;
+use crate::run::say;
 use crate::tasks::Rng;
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
@@ -19,7 +21,6 @@ use burn::tensor::{Device, Int, Tensor};
 use ember_llm::actor::LlmExperience;
 use ember_llm::cache::bucketed;
 use ember_llm::{SamplingConfig, generate};
-use ember_train::update;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -137,7 +138,7 @@ fn shapes(r: &Recipe, policy: &Policy, opts: &WarmupOptions) -> Result<Shapes> {
     } else {
         vec![max_new]
     };
-    if r.algorithm_parts().2 {
+    if r.algorithm_parts().dynamic_sampling {
         notes.push(
             "dynamic sampling drops groups, so training may also see fewer rows than a full \
              rollout batch; those row counts are not warmed"
@@ -158,12 +159,6 @@ fn sync(device: &Device) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("device error while warming up: {e:?}"))
 }
 
-fn say(quiet: bool, s: &str) {
-    if !quiet {
-        eprintln!("{s}");
-    }
-}
-
 /// Runs the recipe's shapes `opts.passes` times; see the module documentation.
 pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     if opts.passes == 0 {
@@ -175,8 +170,8 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     let sh = shapes(r, &policy, opts)?;
     let task = r.task.build()?;
     let eval = task.held_out_set(r.seed, r.task.eval_size);
-    let (adv_cfg, loss, _) = r.algorithm_parts();
-    let upd = update_config(r, loss);
+    let parts = r.algorithm_parts();
+    let upd = update_config(r, parts.loss);
     let mut optim = optimizer(r);
     let n = r.rollout.samples_per_prompt;
     let k = r.rollout.prompts_per_step;
@@ -195,7 +190,8 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     );
     let group_ids: Vec<usize> = (0..rows).map(|i| i / n).collect();
     let rewards: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
-    let needs_greedy = matches!(adv_cfg.kind, AdvantageKind::Remax);
+    let needs_greedy = matches!(parts.advantage.kind, AdvantageKind::Remax);
+    let kl_reference = (r.train.kl_coef > 0.0).then_some(Reference::AdaptersOff);
     let mut passes = Vec::new();
     for pass in 1..=opts.passes {
         let t_pass = Instant::now();
@@ -246,7 +242,11 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                     tokens,
                     mask,
                     response_len: nw,
-                    temperature: r.rollout.temperature.max(1e-6),
+                    temperature: SamplingConfig {
+                        temperature: r.rollout.temperature,
+                        ..SamplingConfig::default()
+                    }
+                    .scoring_temperature(),
                     adapters: true,
                 };
                 let t0 = Instant::now();
@@ -256,46 +256,38 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                     &group_ids,
                 )?
                 .with_rollout_log_probs(Tensor::<2>::zeros([rows, nw], &ad))?;
-                if r.train.recompute_old_log_probs {
-                    let old = exp.score_all(&sampler);
-                    batch = batch.with_old_log_probs(old.to_device(&ad))?;
-                }
-                if r.train.kl_coef > 0.0 {
-                    let reference = LlmExperience {
-                        adapters: false,
-                        ..exp.clone()
-                    }
-                    .score_all(&sampler);
-                    batch = batch.with_ref_log_probs(reference.to_device(&ad))?;
-                }
+                // The job's rescoring (the tiny policy's separate reference model has the
+                // policy's shapes, so the adapters-off pass stands in for it).
+                let recompute = r.train.recompute_old_log_probs;
+                batch = rescore(batch, &exp, &sampler, recompute, kl_reference, &ad)?;
                 if needs_greedy {
                     batch = batch.with_baseline_rewards(Tensor::<1>::zeros([rows], &ad))?;
                 }
                 sync(&base)?;
                 t.rescore_s += t0.elapsed().as_secs_f64();
                 let t0 = Instant::now();
-                let adv = compute_advantages(&adv_cfg, &batch, 0)?;
-                // The job reads these metrics every step: their reductions are kernels too.
-                let _ = adv.metrics.to_host();
                 let exp = LlmExperience {
                     tokens: exp.tokens.to_device(&ad),
                     mask: exp.mask.to_device(&ad),
                     ..exp
                 };
-                let mut order = |m: usize| (0..m).collect::<Vec<_>>();
-                let (m, _stats) = update(
+                // The job reads the advantage and update metrics every step: their reductions
+                // are kernels too.
+                let mut row = std::collections::BTreeMap::new();
+                policy.model = update_policy(
                     policy.model,
                     &mut optim,
                     &exp,
                     &batch,
-                    &adv,
+                    &parts.advantage,
                     &upd,
+                    0,
                     r.train.lr,
                     r.train.kl_coef,
-                    &mut order,
+                    &mut |m: usize| (0..m).collect::<Vec<_>>(),
+                    &mut row,
                 )
                 .with_context(|| format!("training at prompt width {w}, response width {nw}"))?;
-                policy.model = m;
                 sync(&ad)?;
                 t.train_s += t0.elapsed().as_secs_f64();
             }

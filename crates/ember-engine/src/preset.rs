@@ -1,0 +1,250 @@
+//! Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
+//! papers define them (each variant cites its paper). A recipe names a preset and may override
+//! its estimator or loss; the values live here, beside the estimators and losses they choose.
+
+use crate::{
+    ActorLossConfig, AdvantageConfig, AdvantageKind, BatchBaseline, LossAgg, PolicyLossKind,
+    RatioLevel, StdKind,
+};
+use serde::{Deserialize, Serialize};
+
+/// What a preset resolves to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PresetParts {
+    /// The advantage estimator.
+    pub advantage: AdvantageConfig,
+    /// The actor objective.
+    pub loss: ActorLossConfig,
+    /// DAPO's dynamic sampling: drop groups whose rewards are all equal.
+    pub dynamic_sampling: bool,
+}
+
+/// Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
+/// papers define them. `[advantage]` / `[loss]` tables in a recipe override the preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// GRPO (Shao et al. 2024): group-normalised advantages, PPO clip.
+    #[default]
+    Grpo,
+    /// Dr.GRPO (Liu et al. 2025): no std, constant-normalised token sum.
+    DrGrpo,
+    /// RLOO (Ahmadian et al. 2024) with PPO clip.
+    Rloo,
+    /// REINFORCE++ (Hu 2025): k1 KL in the reward, batch whitening.
+    #[serde(rename = "reinforce++")]
+    ReinforcePp,
+    /// REINFORCE++-baseline (Hu 2025): group mean then batch whitening.
+    #[serde(rename = "reinforce++-baseline")]
+    ReinforcePpBaseline,
+    /// DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling, overlong shaping.
+    Dapo,
+    /// CISPO (MiniMax-M1 2025): clipped stop-gradient IS weight on log π.
+    Cispo,
+    /// GSPO (Zheng et al. 2025): sequence-level ratio.
+    Gspo,
+    /// TOPR (Le Roux et al. 2025): tapered IS for negatives.
+    Topr,
+    /// RAFT (Dong et al. 2023): SFT on positives.
+    Raft,
+    /// Reinforce-Rej (Xiong et al. 2025): reject all-right/all-wrong groups.
+    ReinforceRej,
+    /// OPO (Hao et al. 2025): length-weighted baseline.
+    Opo,
+    /// ReMax (Li et al. 2024): greedy-rollout baseline.
+    Remax,
+}
+
+impl Preset {
+    /// Every preset, in table order.
+    pub const ALL: [Preset; 13] = [
+        Self::Grpo,
+        Self::Rloo,
+        Self::ReinforcePp,
+        Self::ReinforcePpBaseline,
+        Self::DrGrpo,
+        Self::Dapo,
+        Self::Cispo,
+        Self::Gspo,
+        Self::Topr,
+        Self::Raft,
+        Self::ReinforceRej,
+        Self::Opo,
+        Self::Remax,
+    ];
+
+    /// The recipe name of the preset (its serde name).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Grpo => "grpo",
+            Self::DrGrpo => "dr-grpo",
+            Self::Rloo => "rloo",
+            Self::ReinforcePp => "reinforce++",
+            Self::ReinforcePpBaseline => "reinforce++-baseline",
+            Self::Dapo => "dapo",
+            Self::Cispo => "cispo",
+            Self::Gspo => "gspo",
+            Self::Topr => "topr",
+            Self::Raft => "raft",
+            Self::ReinforceRej => "reinforce-rej",
+            Self::Opo => "opo",
+            Self::Remax => "remax",
+        }
+    }
+
+    /// The preset's estimator, actor loss and filters; `max_new_tokens` is Dr.GRPO's
+    /// normalising constant.
+    pub fn parts(&self, max_new_tokens: usize) -> PresetParts {
+        let grpo = AdvantageKind::Grpo {
+            std: StdKind::Unbiased,
+            epsilon: 1e-6,
+            scale_by_std: true,
+        };
+        let ppo = PolicyLossKind::Ppo {
+            clip_low: 0.2,
+            clip_high: 0.2,
+            dual_clip: None,
+        };
+        let actor = |policy, agg| ActorLossConfig {
+            policy,
+            agg,
+            ..ActorLossConfig::default()
+        };
+        let (kind, loss, dynamic) = match self {
+            Self::Grpo => (grpo, actor(ppo, LossAgg::TokenMean), false),
+            Self::DrGrpo => (
+                AdvantageKind::DrGrpo,
+                actor(
+                    ppo,
+                    LossAgg::SeqMeanTokenSumNorm {
+                        constant: max_new_tokens as f32,
+                    },
+                ),
+                false,
+            ),
+            Self::Rloo => (AdvantageKind::Rloo, actor(ppo, LossAgg::TokenMean), false),
+            Self::ReinforcePp => (
+                AdvantageKind::ReinforcePlusPlus {
+                    gamma: 1.0,
+                    kl_coef: 0.0,
+                },
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::ReinforcePpBaseline => (
+                AdvantageKind::ReinforcePlusPlusBaseline,
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::Dapo => (
+                grpo,
+                actor(
+                    PolicyLossKind::Ppo {
+                        clip_low: 0.2,
+                        clip_high: 0.28,
+                        dual_clip: None,
+                    },
+                    LossAgg::TokenMean,
+                ),
+                true,
+            ),
+            Self::Cispo => (
+                grpo,
+                actor(
+                    PolicyLossKind::Cispo {
+                        clip_low: 1.0,
+                        clip_high: 0.28,
+                    },
+                    LossAgg::TokenMean,
+                ),
+                false,
+            ),
+            Self::Gspo => (
+                grpo,
+                actor(
+                    PolicyLossKind::Gspo {
+                        clip_low: 3e-4,
+                        clip_high: 4e-4,
+                    },
+                    LossAgg::SeqMeanTokenMean,
+                ),
+                false,
+            ),
+            Self::Topr => (
+                AdvantageKind::Reinforce {
+                    baseline: BatchBaseline::Mean,
+                },
+                actor(
+                    PolicyLossKind::Topr {
+                        level: RatioLevel::Sequence,
+                    },
+                    LossAgg::TokenMean,
+                ),
+                false,
+            ),
+            Self::Raft => (
+                AdvantageKind::Raft { threshold: 0.5 },
+                actor(PolicyLossKind::Vanilla, LossAgg::TokenMean),
+                false,
+            ),
+            Self::ReinforceRej => (
+                AdvantageKind::ReinforceRej,
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::Opo => (AdvantageKind::Opo, actor(ppo, LossAgg::TokenMean), false),
+            Self::Remax => (AdvantageKind::Remax, actor(ppo, LossAgg::TokenMean), false),
+        };
+        PresetParts {
+            advantage: AdvantageConfig::new(kind),
+            loss,
+            dynamic_sampling: dynamic,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every preset's name is its serde name, so a recipe's `algorithm = "<name>"` round-trips.
+    #[test]
+    fn names_are_serde_names() {
+        for p in Preset::ALL {
+            let json = serde_json::to_string(&p).unwrap();
+            assert_eq!(json, format!("\"{}\"", p.name()));
+            let back: Preset = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, p);
+        }
+    }
+
+    /// DAPO's clip-higher (Yu et al. 2025, eq. 8: ε_low 0.2, ε_high 0.28) with dynamic sampling;
+    /// GRPO's symmetric 0.2 without.
+    #[test]
+    fn dapo_clips_higher_and_filters() {
+        let d = Preset::Dapo.parts(64);
+        assert!(d.dynamic_sampling);
+        assert_eq!(
+            d.loss.policy,
+            PolicyLossKind::Ppo {
+                clip_low: 0.2,
+                clip_high: 0.28,
+                dual_clip: None
+            }
+        );
+        let g = Preset::Grpo.parts(64);
+        assert!(!g.dynamic_sampling);
+        assert_eq!(
+            g.loss.policy,
+            PolicyLossKind::Ppo {
+                clip_low: 0.2,
+                clip_high: 0.2,
+                dual_clip: None
+            }
+        );
+        assert_eq!(
+            Preset::DrGrpo.parts(64).loss.agg,
+            LossAgg::SeqMeanTokenSumNorm { constant: 64.0 }
+        );
+    }
+}

@@ -1,0 +1,52 @@
+//! The one optimizer of every job: AdamW without weight decay by default, with optional
+//! global-norm gradient clipping. Each job used to build its own; this is the single place.
+
+use burn::grad_clipping::GradientClippingConfig;
+use burn::optim::{AdamWConfig, ModuleOptimizer};
+
+/// AdamW settings (Loshchilov & Hutter 2019; burn's `AdamWConfig`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimizerConfig {
+    /// Decoupled weight decay (0 = none, the RL default).
+    pub weight_decay: f32,
+    /// ε of the second-moment denominator (burn's default 1e-5; PyTorch's 1e-8).
+    pub epsilon: f32,
+    /// Gradient-norm clip before the step (0 = off).
+    pub grad_clip: f32,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            weight_decay: 0.0,
+            epsilon: 1e-5,
+            grad_clip: 0.0,
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// With gradient-norm clipping at `clip` (0 = off).
+    pub fn with_grad_clip(self, clip: f32) -> Self {
+        Self {
+            grad_clip: clip,
+            ..self
+        }
+    }
+
+    /// With AdamW's ε.
+    pub fn with_epsilon(self, epsilon: f32) -> Self {
+        Self { epsilon, ..self }
+    }
+
+    /// The optimizer (its state is created lazily, per parameter, at the first step).
+    pub fn init(&self) -> ModuleOptimizer {
+        let mut c = AdamWConfig::new()
+            .with_weight_decay(self.weight_decay)
+            .with_epsilon(self.epsilon);
+        if self.grad_clip > 0.0 {
+            c = c.with_grad_clipping(Some(GradientClippingConfig::Norm(self.grad_clip)));
+        }
+        c.init()
+    }
+}

@@ -1,0 +1,551 @@
+//! `ember train` for LLM recipes: a policy (the tiny character-level Llama warmed up by
+//! supervised steps, or a pretrained checkpoint with LoRA) trained on a task with verifiable
+//! rewards, evaluated on a held-out split before and after. It reads top to bottom: set-up, then
+//! per step rollout → reward → rescoring → filters → advantages and update → log, evaluation and
+//! checkpoint (the run kit's end-of-step protocol). Also `ember eval`.
+
+use crate::engine::*;
+use crate::llm::step::{Reference, optimizer, rescore, update_config, update_policy};
+use crate::llm::{
+    Policy, build_policy, build_policy_with, evaluate, load_checkpoint, model_config, model_record,
+    warm_up, write_final,
+};
+use crate::recipe::llm::{Recipe, RewardSpec};
+use crate::reward::{ExternalReward, RewardItem, check, format_reward};
+use crate::run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
+use crate::tasks::{Example, Rng};
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::Module;
+use burn::store::ModuleRecord;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_llm::actor::LlmExperience;
+use ember_llm::{Generation, Llama, SamplingConfig, generate};
+use ember_train::LrSchedule;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What a run reports at the end.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Held-out accuracy after the warm-up.
+    pub accuracy_before: f64,
+    /// Held-out accuracy after RL.
+    pub accuracy_after: f64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// The run directory.
+    pub out: PathBuf,
+    /// RL steps done.
+    pub steps_done: usize,
+    /// Stopped early (Ctrl-C or `stop_after`) with a checkpoint to resume from.
+    pub interrupted: bool,
+}
+
+/// Runs the recipe, writing into `out`.
+pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
+    // ---- Set-up: run directory, task, reward, policy (warmed up or resumed), reference.
+    let start = Instant::now();
+    let resolved = toml::to_string_pretty(r)?;
+    let mut run = Run::open(
+        out,
+        opts,
+        &RunSpec {
+            name: &r.name,
+            resolved: &resolved,
+            steps: r.train.steps,
+            checkpoint_every: r.train.checkpoint_every,
+            keep_checkpoints: r.train.keep_checkpoints,
+            curves: ("rollout/reward_mean", "eval/accuracy"),
+        },
+    )?;
+    let task = r.task.build()?;
+    let eval = task.held_out_set(r.seed, r.task.eval_size);
+    if eval.is_empty() {
+        bail!("the task's held-out split is empty");
+    }
+    let base = crate::device::device(&r.device)?;
+    let ad = base.clone().autodiff();
+    let mut scorer = Scorer::new(&r.reward)?;
+    let max_new = r.rollout.max_new_tokens;
+    let mut rng = Rng(r.seed);
+    let mut policy = build_policy(r, &ad)?;
+    for e in eval.iter().take(1) {
+        policy.prompt_ids(e, max_new)?;
+    }
+    let reference_path = out.join("reference.bpk");
+    let (accuracy_before, mut accuracy_after) = match run.resumed() {
+        Some((dir, st)) => {
+            policy = load_checkpoint(policy, dir)?;
+            rng = Rng(st.rng);
+            (st.accuracy_before, st.accuracy_after)
+        }
+        None => {
+            if let (Some(w), None) = (&r.warmup, &policy.lora) {
+                let t0 = Instant::now();
+                policy.model = warm_up(policy.model, w, &task, &mut rng, &ad)?;
+                run.say(&format!(
+                    "warm-up: {} steps in {:.1} s",
+                    w.steps,
+                    t0.elapsed().as_secs_f64()
+                ));
+            }
+            if r.train.kl_coef > 0.0 && policy.lora.is_none() {
+                let record = policy.model.clone().into_record();
+                ember_train::io::write_atomic_with(&reference_path, |tmp| {
+                    record.save(tmp).map_err(|e| anyhow!("{e}"))
+                })
+                .with_context(|| format!("writing {}", reference_path.display()))?;
+            }
+            let a = evaluate(&policy, &eval, max_new, &base)?;
+            run.log(BTreeMap::from([
+                ("step".to_string(), 0.0),
+                ("eval/accuracy".to_string(), a),
+            ]))?;
+            (a, a)
+        }
+    };
+    run.say(&format!(
+        "held-out accuracy at the start: {accuracy_before:.3}"
+    ));
+    let parts = r.algorithm_parts();
+    let upd = update_config(r, parts.loss);
+    let reference = load_reference(r, &policy, &reference_path, &ad)?;
+    let kl_reference = (r.train.kl_coef > 0.0).then_some(match &reference {
+        Some(m) => Reference::Model(m),
+        None => Reference::AdaptersOff,
+    });
+    let mut optim = optimizer(r);
+    if let Some((dir, _)) = run.resumed() {
+        optim = checkpoint::load_optimizer(dir, optim)?;
+    }
+    let schedule = LrSchedule {
+        lr: r.train.lr,
+        warmup_steps: r.train.warmup_steps,
+        total_steps: r.train.steps,
+        min_ratio: r.train.min_lr_ratio,
+    };
+
+    // ---- The RL steps.
+    let mut steps_done = run.first_step();
+    let mut interrupted = false;
+    for step in run.first_step()..r.train.steps {
+        let t_step = Instant::now();
+        let mut row = BTreeMap::new();
+        // Rollout: n samples of each prompt from the current policy.
+        let examples = task.train(&mut rng, r.rollout.prompts_per_step);
+        let prompts = examples
+            .iter()
+            .map(|e| policy.prompt_ids(e, max_new))
+            .collect::<Result<Vec<_>>>()?;
+        let sampler = policy.model.valid();
+        let sc = SamplingConfig {
+            temperature: r.rollout.temperature,
+            max_new_tokens: max_new,
+            n: r.rollout.samples_per_prompt,
+            seed: rng.next_u64(),
+            stop_tokens: policy.stop.clone(),
+            prompt_bucket: r.rollout.shape_bucket,
+            ..SamplingConfig::default()
+        };
+        let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
+        let responses = g.response_ids();
+        // Phase wall times as verl logs them (`timing_s/*`); `response_ids` above already
+        // waited for the device.
+        let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
+
+        // Reward: the recipe's weighted terms, per row.
+        let texts: Vec<String> = responses.iter().map(|r| policy.decode(r)).collect();
+        let rewards = scorer.score(step + 1, &completions(&g, &examples, &texts), &mut row)?;
+
+        // Rescoring: old-policy and reference log-probs without gradients; ReMax's greedy
+        // baseline.
+        let (seq, seq_mask) = g.sequences();
+        let host_exp = LlmExperience {
+            tokens: seq,
+            mask: seq_mask,
+            response_len: g.tokens.dims()[1],
+            temperature: sc.scoring_temperature(),
+            adapters: true,
+        };
+        let mut batch = RolloutBatch::new(
+            g.mask.clone().to_device(&ad),
+            Tensor::from_floats(rewards.as_slice(), &ad),
+            &g.group_ids,
+        )?
+        .with_rollout_log_probs(g.log_probs.clone().to_device(&ad))?;
+        if let Some(o) = &r.reward.overlong {
+            o.apply(&mut batch)?;
+        }
+        let t_ref = Instant::now();
+        let recompute = r.train.recompute_old_log_probs;
+        batch = rescore(batch, &host_exp, &sampler, recompute, kl_reference, &ad)?;
+        if recompute || kl_reference.is_some() {
+            let _ = base.sync();
+            timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
+        }
+        if matches!(parts.advantage.kind, AdvantageKind::Remax) {
+            let baseline = greedy_baseline(
+                &mut scorer,
+                step,
+                &policy,
+                (&sampler, &sc, &base),
+                &prompts,
+                &examples,
+            )?;
+            let per_row: Vec<f32> = g.group_ids.iter().map(|gi| baseline[*gi]).collect();
+            batch = batch.with_baseline_rewards(Tensor::from_floats(per_row.as_slice(), &ad))?;
+        }
+
+        // Filters: DAPO's dynamic sampling drops groups whose rewards are all equal.
+        let (kept_rows, dropped_groups) = if parts.dynamic_sampling {
+            dynamic_sampling_keep(&batch)
+        } else {
+            ((0..batch.dims()[0]).collect(), 0)
+        };
+        rollout_metrics(&mut row, step, &rewards, &responses, &g, dropped_groups);
+        let lr = schedule.at(step);
+        row.insert("actor/lr".to_string(), lr);
+
+        // Advantages and update.
+        if !kept_rows.is_empty() {
+            let exp = LlmExperience {
+                tokens: host_exp.tokens.to_device(&ad),
+                mask: host_exp.mask.to_device(&ad),
+                ..host_exp
+            };
+            let (batch, exp) = keep_rows(batch, exp, &kept_rows, &ad)?;
+            let mut order_rng = Rng(rng.next_u64());
+            let t_update = Instant::now();
+            policy.model = update_policy(
+                policy.model,
+                &mut optim,
+                &exp,
+                &batch,
+                &parts.advantage,
+                &upd,
+                step,
+                lr,
+                r.train.kl_coef,
+                &mut |n| order_rng.permutation(n),
+                &mut row,
+            )?;
+            let _ = ad.sync();
+            timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
+        }
+        let secs = t_step.elapsed().as_secs_f64();
+        let tokens: usize = responses.iter().map(Vec::len).sum();
+        row.insert("perf/step_s".to_string(), secs);
+        row.insert("perf/tokens_per_s".to_string(), tokens as f64 / secs);
+        row.extend(timing.into_iter().map(|(k, v)| (k.to_string(), v)));
+
+        // Log, evaluation, checkpoint.
+        let end = run.step_end(step + 1);
+        let evaluated = (step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps;
+        if evaluated {
+            let t_eval = Instant::now();
+            accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
+            row.insert("eval/accuracy".to_string(), accuracy_after);
+            row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
+        }
+        steps_done = step + 1;
+        let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
+        let stats = stats_line(&row, accuracy_after);
+        let stop = run.end_step(end, row, evaluated, &stats, |d| {
+            checkpoint::write_records(d, model_record(&policy), &optim, &state)
+        })?;
+        if stop {
+            interrupted = true;
+            break;
+        }
+    }
+
+    // ---- The end: final model, summary.
+    if !interrupted {
+        write_final(&policy, r, out)?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    run.finish(&serde_json::json!({
+        "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
+        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+        "seconds": seconds, "steps_done": steps_done, "interrupted": interrupted,
+    }))?;
+    if !interrupted {
+        run.say(&format!(
+            "held-out accuracy {accuracy_before:.3} -> {accuracy_after:.3} in {seconds:.0} s; run \
+             directory {}",
+            out.display()
+        ));
+    }
+    Ok(Summary {
+        accuracy_before,
+        accuracy_after,
+        seconds,
+        out: out.to_path_buf(),
+        steps_done,
+        interrupted,
+    })
+}
+
+/// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
+/// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).
+fn load_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Result<Option<Llama>> {
+    if !(r.train.kl_coef > 0.0 && policy.lora.is_none()) {
+        return Ok(None);
+    }
+    let rec = ModuleRecord::load(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+    let m = model_config(r.model.as_ref().context("tiny model")?)
+        .init(ad)
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", path.display()))?
+        .with_precision(policy.model.precision())
+        .with_fused_attention(r.fused_attention);
+    Ok(Some(m.valid()))
+}
+
+/// The completions of a generation, a row each.
+fn completions<'a>(
+    g: &'a Generation,
+    examples: &'a [Example],
+    texts: &'a [String],
+) -> Completions<'a> {
+    Completions {
+        examples: g.group_ids.iter().map(|gi| &examples[*gi]).collect(),
+        groups: &g.group_ids,
+        prompts: g
+            .group_ids
+            .iter()
+            .map(|gi| examples[*gi].question.clone())
+            .collect(),
+        texts,
+        stopped: g.truncated.iter().map(|t| !t).collect(),
+    }
+}
+
+/// ReMax's baseline (Li et al. 2024, eq. 5): the reward of each prompt's greedy response.
+fn greedy_baseline(
+    scorer: &mut Scorer,
+    step: usize,
+    policy: &Policy,
+    (sampler, sc, device): (&Llama, &SamplingConfig, &Device),
+    prompts: &[Vec<u32>],
+    examples: &[Example],
+) -> Result<Vec<f32>> {
+    let greedy = SamplingConfig {
+        temperature: 0.0,
+        n: 1,
+        ..sc.clone()
+    };
+    let gg = generate(sampler, prompts, &greedy, device)?;
+    let texts: Vec<String> = gg.response_ids().iter().map(|r| policy.decode(r)).collect();
+    let mut scratch = BTreeMap::new();
+    scorer.score(step + 1, &completions(&gg, examples, &texts), &mut scratch)
+}
+
+/// Keeps `rows` of the batch and of the experience (all of them: unchanged).
+fn keep_rows(
+    batch: RolloutBatch,
+    exp: LlmExperience,
+    rows: &[usize],
+    ad: &Device,
+) -> Result<(RolloutBatch, LlmExperience)> {
+    if rows.len() == batch.dims()[0] {
+        return Ok((batch, exp));
+    }
+    let idx: Vec<i64> = rows.iter().map(|x| *x as i64).collect();
+    let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), ad);
+    let e = LlmExperience {
+        tokens: exp.tokens.clone().select(0, idx.clone()),
+        mask: exp.mask.clone().select(0, idx),
+        ..exp
+    };
+    Ok((batch.select(rows)?, e))
+}
+
+/// The rollout's metrics (verl's names where verl has them).
+fn rollout_metrics(
+    row: &mut BTreeMap<String, f64>,
+    step: usize,
+    rewards: &[f32],
+    responses: &[Vec<u32>],
+    g: &Generation,
+    dropped_groups: usize,
+) {
+    row.insert("step".to_string(), (step + 1) as f64);
+    let finite: Vec<f64> = rewards
+        .iter()
+        .filter(|x| x.is_finite())
+        .map(|x| f64::from(*x))
+        .collect();
+    row.insert(
+        "rollout/reward_mean".to_string(),
+        finite.iter().sum::<f64>() / finite.len().max(1) as f64,
+    );
+    row.insert(
+        "rollout/invalid_rewards".to_string(),
+        (rewards.len() - finite.len()) as f64,
+    );
+    let lengths: Vec<usize> = responses.iter().map(Vec::len).collect();
+    row.insert(
+        "rollout/response_length".to_string(),
+        lengths.iter().sum::<usize>() as f64 / lengths.len().max(1) as f64,
+    );
+    row.insert(
+        "rollout/truncated_fraction".to_string(),
+        g.truncated.iter().filter(|t| **t).count() as f64 / g.truncated.len().max(1) as f64,
+    );
+    row.insert("rollout/dropped_groups".to_string(), dropped_groups as f64);
+}
+
+/// The progress line's numbers: reward, held-out accuracy, the KL to the reference where the
+/// loss has one (`actor/kl_loss`), else the old-vs-new policy KL (`actor/approx_kl`), and
+/// throughput.
+fn stats_line(row: &BTreeMap<String, f64>, acc: f64) -> String {
+    let kl = match row.get("actor/kl_loss") {
+        Some(k) => format!("kl(ref) {}", fmt_metric(*k, 4)),
+        None => format!(
+            "kl(old) {}",
+            fmt_metric(row.get("actor/approx_kl").copied().unwrap_or(0.0), 4)
+        ),
+    };
+    format!(
+        "reward {} acc {} {kl} {:.0} tok/s",
+        fmt_metric(
+            row.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+            3
+        ),
+        fmt_metric(acc, 3),
+        row.get("perf/tokens_per_s").copied().unwrap_or(0.0),
+    )
+}
+
+/// Scores completions: the weighted sum of the recipe's reward terms, per row; adds the terms'
+/// means to `row`.
+struct Scorer<'a> {
+    spec: &'a RewardSpec,
+    external: Option<ExternalReward>,
+}
+
+/// The completions of one step, a row each.
+struct Completions<'a> {
+    /// The example each row answers.
+    examples: Vec<&'a Example>,
+    /// Prompt index of each row.
+    groups: &'a [usize],
+    /// The question each row answers.
+    prompts: Vec<String>,
+    /// Decoded responses.
+    texts: &'a [String],
+    /// Whether each response ended with a stop token.
+    stopped: Vec<bool>,
+}
+
+impl<'a> Scorer<'a> {
+    /// The recipe's reward terms; spawns the external reward program when there is one.
+    fn new(spec: &'a RewardSpec) -> Result<Self> {
+        Ok(Self {
+            spec,
+            external: spec
+                .external
+                .as_ref()
+                .map(ExternalReward::spawn)
+                .transpose()?,
+        })
+    }
+
+    fn score(
+        &mut self,
+        step: usize,
+        c: &Completions,
+        row: &mut BTreeMap<String, f64>,
+    ) -> Result<Vec<f32>> {
+        let Completions {
+            examples,
+            groups,
+            prompts,
+            texts,
+            stopped,
+        } = c;
+        let texts: &[String] = texts;
+        let n = texts.len().max(1) as f64;
+        let correct: Vec<f32> = examples
+            .iter()
+            .zip(texts)
+            .map(|(e, t)| check(&e.check, t, &e.answer))
+            .collect();
+        row.insert(
+            "reward/correct_mean".into(),
+            correct.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
+        );
+        let mut rewards: Vec<f32> = correct.iter().map(|c| self.spec.correct * c).collect();
+        if self.spec.format != 0.0 {
+            let f: Vec<f32> = texts
+                .iter()
+                .zip(stopped)
+                .map(|(t, s)| format_reward(t, *s))
+                .collect();
+            row.insert(
+                "reward/format_mean".into(),
+                f.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
+            );
+            for (r, v) in rewards.iter_mut().zip(f) {
+                *r += self.spec.format * v;
+            }
+        }
+        if let (Some(ext), Some(spec)) = (self.external.as_mut(), &self.spec.external) {
+            let items: Vec<RewardItem> = (0..texts.len())
+                .map(|i| RewardItem {
+                    prompt: &prompts[i],
+                    completion: &texts[i],
+                    answer: &examples[i].answer,
+                    group: groups[i],
+                })
+                .collect();
+            let v = ext.score(step, &items)?;
+            let finite: Vec<f64> = v
+                .iter()
+                .filter(|x| x.is_finite())
+                .map(|x| f64::from(*x))
+                .collect();
+            row.insert(
+                "reward/external_mean".into(),
+                finite.iter().sum::<f64>() / finite.len().max(1) as f64,
+            );
+            for (r, x) in rewards.iter_mut().zip(v) {
+                *r += spec.weight * x;
+            }
+        }
+        Ok(rewards)
+    }
+}
+
+/// `ember eval`: greedy held-out accuracy of a run's final model (or of a checkpoint).
+pub fn evaluate_run(
+    run: &Path,
+    checkpoint_dir: Option<&Path>,
+    eval_size: Option<usize>,
+) -> Result<f64> {
+    let rp = run.join("recipe.resolved.toml");
+    let text = std::fs::read_to_string(&rp).with_context(|| format!("reading {}", rp.display()))?;
+    let mut r = crate::recipe::parse(&text, &[])?;
+    if let Some(n) = eval_size {
+        r.task.eval_size = n;
+    }
+    let task = r.task.build()?;
+    let eval = task.held_out_set(r.seed, r.task.eval_size);
+    let base = crate::device::device(&r.device)?;
+    let final_dir = run.join("final");
+    let policy = match checkpoint_dir {
+        Some(d) => load_checkpoint(build_policy(&r, &base)?, d)?,
+        None if !final_dir.exists() => bail!(
+            "{} has no final/ model (did the run finish?); pass --checkpoint <dir>",
+            run.display()
+        ),
+        None if r.pretrained.is_some() => build_policy_with(&r, &base, Some(&final_dir))?,
+        None => Policy {
+            model: ember_llm::load(&final_dir, &base)?.model,
+            ..build_policy(&r, &base)?
+        },
+    };
+    evaluate(&policy, &eval, r.rollout.max_new_tokens, &base)
+}

@@ -1,0 +1,8 @@
+//! The jobs the CLI runs. Each reads top to bottom (set-up, then the per-step loop, then the
+//! end) over the shared kits (`run`, `recipe`, `llm`, `images`); no job imports another
+//! (`tests/tidy.rs` checks it).
+
+pub mod flow;
+pub mod llm;
+pub mod molora;
+pub mod warmup;

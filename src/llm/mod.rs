@@ -1,0 +1,334 @@
+//! The LLM policy as every LLM job uses it: built from a recipe (the tiny character-level Llama
+//! or a pretrained checkpoint with LoRA), prompted (character vocabulary or tokenizer with chat
+//! template), evaluated greedily on held-out problems, warmed up by supervised steps, stored in
+//! checkpoints and in `final/`; and the RL step's shared parts ([`step`]).
+
+pub mod step;
+
+use crate::chartok;
+use crate::recipe::expand_path;
+use crate::recipe::llm::{ModelSpec, Recipe, Warmup};
+use crate::reward::check;
+use crate::run::checkpoint;
+use crate::tasks::{Example, Rng, TaskSet};
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::{Module, ParamGroup};
+use burn::optim::GradientsParams;
+use burn::store::ModuleRecord;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_llm::{
+    Family, Llama, LlamaConfig, LoraSettings, Message, SamplingConfig, Tokenizer, generate,
+};
+use ember_train::OptimizerConfig;
+use std::path::Path;
+
+/// The tiny character-level Llama of a `[model]` table.
+pub fn model_config(m: &ModelSpec) -> LlamaConfig {
+    LlamaConfig::new(
+        Family::Llama,
+        chartok::vocab_size(),
+        m.d_model,
+        m.d_ff,
+        m.layers,
+        m.heads,
+        m.kv_heads,
+    )
+    .with_max_position_embeddings(64)
+    .with_rms_norm_eps(1e-5)
+}
+
+/// How text becomes tokens.
+pub enum Tok {
+    /// The character-level vocabulary of the generated tasks.
+    Char,
+    /// A real tokenizer with a prompt template and optional chat template.
+    Real {
+        /// The tokenizer.
+        tok: Box<Tokenizer>,
+        /// Wrap in the chat template.
+        chat: bool,
+        /// System message.
+        system: Option<String>,
+        /// User message with `{question}`.
+        template: String,
+    },
+}
+
+/// A policy being trained: the model on the autodiff device, its tokenizer and stop tokens.
+pub struct Policy {
+    /// The model.
+    pub model: Llama,
+    /// Its config.
+    pub config: LlamaConfig,
+    /// Its tokenizer.
+    pub tok: Tok,
+    /// Tokens that end a response.
+    pub stop: Vec<u32>,
+    /// LoRA settings when only adapters are trained.
+    pub lora: Option<LoraSettings>,
+}
+
+impl Policy {
+    /// The prompt's token ids; an error when prompt plus `max_new` exceeds the context.
+    pub fn prompt_ids(&self, e: &Example, max_new: usize) -> Result<Vec<u32>> {
+        let ids = match &self.tok {
+            Tok::Char => {
+                let mut ids = vec![chartok::BOS];
+                ids.extend(chartok::encode(&e.prompt).map_err(|m| {
+                    anyhow!(
+                        "prompt {:?}: {m}; the tiny [model] handles generated tasks only, use \
+                         [pretrained] for text data",
+                        e.prompt
+                    )
+                })?);
+                ids
+            }
+            Tok::Real {
+                tok,
+                chat,
+                system,
+                template,
+            } => {
+                let user = template.replace("{question}", &e.question);
+                let text = if *chat {
+                    let mut msgs = Vec::new();
+                    if let Some(s) = system {
+                        msgs.push(Message::new("system", s));
+                    }
+                    msgs.push(Message::new("user", &user));
+                    tok.apply_chat_template(&msgs, true)?
+                } else {
+                    user
+                };
+                tok.encode(&text)?
+            }
+        };
+        let ctx = self.config.max_position_embeddings;
+        if ids.len() + max_new > ctx {
+            bail!(
+                "prompt of {} tokens plus rollout.max_new_tokens = {max_new} exceeds the model's \
+                 context of {ctx} positions (prompt: {:?})",
+                ids.len(),
+                e.question.chars().take(80).collect::<String>()
+            );
+        }
+        Ok(ids)
+    }
+
+    /// Response text.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match &self.tok {
+            Tok::Char => chartok::decode(ids),
+            Tok::Real { tok, .. } => tok.decode(ids, true).unwrap_or_default(),
+        }
+    }
+}
+
+/// Greedy held-out accuracy (the verifiable reward alone).
+pub fn evaluate(policy: &Policy, eval: &[Example], max_new: usize, device: &Device) -> Result<f64> {
+    let model = policy.model.valid();
+    let prompts = eval
+        .iter()
+        .map(|e| policy.prompt_ids(e, max_new))
+        .collect::<Result<Vec<_>>>()?;
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: max_new,
+        stop_tokens: policy.stop.clone(),
+        ..SamplingConfig::default()
+    };
+    let mut correct = 0f32;
+    // Chunks bound the memory of large models; the tiny policy takes the set at once.
+    let chunk = if policy.lora.is_some() {
+        32
+    } else {
+        eval.len().max(1)
+    };
+    for (ps, es) in prompts.chunks(chunk).zip(eval.chunks(chunk)) {
+        let g = generate(&model, ps, &cfg, device)?;
+        correct += g
+            .response_ids()
+            .iter()
+            .zip(es)
+            .map(|(r, e)| check(&e.check, &policy.decode(r), &e.answer))
+            .sum::<f32>();
+    }
+    Ok(f64::from(correct) / eval.len() as f64)
+}
+
+/// Teacher-forced demonstrations `<bos> prompt answer <eos>` in the character vocabulary:
+/// tokens and mask `[b, t]`, and the mask of the answer tokens among the next-token targets
+/// `[b, t − 1]`.
+pub fn demonstrations(
+    batch: &[Example],
+    device: &Device,
+) -> Result<(Tensor<2, Int>, Tensor<2>, Tensor<2>)> {
+    let seqs: Vec<(Vec<u32>, usize)> = batch
+        .iter()
+        .map(|e| {
+            let mut ids = vec![chartok::BOS];
+            ids.extend(chartok::encode(&e.prompt).map_err(anyhow::Error::msg)?);
+            let p = ids.len();
+            ids.extend(chartok::encode(&e.answer).map_err(anyhow::Error::msg)?);
+            ids.push(chartok::EOS);
+            Ok((ids, p))
+        })
+        .collect::<Result<_>>()?;
+    let t = seqs.iter().map(|(s, _)| s.len()).max().unwrap_or(2);
+    let b = seqs.len();
+    let (mut toks, mut mask, mut lm) = (
+        vec![0i64; b * t],
+        vec![0f32; b * t],
+        vec![0f32; b * (t - 1)],
+    );
+    for (i, (s, p)) in seqs.iter().enumerate() {
+        for (j, id) in s.iter().enumerate() {
+            toks[i * t + j] = i64::from(*id);
+            mask[i * t + j] = 1.0;
+            if j >= *p {
+                lm[i * (t - 1) + j - 1] = 1.0;
+            }
+        }
+    }
+    Ok((
+        Tensor::from_data(TensorData::new(toks, [b, t]), device),
+        Tensor::from_data(TensorData::new(mask, [b, t]), device),
+        Tensor::from_data(TensorData::new(lm, [b, t - 1]), device),
+    ))
+}
+
+/// Supervised steps on demonstrations `prompt answer <eos>`: −mean log π of the answer tokens.
+pub fn warm_up(
+    mut model: Llama,
+    w: &Warmup,
+    task: &TaskSet,
+    rng: &mut Rng,
+    device: &Device,
+) -> Result<Llama> {
+    let mut optim = OptimizerConfig::default().init();
+    for _ in 0..w.steps {
+        let batch = task.train(rng, w.batch);
+        let (toks, mask, lm) = demonstrations(&batch, device)?;
+        let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
+        let loss = (lp * lm.clone()).sum().neg() / lm.sum();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(w.lr, model, grads);
+    }
+    Ok(model)
+}
+
+/// Loads the recipe's policy on `device` (the tiny model freshly initialised from the seed, or
+/// the pretrained checkpoint with fresh adapters).
+pub fn build_policy(r: &Recipe, device: &Device) -> Result<Policy> {
+    build_policy_with(r, device, None)
+}
+
+/// [`build_policy`], with a pretrained policy's adapters read from a PEFT directory instead of
+/// freshly initialised.
+pub fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
+    let (precision, note) =
+        crate::device::resolve_precision(r.precision, crate::device::kind(&r.device)?);
+    if let Some(note) = note {
+        log::warn!("[{}] {note}", r.name);
+    }
+    let mut policy = build_policy_f32(r, device, peft)?;
+    policy.model = policy
+        .model
+        .with_precision(precision)
+        .with_fused_attention(r.fused_attention);
+    Ok(policy)
+}
+
+fn build_policy_f32(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
+    if let Some(m) = &r.model {
+        device.seed(r.seed);
+        let config = model_config(m);
+        return Ok(Policy {
+            model: config.init(device),
+            config,
+            tok: Tok::Char,
+            stop: vec![chartok::EOS],
+            lora: None,
+        });
+    }
+    let p = r
+        .pretrained
+        .as_ref()
+        .context("the recipe has no policy ([model] or [pretrained])")?;
+    let path = expand_path(&p.path)?;
+    let tok = crate::tokenizer_for(&path)?;
+    let loaded = ember_llm::load(&path, device)
+        .with_context(|| format!("loading pretrained.path {}", path.display()))?;
+    device.seed(r.seed);
+    let model = match peft {
+        Some(dir) => ember_llm::load_peft(loaded.model, dir, device)?.0,
+        None => ember_llm::apply_lora(loaded.model, &p.lora)?,
+    };
+    let mut stop = loaded.eos_ids.clone();
+    stop.extend(tok.eos_ids.iter().copied());
+    stop.sort_unstable();
+    stop.dedup();
+    if stop.is_empty() {
+        bail!(
+            "{} declares no end-of-sequence token; responses could not end",
+            path.display()
+        );
+    }
+    Ok(Policy {
+        model,
+        config: loaded.config,
+        tok: Tok::Real {
+            tok: Box::new(tok),
+            chat: p.chat,
+            system: p.system.clone(),
+            template: p.template.clone(),
+        },
+        stop,
+        lora: Some(p.lora.clone()),
+    })
+}
+
+/// The parameters a checkpoint stores: all of the tiny model, the adapters of a LoRA policy.
+pub fn model_record(policy: &Policy) -> ModuleRecord {
+    if policy.lora.is_some() {
+        policy
+            .model
+            .clone()
+            .into_record_group(ParamGroup::from_predicate(".lora."))
+    } else {
+        policy.model.clone().into_record()
+    }
+}
+
+/// `policy` with the parameters stored in checkpoint `dir` (all of the tiny model, the adapters
+/// of a LoRA policy).
+pub fn load_checkpoint(policy: Policy, dir: &Path) -> Result<Policy> {
+    let rec = checkpoint::read_model(dir, policy.lora.is_some())?;
+    let model = policy
+        .model
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", dir.join(checkpoint::MODEL).display()))?;
+    Ok(Policy { model, ..policy })
+}
+
+/// `final/`: the tiny model as Hugging Face safetensors, or the LoRA adapter in PEFT layout.
+pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
+    let final_dir = out.join("final");
+    let tmp = out.join(".final.tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    match (&policy.lora, &r.pretrained) {
+        (Some(settings), Some(p)) => {
+            let name = Path::new(&p.path)
+                .file_stem()
+                .map_or("base".into(), |s| s.to_string_lossy().to_string());
+            ember_llm::save_peft(&policy.model.valid(), settings, &name, &tmp)?;
+        }
+        _ => {
+            ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, &tmp)?;
+        }
+    }
+    ember_train::io::publish_dir(&tmp, &final_dir)
+        .with_context(|| format!("writing {}", final_dir.display()))
+}

@@ -1,0 +1,90 @@
+//! The parts of an LLM RL step that `ember train` and `ember warmup` share: a recipe's update
+//! schedule and optimizer, rescoring without gradients (old-policy and reference log-probs),
+//! and the update itself (advantages, then `ember-train`'s epochs × mini-batches).
+
+use crate::engine::*;
+use crate::recipe::llm::Recipe;
+use anyhow::Result;
+use burn::optim::ModuleOptimizer;
+use burn::tensor::Device;
+use ember_llm::Llama;
+use ember_llm::actor::LlmExperience;
+use ember_train::{OptimizerConfig, UpdateConfig, update};
+use std::collections::BTreeMap;
+
+/// The update schedule of a recipe's RL phase with the resolved actor loss.
+pub fn update_config(r: &Recipe, loss: ActorLossConfig) -> UpdateConfig {
+    UpdateConfig {
+        epochs: r.train.epochs,
+        mini_batches: r.train.mini_batches,
+        micro_batch_rows: r.train.micro_batch_rows,
+        loss,
+    }
+}
+
+/// The RL phase's AdamW (no weight decay; gradient-norm clipping when `train.grad_clip` > 0).
+pub fn optimizer(r: &Recipe) -> ModuleOptimizer {
+    OptimizerConfig::default()
+        .with_grad_clip(r.train.grad_clip)
+        .init()
+}
+
+/// What a KL term compares the policy with.
+#[derive(Clone, Copy)]
+pub enum Reference<'a> {
+    /// A separate model (the warm-started tiny policy).
+    Model(&'a Llama),
+    /// The policy's own weights with its LoRA adapters off.
+    AdaptersOff,
+}
+
+/// Rescores `exp` (on the sampler's device) without gradients: the old policy's log-probs with
+/// `sampler` when `recompute_old`, the reference's when `reference` is given; both moved onto
+/// `ad`, the training device.
+pub fn rescore(
+    mut batch: RolloutBatch,
+    exp: &LlmExperience,
+    sampler: &Llama,
+    recompute_old: bool,
+    reference: Option<Reference>,
+    ad: &Device,
+) -> Result<RolloutBatch> {
+    if recompute_old {
+        batch = batch.with_old_log_probs(exp.score_all(sampler).to_device(ad))?;
+    }
+    if let Some(reference) = reference {
+        let lp = match reference {
+            Reference::Model(m) => exp.score_all(m),
+            Reference::AdaptersOff => LlmExperience {
+                adapters: false,
+                ..exp.clone()
+            }
+            .score_all(sampler),
+        };
+        batch = batch.with_ref_log_probs(lp.to_device(ad))?;
+    }
+    Ok(batch)
+}
+
+/// The update of one step: the advantages of `batch` (their metrics added to `row`), then
+/// `ember_train::update` (its metrics added to `row`). `order` permutes rows between epochs.
+#[allow(clippy::too_many_arguments)]
+pub fn update_policy(
+    model: Llama,
+    optim: &mut ModuleOptimizer,
+    exp: &LlmExperience,
+    batch: &RolloutBatch,
+    adv_cfg: &AdvantageConfig,
+    upd: &UpdateConfig,
+    step: usize,
+    lr: f64,
+    kl_coef: f32,
+    order: &mut dyn FnMut(usize) -> Vec<usize>,
+    row: &mut BTreeMap<String, f64>,
+) -> Result<Llama> {
+    let adv = compute_advantages(adv_cfg, batch, step)?;
+    row.extend(adv.metrics.to_host());
+    let (model, stats) = update(model, optim, exp, batch, &adv, upd, lr, kl_coef, order)?;
+    row.extend(stats.metrics);
+    Ok(model)
+}

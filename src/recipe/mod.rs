@@ -1,0 +1,159 @@
+//! Recipes: one TOML file per run, with `--set key=value` overrides checked against the schema.
+//! One parse for every kind: the top-level `kind` (`"llm"`, the default, or `"flow"`) picks the
+//! schema; `ember molora` reads its comparison recipe with the same override rules.
+
+pub mod flow;
+pub mod llm;
+pub mod molora;
+
+pub use llm::{Recipe, parse};
+
+use anyhow::{Context, Result, bail};
+use std::path::PathBuf;
+
+/// The serde defaults of every recipe schema (one place, so a default is stated once).
+pub(crate) mod defaults {
+    pub fn one() -> usize {
+        1
+    }
+    pub fn two() -> usize {
+        2
+    }
+    pub fn four() -> usize {
+        4
+    }
+    pub fn ten() -> usize {
+        10
+    }
+    pub fn one_f64() -> f64 {
+        1.0
+    }
+    pub fn one_f32() -> f32 {
+        1.0
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn auto() -> String {
+        "auto".into()
+    }
+}
+
+/// A parsed recipe of any kind.
+#[derive(Debug, Clone)]
+pub enum AnyRecipe {
+    /// An LLM recipe (`kind = "llm"` or no `kind`).
+    Llm(Box<llm::Recipe>),
+    /// An image recipe (`kind = "flow"`).
+    Flow(Box<flow::FlowRecipe>),
+}
+
+impl AnyRecipe {
+    /// The run name (the default run directory is `runs/<name>`).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Llm(r) => &r.name,
+            Self::Flow(r) => &r.name,
+        }
+    }
+}
+
+/// Parses a recipe of any kind, with `key=value` overrides, and checks every value.
+pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
+    let table = apply_overrides(text, overrides)?;
+    match table.get("kind").map(|k| k.as_str()) {
+        None | Some(Some("llm")) => {
+            let mut table = table;
+            table.remove("kind");
+            Ok(AnyRecipe::Llm(Box::new(llm::from_table(table)?)))
+        }
+        Some(Some("flow")) => Ok(AnyRecipe::Flow(Box::new(flow::from_table(table)?))),
+        Some(Some("molora")) => bail!(
+            "kind = \"molora\" recipes are run by `ember molora <recipe>` (a comparison of \
+             adapter arms, not a training run)"
+        ),
+        Some(k) => bail!(
+            "kind = {}: a recipe's kind is \"llm\" (the default) or \"flow\"",
+            k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
+        ),
+    }
+}
+
+/// Deserialises a recipe table, naming the first bad key or value.
+pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))
+}
+
+/// Parses TOML `text` and applies `key=value` overrides (dotted keys address nested tables;
+/// values are TOML, bare words are strings).
+pub fn apply_overrides(text: &str, overrides: &[String]) -> Result<toml::Table> {
+    let mut root: toml::Table = text.parse().context("recipe is not valid TOML")?;
+    for o in overrides {
+        let (key, value) = o
+            .split_once('=')
+            .with_context(|| format!("--set {o:?}: expected key=value"))?;
+        let value: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
+            Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(value.into())),
+            Err(_) => toml::Value::String(value.to_string()),
+        };
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        let mut table = &mut root;
+        for p in &parts[..parts.len() - 1] {
+            table = table
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .with_context(|| format!("--set {key}: `{p}` is not a table"))?;
+        }
+        table.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    Ok(root)
+}
+
+/// Expands a leading `~/` and `$NAME` / `${NAME}` / `${NAME:-default}` environment variables
+/// (an unset variable without a default is an error naming it).
+pub fn expand_path(p: &str) -> Result<PathBuf> {
+    let mut out = String::new();
+    let mut rest = p;
+    if let Some(r) = rest.strip_prefix("~/") {
+        out += &std::env::var("HOME").context("`~` in a path needs HOME")?;
+        out.push('/');
+        rest = r;
+    }
+    while let Some(i) = rest.find('$') {
+        out += &rest[..i];
+        let tail = &rest[i + 1..];
+        let (name, after) = if let Some(t) = tail.strip_prefix('{') {
+            let end = t
+                .find('}')
+                .with_context(|| format!("unclosed `${{` in {p:?}"))?;
+            (&t[..end], &t[end + 1..])
+        } else {
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            (&tail[..end], &tail[end..])
+        };
+        let (name, default) = match name.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (name, None),
+        };
+        match (std::env::var(name), default) {
+            (Ok(v), _) if !v.is_empty() => out += &v,
+            (_, Some(d)) => match d.strip_prefix("~/") {
+                Some(t) => {
+                    out += &std::env::var("HOME").context("`~` in a path needs HOME")?;
+                    out.push('/');
+                    out += t;
+                }
+                None => out += d,
+            },
+            _ => bail!("environment variable {name} (in {p:?}) is not set"),
+        }
+        rest = after;
+    }
+    out += rest;
+    Ok(PathBuf::from(out))
+}

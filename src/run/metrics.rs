@@ -1,0 +1,127 @@
+//! `metrics.jsonl` (a row per step, appended and flushed as the run goes), `metrics.csv` and
+//! `curves.png` (rewritten atomically whenever [`MetricsLog::publish`] is called: at every
+//! evaluation and at the end).
+
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The metrics of a run.
+pub struct MetricsLog {
+    /// Opened at the first row, so a run that fails during set-up leaves no `metrics.jsonl`
+    /// (which would mark the directory as holding a run).
+    jsonl: Option<std::fs::File>,
+    resuming: bool,
+    rows: Vec<BTreeMap<String, f64>>,
+    dir: PathBuf,
+    curves: (String, String),
+}
+
+impl MetricsLog {
+    /// Starts `metrics.jsonl` in `dir`; when resuming, keeps the rows up to step `keep_until`
+    /// (rewritten atomically, verbatim) and appends after them. `curves` names the (reward,
+    /// accuracy) series of `curves.png`.
+    pub fn open(dir: &Path, keep_until: Option<usize>, curves: (String, String)) -> Result<Self> {
+        let path = dir.join("metrics.jsonl");
+        let mut rows = Vec::new();
+        if let Some(last) = keep_until {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {} to resume", path.display()))?;
+            // The kept lines are written back verbatim, not re-serialised from the parsed
+            // values, so a resumed file holds the same bytes as an uninterrupted run's.
+            let mut kept = String::new();
+            for line in text.lines() {
+                let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
+                    .with_context(|| format!("parsing {}", path.display()))?;
+                let row: BTreeMap<String, f64> = v
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_f64().unwrap_or(f64::NAN)))
+                    .collect();
+                if row.get("step").is_some_and(|s| *s <= last as f64) {
+                    rows.push(row);
+                    kept.push_str(line);
+                    kept.push('\n');
+                }
+            }
+            super::write_atomic(&path, kept.as_bytes())?;
+        }
+        Ok(Self {
+            jsonl: None,
+            resuming: keep_until.is_some(),
+            rows,
+            dir: dir.to_path_buf(),
+            curves,
+        })
+    }
+
+    /// Appends a row (flushed at once).
+    pub fn push(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
+        let path = self.dir.join("metrics.jsonl");
+        if self.jsonl.is_none() {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            if !self.resuming {
+                f.set_len(0)
+                    .with_context(|| format!("truncating {}", path.display()))?;
+            }
+            self.jsonl = Some(f);
+        }
+        if let Some(f) = self.jsonl.as_mut() {
+            writeln!(f, "{}", row_json(&row))
+                .and_then(|()| f.flush())
+                .with_context(|| format!("appending to {}", path.display()))?;
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// Rewrites `metrics.csv` and `curves.png` from the rows so far.
+    pub fn publish(&self) -> Result<()> {
+        self.write_csv()?;
+        let series = |key: &str| -> Vec<(f64, f64)> {
+            self.rows
+                .iter()
+                .filter_map(|r| Some((*r.get("step")?, *r.get(key)?)))
+                .collect()
+        };
+        super::plot::curves(
+            &self.dir.join("curves.png"),
+            &series(&self.curves.0),
+            &series(&self.curves.1),
+        )
+    }
+
+    fn write_csv(&self) -> Result<()> {
+        let mut keys: Vec<String> = self.rows.iter().flat_map(|r| r.keys().cloned()).collect();
+        keys.sort();
+        keys.dedup();
+        let mut out = keys.join(",") + "\n";
+        for r in &self.rows {
+            let line: Vec<String> = keys
+                .iter()
+                .map(|k| r.get(k).map(|v| v.to_string()).unwrap_or_default())
+                .collect();
+            out += &(line.join(",") + "\n");
+        }
+        super::write_atomic(&self.dir.join("metrics.csv"), out.as_bytes())
+    }
+}
+
+fn row_json(row: &BTreeMap<String, f64>) -> String {
+    let json: serde_json::Map<String, serde_json::Value> = row
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                serde_json::Number::from_f64(*v)
+                    .map_or(serde_json::Value::Null, serde_json::Value::Number),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(json).to_string()
+}

@@ -1,0 +1,337 @@
+//! The run kit every job shares: the run directory (no clobbering, resume checks), the metrics
+//! log (`metrics.jsonl` appended per step; `metrics.csv` and `curves.png` rewritten at every
+//! evaluation), atomic checkpoints, the progress line, and one end-of-step protocol:
+//!
+//! 1. log the step's row (and publish the CSV and the plot when the step evaluated);
+//! 2. write a checkpoint when a stop was asked for (Ctrl-C, `--stop-after`), every
+//!    `checkpoint_every` steps, and after the last step;
+//! 3. after a stop, tell the user how to resume, and end the loop (the process exits 130).
+
+pub mod checkpoint;
+mod metrics;
+pub mod plot;
+
+pub use checkpoint::TrainState;
+pub use metrics::MetricsLog;
+
+use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Asks a running job to stop after its current step and write a checkpoint (Ctrl-C). Returns
+/// true when a stop had already been asked for.
+pub fn request_stop() -> bool {
+    STOP.swap(true, Ordering::SeqCst)
+}
+
+/// True once a stop was asked for.
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Writes `bytes` to `path` atomically and durably (`ember_train::io::write_atomic`).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    ember_train::io::write_atomic(path, bytes)
+        .with_context(|| format!("writing {} failed", path.display()))
+}
+
+/// A line on stderr for the user, unless `quiet` (the one place jobs print from).
+pub fn say(quiet: bool, msg: &str) {
+    if !quiet {
+        eprintln!("{msg}");
+    }
+}
+
+/// A metric for a human: fixed decimals, never a negative zero (`-0.0000` prints `0.0000`).
+pub fn fmt_metric(x: f64, decimals: usize) -> String {
+    let s = format!("{x:.decimals$}");
+    match s.strip_prefix('-') {
+        Some(rest) if rest.chars().all(|c| c == '0' || c == '.') => rest.to_string(),
+        _ => s,
+    }
+}
+
+/// How to run a recipe (the `ember train` flags).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// No progress output.
+    pub quiet: bool,
+    /// Continue from the run directory's latest checkpoint.
+    pub resume: bool,
+    /// Replace an existing run directory's logs.
+    pub overwrite: bool,
+    /// Stop (with a checkpoint) once this many steps are done, as Ctrl-C would.
+    pub stop_after: Option<usize>,
+}
+
+/// What a job tells the run kit about itself.
+#[derive(Debug, Clone)]
+pub struct RunSpec<'a> {
+    /// The recipe's name (progress lines are prefixed `[name]`).
+    pub name: &'a str,
+    /// The resolved recipe (TOML): written to `recipe.resolved.toml`, stored in every
+    /// checkpoint, and compared on `--resume`.
+    pub resolved: &'a str,
+    /// Steps of the run.
+    pub steps: usize,
+    /// Checkpoint every this many steps (0 = only at the end and on a stop).
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    pub keep_checkpoints: usize,
+    /// The metrics drawn in `curves.png`: (reward, held-out accuracy).
+    pub curves: (&'a str, &'a str),
+}
+
+/// What the end of a step does; decided before the step's last work (evaluation), so that a
+/// job can prepare what the checkpoint needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepEnd {
+    /// Steps done after this one.
+    pub done: usize,
+    /// A checkpoint is written.
+    pub checkpoint: bool,
+    /// The run stops here before its last step (Ctrl-C or `--stop-after`).
+    pub stop: bool,
+}
+
+/// An open run directory.
+pub struct Run {
+    out: PathBuf,
+    name: String,
+    resolved: String,
+    opts: RunOptions,
+    steps: usize,
+    checkpoint_every: usize,
+    keep: usize,
+    ckpt_root: PathBuf,
+    resumed: Option<(PathBuf, TrainState)>,
+    log: MetricsLog,
+    tty: bool,
+    mid_line: bool,
+}
+
+impl Run {
+    /// Checks `out` (no clobbering without `--resume`/`--overwrite`), creates it, finds the
+    /// checkpoint to resume from and checks that the recipe is unchanged, writes
+    /// `recipe.resolved.toml` for a new run, and opens the metrics log (keeping the rows up to
+    /// the resumed step).
+    pub fn open(out: &Path, opts: &RunOptions, spec: &RunSpec) -> Result<Self> {
+        if opts.resume && opts.overwrite {
+            bail!("--resume and --overwrite contradict each other");
+        }
+        let ckpt_root = out.join("checkpoints");
+        if opts.resume {
+            if checkpoint::latest(&ckpt_root)?.is_none() {
+                bail!(
+                    "--resume: {} holds no checkpoint to resume from",
+                    out.display()
+                );
+            }
+        } else {
+            if out.join("metrics.jsonl").exists() && !opts.overwrite {
+                bail!(
+                    "{} already holds a run (metrics.jsonl); pass --resume to continue it, \
+                     --overwrite to replace it, or --out <dir> for a new one",
+                    out.display()
+                );
+            }
+            if opts.overwrite && ckpt_root.exists() {
+                std::fs::remove_dir_all(&ckpt_root)
+                    .with_context(|| format!("removing {}", ckpt_root.display()))?;
+            }
+        }
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let resumed = match opts.resume {
+            true => match checkpoint::latest(&ckpt_root)? {
+                Some(dir) => {
+                    let st = checkpoint::read_state(&dir)?;
+                    if st.recipe != spec.resolved {
+                        bail!(
+                            "--resume: the recipe differs from the one {} was started with (see \
+                             {}); resume with the same recipe and --set values",
+                            out.display(),
+                            out.join("recipe.resolved.toml").display()
+                        );
+                    }
+                    Some((dir, st))
+                }
+                None => None,
+            },
+            false => None,
+        };
+        if resumed.is_none() {
+            write_atomic(&out.join("recipe.resolved.toml"), spec.resolved.as_bytes())?;
+        }
+        let log = MetricsLog::open(
+            out,
+            resumed.as_ref().map(|(_, s)| s.step),
+            (spec.curves.0.to_string(), spec.curves.1.to_string()),
+        )?;
+        let run = Self {
+            out: out.to_path_buf(),
+            name: spec.name.to_string(),
+            resolved: spec.resolved.to_string(),
+            opts: opts.clone(),
+            steps: spec.steps,
+            checkpoint_every: spec.checkpoint_every,
+            keep: spec.keep_checkpoints,
+            ckpt_root,
+            resumed,
+            log,
+            tty: std::io::stderr().is_terminal(),
+            mid_line: false,
+        };
+        if let Some((dir, st)) = &run.resumed {
+            run.say(&format!(
+                "resuming from {} (step {})",
+                dir.display(),
+                st.step
+            ));
+        }
+        Ok(run)
+    }
+
+    /// The run directory.
+    pub fn out(&self) -> &Path {
+        &self.out
+    }
+
+    /// The checkpoint resumed from and its state.
+    pub fn resumed(&self) -> Option<(&Path, &TrainState)> {
+        self.resumed.as_ref().map(|(d, s)| (d.as_path(), s))
+    }
+
+    /// The first step to run (0, or the resumed checkpoint's step).
+    pub fn first_step(&self) -> usize {
+        self.resumed.as_ref().map_or(0, |(_, s)| s.step)
+    }
+
+    /// No progress output.
+    pub fn quiet(&self) -> bool {
+        self.opts.quiet
+    }
+
+    /// A line on stderr, prefixed with the run's name (nothing when quiet).
+    pub fn say(&self, msg: &str) {
+        if !self.opts.quiet {
+            if self.mid_line {
+                eprintln!();
+            }
+            eprintln!("[{}] {msg}", self.name);
+        }
+    }
+
+    /// Logs a row outside the step protocol (the step-0 evaluation).
+    pub fn log(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
+        self.log.push(row)
+    }
+
+    /// The checkpoint state of step `step` (the resolved recipe included).
+    pub fn state(&self, step: usize, rng: u64, before: f64, after: f64) -> TrainState {
+        TrainState {
+            step,
+            rng,
+            accuracy_before: before,
+            accuracy_after: after,
+            recipe: self.resolved.clone(),
+        }
+    }
+
+    /// What the end of the step that makes `done` steps will do.
+    pub fn step_end(&self, done: usize) -> StepEnd {
+        let stop = stop_requested() || self.opts.stop_after == Some(done);
+        let periodic = self.checkpoint_every > 0 && done.is_multiple_of(self.checkpoint_every);
+        let last = done >= self.steps;
+        StepEnd {
+            done,
+            checkpoint: stop || periodic || last,
+            stop: stop && !last,
+        }
+    }
+
+    /// Ends a step: the progress line (`stats`), the row logged (CSV and plot published when
+    /// `evaluated`), the checkpoint written by `save` into the directory it is given when `end`
+    /// says so. Returns true when the run stops here.
+    pub fn end_step(
+        &mut self,
+        end: StepEnd,
+        row: BTreeMap<String, f64>,
+        evaluated: bool,
+        stats: &str,
+        save: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<bool> {
+        self.progress(end.done, stats);
+        self.log.push(row)?;
+        if evaluated {
+            self.log.publish()?;
+        }
+        if !end.checkpoint {
+            return Ok(false);
+        }
+        let dir = checkpoint::save(&self.ckpt_root, end.done, self.keep, save)?;
+        if end.stop {
+            self.say(&format!(
+                "stopped after step {}; checkpoint {}; continue with `ember train <recipe> \
+                 --out {} --resume` (same --set values)",
+                end.done,
+                dir.display(),
+                self.out.display()
+            ));
+            self.mid_line = false;
+        }
+        Ok(end.stop)
+    }
+
+    /// One progress line: a bar redrawn in place on a terminal, a line per step otherwise.
+    fn progress(&mut self, done: usize, stats: &str) {
+        if self.opts.quiet {
+            return;
+        }
+        let total = self.steps.max(1);
+        if self.tty {
+            let width = 24;
+            let fill = done.min(total) * width / total;
+            eprint!(
+                "\r[{}] {done:>5}/{total} [{}{}] {stats}\x1b[K",
+                self.name,
+                "#".repeat(fill),
+                "-".repeat(width - fill)
+            );
+            self.mid_line = true;
+        } else {
+            eprintln!("[{}] step {done:>4}/{total} {stats}", self.name);
+        }
+    }
+
+    /// After the loop: ends the progress line, publishes the CSV and the plot, writes
+    /// `summary.json`.
+    pub fn finish(&mut self, summary: &serde_json::Value) -> Result<()> {
+        if self.mid_line && !self.opts.quiet {
+            eprintln!();
+            self.mid_line = false;
+        }
+        self.log.publish()?;
+        write_atomic(
+            &self.out.join("summary.json"),
+            serde_json::to_string_pretty(summary)?.as_bytes(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fmt_metric;
+
+    #[test]
+    fn no_negative_zero() {
+        assert_eq!(fmt_metric(-0.0, 4), "0.0000");
+        assert_eq!(fmt_metric(-0.00001, 4), "0.0000");
+        assert_eq!(fmt_metric(-0.00009, 4), "-0.0001");
+        assert_eq!(fmt_metric(0.25, 3), "0.250");
+        assert_eq!(fmt_metric(f64::NAN, 3), "NaN");
+    }
+}

@@ -763,6 +763,7 @@ fn actor_loss_composes_terms() {
         policy: PolicyLossKind::Vanilla,
         kl: Some(KlLoss {
             estimator: KlEstimator::K1,
+            coef: 0.5,
         }),
         entropy_coef: 0.1,
         ..ActorLossConfig::default()
@@ -772,7 +773,7 @@ fn actor_loss_composes_terms() {
         entropy: Some(t2(&[&[1.0, 3.0]])),
         rollout_log_probs: None,
     };
-    let (loss, metrics) = actor_loss(&cfg, &input, 0.5, norm).unwrap();
+    let (loss, metrics) = actor_loss(&cfg, &input, norm).unwrap();
     assert!((vals(loss)[0] + 0.825).abs() < 1e-6);
     let m = metrics.to_host();
     assert!((m["actor/pg_loss"] + 0.5).abs() < 1e-6 && (m["actor/entropy"] - 2.0).abs() < 1e-6);
@@ -782,7 +783,7 @@ fn actor_loss_composes_terms() {
         ..input
     };
     assert!(
-        actor_loss(&cfg, &input, 0.5, norm)
+        actor_loss(&cfg, &input, norm)
             .unwrap_err()
             .to_string()
             .contains("entropy")

@@ -204,7 +204,7 @@ fn train_bandit(a: Algo, seed: u64, max_steps: usize) -> Option<usize> {
                 entropy: None,
                 rollout_log_probs: None,
             };
-            let (loss, _) = actor_loss(&a.actor, &input, 0.0, norm).expect("loss");
+            let (loss, _) = actor_loss(&a.actor, &input, norm).expect("loss");
             let grads = GradientsParams::from_grads(loss.backward(), &policy);
             policy = opt.step(0.1, policy, grads);
         }
@@ -258,6 +258,7 @@ fn bandit_modifiers_raft_capo_lopti_and_kl() {
     let mut kl = algo(GRPO, PPO);
     kl.actor.kl = Some(KlLoss {
         estimator: KlEstimator::K3,
+        coef: 0.0,
     });
     assert!(train_bandit(kl, 3, BANDIT_STEPS).is_some(), "KL in loss");
 }
@@ -337,7 +338,7 @@ fn train_gaussian(a: Algo, seed: u64, steps: usize) -> f32 {
                 entropy: None,
                 rollout_log_probs: None,
             };
-            let (loss, _) = actor_loss(&a.actor, &input, 0.0, norm).expect("loss");
+            let (loss, _) = actor_loss(&a.actor, &input, norm).expect("loss");
             let grads = GradientsParams::from_grads(loss.backward(), &policy);
             policy = opt.step(0.05, policy, grads);
         }

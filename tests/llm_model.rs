@@ -62,6 +62,25 @@ fn tiny_qwen2_matches_transformers() {
     check_logits("tiny_qwen2");
 }
 
+/// The largest |sampler log-prob − rescored log-prob| over the response tokens of `g`, rescoring
+/// prompt + response with a full forward at `temperature`.
+fn rescoring_gap(model: &ember_llm::Llama, g: &ember_llm::Generation, temperature: f32) -> f32 {
+    let (seq, mask) = g.sequences();
+    let (lp, _) = model.token_log_probs(seq, mask, temperature, false, true);
+    let [rows, total] = lp.dims();
+    let new = g.tokens.dims()[1];
+    let rescored = vals(lp.slice([0..rows, total - new..total]));
+    let sampled = vals(g.log_probs.clone());
+    let m = vals(g.mask.clone());
+    rescored
+        .iter()
+        .zip(&sampled)
+        .zip(&m)
+        .filter(|(_, m)| **m > 0.0)
+        .map(|((a, b), _)| (a - b).abs())
+        .fold(0f32, f32::max)
+}
+
 #[test]
 fn cached_decode_matches_full_forward_and_rescoring() {
     let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
@@ -77,20 +96,7 @@ fn cached_decode_matches_full_forward_and_rescoring() {
     };
     let g = generate(model, &prompts, &cfg, &dev()).unwrap();
     assert_eq!(g.group_ids, vec![0, 0, 0, 1, 1, 1]);
-    let (seq, mask) = g.sequences();
-    let (lp, _) = model.token_log_probs(seq, mask, 0.7, false, true);
-    let [rows, total] = lp.dims();
-    let new = g.tokens.dims()[1];
-    let rescored = vals(lp.slice([0..rows, total - new..total]));
-    let sampled = vals(g.log_probs.clone());
-    let m = vals(g.mask.clone());
-    let worst = rescored
-        .iter()
-        .zip(&sampled)
-        .zip(&m)
-        .filter(|(_, m)| **m > 0.0)
-        .map(|((a, b), _)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = rescoring_gap(model, &g, 0.7);
     eprintln!("sampling vs rescoring: max |Δ log-prob| = {worst:e}");
     assert!(
         worst <= 1e-4,
@@ -162,25 +168,13 @@ fn greedy_log_probs_agree_with_rescoring_at_the_scoring_temperature() {
     };
     assert_eq!(cfg.scoring_temperature(), 1.0);
     let g = generate(model, &prompts, &cfg, &dev()).unwrap();
-    let (seq, mask) = g.sequences();
-    let (lp, _) = model.token_log_probs(seq, mask, cfg.scoring_temperature(), false, true);
-    let [rows, total] = lp.dims();
-    let new = g.tokens.dims()[1];
-    let rescored = vals(lp.slice([0..rows, total - new..total]));
-    let sampled = vals(g.log_probs.clone());
-    let m = vals(g.mask.clone());
-    let worst = rescored
-        .iter()
-        .zip(&sampled)
-        .zip(&m)
-        .filter(|(_, m)| **m > 0.0)
-        .map(|((a, b), _)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = rescoring_gap(model, &g, cfg.scoring_temperature());
     assert!(
         worst <= 1e-4,
         "greedy log-probs differ from rescoring by {worst}"
     );
     // Log-probs of the model's own distribution, not the ≈ 0 of a near-zero temperature.
+    let sampled = vals(g.log_probs.clone());
     assert!(sampled.iter().any(|x| *x < -1e-2), "{sampled:?}");
 }
 

@@ -253,17 +253,10 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                     ..exp_host
                 };
                 let mut order_rng = SplitMix64(rng.next_u64());
-                let (m, stats) = update(
-                    model,
-                    &mut optim,
-                    &exp,
-                    &batch,
-                    &adv,
-                    &upd,
-                    lr,
-                    r.rl.kl_coef,
-                    &mut |n| order_rng.permutation(n),
-                )?;
+                let (m, stats) =
+                    update(model, &mut optim, &exp, &batch, &adv, &upd, lr, &mut |n| {
+                        order_rng.permutation(n)
+                    })?;
                 model = m;
                 row.extend(stats.metrics);
             }
@@ -416,6 +409,7 @@ fn update_config(r: &FlowRecipe) -> UpdateConfig {
             agg: LossAgg::TokenMean,
             kl: (r.rl.kl_coef > 0.0).then_some(KlLoss {
                 estimator: KlEstimator::K3,
+                coef: r.rl.kl_coef,
             }),
             entropy_coef: 0.0,
             mismatch: None,

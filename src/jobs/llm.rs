@@ -184,7 +184,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             let _ = base.sync();
             timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
         }
-        if matches!(parts.advantage.kind, AdvantageKind::Remax) {
+        if parts.advantage.kind.needs_greedy_baseline() {
             let baseline = greedy_baseline(
                 &mut scorer,
                 step,
@@ -226,7 +226,6 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 &upd,
                 step,
                 lr,
-                r.train.kl_coef,
                 &mut |n| order_rng.permutation(n),
                 &mut row,
             )?;

@@ -190,7 +190,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     );
     let group_ids: Vec<usize> = (0..rows).map(|i| i / n).collect();
     let rewards: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
-    let needs_greedy = matches!(parts.advantage.kind, AdvantageKind::Remax);
+    let needs_greedy = parts.advantage.kind.needs_greedy_baseline();
     let kl_reference = (r.train.kl_coef > 0.0).then_some(Reference::AdaptersOff);
     let mut passes = Vec::new();
     for pass in 1..=opts.passes {
@@ -283,7 +283,6 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                     &upd,
                     0,
                     r.train.lr,
-                    r.train.kl_coef,
                     &mut |m: usize| (0..m).collect::<Vec<_>>(),
                     &mut row,
                 )

@@ -78,13 +78,12 @@ pub fn update_policy(
     upd: &UpdateConfig,
     step: usize,
     lr: f64,
-    kl_coef: f32,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
     row: &mut BTreeMap<String, f64>,
 ) -> Result<Llama> {
     let adv = compute_advantages(adv_cfg, batch, step)?;
     row.extend(adv.metrics.to_host());
-    let (model, stats) = update(model, optim, exp, batch, &adv, upd, lr, kl_coef, order)?;
+    let (model, stats) = update(model, optim, exp, batch, &adv, upd, lr, order)?;
     row.extend(stats.metrics);
     Ok(model)
 }

@@ -381,6 +381,22 @@ impl Recipe {
         {
             bail!("rollout.prompts_per_step, task.eval_size and warmup.batch must be >= 1");
         }
+        if let Some(kl) = self.loss.and_then(|l| l.kl) {
+            if self.train.kl_coef <= 0.0 || self.train.kl_coef.is_nan() {
+                bail!(
+                    "[loss.kl] needs train.kl_coef > 0: train.kl_coef is the KL coefficient and \
+                     turns on the reference log-probs"
+                );
+            }
+            if kl.coef != 0.0 && kl.coef != self.train.kl_coef {
+                bail!(
+                    "loss.kl.coef = {} differs from train.kl_coef = {}: give the coefficient \
+                     once, as train.kl_coef",
+                    kl.coef,
+                    self.train.kl_coef
+                );
+            }
+        }
         if self.train.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }
@@ -398,9 +414,12 @@ impl Recipe {
         if let Some(l) = self.loss {
             parts.loss = l;
         }
-        if self.train.kl_coef > 0.0 && parts.loss.kl.is_none() {
+        // `train.kl_coef` is the recipe's one KL coefficient; `[loss.kl]` may pick the
+        // estimator (k3 by default).
+        if self.train.kl_coef > 0.0 {
             parts.loss.kl = Some(KlLoss {
-                estimator: KlEstimator::K3,
+                estimator: parts.loss.kl.map_or(KlEstimator::K3, |k| k.estimator),
+                coef: self.train.kl_coef,
             });
         }
         parts

@@ -324,7 +324,93 @@ impl Run {
 
 #[cfg(test)]
 mod tests {
-    use super::fmt_metric;
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ember-run-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn spec(steps: usize) -> RunSpec<'static> {
+        RunSpec {
+            name: "t",
+            resolved: "name = \"t\"\n",
+            steps,
+            checkpoint_every: 0,
+            keep_checkpoints: 2,
+            curves: ("reward", "eval/accuracy"),
+        }
+    }
+
+    fn row(step: usize, eval: bool) -> BTreeMap<String, f64> {
+        let mut r = BTreeMap::from([("step".to_string(), step as f64), ("reward".into(), 0.5)]);
+        if eval {
+            r.insert("eval/accuracy".into(), 0.25);
+        }
+        r
+    }
+
+    /// The end-of-step protocol: `metrics.csv` and `curves.png` appear at the first evaluation
+    /// (not only at the end), a stop before the last step checkpoints and ends the loop, and the
+    /// last step checkpoints.
+    #[test]
+    fn every_evaluation_publishes_and_a_stop_checkpoints() {
+        let d = tmpdir("protocol");
+        let opts = RunOptions {
+            quiet: true,
+            stop_after: Some(3),
+            ..RunOptions::default()
+        };
+        let mut run = Run::open(&d, &opts, &spec(4)).unwrap();
+        assert!(
+            !d.join("metrics.jsonl").exists(),
+            "created before the first row"
+        );
+        let save = |run: &Run, step: usize| {
+            let st = run.state(step, 7, 0.0, 0.25);
+            move |dir: &Path| {
+                std::fs::write(dir.join(checkpoint::STATE), serde_json::to_string(&st)?)?;
+                Ok(())
+            }
+        };
+        let end = run.step_end(1);
+        assert!(!end.checkpoint && !end.stop);
+        let s = save(&run, 1);
+        assert!(!run.end_step(end, row(1, false), false, "", s).unwrap());
+        assert!(!d.join("metrics.csv").exists());
+        let end = run.step_end(2);
+        let s = save(&run, 2);
+        assert!(!run.end_step(end, row(2, true), true, "", s).unwrap());
+        let csv = std::fs::read_to_string(d.join("metrics.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 3, "{csv}");
+        assert!(d.join("curves.png").exists());
+        let end = run.step_end(3);
+        assert!(end.checkpoint && end.stop);
+        let s = save(&run, 3);
+        assert!(run.end_step(end, row(3, false), false, "", s).unwrap());
+        let latest = checkpoint::latest(&d.join("checkpoints")).unwrap().unwrap();
+        assert_eq!(checkpoint::read_state(&latest).unwrap().step, 3);
+        // Resuming keeps the three rows and starts at step 3; the last step checkpoints.
+        drop(run);
+        let opts = RunOptions {
+            quiet: true,
+            resume: true,
+            ..RunOptions::default()
+        };
+        let run = Run::open(&d, &opts, &spec(4)).unwrap();
+        assert_eq!(run.first_step(), 3);
+        let end = run.step_end(4);
+        assert!(end.checkpoint && !end.stop);
+        // A different recipe is refused on resume.
+        let other = RunSpec {
+            resolved: "name = \"u\"\n",
+            ..spec(4)
+        };
+        let err = Run::open(&d, &opts, &other).err().unwrap();
+        assert!(format!("{err:#}").contains("recipe differs"), "{err:#}");
+        std::fs::remove_dir_all(&d).ok();
+    }
 
     #[test]
     fn no_negative_zero() {

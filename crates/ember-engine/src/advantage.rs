@@ -182,6 +182,14 @@ pub struct AdvantageConfig {
     pub clip: Option<f32>,
 }
 
+impl AdvantageKind {
+    /// Whether the estimator needs `RolloutBatch::baseline_rewards`: the reward of each
+    /// prompt's greedy response (ReMax). A job asks this instead of naming estimators.
+    pub fn needs_greedy_baseline(&self) -> bool {
+        matches!(self, Self::Remax)
+    }
+}
+
 impl AdvantageConfig {
     /// A config with only an estimator.
     pub fn new(kind: AdvantageKind) -> Self {

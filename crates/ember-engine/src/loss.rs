@@ -518,6 +518,10 @@ pub struct KlLoss {
     /// The estimator.
     #[serde(default)]
     pub estimator: KlEstimator,
+    /// β: the loss adds β · agg(KL) (GRPO, Shao et al. 2024, eq. 3). An adaptive controller
+    /// ([`crate::KlController`]) sets it per step.
+    #[serde(default)]
+    pub coef: f32,
 }
 
 /// The complete actor objective.
@@ -530,8 +534,8 @@ pub struct ActorLossConfig {
     /// Aggregation of per-step losses.
     #[serde(default)]
     pub agg: LossAgg,
-    /// KL(π‖π_ref) in the loss (GRPO, Shao et al. 2024, eq. 3), weighted by the coefficient
-    /// passed to [`actor_loss`]; None keeps KL out of the loss.
+    /// KL(π‖π_ref) in the loss (GRPO, Shao et al. 2024, eq. 3) with its coefficient; None
+    /// keeps KL out of the loss.
     #[serde(default)]
     pub kl: Option<KlLoss>,
     /// Entropy bonus coefficient: loss −= coef · agg(entropy).
@@ -558,7 +562,6 @@ pub struct ActorInput {
 pub fn actor_loss(
     config: &ActorLossConfig,
     input: &ActorInput,
-    kl_coef: f32,
     norm: AggNorm,
 ) -> Result<(Tensor<1>, Metrics)> {
     config.agg.validate()?;
@@ -595,8 +598,8 @@ pub fn actor_loss(
         let k = kl_penalty(input.policy.log_probs.clone(), reference, kl.estimator);
         let kl_loss = aggregate(k, mask.clone(), config.agg, norm);
         metrics.push("actor/kl_loss", kl_loss.clone());
-        metrics.push_f32("actor/kl_coef", kl_coef, &kl_loss.device());
-        loss = loss + kl_loss * kl_coef;
+        metrics.push_f32("actor/kl_coef", kl.coef, &kl_loss.device());
+        loss = loss + kl_loss * kl.coef;
     }
     if let Some(entropy) = &input.entropy {
         check_shape("entropy", entropy.dims(), mask.dims())?;

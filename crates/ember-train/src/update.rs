@@ -95,7 +95,6 @@ pub fn update<A: Actor>(
     adv: &Advantages,
     cfg: &UpdateConfig,
     lr: f64,
-    kl_coef: f32,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
 ) -> Result<(A, UpdateStats), EngineError> {
     let [rows, _] = batch.dims();
@@ -143,7 +142,7 @@ pub fn update<A: Actor>(
                     entropy: scored.entropy,
                     rollout_log_probs: batch.rollout_log_probs.as_ref().map(|r| select2(r, &idx)),
                 };
-                let (loss, metrics) = actor_loss(&cfg.loss, &input, kl_coef, norm)?;
+                let (loss, metrics) = actor_loss(&cfg.loss, &input, norm)?;
                 let grads = GradientsParams::from_grads(loss.backward(), &actor);
                 acc.accumulate(&actor, grads);
                 for (k, v) in metrics.to_host() {

@@ -522,7 +522,7 @@ pub fn router_pg_loss(
         entropy: None,
         rollout_log_probs: None,
     };
-    let (loss, mut metrics) = actor_loss(&config, &input, 0.0, AggNorm::of_mask(&adv.mask))?;
+    let (loss, mut metrics) = actor_loss(&config, &input, AggNorm::of_mask(&adv.mask))?;
     metrics.extend(adv.metrics);
     Ok((loss, metrics))
 }

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub(crate) mod hf;
 pub mod load;
 pub mod lora;
 pub mod mixture;

@@ -7,9 +7,8 @@
 use crate::config::{HfConfig, LlamaConfig, ids_of};
 use crate::error::{LlmError, Result};
 use crate::gguf::{GgufFile, Value};
-use crate::model::{Attention, Block, Llama, Mlp};
+use crate::model::Llama;
 use burn::module::Param;
-use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{Device, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -317,171 +316,65 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
     Ok(cfg)
 }
 
-/// Reads one named tensor of an expected shape.
-type Take<'a> = dyn FnMut(&str, &[usize]) -> Result<Vec<f32>> + 'a;
-
-/// Builds the model from `source`, checking every tensor's shape.
+/// Builds the model from `source`, checking every tensor's shape: the structure of
+/// [`LlamaConfig::init`] (whose parameters are initialised lazily, so its random values are never
+/// drawn) with each parameter of the Hugging Face layout ([`crate::hf::visit`]) read from
+/// `source`.
 pub fn build_model(
     cfg: &LlamaConfig,
     source: &mut dyn WeightSource,
     device: &Device,
 ) -> Result<Llama> {
-    let path = source.path().to_path_buf();
-    let mut take = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let (data, actual) = source
-            .get(name, shape)?
-            .ok_or_else(|| LlmError::Checkpoint {
-                path: path.clone(),
-                reason: format!("missing tensor `{name}`"),
-            })?;
+    let mut model = cfg.init(device);
+    let mut loader = Loader { source, device };
+    crate::hf::visit(&mut model, &mut loader)?;
+    Ok(model)
+}
+
+/// Fills parameters from a [`WeightSource`].
+struct Loader<'a> {
+    source: &'a mut dyn WeightSource,
+    device: &'a Device,
+}
+
+impl Loader<'_> {
+    /// The tensor `name` with exactly `shape`.
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (data, actual) =
+            self.source
+                .get(name, shape)?
+                .ok_or_else(|| LlmError::Checkpoint {
+                    path: self.source.path().to_path_buf(),
+                    reason: format!("missing tensor `{name}`"),
+                })?;
         if actual != shape {
             return Err(LlmError::Checkpoint {
-                path: path.clone(),
+                path: self.source.path().to_path_buf(),
                 reason: format!("tensor `{name}` has shape {actual:?}, expected {shape:?}"),
             });
         }
         Ok(data)
-    };
-    let t1 = |v: Vec<f32>, n: usize| {
-        Param::from_tensor(Tensor::<1>::from_data(TensorData::new(v, [n]), device))
-    };
-    let hd = cfg.head_dim();
-    let linear = |take: &mut Take<'_>,
-                  prefix: &str,
-                  d_in: usize,
-                  d_out: usize,
-                  bias: bool|
-     -> Result<Linear> {
-        let w = take(&format!("{prefix}.weight"), &[d_out, d_in])?;
-        let mut t = vec![0f32; w.len()];
-        for o in 0..d_out {
-            for i in 0..d_in {
-                t[i * d_out + o] = w[o * d_in + i];
-            }
-        }
-        let weight = Param::from_tensor(Tensor::<2>::from_data(
-            TensorData::new(t, [d_in, d_out]),
-            device,
-        ));
-        let bias = if bias {
-            Some(t1(take(&format!("{prefix}.bias"), &[d_out])?, d_out))
-        } else {
-            None
-        };
-        Ok(Linear { weight, bias })
-    };
-    let norm = |v: Vec<f32>| RmsNorm {
-        gamma: t1(v, cfg.d_model),
-        epsilon: cfg.rms_norm_eps,
-    };
-    let mut layers = Vec::with_capacity(cfg.n_layers);
-    for l in 0..cfg.n_layers {
-        let p = format!("model.layers.{l}");
-        let a = format!("{p}.self_attn");
-        let m = format!("{p}.mlp");
-        layers.push(Block {
-            input_layernorm: norm(take(
-                &format!("{p}.input_layernorm.weight"),
-                &[cfg.d_model],
-            )?),
-            self_attn: Attention {
-                q_proj: linear(
-                    &mut take,
-                    &format!("{a}.q_proj"),
-                    cfg.d_model,
-                    cfg.n_heads * hd,
-                    cfg.qkv_bias,
-                )?,
-                k_proj: linear(
-                    &mut take,
-                    &format!("{a}.k_proj"),
-                    cfg.d_model,
-                    cfg.n_kv_heads * hd,
-                    cfg.qkv_bias,
-                )?,
-                v_proj: linear(
-                    &mut take,
-                    &format!("{a}.v_proj"),
-                    cfg.d_model,
-                    cfg.n_kv_heads * hd,
-                    cfg.qkv_bias,
-                )?,
-                o_proj: linear(
-                    &mut take,
-                    &format!("{a}.o_proj"),
-                    cfg.n_heads * hd,
-                    cfg.d_model,
-                    cfg.out_bias,
-                )?,
-                q_mix: None,
-                k_mix: None,
-                v_mix: None,
-                o_mix: None,
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: hd,
-            },
-            post_attention_layernorm: norm(take(
-                &format!("{p}.post_attention_layernorm.weight"),
-                &[cfg.d_model],
-            )?),
-            mlp: Mlp {
-                gate_proj: linear(
-                    &mut take,
-                    &format!("{m}.gate_proj"),
-                    cfg.d_model,
-                    cfg.d_ff,
-                    cfg.out_bias,
-                )?,
-                up_proj: linear(
-                    &mut take,
-                    &format!("{m}.up_proj"),
-                    cfg.d_model,
-                    cfg.d_ff,
-                    cfg.out_bias,
-                )?,
-                down_proj: linear(
-                    &mut take,
-                    &format!("{m}.down_proj"),
-                    cfg.d_ff,
-                    cfg.d_model,
-                    cfg.out_bias,
-                )?,
-                gate_mix: None,
-                up_mix: None,
-                down_mix: None,
-            },
-        });
     }
-    let embed = take("model.embed_tokens.weight", &[cfg.vocab_size, cfg.d_model])?;
-    let embed_tokens = Embedding {
-        weight: Param::from_tensor(Tensor::<2>::from_data(
-            TensorData::new(embed, [cfg.vocab_size, cfg.d_model]),
-            device,
-        )),
-    };
-    let final_norm = norm(take("model.norm.weight", &[cfg.d_model])?);
-    let lm_head = if cfg.tie_embeddings {
-        None
-    } else {
-        Some(linear(
-            &mut take,
-            "lm_head",
-            cfg.d_model,
-            cfg.vocab_size,
-            false,
-        )?)
-    };
-    Ok(Llama {
-        embed_tokens,
-        layers,
-        norm: final_norm,
-        lm_head,
-        rope_theta: cfg.rope_theta,
-        max_positions: cfg.max_position_embeddings,
-        precision: crate::model::Precision::F32,
-        fused_attention: false,
-    })
+}
+
+impl crate::hf::Visitor for Loader<'_> {
+    fn vector(&mut self, name: &str, p: &mut Param<Tensor<1>>) -> Result<()> {
+        let [n] = p.lazy_shape().dims();
+        let v = self.take(name, &[n])?;
+        *p = Param::from_tensor(Tensor::from_data(TensorData::new(v, [n]), self.device));
+        Ok(())
+    }
+
+    fn matrix(&mut self, name: &str, p: &mut Param<Tensor<2>>, transposed: bool) -> Result<()> {
+        let [d0, d1] = p.lazy_shape().dims();
+        let v = if transposed {
+            crate::hf::transpose(&self.take(name, &[d1, d0])?, d1, d0)
+        } else {
+            self.take(name, &[d0, d1])?
+        };
+        *p = Param::from_tensor(Tensor::from_data(TensorData::new(v, [d0, d1]), self.device));
+        Ok(())
+    }
 }
 
 /// A loaded checkpoint: model, config, and the eos ids the checkpoint declares.
@@ -546,91 +439,53 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
     })
 }
 
-fn host(t: Tensor<2>) -> (Vec<f32>, [usize; 2]) {
-    let dims = t.dims();
-    (t.try_into_vec_as::<f32>().unwrap_or_default(), dims)
+/// Collects parameters as `(name, shape, little-endian bytes)` in the Hugging Face layout.
+#[derive(Default)]
+struct Saver {
+    tensors: Vec<(String, Vec<usize>, Vec<u8>)>,
+}
+
+impl Saver {
+    fn push(&mut self, name: &str, shape: Vec<usize>, v: &[f32]) {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.tensors.push((name.to_string(), shape, bytes));
+    }
+}
+
+fn host_vec<const D: usize>(name: &str, t: Tensor<D>) -> Result<Vec<f32>> {
+    t.try_into_vec_as::<f32>()
+        .map_err(|e| LlmError::Input(format!("reading `{name}` from the device: {e:?}")))
+}
+
+impl crate::hf::Visitor for Saver {
+    fn vector(&mut self, name: &str, p: &mut Param<Tensor<1>>) -> Result<()> {
+        let v = host_vec(name, p.val())?;
+        self.push(name, vec![v.len()], &v);
+        Ok(())
+    }
+
+    fn matrix(&mut self, name: &str, p: &mut Param<Tensor<2>>, transposed: bool) -> Result<()> {
+        let [d0, d1] = p.dims();
+        let v = host_vec(name, p.val())?;
+        if transposed {
+            self.push(name, vec![d1, d0], &crate::hf::transpose(&v, d0, d1));
+        } else {
+            self.push(name, vec![d0, d1], &v);
+        }
+        Ok(())
+    }
 }
 
 /// Writes `model` (its effective weights: LoRA merged) as Hugging Face `model.safetensors` plus
 /// `config.json` into `dir`, which `transformers` loads with `from_pretrained`. Files are written
-/// to temporary names and renamed, so an interrupted save leaves no half-written checkpoint.
+/// atomically, so an interrupted save leaves no half-written checkpoint.
 pub fn save_hf(model: &Llama, cfg: &LlamaConfig, eos_ids: &[u32], dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| LlmError::io(dir, e))?;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, v: Vec<f32>| {
-        tensors.push((
-            name,
-            shape,
-            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ));
-    };
-    let linear = |push: &mut dyn FnMut(String, Vec<usize>, Vec<f32>), name: &str, l: &Linear| {
-        let (w, [d_in, d_out]) = host(l.weight.val());
-        let mut t = vec![0f32; w.len()];
-        for i in 0..d_in {
-            for o in 0..d_out {
-                t[o * d_in + i] = w[i * d_out + o];
-            }
-        }
-        push(format!("{name}.weight"), vec![d_out, d_in], t);
-        if let Some(b) = &l.bias {
-            push(
-                format!("{name}.bias"),
-                vec![d_out],
-                b.val().try_into_vec_as::<f32>().unwrap_or_default(),
-            );
-        }
-    };
-    let vec1 = |t: Tensor<1>| t.try_into_vec_as::<f32>().unwrap_or_default();
-    let (e, [v, d]) = host(model.embed_tokens.weight.val());
-    push("model.embed_tokens.weight".into(), vec![v, d], e);
-    for (i, l) in model.layers.iter().enumerate() {
-        let p = format!("model.layers.{i}");
-        push(
-            format!("{p}.input_layernorm.weight"),
-            vec![d],
-            vec1(l.input_layernorm.gamma.val()),
-        );
-        push(
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![d],
-            vec1(l.post_attention_layernorm.gamma.val()),
-        );
-        linear(
-            &mut push,
-            &format!("{p}.self_attn.q_proj"),
-            &l.self_attn.q_proj,
-        );
-        linear(
-            &mut push,
-            &format!("{p}.self_attn.k_proj"),
-            &l.self_attn.k_proj,
-        );
-        linear(
-            &mut push,
-            &format!("{p}.self_attn.v_proj"),
-            &l.self_attn.v_proj,
-        );
-        linear(
-            &mut push,
-            &format!("{p}.self_attn.o_proj"),
-            &l.self_attn.o_proj,
-        );
-        linear(&mut push, &format!("{p}.mlp.gate_proj"), &l.mlp.gate_proj);
-        linear(&mut push, &format!("{p}.mlp.up_proj"), &l.mlp.up_proj);
-        linear(&mut push, &format!("{p}.mlp.down_proj"), &l.mlp.down_proj);
-    }
-    push(
-        "model.norm.weight".into(),
-        vec![d],
-        vec1(model.norm.gamma.val()),
-    );
-    if let Some(head) = &model.lm_head {
-        linear(&mut push, "lm_head", head);
-    }
+    let mut saver = Saver::default();
+    crate::hf::visit(&mut model.clone(), &mut saver)?;
     write_safetensors(
         &dir.join("model.safetensors"),
-        &tensors,
+        &saver.tensors,
         Some(&[("format", "pt")]),
     )?;
     let json = serde_json::to_string_pretty(&cfg.to_hf_json(eos_ids, None)).unwrap_or_default();

@@ -5,7 +5,10 @@
 //! checkpoint (the run kit's end-of-step protocol). Also `ember eval`.
 
 use crate::engine::*;
-use crate::llm::step::{Reference, optimizer, rescore, update_config, update_policy};
+use crate::llm::step::{
+    Reference, experience, greedy_sampling, optimizer, rescore, rollout_sampling, update_config,
+    update_policy,
+};
 use crate::llm::{
     Policy, build_policy, build_policy_with, evaluate, load_checkpoint, model_config, model_record,
     warm_up, write_final,
@@ -139,15 +142,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             .map(|e| policy.prompt_ids(e, max_new))
             .collect::<Result<Vec<_>>>()?;
         let sampler = policy.model.valid();
-        let sc = SamplingConfig {
-            temperature: r.rollout.temperature,
-            max_new_tokens: max_new,
-            n: r.rollout.samples_per_prompt,
-            seed: rng.next_u64(),
-            stop_tokens: policy.stop.clone(),
-            prompt_bucket: r.rollout.shape_bucket,
-            ..SamplingConfig::default()
-        };
+        let sc = rollout_sampling(r, &policy.stop, rng.next_u64());
         let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
         let responses = g.response_ids();
         // Phase wall times as verl logs them (`timing_s/*`); `response_ids` above already
@@ -161,13 +156,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         // Rescoring: old-policy and reference log-probs without gradients; ReMax's greedy
         // baseline.
         let (seq, seq_mask) = g.sequences();
-        let host_exp = LlmExperience {
-            tokens: seq,
-            mask: seq_mask,
-            response_len: g.tokens.dims()[1],
-            temperature: sc.scoring_temperature(),
-            adapters: true,
-        };
+        let host_exp = experience(seq, seq_mask, g.tokens.dims()[1], &sc);
         let mut batch = RolloutBatch::new(
             g.mask.clone().to_device(&ad),
             Tensor::from_floats(rewards.as_slice(), &ad),
@@ -330,12 +319,7 @@ fn greedy_baseline(
     prompts: &[Vec<u32>],
     examples: &[Example],
 ) -> Result<Vec<f32>> {
-    let greedy = SamplingConfig {
-        temperature: 0.0,
-        n: 1,
-        ..sc.clone()
-    };
-    let gg = generate(sampler, prompts, &greedy, device)?;
+    let gg = generate(sampler, prompts, &greedy_sampling(sc), device)?;
     let texts: Vec<String> = gg.response_ids().iter().map(|r| policy.decode(r)).collect();
     let mut scratch = BTreeMap::new();
     scorer.score(step + 1, &completions(&gg, examples, &texts), &mut scratch)

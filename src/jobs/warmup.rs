@@ -10,7 +10,10 @@
 //! away.
 
 use crate::engine::*;
-use crate::llm::step::{Reference, optimizer, rescore, update_config, update_policy};
+use crate::llm::step::{
+    Reference, experience, greedy_sampling, optimizer, rescore, rollout_sampling, update_config,
+    update_policy,
+};
 use crate::llm::{Policy, build_policy, evaluate};
 use crate::recipe::llm::Recipe;
 use crate::run::say;
@@ -20,7 +23,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 use ember_llm::actor::LlmExperience;
 use ember_llm::cache::bucketed;
-use ember_llm::{SamplingConfig, generate};
+use ember_llm::generate;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -206,29 +209,17 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
         let sampler = policy.model.valid();
         for (i, (w, prompts)) in sh.prompt_batches.iter().enumerate() {
             let t0 = Instant::now();
-            let sc = SamplingConfig {
-                temperature: r.rollout.temperature,
-                max_new_tokens: max_new,
-                n,
-                seed: r.seed.wrapping_add(i as u64),
-                // The job's stop tokens (the per-step "finished" bookkeeping compiles kernels
-                // of its own); random weights rarely stop early, so decode steps still run.
-                stop_tokens: policy.stop.clone(),
-                prompt_bucket: r.rollout.shape_bucket,
-                ..SamplingConfig::default()
-            };
+            // The job's sampler with its stop tokens (the per-step "finished" bookkeeping
+            // compiles kernels of its own); random weights rarely stop early, so decode steps
+            // still run.
+            let sc = rollout_sampling(r, &policy.stop, r.seed.wrapping_add(i as u64));
             let g = generate(&sampler, prompts, &sc, &base)
                 .with_context(|| format!("generating at prompt width {w}"))?
                 .padded(r.rollout.shape_bucket);
             // The job's padding and concatenation of prompt and response.
             let _ = g.sequences();
             if needs_greedy {
-                let greedy = SamplingConfig {
-                    temperature: 0.0,
-                    n: 1,
-                    ..sc.clone()
-                };
-                generate(&sampler, prompts, &greedy, &base)?;
+                generate(&sampler, prompts, &greedy_sampling(&sc), &base)?;
             }
             drop(g);
             sync(&base)?;
@@ -238,17 +229,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
             for &nw in &sh.response_widths {
                 let tokens = Tensor::<2, Int>::zeros([rows, w + nw], &base);
                 let mask = Tensor::<2>::ones([rows, w + nw], &base);
-                let exp = LlmExperience {
-                    tokens,
-                    mask,
-                    response_len: nw,
-                    temperature: SamplingConfig {
-                        temperature: r.rollout.temperature,
-                        ..SamplingConfig::default()
-                    }
-                    .scoring_temperature(),
-                    adapters: true,
-                };
+                let exp = experience(tokens, mask, nw, &rollout_sampling(r, &policy.stop, 0));
                 let t0 = Instant::now();
                 let mut batch = RolloutBatch::new(
                     Tensor::<2>::ones([rows, nw], &ad),

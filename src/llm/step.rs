@@ -7,10 +7,52 @@ use crate::recipe::llm::Recipe;
 use anyhow::Result;
 use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
-use ember_llm::Llama;
+use burn::tensor::{Int, Tensor};
 use ember_llm::actor::LlmExperience;
+use ember_llm::{Llama, SamplingConfig};
 use ember_train::{OptimizerConfig, UpdateConfig, update};
 use std::collections::BTreeMap;
+
+/// The rollout sampler of a recipe's step: its temperature, response length, group size and
+/// prompt bucket, the policy's stop tokens, and the step's `seed`.
+pub fn rollout_sampling(r: &Recipe, stop: &[u32], seed: u64) -> SamplingConfig {
+    SamplingConfig {
+        temperature: r.rollout.temperature,
+        max_new_tokens: r.rollout.max_new_tokens,
+        n: r.rollout.samples_per_prompt,
+        seed,
+        stop_tokens: stop.to_vec(),
+        prompt_bucket: r.rollout.shape_bucket,
+        ..SamplingConfig::default()
+    }
+}
+
+/// ReMax's greedy pass (Li et al. 2024): the rollout sampler at temperature 0, one response per
+/// prompt.
+pub fn greedy_sampling(sc: &SamplingConfig) -> SamplingConfig {
+    SamplingConfig {
+        temperature: 0.0,
+        n: 1,
+        ..sc.clone()
+    }
+}
+
+/// The experience of a rollout: prompt + response `tokens` and `mask`, scored at the sampler's
+/// own temperature (`SamplingConfig::scoring_temperature`) with the adapters on.
+pub fn experience(
+    tokens: Tensor<2, Int>,
+    mask: Tensor<2>,
+    response_len: usize,
+    sc: &SamplingConfig,
+) -> LlmExperience {
+    LlmExperience {
+        tokens,
+        mask,
+        response_len,
+        temperature: sc.scoring_temperature(),
+        adapters: true,
+    }
+}
 
 /// The update schedule of a recipe's RL phase with the resolved actor loss.
 pub fn update_config(r: &Recipe, loss: ActorLossConfig) -> UpdateConfig {

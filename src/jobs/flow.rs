@@ -26,7 +26,9 @@ use burn::module::{Lora, Module, ParamGroup};
 use burn::store::ModuleRecord;
 use burn::tensor::{Distribution, Tensor, TensorData};
 use ember_flow::{DigitClassifier, FlowDit, FlowExperience, ram_loss, sde_coefs, sigmas};
-use ember_train::{LrSchedule, OptimizerConfig, UpdateConfig, accumulated_step, update};
+use ember_train::{
+    LrSchedule, OptimizerConfig, UpdateConfig, UpdateSchedule, accumulated_step, update,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -397,9 +399,11 @@ fn advantage_config(r: &FlowRecipe) -> AdvantageConfig {
 /// adapter-free model when `rl.kl_coef` > 0.
 fn update_config(r: &FlowRecipe) -> UpdateConfig {
     UpdateConfig {
-        epochs: r.rl.epochs,
-        mini_batches: r.rl.mini_batches,
-        micro_batch_rows: 0,
+        schedule: UpdateSchedule {
+            epochs: r.rl.epochs,
+            mini_batches: r.rl.mini_batches,
+            micro_batch_rows: 0,
+        },
         loss: ActorLossConfig {
             policy: PolicyLossKind::Ppo {
                 clip_low: r.rl.clip_range,

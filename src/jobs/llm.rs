@@ -23,7 +23,6 @@ use burn::store::ModuleRecord;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig, generate};
-use ember_train::LrSchedule;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -56,9 +55,9 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         &RunSpec {
             name: &r.name,
             resolved: &resolved,
-            steps: r.train.steps,
-            checkpoint_every: r.train.checkpoint_every,
-            keep_checkpoints: r.train.keep_checkpoints,
+            steps: r.train.run.steps,
+            checkpoint_every: r.train.run.checkpoint_every,
+            keep_checkpoints: r.train.run.keep_checkpoints,
             curves: ("rollout/reward_mean", "eval/accuracy"),
         },
     )?;
@@ -93,7 +92,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                     t0.elapsed().as_secs_f64()
                 ));
             }
-            if r.train.kl_coef > 0.0 && policy.lora.is_none() {
+            if r.train.run.kl_coef > 0.0 && policy.lora.is_none() {
                 let record = policy.model.clone().into_record();
                 ember_train::io::write_atomic_with(&reference_path, |tmp| {
                     record.save(tmp).map_err(|e| anyhow!("{e}"))
@@ -114,7 +113,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let parts = r.algorithm_parts();
     let upd = update_config(r, parts.loss);
     let reference = load_reference(r, &policy, &reference_path, &ad)?;
-    let kl_reference = (r.train.kl_coef > 0.0).then_some(match &reference {
+    let kl_reference = (r.train.run.kl_coef > 0.0).then_some(match &reference {
         Some(m) => Reference::Model(m),
         None => Reference::AdaptersOff,
     });
@@ -122,17 +121,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     if let Some((dir, _)) = run.resumed() {
         optim = checkpoint::load_optimizer(dir, optim)?;
     }
-    let schedule = LrSchedule {
-        lr: r.train.lr,
-        warmup_steps: r.train.warmup_steps,
-        total_steps: r.train.steps,
-        min_ratio: r.train.min_lr_ratio,
-    };
+    let schedule = r.train.schedule.schedule(r.train.run.steps);
 
     // ---- The RL steps.
     let mut steps_done = run.first_step();
     let mut interrupted = false;
-    for step in run.first_step()..r.train.steps {
+    for step in run.first_step()..r.train.run.steps {
         let t_step = Instant::now();
         let mut row = BTreeMap::new();
         // Rollout: n samples of each prompt from the current policy.
@@ -167,7 +161,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             o.apply(&mut batch)?;
         }
         let t_ref = Instant::now();
-        let recompute = r.train.recompute_old_log_probs;
+        let recompute = r.train.run.recompute_old_log_probs;
         batch = rescore(batch, &host_exp, &sampler, recompute, kl_reference, &ad)?;
         if recompute || kl_reference.is_some() {
             let _ = base.sync();
@@ -229,7 +223,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
 
         // Log, evaluation, checkpoint.
         let end = run.step_end(step + 1);
-        let evaluated = (step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps;
+        let evaluated = (step + 1) % r.train.run.eval_every == 0 || step + 1 == r.train.run.steps;
         if evaluated {
             let t_eval = Instant::now();
             accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
@@ -278,7 +272,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
 /// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
 /// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).
 fn load_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Result<Option<Llama>> {
-    if !(r.train.kl_coef > 0.0 && policy.lora.is_none()) {
+    if !(r.train.run.kl_coef > 0.0 && policy.lora.is_none()) {
         return Ok(None);
     }
     let rec = ModuleRecord::load(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;

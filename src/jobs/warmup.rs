@@ -194,7 +194,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     let group_ids: Vec<usize> = (0..rows).map(|i| i / n).collect();
     let rewards: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
     let needs_greedy = parts.advantage.kind.needs_greedy_baseline();
-    let kl_reference = (r.train.kl_coef > 0.0).then_some(Reference::AdaptersOff);
+    let kl_reference = (r.train.run.kl_coef > 0.0).then_some(Reference::AdaptersOff);
     let mut passes = Vec::new();
     for pass in 1..=opts.passes {
         let t_pass = Instant::now();
@@ -239,7 +239,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                 .with_rollout_log_probs(Tensor::<2>::zeros([rows, nw], &ad))?;
                 // The job's rescoring (the tiny policy's separate reference model has the
                 // policy's shapes, so the adapters-off pass stands in for it).
-                let recompute = r.train.recompute_old_log_probs;
+                let recompute = r.train.run.recompute_old_log_probs;
                 batch = rescore(batch, &exp, &sampler, recompute, kl_reference, &ad)?;
                 if needs_greedy {
                     batch = batch.with_baseline_rewards(Tensor::<1>::zeros([rows], &ad))?;
@@ -263,7 +263,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                     &parts.advantage,
                     &upd,
                     0,
-                    r.train.lr,
+                    r.train.schedule.lr,
                     &mut |m: usize| (0..m).collect::<Vec<_>>(),
                     &mut row,
                 )

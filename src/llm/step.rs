@@ -10,7 +10,7 @@ use burn::tensor::Device;
 use burn::tensor::{Int, Tensor};
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, SamplingConfig};
-use ember_train::{OptimizerConfig, UpdateConfig, update};
+use ember_train::{UpdateConfig, update};
 use std::collections::BTreeMap;
 
 /// The rollout sampler of a recipe's step: its temperature, response length, group size and
@@ -57,18 +57,14 @@ pub fn experience(
 /// The update schedule of a recipe's RL phase with the resolved actor loss.
 pub fn update_config(r: &Recipe, loss: ActorLossConfig) -> UpdateConfig {
     UpdateConfig {
-        epochs: r.train.epochs,
-        mini_batches: r.train.mini_batches,
-        micro_batch_rows: r.train.micro_batch_rows,
+        schedule: r.train.update,
         loss,
     }
 }
 
 /// The RL phase's AdamW (no weight decay; gradient-norm clipping when `train.grad_clip` > 0).
 pub fn optimizer(r: &Recipe) -> ModuleOptimizer {
-    OptimizerConfig::default()
-        .with_grad_clip(r.train.grad_clip)
-        .init()
+    r.train.optim.init()
 }
 
 /// What a KL term compares the policy with.

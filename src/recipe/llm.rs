@@ -1,12 +1,13 @@
 //! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
-use super::defaults::{auto, one, one_f64, ten, two, yes};
+use super::defaults::{auto, ten, two, yes};
 use super::expand_path;
 use crate::engine::*;
 use crate::reward::ExternalSpec;
 use crate::tasks::{Arithmetic, Countdown, JsonlData, TaskSet};
 use anyhow::{Context, Result, bail};
 use ember_llm::LoraSettings;
+use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 /// The tiny Llama-architecture policy of the CPU recipe (trained from scratch).
@@ -211,33 +212,49 @@ pub struct RolloutSpec {
     pub shape_bucket: usize,
 }
 
-/// The RL phase.
+/// The RL phase: one `[train]` table holding the loop's own settings and the configs it embeds
+/// from `ember-train` (learning-rate schedule, AdamW, update schedule), each stated once, there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainSpec {
+    /// Steps, evaluation, checkpoints, KL.
+    #[serde(flatten)]
+    pub run: TrainLoop,
+    /// `lr`, `warmup_steps`, `min_lr_ratio` (`ember_train::LrConfig`).
+    #[serde(flatten)]
+    pub schedule: LrConfig,
+    /// `grad_clip`, `weight_decay`, `adam_eps` (`ember_train::OptimizerConfig`).
+    #[serde(flatten)]
+    pub optim: OptimizerConfig,
+    /// `epochs`, `mini_batches`, `micro_batch_rows` (`ember_train::UpdateSchedule`).
+    #[serde(flatten)]
+    pub update: UpdateSchedule,
+}
+
+impl<'de> Deserialize<'de> for TrainSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut split = super::Split::new(toml::Table::deserialize(d)?);
+        let spec = (|| {
+            let spec = Self {
+                run: split.take()?,
+                schedule: split.take()?,
+                optim: split.take()?,
+                update: split.take()?,
+            };
+            split.finish()?;
+            Ok(spec)
+        })();
+        spec.map_err(|e: String| serde::de::Error::custom(format!("train: {e}")))
+    }
+}
+
+/// The RL loop's own settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrainSpec {
+pub struct TrainLoop {
     /// RL steps (one rollout batch each).
     pub steps: usize,
-    /// Peak learning rate.
-    pub lr: f64,
-    /// Linear warm-up steps.
-    #[serde(default)]
-    pub warmup_steps: usize,
-    /// Cosine floor as a fraction of the peak.
-    #[serde(default = "one_f64")]
-    pub min_lr_ratio: f64,
-    /// μ epochs per batch.
-    #[serde(default = "one")]
-    pub epochs: usize,
-    /// Optimizer steps per epoch.
-    #[serde(default = "one")]
-    pub mini_batches: usize,
-    /// Rows per forward/backward (0 = whole mini-batch).
-    #[serde(default)]
-    pub micro_batch_rows: usize,
-    /// Per-parameter gradient-norm clip (0 = off).
-    #[serde(default)]
-    pub grad_clip: f32,
-    /// KL coefficient (KL in the loss when > 0; the reference is the warm-started policy).
+    /// KL coefficient (KL to the reference in the loss when > 0; the reference is the
+    /// warm-started policy, or the pretrained weights with adapters off).
     #[serde(default)]
     pub kl_coef: f32,
     /// Evaluate every this many steps.
@@ -382,22 +399,22 @@ impl Recipe {
             bail!("rollout.prompts_per_step, task.eval_size and warmup.batch must be >= 1");
         }
         if let Some(kl) = self.loss.and_then(|l| l.kl) {
-            if self.train.kl_coef <= 0.0 || self.train.kl_coef.is_nan() {
+            if self.train.run.kl_coef <= 0.0 || self.train.run.kl_coef.is_nan() {
                 bail!(
                     "[loss.kl] needs train.kl_coef > 0: train.kl_coef is the KL coefficient and \
                      turns on the reference log-probs"
                 );
             }
-            if kl.coef != 0.0 && kl.coef != self.train.kl_coef {
+            if kl.coef != 0.0 && kl.coef != self.train.run.kl_coef {
                 bail!(
                     "loss.kl.coef = {} differs from train.kl_coef = {}: give the coefficient \
                      once, as train.kl_coef",
                     kl.coef,
-                    self.train.kl_coef
+                    self.train.run.kl_coef
                 );
             }
         }
-        if self.train.eval_every == 0 {
+        if self.train.run.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }
         Ok(())
@@ -416,10 +433,10 @@ impl Recipe {
         }
         // `train.kl_coef` is the recipe's one KL coefficient; `[loss.kl]` may pick the
         // estimator (k3 by default).
-        if self.train.kl_coef > 0.0 {
+        if self.train.run.kl_coef > 0.0 {
             parts.loss.kl = Some(KlLoss {
                 estimator: parts.loss.kl.map_or(KlEstimator::K3, |k| k.estimator),
-                coef: self.train.kl_coef,
+                coef: self.train.run.kl_coef,
             });
         }
         parts

@@ -13,9 +13,6 @@ use std::path::PathBuf;
 
 /// The serde defaults of every recipe schema (one place, so a default is stated once).
 pub(crate) mod defaults {
-    pub fn one() -> usize {
-        1
-    }
     pub fn two() -> usize {
         2
     }
@@ -24,9 +21,6 @@ pub(crate) mod defaults {
     }
     pub fn ten() -> usize {
         10
-    }
-    pub fn one_f64() -> f64 {
-        1.0
     }
     pub fn one_f32() -> f32 {
         1.0
@@ -76,6 +70,84 @@ pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
             "kind = {}: a recipe's kind is \"llm\" (the default) or \"flow\"",
             k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
         ),
+    }
+}
+
+/// The field names (as serialised) of a struct, read from its `Deserialize` impl: serde passes
+/// them to `deserialize_struct`, which this deserializer records and then declines.
+pub(crate) fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    struct Names(Option<&'static [&'static str]>);
+    impl<'de> serde::Deserializer<'de> for &mut Names {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = Some(fields);
+            Err(serde::de::Error::custom("fields recorded"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    let mut names = Names(None);
+    let _ = T::deserialize(&mut names);
+    names.0.unwrap_or(&[])
+}
+
+/// One recipe table shared by several structs (a recipe's own keys and the configs it embeds
+/// from the crates, each with its serde defaults): each [`Split::take`] takes its struct's keys,
+/// and [`Split::finish`] refuses any key none took, listing the valid ones as serde's
+/// `deny_unknown_fields` would (which cannot be combined with `#[serde(flatten)]`).
+pub(crate) struct Split {
+    table: toml::Table,
+    valid: Vec<&'static str>,
+}
+
+impl Split {
+    pub(crate) fn new(table: toml::Table) -> Self {
+        Self {
+            table,
+            valid: Vec::new(),
+        }
+    }
+
+    /// The struct `T` from its keys of the table.
+    pub(crate) fn take<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, String> {
+        let fields = fields_of::<T>();
+        self.valid.extend(fields);
+        let part: toml::Table = fields
+            .iter()
+            .filter_map(|f| self.table.remove(*f).map(|v| (f.to_string(), v)))
+            .collect();
+        toml::Value::Table(part)
+            .try_into()
+            .map_err(|e: toml::de::Error| e.message().to_string())
+    }
+
+    /// Refuses a key that no struct took.
+    pub(crate) fn finish(self) -> Result<(), String> {
+        match self.table.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "unknown field `{k}`, expected one of {}",
+                self.valid
+                    .iter()
+                    .map(|v| format!("`{v}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
     }
 }
 

@@ -12,5 +12,7 @@ pub mod schedule;
 pub mod update;
 
 pub use optim::OptimizerConfig;
-pub use schedule::LrSchedule;
-pub use update::{Actor, Scored, UpdateConfig, UpdateStats, accumulated_step, update};
+pub use schedule::{LrConfig, LrSchedule};
+pub use update::{
+    Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
+};

@@ -3,15 +3,35 @@
 
 use burn::grad_clipping::GradientClippingConfig;
 use burn::optim::{AdamWConfig, ModuleOptimizer};
+use serde::{Deserialize, Serialize};
 
-/// AdamW settings (Loshchilov & Hutter 2019; burn's `AdamWConfig`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+fn burn_epsilon() -> f32 {
+    1e-5
+}
+
+/// An f32 written as its shortest decimal (`1e-5`, not the f64 `9.999999747378752e-6`).
+fn shortest<S: serde::Serializer>(x: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(x.to_string().parse().unwrap_or(f64::from(*x)))
+}
+
+/// AdamW settings (Loshchilov & Hutter 2019; burn's `AdamWConfig`); a recipe embeds them under
+/// these names.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct OptimizerConfig {
     /// Decoupled weight decay (0 = none, the RL default).
+    #[serde(default)]
     pub weight_decay: f32,
     /// ε of the second-moment denominator (burn's default 1e-5; PyTorch's 1e-8).
+    #[serde(
+        default = "burn_epsilon",
+        rename = "adam_eps",
+        serialize_with = "shortest"
+    )]
     pub epsilon: f32,
-    /// Gradient-norm clip before the step (0 = off).
+    /// Per-parameter gradient-norm clip before the step (burn's `GradientClippingConfig::Norm`;
+    /// 0 = off).
+    #[serde(default)]
     pub grad_clip: f32,
 }
 

@@ -22,6 +22,37 @@ pub struct LrSchedule {
     pub min_ratio: f64,
 }
 
+fn one() -> f64 {
+    1.0
+}
+
+/// A run's learning-rate settings as a recipe states them; the run's step count gives the
+/// schedule its length ([`LrConfig::schedule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warm-up steps (0 = none).
+    #[serde(default)]
+    pub warmup_steps: usize,
+    /// Cosine floor as a fraction of the peak (1 = constant after the warm-up).
+    #[serde(default = "one")]
+    pub min_lr_ratio: f64,
+}
+
+impl LrConfig {
+    /// The schedule over a run of `total_steps` steps.
+    pub fn schedule(&self, total_steps: usize) -> LrSchedule {
+        LrSchedule {
+            lr: self.lr,
+            warmup_steps: self.warmup_steps,
+            total_steps,
+            min_ratio: self.min_lr_ratio,
+        }
+    }
+}
+
 impl LrSchedule {
     /// A constant rate.
     pub fn constant(lr: f64) -> Self {

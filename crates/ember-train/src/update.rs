@@ -35,10 +35,11 @@ fn one() -> usize {
     1
 }
 
-/// Epochs, mini-batches and micro-batches of one update.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Epochs, mini-batches and micro-batches of one update (verl's `ppo_epochs`,
+/// `ppo_mini_batch_size`, `ppo_micro_batch_size`, as counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UpdateConfig {
+pub struct UpdateSchedule {
     /// μ: passes over the experience.
     #[serde(default = "one")]
     pub epochs: usize,
@@ -49,20 +50,28 @@ pub struct UpdateConfig {
     /// mini-batch.
     #[serde(default)]
     pub micro_batch_rows: usize,
-    /// The actor objective.
-    #[serde(default)]
-    pub loss: ActorLossConfig,
 }
 
-impl Default for UpdateConfig {
+impl Default for UpdateSchedule {
     fn default() -> Self {
         Self {
             epochs: 1,
             mini_batches: 1,
             micro_batch_rows: 0,
-            loss: ActorLossConfig::default(),
         }
     }
+}
+
+/// One update: its schedule and the actor objective.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateConfig {
+    /// Epochs × mini-batches × micro-batches.
+    #[serde(default)]
+    pub schedule: UpdateSchedule,
+    /// The actor objective.
+    #[serde(default)]
+    pub loss: ActorLossConfig,
 }
 
 /// Host metrics of an update, averaged over micro-batches, plus counts.
@@ -108,9 +117,9 @@ pub fn update<A: Actor>(
     let device = old.device();
     let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     let mut stats = UpdateStats::default();
-    let mini = cfg.mini_batches.clamp(1, rows);
+    let mini = cfg.schedule.mini_batches.clamp(1, rows);
     let with_entropy = cfg.loss.entropy_coef != 0.0;
-    for _ in 0..cfg.epochs.max(1) {
+    for _ in 0..cfg.schedule.epochs.max(1) {
         let perm = order(rows);
         for m in 0..mini {
             let part: Vec<usize> = perm[m * rows / mini..(m + 1) * rows / mini].to_vec();
@@ -122,10 +131,10 @@ pub fn update<A: Actor>(
                 Tensor::<1, Int>::from_data(TensorData::new(v, [r.len()]), &device)
             };
             let norm = AggNorm::of_mask(&select2(&adv.mask, &idx_of(&part)));
-            let micro = if cfg.micro_batch_rows == 0 {
+            let micro = if cfg.schedule.micro_batch_rows == 0 {
                 part.len()
             } else {
-                cfg.micro_batch_rows
+                cfg.schedule.micro_batch_rows
             };
             let mut acc = GradientsAccumulator::<A>::new();
             for chunk in part.chunks(micro) {

@@ -340,13 +340,13 @@ struct Loader<'a> {
 impl Loader<'_> {
     /// The tensor `name` with exactly `shape`.
     fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let (data, actual) =
-            self.source
-                .get(name, shape)?
-                .ok_or_else(|| LlmError::Checkpoint {
-                    path: self.source.path().to_path_buf(),
-                    reason: format!("missing tensor `{name}`"),
-                })?;
+        let (data, actual) = self
+            .source
+            .get(name, shape)?
+            .ok_or_else(|| LlmError::Checkpoint {
+                path: self.source.path().to_path_buf(),
+                reason: format!("missing tensor `{name}`"),
+            })?;
         if actual != shape {
             return Err(LlmError::Checkpoint {
                 path: self.source.path().to_path_buf(),

@@ -185,19 +185,51 @@ fn train(a: TrainArgs) -> Result<()> {
         overwrite: a.overwrite,
         stop_after: a.stop_after,
     };
-    set_ctrlc();
+    handle_stop_signals();
     let interrupted = match recipe {
         AnyRecipe::Llm(r) => ember::jobs::llm::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Flow(r) => ember::jobs::flow::train(&r, &out, &opts)?.interrupted,
     };
     if interrupted {
-        std::process::exit(130);
+        std::process::exit(ember::run::stop_exit_code());
     }
     Ok(())
 }
 
-/// First Ctrl-C: finish the step, checkpoint, exit 130. Second: exit at once.
-fn set_ctrlc() {
+/// The first Ctrl-C, SIGTERM or SIGHUP: finish the step, checkpoint, exit 128 + the signal.
+/// A second: exit at once (the reward program is then left to its own end-of-input).
+#[cfg(unix)]
+fn handle_stop_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("cannot handle stop signals ({e}): Ctrl-C will kill the run");
+            return;
+        }
+    };
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            let name = match sig {
+                SIGINT => "Ctrl-C",
+                SIGTERM => "SIGTERM",
+                _ => "SIGHUP",
+            };
+            if ember::run::request_stop_by(sig) {
+                eprintln!("\n{name} again: exiting without a final checkpoint");
+                std::process::exit(128 + sig);
+            }
+            eprintln!(
+                "\n{name}: stopping after this step and writing a checkpoint ({name} again to quit \
+                 now)"
+            );
+        }
+    });
+}
+
+/// The first Ctrl-C: finish the step, checkpoint, exit 130. A second: exit at once.
+#[cfg(not(unix))]
+fn handle_stop_signals() {
     let _ = ctrlc::set_handler(|| {
         if ember::run::request_stop() {
             eprintln!("\ninterrupted again: exiting without a final checkpoint");

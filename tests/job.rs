@@ -145,7 +145,19 @@ fn eval_matches_last(run: &Path, rows: &[serde_json::Map<String, serde_json::Val
 /// Ctrl-C (SIGINT) finishes the step, writes a checkpoint and exits with 130.
 #[test]
 fn ctrl_c_writes_a_checkpoint() {
-    let out = tmp("sigint");
+    stop_by_signal("INT", 130);
+}
+
+/// SIGTERM (schedulers, `docker stop`) and SIGHUP (a closed terminal) do the same, exiting with
+/// 128 + the signal number; while the run holds its directory, a second run there is refused.
+#[test]
+fn sigterm_and_sighup_write_a_checkpoint() {
+    stop_by_signal("TERM", 143);
+    stop_by_signal("HUP", 129);
+}
+
+fn stop_by_signal(signal: &str, code: i32) {
+    let out = tmp(&format!("sig{signal}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["train", &recipe(), "--out"])
         .arg(&out)
@@ -169,14 +181,18 @@ fn ctrl_c_writes_a_checkpoint() {
             break;
         }
     }
+    if signal == "TERM" {
+        let o = train(&out, &[], &["--overwrite"]);
+        assert!(stderr(&o).contains("another process"), "{}", stderr(&o));
+    }
     let st = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     assert!(st.success());
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "{rest:?}");
+    assert_eq!(status.code(), Some(code), "{rest:?}");
     assert!(rest.iter().any(|l| l.contains("--resume")), "{rest:?}");
     let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
     let state: serde_json::Value = serde_json::from_str(

@@ -29,11 +29,17 @@ impl MetricsLog {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {} to resume", path.display()))?;
             // The kept lines are written back verbatim, not re-serialised from the parsed
-            // values, so a resumed file holds the same bytes as an uninterrupted run's.
+            // values, so a resumed file holds the same bytes as an uninterrupted run's. A last
+            // line without its newline was torn by a failed append (disk full, a kill): it
+            // belongs to a step after the checkpoint, and is dropped.
             let mut kept = String::new();
-            for line in text.lines() {
+            let complete = match text.rfind('\n') {
+                Some(i) => &text[..=i],
+                None => "",
+            };
+            for (n, line) in complete.lines().enumerate() {
                 let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
-                    .with_context(|| format!("parsing {}", path.display()))?;
+                    .with_context(|| format!("parsing line {} of {}", n + 1, path.display()))?;
                 let row: BTreeMap<String, f64> = v
                     .into_iter()
                     .map(|(k, v)| (k, v.as_f64().unwrap_or(f64::NAN)))
@@ -72,7 +78,10 @@ impl MetricsLog {
             self.jsonl = Some(f);
         }
         if let Some(f) = self.jsonl.as_mut() {
-            writeln!(f, "{}", row_json(&row))
+            // One write of the whole line: a failure leaves at most a torn last line, which
+            // resuming drops.
+            let line = row_json(&row) + "\n";
+            f.write_all(line.as_bytes())
                 .and_then(|()| f.flush())
                 .with_context(|| format!("appending to {}", path.display()))?;
         }
@@ -124,4 +133,39 @@ fn row_json(row: &BTreeMap<String, f64>) -> String {
         })
         .collect();
     serde_json::Value::Object(json).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed append (disk full) leaves a torn last line; resuming drops it and keeps the
+    /// complete rows up to the checkpoint, so the run stays resumable.
+    #[test]
+    fn resume_drops_a_torn_last_line() {
+        let d = std::env::temp_dir().join(format!("ember-metrics-torn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"step\":1,\"a\":0.5}\n{\"step\":2,\"a\":0.25}\n{\"step\":3,\"a",
+        )
+        .unwrap();
+        let curves = ("a".to_string(), "b".to_string());
+        let mut log = MetricsLog::open(&d, Some(2), curves.clone()).unwrap();
+        assert_eq!(log.rows.len(), 2);
+        log.push(BTreeMap::from([("step".to_string(), 3.0)]))
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text,
+            "{\"step\":1,\"a\":0.5}\n{\"step\":2,\"a\":0.25}\n{\"step\":3.0}\n"
+        );
+        // A damaged line before the end is not a torn append: an error naming the line.
+        std::fs::write(&path, "{\"step\":1}\n{oops\n{\"step\":2}\n").unwrap();
+        let err = MetricsLog::open(&d, Some(2), curves).err().unwrap();
+        assert!(format!("{err:#}").contains("line 2"), "{err:#}");
+        std::fs::remove_dir_all(&d).ok();
+    }
 }

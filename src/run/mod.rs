@@ -18,14 +18,40 @@ use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static STOP: AtomicBool = AtomicBool::new(false);
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// Asks a running job to stop after its current step and write a checkpoint (Ctrl-C). Returns
 /// true when a stop had already been asked for.
 pub fn request_stop() -> bool {
     STOP.swap(true, Ordering::SeqCst)
+}
+
+/// [`request_stop`] on signal `signal` (SIGINT 2, SIGHUP 1, SIGTERM 15), remembered for the exit
+/// status ([`stop_exit_code`]).
+pub fn request_stop_by(signal: i32) -> bool {
+    let again = request_stop();
+    if !again {
+        STOP_SIGNAL.store(signal, Ordering::SeqCst);
+    }
+    again
+}
+
+/// The exit status of a run that stopped early with a checkpoint: 128 + the signal that asked
+/// for the stop (the shell's convention: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), and
+/// 130 for `--stop-after`.
+pub fn stop_exit_code() -> i32 {
+    exit_code_for(STOP_SIGNAL.load(Ordering::SeqCst))
+}
+
+/// 128 + `signal`; 130 (SIGINT's) when no signal asked for the stop.
+fn exit_code_for(signal: i32) -> i32 {
+    match signal {
+        0 => 130,
+        s => 128 + s,
+    }
 }
 
 /// True once a stop was asked for.
@@ -43,6 +69,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn say(quiet: bool, msg: &str) {
     if !quiet {
         eprintln!("{msg}");
+    }
+}
+
+/// Takes the run directory's lock (`out/.lock`, an exclusive `flock` that the OS releases when
+/// the process ends, so a crashed run leaves no stale lock).
+fn lock_dir(out: &Path) -> Result<std::fs::File> {
+    let path = out.join(".lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "another process is writing to {} (it holds {}); wait for it to end, or pass \
+             --out <dir> for a new run",
+            out.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
     }
 }
 
@@ -112,6 +162,9 @@ pub struct Run {
     log: MetricsLog,
     tty: bool,
     mid_line: bool,
+    /// `out/.lock`, held (`flock`) while the run is open: a second process on the same
+    /// directory is refused instead of interleaving rows and checkpoints.
+    _lock: std::fs::File,
 }
 
 impl Run {
@@ -123,6 +176,8 @@ impl Run {
         if opts.resume && opts.overwrite {
             bail!("--resume and --overwrite contradict each other");
         }
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let lock = lock_dir(out)?;
         let ckpt_root = out.join("checkpoints");
         if opts.resume {
             if checkpoint::latest(&ckpt_root)?.is_none() {
@@ -144,7 +199,6 @@ impl Run {
                     .with_context(|| format!("removing {}", ckpt_root.display()))?;
             }
         }
-        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         let resumed = match opts.resume {
             true => match checkpoint::latest(&ckpt_root)? {
                 Some(dir) => {
@@ -184,6 +238,7 @@ impl Run {
             log,
             tty: std::io::stderr().is_terminal(),
             mid_line: false,
+            _lock: lock,
         };
         if let Some((dir, st)) = &run.resumed {
             run.say(&format!(
@@ -402,6 +457,7 @@ mod tests {
         assert_eq!(run.first_step(), 3);
         let end = run.step_end(4);
         assert!(end.checkpoint && !end.stop);
+        drop(run);
         // A different recipe is refused on resume.
         let other = RunSpec {
             resolved: "name = \"u\"\n",
@@ -410,6 +466,36 @@ mod tests {
         let err = Run::open(&d, &opts, &other).err().unwrap();
         assert!(format!("{err:#}").contains("recipe differs"), "{err:#}");
         std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A second writer on the same run directory is refused while the first holds it, and the
+    /// lock goes with the first run.
+    #[test]
+    fn a_second_writer_is_refused() {
+        let d = tmpdir("lock");
+        let opts = RunOptions {
+            quiet: true,
+            ..RunOptions::default()
+        };
+        let first = Run::open(&d, &opts, &spec(2)).unwrap();
+        let overwrite = RunOptions {
+            overwrite: true,
+            ..opts.clone()
+        };
+        let err = Run::open(&d, &overwrite, &spec(2)).err().unwrap();
+        assert!(format!("{err:#}").contains("another process"), "{err:#}");
+        drop(first);
+        assert!(Run::open(&d, &overwrite, &spec(2)).is_ok());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A stop's exit status names its signal: 128 + n, and 130 for `--stop-after`.
+    #[test]
+    fn stop_status_follows_the_signal() {
+        assert_eq!(exit_code_for(0), 130);
+        assert_eq!(exit_code_for(2), 130);
+        assert_eq!(exit_code_for(15), 143);
+        assert_eq!(exit_code_for(1), 129);
     }
 
     #[test]

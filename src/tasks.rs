@@ -396,6 +396,15 @@ pub enum TaskSet {
 }
 
 impl TaskSet {
+    /// The training examples of a dataset, so that a job can check each one before it starts
+    /// (none for the generated tasks, whose every example is well formed).
+    pub fn dataset_train(&self) -> &[Example] {
+        match self {
+            Self::Jsonl(d) => &d.train,
+            Self::Arithmetic(_) | Self::Countdown(_) => &[],
+        }
+    }
+
     /// `n` training examples.
     pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
         match self {

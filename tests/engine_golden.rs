@@ -154,6 +154,16 @@ fn non_finite_rewards_are_excluded_counted_and_masked() {
     let a = adv(GRPO, &b);
     let s = 0.5f64.sqrt() + 1e-6;
     assert_close(&a, &[0.5 / s, 0.0, -0.5 / s], 1e-5);
+    // A reward beyond ±REWARD_LIMIT (1e9) is invalid too: f32 statistics of 1e20 overflow
+    // (its squared deviation is infinite) and would make every advantage NaN. The same {1, 0}.
+    let b = batch(full2(4, 1, 1.0), &[1.0, 2e20, 0.0, -1e10], &[0, 0, 0, 0]);
+    let out = compute_advantages(&AdvantageConfig::new(GRPO), &b, 0).unwrap();
+    assert_close(&vals(out.advantages), &[0.5 / s, 0.0, -0.5 / s, 0.0], 1e-5);
+    assert_close(&vals(out.mask), &[1.0, 0.0, 1.0, 0.0], 0.0);
+    assert_eq!(out.metrics.to_host()["rollout/invalid_rewards"], 2.0);
+    // 1e9 itself is a reward.
+    let b = batch(full2(2, 1, 1.0), &[1e9, 0.0], &[0, 0]);
+    assert_eq!(vals(b.reward_valid()), vec![1.0, 1.0]);
 }
 
 #[test]

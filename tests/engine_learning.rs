@@ -417,3 +417,60 @@ fn accumulated_step_equals_one_step_on_the_summed_loss() {
             .any(|(x, y)| (x - y).abs() > 1e-3)
     );
 }
+
+/// The bandit as a trainer `Actor`: its experience is the sampled arms `[n, 1]`.
+impl ember_train::Actor for Bandit {
+    type Experience = Tensor<2, Int>;
+
+    fn score(&self, actions: &Tensor<2, Int>, rows: &[usize], _: bool) -> ember_train::Scored {
+        let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
+        let idx =
+            Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &actions.device());
+        ember_train::Scored {
+            log_probs: self.log_probs(&actions.clone().select(0, idx)),
+            entropy: None,
+        }
+    }
+}
+
+/// A non-finite loss (here NaN old log-probs, as a broken rollout would give) skips the
+/// optimizer step and counts it, so the weights stay finite; a finite one steps.
+#[test]
+fn a_non_finite_loss_skips_the_step() {
+    let device = Device::default().autodiff();
+    let actions =
+        Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 1, 2, 3], [4, 1]), &device);
+    let batch = |old: f32| {
+        RolloutBatch::new(
+            Tensor::<2>::ones([4, 1], &device),
+            Tensor::<1>::from_floats([1.0, 0.0, 1.0, 0.0], &device),
+            &[0, 0, 0, 0],
+        )
+        .unwrap()
+        .with_old_log_probs(Tensor::<2>::full([4, 1], old, &device))
+        .unwrap()
+    };
+    let cfg = ember_train::UpdateConfig::default();
+    let run = |old: f32| {
+        let b = batch(old);
+        let adv = compute_advantages(&AdvantageConfig::new(AdvantageKind::Rloo), &b, 0).unwrap();
+        let mut optim = ember_train::OptimizerConfig::default().init();
+        let model = Bandit::new(&device);
+        let (m, stats) =
+            ember_train::update(model, &mut optim, &actions, &b, &adv, &cfg, 0.1, &mut |n| {
+                (0..n).collect()
+            })
+            .unwrap();
+        (vals(m.logits.val()), stats)
+    };
+    let (w, stats) = run(f32::NAN);
+    assert_eq!((stats.optimizer_steps, stats.skipped_steps), (0, 1));
+    assert_eq!(stats.metrics["actor/skipped_steps"], 1.0);
+    assert_eq!(w, vec![0.0; ARMS]);
+    let (w, stats) = run((1.0f32 / ARMS as f32).ln());
+    assert_eq!((stats.optimizer_steps, stats.skipped_steps), (1, 0));
+    assert!(
+        w.iter().all(|x| x.is_finite()) && w.iter().any(|x| *x != 0.0),
+        "{w:?}"
+    );
+}

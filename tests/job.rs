@@ -215,6 +215,45 @@ fn script() -> String {
         .into()
 }
 
+/// An error mid-run (here the reward program dies at step 3) writes the checkpoint of the last
+/// completed step before the process exits, so `--resume` continues from step 2 instead of the
+/// run being lost (the recipe checkpoints only at the end).
+#[test]
+fn an_error_mid_run_keeps_the_last_completed_step() {
+    let out = tmp("midrun");
+    // Answers two requests with zeros, then exits.
+    let program = "import sys, json\n\
+                   for i, line in enumerate(sys.stdin):\n    \
+                   if i == 2: sys.exit(4)\n    \
+                   n = len(json.loads(line)['items'])\n    \
+                   print(json.dumps({'rewards': [0.0] * n}), flush=True)";
+    let external = format!(
+        "reward.external={{command=[\"python3\", \"-c\", {program:?}], weight=1.0, timeout_s=30}}"
+    );
+    let o = train(
+        &out,
+        &[
+            "warmup.steps=5",
+            "train.steps=6",
+            "train.checkpoint_every=0",
+            "task.eval_size=5",
+            &external,
+        ],
+        &[],
+    );
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("step 3 failed") && e.contains("checkpoint of step 2") && e.contains("--resume"),
+        "{e}"
+    );
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-00000002");
+    let rows = rows(&out.join("metrics.jsonl"));
+    assert_eq!(rows.last().unwrap()["step"], 2.0);
+    std::fs::remove_dir_all(&out).ok();
+}
+
 /// The JSON-lines protocol with a real subprocess: lengths back, NaN for the first item.
 #[test]
 fn external_reward_round_trip() {
@@ -403,6 +442,22 @@ fn bad_inputs_get_clear_errors() {
         &[],
         &["not in the vocabulary", "[pretrained]"],
     );
+    // One bad line among 300 good ones is found before the run starts (not at the step that
+    // first draws it, which stopped every resumed run there), and nothing is written.
+    let one_bad = dir.join("one_bad.jsonl");
+    let mut lines: String = (0..300)
+        .map(|i| format!("{{\"prompt\": \"{i}+1=\", \"answer\": \"{}\"}}\n", i + 1))
+        .collect();
+    lines += "{\"prompt\": \"7 plus 1=\", \"answer\": \"8\"}\n";
+    std::fs::write(&one_bad, lines).unwrap();
+    let out = tmp("one-bad");
+    let o = train_recipe(&variant(&out, &jsonl(&one_bad)), &out, &[], &[]);
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("checking the task's prompts") && e.contains("7 plus 1"),
+        "{e}"
+    );
+    assert!(!out.join("metrics.jsonl").exists());
     // Missing model file.
     let recipe_text = format!(
         "name = \"x\"\n[pretrained]\npath = \"{}\"\n[task]\neval_size = 4\n[rollout]\n\

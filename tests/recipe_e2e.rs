@@ -99,6 +99,25 @@ fn recipe_errors_name_the_problem() {
     assert!(e.contains("TOML"), "{e}");
     let e = parse(&text, &["oops".into()]).unwrap_err().to_string();
     assert!(e.contains("key=value"), "{e}");
+    // Non-finite or out-of-range numbers are refused at parse time, naming the key (a NaN
+    // learning rate used to turn every weight into NaN while the run reported success).
+    for (set, key) in [
+        ("train.lr=nan", "train.lr"),
+        ("train.lr=inf", "train.lr"),
+        ("warmup.lr=nan", "warmup.lr"),
+        ("train.min_lr_ratio=nan", "train.min_lr_ratio"),
+        ("train.min_lr_ratio=2", "train.min_lr_ratio"),
+        ("train.kl_coef=inf", "train.kl_coef"),
+        ("train.grad_clip=-1", "train.grad_clip"),
+        ("train.adam_eps=0", "train.adam_eps"),
+        (
+            "reward.external={command=[\"x\"], timeout_s=1e300}",
+            "reward.external.timeout_s = 1e300",
+        ),
+    ] {
+        let e = parse(&text, &[set.into()]).unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains("finite"), "{set}: {e}");
+    }
     // Greedy rollouts make every group's samples identical: refused, with the reason.
     let e = parse(&text, &["rollout.temperature=0".into()])
         .unwrap_err()

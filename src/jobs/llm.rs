@@ -72,8 +72,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let max_new = r.rollout.max_new_tokens;
     let mut rng = Rng(r.seed);
     let mut policy = build_policy(r, &ad)?;
-    for e in eval.iter().take(1) {
-        policy.prompt_ids(e, max_new)?;
+    // Every prompt of a dataset is checked now (tokens, context length), not at the step that
+    // first draws it, which would stop every resumed run at the same step.
+    for e in task.dataset_train().iter().chain(&eval) {
+        policy
+            .prompt_ids(e, max_new)
+            .context("checking the task's prompts before the run")?;
     }
     let reference_path = out.join("reference.bpk");
     let (accuracy_before, mut accuracy_after) = match run.resumed() {
@@ -126,67 +130,84 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     // ---- The RL steps.
     let mut steps_done = run.first_step();
     let mut interrupted = false;
+    let mut nonfinite_steps = 0;
     for step in run.first_step()..r.train.run.steps {
         let t_step = Instant::now();
         let mut row = BTreeMap::new();
-        // Rollout: n samples of each prompt from the current policy.
-        let examples = task.train(&mut rng, r.rollout.prompts_per_step);
-        let prompts = examples
-            .iter()
-            .map(|e| policy.prompt_ids(e, max_new))
-            .collect::<Result<Vec<_>>>()?;
-        let sampler = policy.model.valid();
-        let sc = rollout_sampling(r, &policy.stop, rng.next_u64());
-        let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
-        let responses = g.response_ids();
-        // Phase wall times as verl logs them (`timing_s/*`); `response_ids` above already
-        // waited for the device.
-        let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
+        let rng_at_start = rng.0;
+        // Everything before the update: an error here leaves the weights as the last completed
+        // step left them, so the run writes that step's checkpoint before it ends.
+        let mut before_update = || -> Result<_> {
+            // Rollout: n samples of each prompt from the current policy.
+            let examples = task.train(&mut rng, r.rollout.prompts_per_step);
+            let prompts = examples
+                .iter()
+                .map(|e| policy.prompt_ids(e, max_new))
+                .collect::<Result<Vec<_>>>()?;
+            let sampler = policy.model.valid();
+            let sc = rollout_sampling(r, &policy.stop, rng.next_u64());
+            let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
+            let responses = g.response_ids();
+            // Phase wall times as verl logs them (`timing_s/*`); `response_ids` above already
+            // waited for the device.
+            let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
 
-        // Reward: the recipe's weighted terms, per row.
-        let texts: Vec<String> = responses.iter().map(|r| policy.decode(r)).collect();
-        let rewards = scorer.score(step + 1, &completions(&g, &examples, &texts), &mut row)?;
+            // Reward: the recipe's weighted terms, per row.
+            let texts: Vec<String> = responses.iter().map(|r| policy.decode(r)).collect();
+            let rewards = scorer.score(step + 1, &completions(&g, &examples, &texts), &mut row)?;
 
-        // Rescoring: old-policy and reference log-probs without gradients; ReMax's greedy
-        // baseline.
-        let (seq, seq_mask) = g.sequences();
-        let host_exp = experience(seq, seq_mask, g.tokens.dims()[1], &sc);
-        let mut batch = RolloutBatch::new(
-            g.mask.clone().to_device(&ad),
-            Tensor::from_floats(rewards.as_slice(), &ad),
-            &g.group_ids,
-        )?
-        .with_rollout_log_probs(g.log_probs.clone().to_device(&ad))?;
-        if let Some(o) = &r.reward.overlong {
-            o.apply(&mut batch)?;
-        }
-        let t_ref = Instant::now();
-        let recompute = r.train.run.recompute_old_log_probs;
-        batch = rescore(batch, &host_exp, &sampler, recompute, kl_reference, &ad)?;
-        if recompute || kl_reference.is_some() {
-            let _ = base.sync();
-            timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
-        }
-        if parts.advantage.kind.needs_greedy_baseline() {
-            let baseline = greedy_baseline(
-                &mut scorer,
-                step,
-                &policy,
-                (&sampler, &sc, &base),
-                &prompts,
-                &examples,
-            )?;
-            let per_row: Vec<f32> = g.group_ids.iter().map(|gi| baseline[*gi]).collect();
-            batch = batch.with_baseline_rewards(Tensor::from_floats(per_row.as_slice(), &ad))?;
-        }
+            // Rescoring: old-policy and reference log-probs without gradients; ReMax's greedy
+            // baseline.
+            let (seq, seq_mask) = g.sequences();
+            let host_exp = experience(seq, seq_mask, g.tokens.dims()[1], &sc);
+            let mut batch = RolloutBatch::new(
+                g.mask.clone().to_device(&ad),
+                Tensor::from_floats(rewards.as_slice(), &ad),
+                &g.group_ids,
+            )?
+            .with_rollout_log_probs(g.log_probs.clone().to_device(&ad))?;
+            if let Some(o) = &r.reward.overlong {
+                o.apply(&mut batch)?;
+            }
+            let t_ref = Instant::now();
+            let recompute = r.train.run.recompute_old_log_probs;
+            batch = rescore(batch, &host_exp, &sampler, recompute, kl_reference, &ad)?;
+            if recompute || kl_reference.is_some() {
+                let _ = base.sync();
+                timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
+            }
+            if parts.advantage.kind.needs_greedy_baseline() {
+                let baseline = greedy_baseline(
+                    &mut scorer,
+                    step,
+                    &policy,
+                    (&sampler, &sc, &base),
+                    &prompts,
+                    &examples,
+                )?;
+                let per_row: Vec<f32> = g.group_ids.iter().map(|gi| baseline[*gi]).collect();
+                batch =
+                    batch.with_baseline_rewards(Tensor::from_floats(per_row.as_slice(), &ad))?;
+            }
 
-        // Filters: DAPO's dynamic sampling drops groups whose rewards are all equal.
-        let (kept_rows, dropped_groups) = if parts.dynamic_sampling {
-            dynamic_sampling_keep(&batch)
-        } else {
-            ((0..batch.dims()[0]).collect(), 0)
+            // Filters: DAPO's dynamic sampling drops groups whose rewards are all equal.
+            let (kept_rows, dropped_groups) = if parts.dynamic_sampling {
+                dynamic_sampling_keep(&batch)
+            } else {
+                ((0..batch.dims()[0]).collect(), 0)
+            };
+            rollout_metrics(&mut row, step, &rewards, &responses, &g, dropped_groups);
+            Ok((batch, host_exp, kept_rows, responses, timing))
         };
-        rollout_metrics(&mut row, step, &rewards, &responses, &g, dropped_groups);
+        let (batch, host_exp, kept_rows, responses, mut timing) = match before_update() {
+            Ok(p) => p,
+            Err(e) => {
+                let state = run.state(steps_done, rng_at_start, accuracy_before, accuracy_after);
+                return Err(run.checkpoint_after_error(steps_done, e, |d| {
+                    checkpoint::write_records(d, model_record(&policy), &optim, &state)
+                }));
+            }
+        };
         let lr = schedule.at(step);
         row.insert("actor/lr".to_string(), lr);
 
@@ -233,12 +254,25 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         steps_done = step + 1;
         let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
         let stats = stats_line(&row, accuracy_after);
+        let skipped_now = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
             checkpoint::write_records(d, model_record(&policy), &optim, &state)
         })?;
         if stop {
             interrupted = true;
             break;
+        }
+        // A skipped update (a non-finite loss) leaves the weights as they were, so every
+        // checkpoint holds finite weights; several in a row mean the run cannot learn.
+        nonfinite_steps = if skipped_now { nonfinite_steps + 1 } else { 0 };
+        if nonfinite_steps >= MAX_NONFINITE_STEPS {
+            bail!(
+                "the loss was not finite in {nonfinite_steps} steps in a row (up to step \
+                 {steps_done}): their updates were skipped, so the weights and the checkpoints \
+                 in {} are those of step {}; lower train.lr, or check the rewards",
+                out.display(),
+                steps_done - nonfinite_steps
+            );
         }
     }
 
@@ -268,6 +302,9 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         interrupted,
     })
 }
+
+/// Steps in a row whose updates were all skipped for a non-finite loss before the run stops.
+const MAX_NONFINITE_STEPS: usize = 3;
 
 /// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
 /// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).
@@ -351,7 +388,7 @@ fn rollout_metrics(
     row.insert("step".to_string(), (step + 1) as f64);
     let finite: Vec<f64> = rewards
         .iter()
-        .filter(|x| x.is_finite())
+        .filter(|x| x.abs() <= REWARD_LIMIT)
         .map(|x| f64::from(*x))
         .collect();
     row.insert(
@@ -481,7 +518,7 @@ impl<'a> Scorer<'a> {
             let v = ext.score(step, &items)?;
             let finite: Vec<f64> = v
                 .iter()
-                .filter(|x| x.is_finite())
+                .filter(|x| x.abs() <= REWARD_LIMIT)
                 .map(|x| f64::from(*x))
                 .collect();
             row.insert(

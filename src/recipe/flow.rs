@@ -345,14 +345,16 @@ pub struct FlowRecipe {
     pub eval: EvalSpec,
 }
 
-/// x > 0 (false for NaN).
+/// x is finite and > 0.
 fn positive<T: Into<f64>>(x: T) -> bool {
-    x.into() > 0.0
+    let x = x.into();
+    x.is_finite() && x > 0.0
 }
 
-/// x ≥ 0 (false for NaN).
+/// x is finite and ≥ 0.
 fn non_negative<T: Into<f64>>(x: T) -> bool {
-    x.into() >= 0.0
+    let x = x.into();
+    x.is_finite() && x >= 0.0
 }
 
 /// Deserialises and checks a flow recipe table (overrides applied).
@@ -416,8 +418,11 @@ impl FlowRecipe {
         if !positive(rl.clip_range) || !positive(rl.adv_clip) || !non_negative(rl.kl_coef) {
             bail!("rl: clip_range and adv_clip must be > 0, kl_coef >= 0");
         }
-        if !rl.ram_scale.is_finite() || !non_negative(rl.grad_clip) {
-            bail!("rl: ram_scale must be finite, grad_clip >= 0");
+        if !rl.ram_scale.is_finite() || !non_negative(rl.grad_clip) || !positive(rl.adam_eps) {
+            bail!("rl: ram_scale must be finite, grad_clip >= 0, adam_eps > 0");
+        }
+        if !positive(rl.lora.alpha) {
+            bail!("rl.lora.alpha must be a finite number > 0");
         }
         if rl.lora.rank == 0 || rl.lora.targets.is_empty() {
             bail!("rl.lora: rank must be >= 1 and targets non-empty");

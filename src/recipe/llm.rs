@@ -414,6 +414,24 @@ impl Recipe {
                 );
             }
         }
+        use super::{check_positive, check_range};
+        let t = &self.train;
+        check_positive("train.lr", t.schedule.lr)?;
+        check_range("train.min_lr_ratio", t.schedule.min_lr_ratio, 0.0, 1.0)?;
+        check_range("train.kl_coef", t.run.kl_coef.into(), 0.0, 1e6)?;
+        check_range("train.grad_clip", t.optim.grad_clip.into(), 0.0, f64::MAX)?;
+        check_range("train.weight_decay", t.optim.weight_decay.into(), 0.0, 1e6)?;
+        check_positive("train.adam_eps", t.optim.epsilon.into())?;
+        if let Some(w) = &self.warmup {
+            check_positive("warmup.lr", w.lr)?;
+        }
+        if let Some(p) = &self.pretrained {
+            check_positive("pretrained.lora.alpha", p.lora.alpha)?;
+        }
+        if let Some(x) = &self.reward.external {
+            check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
+            check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;
+        }
         if self.train.run.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }

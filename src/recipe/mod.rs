@@ -151,6 +151,36 @@ impl Split {
     }
 }
 
+/// `value` of recipe key `key` is finite and within `lo..=hi` (a NaN or infinite learning rate,
+/// coefficient or weight would turn every weight into NaN several steps later).
+pub(crate) fn check_range(key: &str, value: f64, lo: f64, hi: f64) -> Result<()> {
+    if !(value.is_finite() && lo <= value && value <= hi) {
+        bail!(
+            "{key} = {} must be a finite number in [{lo}, {}]",
+            short(value),
+            short(hi)
+        );
+    }
+    Ok(())
+}
+
+/// A number for an error message: `1e300`, not three hundred digits.
+fn short(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// `value` of recipe key `key` is finite and > 0.
+pub(crate) fn check_positive(key: &str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("{key} = {} must be a finite number > 0", short(value));
+    }
+    Ok(())
+}
+
 /// Deserialises a recipe table, naming the first bad key or value.
 pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
     toml::Value::Table(table)

@@ -113,6 +113,9 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
             settings.validate()?;
         }
     }
+    super::check_positive("warmup.lr", r.warmup.lr)?;
+    super::check_positive("finetune.lr", r.finetune.lr)?;
+    super::check_positive("finetune.alpha", r.finetune.alpha)?;
     if r.finetune.batch == 0 || r.eval_size == 0 {
         bail!("finetune.batch and eval_size must be >= 1");
     }

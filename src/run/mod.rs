@@ -341,6 +341,48 @@ impl Run {
         Ok(end.stop)
     }
 
+    /// After an error in a step that had not yet changed the weights (a reward program that
+    /// failed, a prompt too long, weights that stopped learning): writes a checkpoint of the last
+    /// completed step `done` with `save` (unless the latest checkpoint is that step already), so
+    /// that `--resume` continues from it, and returns the error with a note saying so.
+    pub fn checkpoint_after_error(
+        &mut self,
+        done: usize,
+        err: anyhow::Error,
+        save: impl FnOnce(&Path) -> Result<()>,
+    ) -> anyhow::Error {
+        if self.mid_line && !self.opts.quiet {
+            eprintln!();
+            self.mid_line = false;
+        }
+        let latest = checkpoint::latest(&self.ckpt_root)
+            .ok()
+            .flatten()
+            .and_then(|d| checkpoint::read_state(&d).ok())
+            .map(|s| s.step);
+        let resume = format!(
+            "fix the cause, then continue with `ember train <recipe> --out {} --resume`",
+            self.out.display()
+        );
+        if latest == Some(done) {
+            return err.context(format!(
+                "step {} failed; the checkpoint of step {done} is kept: {resume}",
+                done + 1
+            ));
+        }
+        match checkpoint::save(&self.ckpt_root, done, self.keep, save) {
+            Ok(d) => err.context(format!(
+                "step {} failed; wrote the checkpoint of step {done} ({}): {resume}",
+                done + 1,
+                d.display()
+            )),
+            Err(e) => err.context(format!(
+                "step {} failed, and writing the checkpoint of step {done} failed too ({e:#})",
+                done + 1
+            )),
+        }
+    }
+
     /// One progress line: a bar redrawn in place on a terminal, a line per step otherwise.
     fn progress(&mut self, done: usize, stats: &str) {
         if self.opts.quiet {

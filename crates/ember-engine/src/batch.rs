@@ -35,6 +35,17 @@ pub struct RolloutBatch {
     pub truncated: Option<Tensor<1, Bool>>,
 }
 
+/// The largest reward magnitude taken as a real reward. Beyond it a reward is invalid, like NaN
+/// (masked out of baselines and the loss, and counted): f32 statistics of larger values
+/// overflow (a group's squared deviations of 1e20 are already infinite) and would turn the whole
+/// update into NaN.
+pub const REWARD_LIMIT: f32 = 1e9;
+
+/// Finite and within ±[`REWARD_LIMIT`] (NaN and ±∞ compare false).
+fn sane(r: &Tensor<1>) -> Tensor<1, Bool> {
+    r.clone().abs().lower_equal_elem(REWARD_LIMIT)
+}
+
 impl RolloutBatch {
     /// A batch from its mask, rewards and group ids.
     ///
@@ -121,18 +132,19 @@ impl RolloutBatch {
         Ok(self)
     }
 
-    /// `[batch]` float: 1 where the outcome reward (and baseline reward, if any) is finite.
+    /// `[batch]` float: 1 where the outcome reward (and baseline reward, if any) is valid:
+    /// finite and at most [`REWARD_LIMIT`] in magnitude.
     pub fn reward_valid(&self) -> Tensor<1> {
-        let mut valid = self.rewards.clone().is_finite();
+        let mut valid = sane(&self.rewards);
         if let Some(b) = &self.baseline_rewards {
-            valid = valid.bool_and(b.clone().is_finite());
+            valid = valid.bool_and(sane(b));
         }
         valid.float()
     }
 
-    /// `[batch]` rewards with non-finite entries replaced by 0.
+    /// `[batch]` rewards with invalid entries (see [`RolloutBatch::reward_valid`]) replaced by 0.
     pub fn clean_rewards(&self) -> Tensor<1> {
-        let invalid = self.rewards.clone().is_finite().bool_not();
+        let invalid = sane(&self.rewards).bool_not();
         self.rewards.clone().mask_fill(invalid, 0.0)
     }
 

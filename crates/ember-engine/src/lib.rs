@@ -23,7 +23,7 @@ pub use advantage::{
     compute_advantages,
 };
 pub use agg::{AggNorm, LossAgg, aggregate};
-pub use batch::RolloutBatch;
+pub use batch::{REWARD_LIMIT, RolloutBatch};
 pub use correction::{IsLevel, IsMode, MismatchCorrection};
 pub use error::{EngineError, Result};
 pub use filter::{OverlongPenalty, dynamic_sampling_keep, mask_truncated};

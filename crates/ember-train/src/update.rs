@@ -81,6 +81,9 @@ pub struct UpdateStats {
     pub metrics: BTreeMap<String, f64>,
     /// Optimizer steps taken.
     pub optimizer_steps: usize,
+    /// Optimizer steps skipped because a micro-batch's loss was not finite (also the metric
+    /// `actor/skipped_steps`).
+    pub skipped_steps: usize,
 }
 
 fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
@@ -137,6 +140,7 @@ pub fn update<A: Actor>(
                 cfg.schedule.micro_batch_rows
             };
             let mut acc = GradientsAccumulator::<A>::new();
+            let mut finite = true;
             for chunk in part.chunks(micro) {
                 let idx = idx_of(chunk);
                 let scored = actor.score(experience, chunk, with_entropy);
@@ -155,6 +159,9 @@ pub fn update<A: Actor>(
                 let grads = GradientsParams::from_grads(loss.backward(), &actor);
                 acc.accumulate(&actor, grads);
                 for (k, v) in metrics.to_host() {
+                    if k == "actor/loss" && !v.is_finite() {
+                        finite = false;
+                    }
                     let e = sums.entry(k).or_insert((0.0, 0));
                     if v.is_finite() {
                         e.0 += v;
@@ -162,14 +169,23 @@ pub fn update<A: Actor>(
                     }
                 }
             }
-            actor = optim.step(lr, actor, acc.grads());
-            stats.optimizer_steps += 1;
+            // A non-finite loss would make its gradients, and then every weight, NaN: the
+            // mini-batch's step is skipped and counted instead.
+            if finite {
+                actor = optim.step(lr, actor, acc.grads());
+                stats.optimizer_steps += 1;
+            } else {
+                stats.skipped_steps += 1;
+            }
         }
     }
     stats.metrics = sums
         .into_iter()
         .map(|(k, (s, n))| (k, if n > 0 { s / n as f64 } else { f64::NAN }))
         .collect();
+    stats
+        .metrics
+        .insert("actor/skipped_steps".into(), stats.skipped_steps as f64);
     Ok((actor, stats))
 }
 

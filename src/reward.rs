@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Duration;
 
 /// How a completion is verified against an example.
@@ -329,7 +329,9 @@ pub struct RewardItem<'a> {
 /// A running external reward process.
 pub struct ExternalReward {
     child: Child,
-    stdin: Option<ChildStdin>,
+    /// Requests go to a writer thread that owns the program's stdin, so that a program which
+    /// does not read (a full pipe) cannot block the job past `timeout`.
+    requests: Option<Sender<String>>,
     lines: Receiver<std::io::Result<String>>,
     timeout: Duration,
     command: String,
@@ -345,12 +347,18 @@ impl ExternalReward {
                 reason: "reward.external.command is empty".into(),
             });
         };
-        if !(spec.timeout_s > 0.0 && spec.timeout_s.is_finite()) {
-            return Err(RewardError::Protocol {
-                command,
-                reason: format!("timeout_s = {} must be > 0", spec.timeout_s),
-            });
-        }
+        let timeout = match Duration::try_from_secs_f64(spec.timeout_s) {
+            Ok(t) if spec.timeout_s > 0.0 => t,
+            _ => {
+                return Err(RewardError::Protocol {
+                    command,
+                    reason: format!(
+                        "timeout_s = {} must be a number of seconds > 0",
+                        spec.timeout_s
+                    ),
+                });
+            }
+        };
         let mut child = Command::new(program)
             .args(&spec.command[1..])
             .stdin(Stdio::piped())
@@ -364,9 +372,18 @@ impl ExternalReward {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let (tx, rx) = channel();
+        let requests = stdin.map(|stdin| {
+            let (req_tx, req_rx) = channel::<String>();
+            let errors = tx.clone();
+            std::thread::spawn(move || writer(stdin, &req_rx, &errors));
+            req_tx
+        });
         if let Some(out) = stdout {
             std::thread::spawn(move || {
                 for line in BufReader::new(out).lines() {
+                    let line = line.map_err(|e| {
+                        std::io::Error::new(e.kind(), format!("reading its answer failed: {e}"))
+                    });
                     if tx.send(line).is_err() {
                         break;
                     }
@@ -375,9 +392,9 @@ impl ExternalReward {
         }
         Ok(Self {
             child,
-            stdin,
+            requests,
             lines: rx,
-            timeout: Duration::from_secs_f64(spec.timeout_s),
+            timeout,
             command,
         })
     }
@@ -391,17 +408,15 @@ impl ExternalReward {
 
     /// Scores one batch: one reward per item, NaN for an invalid sample.
     pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Vec<f32>, RewardError> {
-        let request = serde_json::json!({ "step": step, "items": items });
-        let stdin = self.stdin.as_mut().ok_or_else(|| RewardError::Protocol {
-            command: self.command.clone(),
-            reason: "stdin is closed".into(),
-        })?;
-        writeln!(stdin, "{request}")
-            .and_then(|()| stdin.flush())
-            .map_err(|e| self.fail(format!("writing the request failed ({e}); did it exit?")))?;
+        let request = serde_json::json!({ "step": step, "items": items }).to_string() + "\n";
+        let sent = self.requests.as_ref().map(|r| r.send(request).is_ok());
+        if sent != Some(true) {
+            return Err(self.fail("its stdin is closed".into()));
+        }
+        // The timeout covers writing the request (in the writer thread) and the answer.
         let line = match self.lines.recv_timeout(self.timeout) {
             Ok(Ok(line)) => line,
-            Ok(Err(e)) => return Err(self.fail(format!("reading its answer failed: {e}"))),
+            Ok(Err(e)) => return Err(self.fail(e.to_string())),
             Err(RecvTimeoutError::Timeout) => {
                 return Err(self.fail(format!(
                     "no answer within {:.1} s for step {step} ({} items)",
@@ -423,9 +438,30 @@ impl ExternalReward {
     }
 }
 
+/// Writes each request to the program's stdin; a failed write is reported on the answer
+/// channel, where [`ExternalReward::score`] waits.
+fn writer(
+    mut stdin: ChildStdin,
+    requests: &Receiver<String>,
+    errors: &Sender<std::io::Result<String>>,
+) {
+    for request in requests {
+        if let Err(e) = stdin
+            .write_all(request.as_bytes())
+            .and_then(|()| stdin.flush())
+        {
+            let _ = errors.send(Err(std::io::Error::new(
+                e.kind(),
+                format!("writing the request failed ({e}); did it exit?"),
+            )));
+            return;
+        }
+    }
+}
+
 impl Drop for ExternalReward {
     fn drop(&mut self) {
-        drop(self.stdin.take());
+        drop(self.requests.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

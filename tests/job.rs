@@ -297,6 +297,32 @@ fn external_reward_round_trip() {
         e.contains("no answer within 0.5 s") && e.contains("time.sleep"),
         "{e}"
     );
+    // A program that never reads: a request larger than the pipe (64 KiB) cannot be written,
+    // and the timeout covers that too (it used to hang for ever).
+    let deaf = ExternalSpec {
+        command: vec![
+            "python3".into(),
+            "-c".into(),
+            "import time; time.sleep(30)".into(),
+        ],
+        ..slow.clone()
+    };
+    let long: &'static str = Box::leak("x".repeat(100_000).into_boxed_str());
+    let t0 = std::time::Instant::now();
+    let e = ExternalReward::spawn(&deaf)
+        .unwrap()
+        .score(1, &items(&[long, long]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no answer within 0.5 s"), "{e}");
+    assert!(t0.elapsed().as_secs_f64() < 10.0);
+    // A timeout too large for a duration is an error, not a panic.
+    let huge = ExternalSpec {
+        timeout_s: 1e300,
+        ..slow.clone()
+    };
+    let e = ExternalReward::spawn(&huge).err().unwrap().to_string();
+    assert!(e.contains("timeout_s"), "{e}");
     let crash = ExternalSpec {
         command: vec![
             "python3".into(),

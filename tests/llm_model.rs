@@ -243,6 +243,18 @@ fn stop_tokens_truncation_and_top_k() {
 
 #[test]
 fn bad_inputs_are_clear_errors() {
+    // A max_new_tokens so large that prompt + it wraps around is an error, not a panic.
+    {
+        let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+        let cfg = SamplingConfig {
+            max_new_tokens: usize::MAX,
+            ..SamplingConfig::default()
+        };
+        let e = generate(&loaded.model, &[vec![5u32, 17]], &cfg, &dev())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exceeds the context"), "{e}");
+    }
     let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
     let m = &loaded.model;
     let cfg = SamplingConfig::default();

@@ -118,6 +118,17 @@ fn recipe_errors_name_the_problem() {
         let e = parse(&text, &[set.into()]).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("finite"), "{set}: {e}");
     }
+    // Tiny-model sizes that would panic or abort are refused, naming the key.
+    for (set, key) in [
+        ("model.d_model=0", "model.d_model"),
+        ("model.d_model=99999999", "model.d_model"),
+        ("model.layers=0", "model.layers"),
+        ("model.d_model=130", "hidden_size"),
+        ("model.d_model=132", "head_dim"),
+    ] {
+        let e = parse(&text, &[set.into()]).unwrap_err().to_string();
+        assert!(e.contains(key), "{set}: {e}");
+    }
     // Greedy rollouts make every group's samples identical: refused, with the reason.
     let e = parse(&text, &["rollout.temperature=0".into()])
         .unwrap_err()

@@ -104,7 +104,7 @@ impl Policy {
             }
         };
         let ctx = self.config.max_position_embeddings;
-        if ids.len() + max_new > ctx {
+        if ids.len().checked_add(max_new).is_none_or(|n| n > ctx) {
             bail!(
                 "prompt of {} tokens plus rollout.max_new_tokens = {max_new} exceeds the model's \
                  context of {ctx} positions (prompt: {:?})",

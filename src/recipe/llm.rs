@@ -358,6 +358,21 @@ impl Recipe {
                         m.kv_heads
                     );
                 }
+                // The tiny model is trained from scratch on a CPU: sizes beyond these bounds
+                // are typos, and would abort the process allocating them.
+                for (key, v, max) in [
+                    ("model.d_model", m.d_model, 1 << 14),
+                    ("model.d_ff", m.d_ff, 1 << 16),
+                    ("model.layers", m.layers, 256),
+                    ("model.heads", m.heads, 256),
+                ] {
+                    if v == 0 || v > max {
+                        bail!("model: {key} = {v} must be in 1..={max}");
+                    }
+                }
+                crate::llm::model_config(m)
+                    .validate()
+                    .map_err(|e| anyhow::anyhow!("[model]: {e}"))?;
             }
             (None, Some(p)) => {
                 if self.warmup.is_some() {
@@ -384,6 +399,13 @@ impl Recipe {
                 "rollout.temperature = {t}: RL rollouts need a finite temperature > 0 (at 0 every \
                  sample of a prompt is the same greedy answer, so every group advantage is 0; \
                  greedy decoding is for `ember eval` and `ember generate`)"
+            );
+        }
+        if self.rollout.max_new_tokens == 0 || self.rollout.max_new_tokens > 1 << 20 {
+            bail!(
+                "rollout.max_new_tokens = {} must be in 1..={}",
+                self.rollout.max_new_tokens,
+                1 << 20
             );
         }
         if self.rollout.samples_per_prompt < 2 {

@@ -340,7 +340,11 @@ pub fn generate(
         )));
     }
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if longest + cfg.max_new_tokens > model.max_positions() {
+    // Checked: a huge `max_new_tokens` must not wrap around to a small sum.
+    if longest
+        .checked_add(cfg.max_new_tokens)
+        .is_none_or(|n| n > model.max_positions())
+    {
         return Err(LlmError::Input(format!(
             "prompt of {longest} tokens + max_new_tokens {} exceeds the context of {} positions",
             cfg.max_new_tokens,

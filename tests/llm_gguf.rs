@@ -141,6 +141,96 @@ fn truncated_or_foreign_files_are_clear_errors() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A GGUF file: header, `n_kv` metadata entries and `n_t` tensor entries as raw bytes.
+fn gguf(n_kv: u64, kv: &[u8], n_t: u64, tensors: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(n_t.to_le_bytes());
+    b.extend(n_kv.to_le_bytes());
+    b.extend(kv);
+    b.extend(tensors);
+    b
+}
+
+/// A GGUF string: u64 length and bytes.
+fn gstr(s: &str) -> Vec<u8> {
+    let mut b = (s.len() as u64).to_le_bytes().to_vec();
+    b.extend(s.as_bytes());
+    b
+}
+
+/// Sizes and offsets declared by a file are checked against the file before anything is
+/// allocated: a 50-byte file declaring a 2^28-element array (8 GiB of values), a 2^40-byte
+/// string, overflowing dimensions, a wrapped offset or an absurd alignment is an error naming
+/// the problem, never an abort or a panic.
+#[test]
+fn hostile_sizes_are_errors_not_aborts() {
+    let dir = std::env::temp_dir().join(format!("ember-gguf-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("h.gguf");
+    let open = |bytes: Vec<u8>| {
+        std::fs::write(&p, bytes).unwrap();
+        GgufFile::open(&p).unwrap_err().to_string()
+    };
+    let mut array = gstr("k");
+    array.extend(9u32.to_le_bytes());
+    array.extend(4u32.to_le_bytes());
+    array.extend((1u64 << 28).to_le_bytes());
+    let e = open(gguf(1, &array, 0, &[]));
+    assert!(e.contains("an array of 268435456"), "{e}");
+    let mut string = gstr("k");
+    string.extend(8u32.to_le_bytes());
+    string.extend((1u64 << 40).to_le_bytes());
+    assert!(open(gguf(1, &string, 0, &[])).contains("a string of"));
+    assert!(open(gguf(u64::MAX, &[], 0, &[])).contains("metadata entries"));
+    let tensor = |dims: &[u64], offset: u64| {
+        let mut t = gstr("t");
+        t.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            t.extend(d.to_le_bytes());
+        }
+        t.extend(0u32.to_le_bytes());
+        t.extend(offset.to_le_bytes());
+        t
+    };
+    let e = open(gguf(0, &[], 1, &tensor(&[u64::MAX, 2], 0)));
+    assert!(e.contains("too many elements"), "{e}");
+    let e = open(gguf(0, &[], 1, &tensor(&[4], u64::MAX - 2)));
+    assert!(e.contains("runs past the end"), "{e}");
+    let mut align = gstr("general.alignment");
+    align.extend(10u32.to_le_bytes());
+    align.extend((1u64 << 40).to_le_bytes());
+    assert!(open(gguf(1, &align, 0, &[])).contains("general.alignment"));
+    // A token-type list longer than the token list.
+    let mut kv = gstr("tokenizer.ggml.model");
+    kv.extend(8u32.to_le_bytes());
+    kv.extend(gstr("gpt2"));
+    kv.extend(gstr("tokenizer.ggml.tokens"));
+    kv.extend(9u32.to_le_bytes());
+    kv.extend(8u32.to_le_bytes());
+    kv.extend(1u64.to_le_bytes());
+    kv.extend(gstr("a"));
+    kv.extend(gstr("tokenizer.ggml.merges"));
+    kv.extend(9u32.to_le_bytes());
+    kv.extend(8u32.to_le_bytes());
+    kv.extend(0u64.to_le_bytes());
+    kv.extend(gstr("tokenizer.ggml.token_type"));
+    kv.extend(9u32.to_le_bytes());
+    kv.extend(4u32.to_le_bytes());
+    kv.extend(3u64.to_le_bytes());
+    for _ in 0..3 {
+        kv.extend(3u32.to_le_bytes());
+    }
+    std::fs::write(&p, gguf(4, &kv, 0, &[])).unwrap();
+    let file = GgufFile::open(&p).unwrap();
+    let e = ember_llm::Tokenizer::from_gguf(&file)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("3 entries for 1 tokens"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[derive(serde::Deserialize)]
 struct Rows {
     #[serde(rename = "type")]

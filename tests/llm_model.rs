@@ -241,6 +241,38 @@ fn stop_tokens_truncation_and_top_k() {
     );
 }
 
+/// Hostile model directories: a sharded index naming a file outside the model directory, a
+/// config declaring absurd sizes, and a chat template that would run for ever are errors.
+#[test]
+fn hostile_model_files_are_errors() {
+    let dir = std::env::temp_dir().join(format!("ember-hostile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for shard in ["../outside.safetensors", "/etc/passwd", "sub/x.safetensors"] {
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            format!("{{\"weight_map\": {{\"w\": {shard:?}}}}}"),
+        )
+        .unwrap();
+        let e = ember_llm::load::SafetensorsSource::open_dir(&dir)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not a file name inside"), "{shard}: {e}");
+    }
+    let cfg = ember_llm::LlamaConfig::new(ember_llm::Family::Llama, 32, 8, 16, 1 << 40, 2, 2);
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("num_hidden_layers"), "{e}");
+    let endless = "{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}";
+    let t0 = std::time::Instant::now();
+    let e = ember_llm::tokenizer::render_chat(endless, &[], false, None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fuel"), "{e}");
+    assert!(t0.elapsed().as_secs_f64() < 30.0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn bad_inputs_are_clear_errors() {
     // A max_new_tokens so large that prompt + it wraps around is an error, not a panic.

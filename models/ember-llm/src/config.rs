@@ -72,6 +72,20 @@ impl LlamaConfig {
                 "must be > 0".into(),
             );
         }
+        // Sizes from a file drive allocations: far beyond any real model they are a damaged or
+        // hostile file, refused before anything is allocated.
+        for (field, v, max) in [
+            ("num_hidden_layers", self.n_layers, 1 << 10),
+            ("num_attention_heads", self.n_heads, 1 << 10),
+            ("hidden_size", self.d_model, 1 << 16),
+            ("intermediate_size", self.d_ff, 1 << 20),
+            ("vocab_size", self.vocab_size, 1 << 23),
+            ("head_dim", self.head_dim(), 1 << 12),
+        ] {
+            if v > max {
+                return bad(field, format!("{v} is beyond {max}"));
+            }
+        }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 "num_key_value_heads",

@@ -151,9 +151,12 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Number of elements.
+    /// Number of elements ([`GgufFile::open`] checked that the product fits).
     pub fn len(&self) -> usize {
-        self.dims.iter().product::<u64>() as usize
+        self.dims
+            .iter()
+            .try_fold(1usize, |n, d| n.checked_mul(usize::try_from(*d).ok()?))
+            .unwrap_or(usize::MAX)
     }
     /// True for a tensor with no elements.
     pub fn is_empty(&self) -> bool {
@@ -181,13 +184,27 @@ pub struct GgufFile {
 struct Cursor<'a, R: Read> {
     r: &'a mut R,
     path: &'a Path,
+    /// Bytes of the file not read yet: every length declared in the file is checked against
+    /// it before anything is allocated for it.
+    remaining: u64,
 }
 
 impl<R: Read> Cursor<'_, R> {
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N], GgufError> {
         let mut b = [0u8; N];
         self.r.read_exact(&mut b).map_err(|e| self.truncated(e))?;
+        self.remaining = self.remaining.saturating_sub(N as u64);
         Ok(b)
+    }
+    /// A count of items of at least `min_bytes` each that the rest of the file can hold.
+    fn count(&self, what: &str, n: u64, min_bytes: u64) -> Result<usize, GgufError> {
+        if n.checked_mul(min_bytes).is_none_or(|b| b > self.remaining) {
+            return Err(self.bad(format!(
+                "{what} of {n} declared, more than the file's remaining {} bytes hold",
+                self.remaining
+            )));
+        }
+        usize::try_from(n).map_err(|_| self.bad(format!("{what} of {n}")))
     }
     fn truncated(&self, e: std::io::Error) -> GgufError {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -216,11 +233,10 @@ impl<R: Read> Cursor<'_, R> {
     }
     fn string(&mut self) -> Result<String, GgufError> {
         let len = self.u64()?;
-        if len > 1 << 30 {
-            return Err(self.bad(format!("string of {len} bytes")));
-        }
-        let mut buf = vec![0u8; len as usize];
+        let len = self.count("a string", len, 1)?;
+        let mut buf = vec![0u8; len];
         self.r.read_exact(&mut buf).map_err(|e| self.truncated(e))?;
+        self.remaining = self.remaining.saturating_sub(len as u64);
         String::from_utf8(buf).map_err(|_| self.bad("a string is not UTF-8"))
     }
     fn value(&mut self, t: u32, depth: usize) -> Result<Value, GgufError> {
@@ -240,10 +256,8 @@ impl<R: Read> Cursor<'_, R> {
                 }
                 let inner = self.u32()?;
                 let len = self.u64()?;
-                if len > 1 << 28 {
-                    return Err(self.bad(format!("array of {len} elements")));
-                }
-                let mut v = Vec::with_capacity(len as usize);
+                let len = self.count("an array", len, 1)?;
+                let mut v = Vec::with_capacity(len);
                 for _ in 0..len {
                     v.push(self.value(inner, depth + 1)?);
                 }
@@ -265,10 +279,18 @@ impl GgufFile {
             path: path.clone(),
             source: e,
         })?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| GgufError::Io {
+                path: path.clone(),
+                source: e,
+            })?
+            .len();
         let mut reader = BufReader::new(file);
         let mut c = Cursor {
             r: &mut reader,
             path: &path,
+            remaining: file_len,
         };
         let magic = c.bytes::<4>()?;
         if &magic != b"GGUF" {
@@ -280,9 +302,10 @@ impl GgufFile {
         }
         let n_tensors = c.u64()?;
         let n_kv = c.u64()?;
-        if n_tensors > 1 << 20 || n_kv > 1 << 20 {
-            return Err(c.bad("implausible tensor or metadata count"));
-        }
+        // A metadata entry takes at least 12 bytes (key length, type, a byte), a tensor entry
+        // at least 24 (name length, dimension count, type, offset).
+        let n_kv = c.count("metadata entries", n_kv, 12)?;
+        let n_tensors = c.count("tensors", n_tensors, 24)?;
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
             let key = c.string()?;
@@ -290,7 +313,7 @@ impl GgufFile {
             let v = c.value(t, 0)?;
             metadata.insert(key, v);
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
             let name = c.string()?;
             let n_dims = c.u32()?;
@@ -300,6 +323,15 @@ impl GgufFile {
             let dims = (0..n_dims)
                 .map(|_| c.u64())
                 .collect::<Result<Vec<_>, _>>()?;
+            let elements = dims
+                .iter()
+                .try_fold(1u64, |n, d| n.checked_mul(*d))
+                .filter(|n| *n <= 1 << 40);
+            if elements.is_none() {
+                return Err(c.bad(format!(
+                    "tensor `{name}` has dimensions {dims:?}, too many elements"
+                )));
+            }
             let ggml_type = c.u32()?;
             let offset = c.u64()?;
             tensors.push(TensorInfo {
@@ -312,19 +344,18 @@ impl GgufFile {
         let alignment = metadata
             .get("general.alignment")
             .and_then(Value::as_u64)
-            .unwrap_or(32)
-            .max(1);
+            .unwrap_or(32);
+        if !(1..=1 << 16).contains(&alignment) {
+            return Err(GgufError::Format {
+                path,
+                reason: format!("general.alignment = {alignment} is not in 1..=65536"),
+            });
+        }
         let pos = reader.stream_position().map_err(|e| GgufError::Io {
             path: path.clone(),
             source: e,
         })?;
         let data_start = pos.div_ceil(alignment) * alignment;
-        let file_len = std::fs::metadata(&path)
-            .map_err(|e| GgufError::Io {
-                path: path.clone(),
-                source: e,
-            })?
-            .len();
         for t in &tensors {
             if let Some((block, bytes)) = block_layout(t.ggml_type) {
                 let n = t.len();
@@ -337,8 +368,10 @@ impl GgufFile {
                         ),
                     });
                 }
-                let end = data_start + t.offset + (n / block * bytes) as u64;
-                if end > file_len {
+                let end = data_start
+                    .checked_add(t.offset)
+                    .and_then(|s| s.checked_add((n / block * bytes) as u64));
+                if end.is_none_or(|end| end > file_len) {
                     return Err(GgufError::Format {
                         path,
                         reason: format!("tensor `{}` runs past the end of the file", t.name),

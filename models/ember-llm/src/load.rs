@@ -57,6 +57,18 @@ impl SafetensorsSource {
                 .collect();
             names.sort();
             names.dedup();
+            // A shard is a plain file name inside the model directory: no absolute path, no
+            // `..`, no subdirectory, so an index cannot make the loader read other files.
+            if let Some(bad) = names.iter().find(|n| {
+                let p = Path::new(n.as_str());
+                p.components().count() != 1
+                    || !matches!(p.components().next(), Some(std::path::Component::Normal(_)))
+            }) {
+                return Err(LlmError::Checkpoint {
+                    path: index_path.clone(),
+                    reason: format!("shard `{bad}` is not a file name inside the model directory"),
+                });
+            }
             names
         } else {
             return Err(LlmError::Checkpoint {

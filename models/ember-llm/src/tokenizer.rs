@@ -124,6 +124,13 @@ impl Tokenizer {
             .and_then(Value::as_array)
             .map(|a| a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
             .unwrap_or_default();
+        if types.len() > tokens.len() {
+            return Err(tok_err(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                types.len(),
+                tokens.len()
+            )));
+        }
         let vocab: serde_json::Map<String, serde_json::Value> = tokens
             .iter()
             .enumerate()
@@ -269,6 +276,9 @@ impl Tokenizer {
     }
 }
 
+/// The most template instructions one rendering may run.
+const TEMPLATE_FUEL: u64 = 5_000_000;
+
 /// Renders a Hugging Face chat template with `minijinja` (Python string methods enabled).
 pub fn render_chat(
     template: &str,
@@ -278,6 +288,9 @@ pub fn render_chat(
     eos_token: Option<&str>,
 ) -> Result<String> {
     let mut env = minijinja::Environment::new();
+    // A template comes from the model file: bounded work, so a hostile one (an endless loop)
+    // is an error instead of a hang. Real chat templates use a few thousand instructions.
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",

@@ -1,0 +1,231 @@
+//! Mutation fuzzing, bounded and seeded so that it runs in every CI build: a small valid GGUF
+//! model written here, the tiny safetensors checkpoint of the fixtures and the main recipe are
+//! damaged in many random ways (bytes flipped, 64-bit fields overwritten, files cut short), and
+//! every loader must answer each one with `Ok` or an error, never a panic. (An allocation
+//! abort would kill the test process, which fails the test too.)
+
+mod common;
+
+use common::dev;
+use ember::engine::SplitMix64;
+use ember_llm::gguf::GgufFile;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ember-fuzz-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A GGUF string.
+fn gstr(s: &str) -> Vec<u8> {
+    let mut b = (s.len() as u64).to_le_bytes().to_vec();
+    b.extend(s.as_bytes());
+    b
+}
+
+/// Metadata entries of a one-layer Llama (d_model 8, 2 heads, d_ff 16, 16 tokens).
+fn metadata() -> Vec<Vec<u8>> {
+    let kv = |key: &str, ty: u32, value: Vec<u8>| {
+        let mut b = gstr(key);
+        b.extend(ty.to_le_bytes());
+        b.extend(value);
+        b
+    };
+    let u32v = |v: u32| v.to_le_bytes().to_vec();
+    let strs = |items: &[&str]| {
+        let mut b = 8u32.to_le_bytes().to_vec();
+        b.extend((items.len() as u64).to_le_bytes());
+        for s in items {
+            b.extend(gstr(s));
+        }
+        b
+    };
+    let tokens: Vec<String> = (b'a'..=b'p').map(|c| (c as char).to_string()).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    vec![
+        kv("general.architecture", 8, gstr("llama")),
+        kv("llama.block_count", 4, u32v(1)),
+        kv("llama.embedding_length", 4, u32v(8)),
+        kv("llama.feed_forward_length", 4, u32v(16)),
+        kv("llama.attention.head_count", 4, u32v(2)),
+        kv("llama.attention.head_count_kv", 4, u32v(2)),
+        kv("llama.context_length", 4, u32v(32)),
+        kv("tokenizer.ggml.model", 8, gstr("gpt2")),
+        kv("tokenizer.ggml.tokens", 9, strs(&tokens)),
+        kv("tokenizer.ggml.merges", 9, strs(&[])),
+        kv("tokenizer.ggml.eos_token_id", 4, u32v(1)),
+        kv(
+            "tokenizer.chat_template",
+            8,
+            gstr("{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+        ),
+    ]
+}
+
+/// A valid GGUF file of the model, with f32 tensors (tied embeddings), and the length of its
+/// header (everything before the tensor data).
+fn tiny_gguf() -> (Vec<u8>, usize) {
+    let tensors: [(&str, &[u64]); 11] = [
+        ("token_embd.weight", &[8, 16]),
+        ("blk.0.attn_norm.weight", &[8]),
+        ("blk.0.attn_q.weight", &[8, 8]),
+        ("blk.0.attn_k.weight", &[8, 8]),
+        ("blk.0.attn_v.weight", &[8, 8]),
+        ("blk.0.attn_output.weight", &[8, 8]),
+        ("blk.0.ffn_norm.weight", &[8]),
+        ("blk.0.ffn_gate.weight", &[8, 16]),
+        ("blk.0.ffn_up.weight", &[8, 16]),
+        ("blk.0.ffn_down.weight", &[16, 8]),
+        ("output_norm.weight", &[8]),
+    ];
+    let kv = metadata();
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((kv.len() as u64).to_le_bytes());
+    for e in &kv {
+        b.extend(e);
+    }
+    let mut data = Vec::new();
+    for (name, dims) in tensors {
+        b.extend(gstr(name));
+        b.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(0u32.to_le_bytes());
+        b.extend((data.len() as u64).to_le_bytes());
+        let n: u64 = dims.iter().product();
+        for i in 0..n {
+            data.extend(((i % 7) as f32 * 0.05 - 0.1).to_le_bytes());
+        }
+        data.resize(data.len().div_ceil(32) * 32, 0);
+    }
+    b.resize(b.len().div_ceil(32) * 32, 0);
+    let header = b.len();
+    b.extend(data);
+    (b, header)
+}
+
+/// `bytes` damaged in one of three ways, only within its first `span` bytes (the structure:
+/// damaging weights only changes numbers).
+fn mutate(bytes: &[u8], span: usize, rng: &mut SplitMix64) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    let span = span.min(b.len()).max(1);
+    match rng.below(3) {
+        0 => {
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(span as u64) as usize;
+                b[i] ^= 1 << rng.below(8);
+            }
+        }
+        1 => {
+            let i = rng.below(span as u64) as usize;
+            let v = match rng.below(4) {
+                0 => u64::MAX,
+                1 => 1 << (rng.below(63) + 1),
+                2 => rng.next_u64(),
+                _ => rng.below(300),
+            };
+            for (k, byte) in v.to_le_bytes().iter().enumerate() {
+                if let Some(x) = b.get_mut(i + k) {
+                    *x = *byte;
+                }
+            }
+        }
+        _ => b.truncate(rng.below(b.len() as u64) as usize),
+    }
+    b
+}
+
+/// Runs `f`, failing the test with `what` and the case number if it panics.
+fn no_panic(what: &str, case: usize, f: impl FnOnce()) {
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        panic!("{what}: case {case} panicked (seeded: rerun reproduces it)");
+    }
+}
+
+/// Everything a run does with a model file: directory, config, tokenizer, chat template,
+/// weights.
+fn load_everything(path: &Path) {
+    if let Ok(f) = GgufFile::open(path) {
+        let _ = ember_llm::load::config_from_gguf(&f);
+        if let Ok(t) = ember_llm::Tokenizer::from_gguf(&f) {
+            let _ = t.apply_chat_template(&[ember_llm::Message::new("user", "ab")], true);
+            let _ = t.encode("abc");
+        }
+    }
+    let _ = ember_llm::load(path, &dev());
+}
+
+#[test]
+fn gguf_reader_survives_damaged_files() {
+    let d = tmpdir("gguf");
+    let p = d.join("m.gguf");
+    let (good, header) = tiny_gguf();
+    std::fs::write(&p, &good).unwrap();
+    let loaded = ember_llm::load(&p, &dev()).expect("the undamaged file loads");
+    assert_eq!(loaded.config.n_layers, 1);
+    let mut rng = SplitMix64(0x6767_7566);
+    for case in 0..1500 {
+        std::fs::write(&p, mutate(&good, header, &mut rng)).unwrap();
+        no_panic("GGUF", case, || load_everything(&p));
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn safetensors_loader_survives_damaged_files() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_llama");
+    let d = tmpdir("st");
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), d.join(f)).unwrap();
+    }
+    let good = std::fs::read(src.join("model.safetensors")).unwrap();
+    // The JSON header: its 8-byte length, then the header itself.
+    let header = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let config = std::fs::read(src.join("config.json")).unwrap();
+    let mut rng = SplitMix64(0x5354_5446);
+    for case in 0..600 {
+        std::fs::write(d.join("model.safetensors"), mutate(&good, header, &mut rng)).unwrap();
+        let damaged_config = case % 4 == 0;
+        if damaged_config {
+            std::fs::write(
+                d.join("config.json"),
+                mutate(&config, config.len(), &mut rng),
+            )
+            .unwrap();
+        }
+        no_panic("safetensors", case, || {
+            let _ = ember_llm::load(&d, &dev());
+        });
+        if damaged_config {
+            std::fs::write(d.join("config.json"), &config).unwrap();
+        }
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn recipe_parser_survives_damaged_recipes() {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes/arithmetic-cpu.toml"),
+    )
+    .unwrap();
+    let mut rng = SplitMix64(0x7265_6369);
+    for case in 0..3000 {
+        let bytes = mutate(text.as_bytes(), text.len(), &mut rng);
+        let damaged = String::from_utf8_lossy(&bytes).to_string();
+        no_panic("recipe", case, || {
+            if let Ok(ember::recipe::AnyRecipe::Llm(r)) = ember::recipe::parse_any(&damaged, &[]) {
+                // What the job builds from a parsed recipe before any work.
+                let _ = r.task.build();
+                let _ = r.algorithm_parts();
+                let _ = toml::to_string_pretty(&*r);
+            }
+        });
+    }
+}

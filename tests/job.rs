@@ -435,6 +435,25 @@ fn bad_inputs_get_clear_errors() {
         &["rollout.max_new_tokens=60"],
         &["exceeds the model's context of 64", "max_new_tokens = 60"],
     );
+    // Arguments that are not UTF-8, and numbers too large for their type, are usage errors
+    // (exit 2), never a panic.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["train", &recipe(), "--set"])
+            .arg(std::ffi::OsStr::from_bytes(b"train.lr=\xff"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("invalid UTF-8"), "{}", stderr(&o));
+        let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["generate", "--model", "m", "--prompt", "p"])
+            .args(["--max-new-tokens", "99999999999999999999999"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("--max-new-tokens"), "{}", stderr(&o));
+    }
     // Missing data file, empty dataset, text the tiny vocabulary cannot encode.
     let dir = tmp("data");
     std::fs::create_dir_all(&dir).unwrap();

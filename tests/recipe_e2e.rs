@@ -118,6 +118,14 @@ fn recipe_errors_name_the_problem() {
         let e = parse(&text, &[set.into()]).unwrap_err().to_string();
         assert!(e.contains(key) && e.contains("finite"), "{set}: {e}");
     }
+    // The estimator and loss overrides are checked at parse time, not at the first update.
+    let e = parse(
+        &text,
+        &["advantage={kind=\"reinforce_plus_plus\", gamma=2}".into()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("advantage.gamma"), "{e}");
     // Tiny-model sizes that would panic or abort are refused, naming the key.
     for (set, key) in [
         ("model.d_model=0", "model.d_model"),

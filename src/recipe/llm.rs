@@ -454,6 +454,21 @@ impl Recipe {
             check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
             check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;
         }
+        // The estimator and loss after preset and overrides, checked now rather than at the
+        // first update.
+        let parts = self.algorithm_parts();
+        parts.advantage.validate()?;
+        parts.loss.policy.validate()?;
+        parts.loss.agg.validate()?;
+        if let Some(m) = &parts.loss.mismatch {
+            m.validate()?;
+        }
+        check_range(
+            "loss.entropy_coef",
+            parts.loss.entropy_coef.into(),
+            -1e6,
+            1e6,
+        )?;
         if self.train.run.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }

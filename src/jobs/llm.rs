@@ -386,18 +386,11 @@ fn rollout_metrics(
     dropped_groups: usize,
 ) {
     row.insert("step".to_string(), (step + 1) as f64);
-    let finite: Vec<f64> = rewards
-        .iter()
-        .filter(|x| x.abs() <= REWARD_LIMIT)
-        .map(|x| f64::from(*x))
-        .collect();
-    row.insert(
-        "rollout/reward_mean".to_string(),
-        finite.iter().sum::<f64>() / finite.len().max(1) as f64,
-    );
+    let (mean, valid) = valid_mean(rewards);
+    row.insert("rollout/reward_mean".to_string(), mean);
     row.insert(
         "rollout/invalid_rewards".to_string(),
-        (rewards.len() - finite.len()) as f64,
+        (rewards.len() - valid) as f64,
     );
     let lengths: Vec<usize> = responses.iter().map(Vec::len).collect();
     row.insert(
@@ -409,6 +402,20 @@ fn rollout_metrics(
         g.truncated.iter().filter(|t| **t).count() as f64 / g.truncated.len().max(1) as f64,
     );
     row.insert("rollout/dropped_groups".to_string(), dropped_groups as f64);
+}
+
+/// The mean of the valid rewards (finite, within ±`REWARD_LIMIT`, as the engine counts them)
+/// and how many there are.
+fn valid_mean(rewards: &[f32]) -> (f64, usize) {
+    let valid: Vec<f64> = rewards
+        .iter()
+        .filter(|x| x.abs() <= REWARD_LIMIT)
+        .map(|x| f64::from(*x))
+        .collect();
+    (
+        valid.iter().sum::<f64>() / valid.len().max(1) as f64,
+        valid.len(),
+    )
 }
 
 /// The progress line's numbers: reward, held-out accuracy, the KL to the reference where the
@@ -516,15 +523,7 @@ impl<'a> Scorer<'a> {
                 })
                 .collect();
             let v = ext.score(step, &items)?;
-            let finite: Vec<f64> = v
-                .iter()
-                .filter(|x| x.abs() <= REWARD_LIMIT)
-                .map(|x| f64::from(*x))
-                .collect();
-            row.insert(
-                "reward/external_mean".into(),
-                finite.iter().sum::<f64>() / finite.len().max(1) as f64,
-            );
+            row.insert("reward/external_mean".into(), valid_mean(&v).0);
             for (r, x) in rewards.iter_mut().zip(v) {
                 *r += spec.weight * x;
             }

@@ -416,6 +416,12 @@ fn accumulated_step_equals_one_step_on_the_summed_loss() {
             .zip([0.1f32, -0.2, 0.3, 0.0, 0.5])
             .any(|(x, y)| (x - y).abs() > 1e-3)
     );
+    // A non-finite part skips the step: the weights come back unchanged.
+    let (c, total) = ember_train::accumulated_step(b.clone(), &mut o2, 0.05, 2, |m, i| {
+        part(m, i) * if i == 1 { f32::NAN } else { 1.0 }
+    });
+    assert!(total.is_nan());
+    assert_eq!(vals(c.logits.val()), vals(b.logits.val()));
 }
 
 /// The bandit as a trainer `Actor`: its experience is the sampled arms `[n, 1]`.

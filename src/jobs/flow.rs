@@ -173,65 +173,87 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     let t_ft = Instant::now();
     let mut steps_done = run.first_step();
     let mut interrupted = false;
+    let mut nonfinite_steps = 0;
     for step in run.first_step()..r.rl.steps {
         let t_step = Instant::now();
         let mut row: BTreeMap<String, f64> = BTreeMap::new();
-        // Rollout: requested classes (a fresh permutation of 0..9 per step, cycled if more
-        // prompts), `g` samples each.
-        let perm = rng.permutation(model.num_classes());
-        let prompts: Vec<usize> = (0..r.rl.prompts_per_step)
-            .map(|i| perm[i % perm.len()])
-            .collect();
-        let labels: Vec<usize> = prompts
-            .iter()
-            .flat_map(|&c| std::iter::repeat_n(c, g))
-            .collect();
-        let groups: Vec<usize> = (0..prompts.len())
-            .flat_map(|i| std::iter::repeat_n(i, g))
-            .collect();
-        let rows = labels.len();
-        base.seed(rng.next_u64());
-        let sampler = model.valid();
-        let lr = schedule.at(step);
-        row.insert("actor/lr".into(), lr);
-        let sde = r.algorithm != FlowAlgorithm::Ram;
-        let traj = ember_flow::sample(
-            &sampler,
-            ints(&labels, &base),
-            if sde { &coefs } else { &ode },
-            r.sampler.guidance,
-            &base,
-        );
-
-        // Reward of the decoded images.
-        let Scores {
-            total: reward,
-            class_prob: pc,
-            ink,
-            right,
-        } = rewards(&classifier, to_pixels(traj.sample()), &labels, &r.reward)?;
-        if let Some(i) = reward.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "reward of sample {i} at step {step} is {} (not finite)",
-                reward[i]
+        let rng_at_start = rng.0;
+        // Everything before the update: an error here leaves the weights as the last completed
+        // step left them, so the run writes that step's checkpoint before it ends.
+        let mut before_update = || -> Result<_> {
+            // Rollout: requested classes (a fresh permutation of 0..9 per step, cycled if more
+            // prompts), `g` samples each.
+            let perm = rng.permutation(model.num_classes());
+            let prompts: Vec<usize> = (0..r.rl.prompts_per_step)
+                .map(|i| perm[i % perm.len()])
+                .collect();
+            let labels: Vec<usize> = prompts
+                .iter()
+                .flat_map(|&c| std::iter::repeat_n(c, g))
+                .collect();
+            let groups: Vec<usize> = (0..prompts.len())
+                .flat_map(|i| std::iter::repeat_n(i, g))
+                .collect();
+            let rows = labels.len();
+            base.seed(rng.next_u64());
+            let sampler = model.valid();
+            let lr = schedule.at(step);
+            row.insert("actor/lr".into(), lr);
+            let sde = r.algorithm != FlowAlgorithm::Ram;
+            let traj = ember_flow::sample(
+                &sampler,
+                ints(&labels, &base),
+                if sde { &coefs } else { &ode },
+                r.sampler.guidance,
+                &base,
             );
-        }
-        let mean = |v: &[f32]| v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
-        row.insert("reward/class_prob".into(), mean(&pc));
-        row.insert("reward/ink".into(), mean(&ink));
-        row.insert(
-            "reward/accuracy".into(),
-            right.iter().filter(|&&b| b).count() as f64 / rows as f64,
-        );
-        let batch = RolloutBatch::new(
-            Tensor::<2>::ones([rows, k], &ad),
-            Tensor::from_floats(reward.as_slice(), &ad),
-            &groups,
-        )?;
 
-        // Advantages and update.
-        let adv = compute_advantages(&adv_cfg, &batch, step)?;
-        row.extend(adv.metrics.to_host());
+            // Reward of the decoded images.
+            let Scores {
+                total: reward,
+                class_prob: pc,
+                ink,
+                right,
+            } = rewards(&classifier, to_pixels(traj.sample()), &labels, &r.reward)?;
+            if let Some(i) = reward.iter().position(|v| !v.is_finite()) {
+                bail!(
+                    "reward of sample {i} at step {step} is {} (not finite)",
+                    reward[i]
+                );
+            }
+            let mean = |v: &[f32]| v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
+            row.insert("reward/class_prob".into(), mean(&pc));
+            row.insert("reward/ink".into(), mean(&ink));
+            row.insert(
+                "reward/accuracy".into(),
+                right.iter().filter(|&&b| b).count() as f64 / rows as f64,
+            );
+            let batch = RolloutBatch::new(
+                Tensor::<2>::ones([rows, k], &ad),
+                Tensor::from_floats(reward.as_slice(), &ad),
+                &groups,
+            )?;
+
+            // Advantages.
+            let adv = compute_advantages(&adv_cfg, &batch, step)?;
+            row.extend(adv.metrics.to_host());
+            Ok((labels, rows, traj, sampler, lr, batch, adv))
+        };
+        let (labels, rows, traj, sampler, lr, batch, adv) = match before_update() {
+            Ok(p) => p,
+            Err(e) => {
+                let st = FlowState {
+                    before,
+                    after,
+                    pretrain_seconds: state.pretrain_seconds,
+                };
+                let ts = run.state(steps_done, rng_at_start, before.accuracy, after.accuracy);
+                return Err(run.checkpoint_after_error(steps_done, e, |d| {
+                    save_state(d, &model, &optim, &ts, &st)
+                }));
+            }
+        };
+        // The update.
         match r.algorithm {
             FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop => {
                 let exp_host = FlowExperience::from_trajectory(
@@ -322,14 +344,26 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
             pretrain_seconds: state.pretrain_seconds,
         };
         let ts = run.state(done, rng.0, before.accuracy, after.accuracy);
+        let skipped_now = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0)
+            || row.get("actor/ram_loss").is_some_and(|l| !l.is_finite());
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
-            checkpoint::write_records(d, adapters_record(&model), &optim, &ts)?;
-            std::fs::write(d.join(FLOW_STATE), serde_json::to_string_pretty(&st)?)?;
-            Ok(())
+            save_state(d, &model, &optim, &ts, &st)
         })?;
         if stop {
             interrupted = true;
             break;
+        }
+        // A skipped update (a non-finite loss) leaves the weights as they were; several in a
+        // row mean the run cannot learn.
+        nonfinite_steps = if skipped_now { nonfinite_steps + 1 } else { 0 };
+        if nonfinite_steps >= MAX_NONFINITE_STEPS {
+            bail!(
+                "the loss was not finite in {nonfinite_steps} steps in a row (up to step {done}): \
+                 their updates were skipped, so the weights and the checkpoints in {} are those \
+                 of step {}; lower rl.lr, or check the reward",
+                out.display(),
+                done - nonfinite_steps
+            );
         }
     }
 
@@ -372,6 +406,22 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         summary.finetune_seconds
     ));
     Ok(summary)
+}
+
+/// Steps in a row whose updates were all skipped for a non-finite loss before the run stops.
+const MAX_NONFINITE_STEPS: usize = 3;
+
+/// Fills a checkpoint directory: the adapters, the optimizer, the run state and [`FlowState`].
+fn save_state(
+    d: &Path,
+    model: &FlowDit,
+    optim: &burn::optim::ModuleOptimizer,
+    ts: &crate::run::TrainState,
+    st: &FlowState,
+) -> Result<()> {
+    checkpoint::write_records(d, adapters_record(model), optim, ts)?;
+    std::fs::write(d.join(FLOW_STATE), serde_json::to_string_pretty(st)?)?;
+    Ok(())
 }
 
 /// The checkpoint file holding [`FlowState`].

@@ -193,7 +193,8 @@ pub fn update<A: Actor>(
 /// step so that memory holds one part's graph at a time: the update of regression losses (RAM's
 /// reward-corrected target, flow matching) and supervised steps. `loss(model, i)` builds part
 /// `i`'s scalar loss. Returns the new model and the sum of the parts' loss values (one host read
-/// per part).
+/// per part). When that sum is not finite the step is skipped (the weights are returned
+/// unchanged), as [`update`] does.
 pub fn accumulated_step<M: Module + Clone>(
     model: M,
     optim: &mut ModuleOptimizer,
@@ -207,6 +208,9 @@ pub fn accumulated_step<M: Module + Clone>(
         let l = loss(&model, i);
         total += f64::from(l.clone().into_scalar::<f32>());
         acc.accumulate(&model, GradientsParams::from_grads(l.backward(), &model));
+    }
+    if !total.is_finite() {
+        return (model, total);
     }
     (optim.step(lr, model, acc.grads()), total)
 }

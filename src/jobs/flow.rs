@@ -173,7 +173,6 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     let t_ft = Instant::now();
     let mut steps_done = run.first_step();
     let mut interrupted = false;
-    let mut nonfinite_steps = 0;
     for step in run.first_step()..r.rl.steps {
         let t_step = Instant::now();
         let mut row: BTreeMap<String, f64> = BTreeMap::new();
@@ -308,6 +307,11 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 });
                 model = m;
                 row.insert("actor/ram_loss".into(), loss);
+                // `accumulated_step` skipped a non-finite step, as `update` counts its own.
+                row.insert(
+                    "actor/skipped_steps".into(),
+                    if loss.is_finite() { 0.0 } else { 1.0 },
+                );
             }
         }
         let done = step + 1;
@@ -344,26 +348,12 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
             pretrain_seconds: state.pretrain_seconds,
         };
         let ts = run.state(done, rng.0, before.accuracy, after.accuracy);
-        let skipped_now = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0)
-            || row.get("actor/ram_loss").is_some_and(|l| !l.is_finite());
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
             save_state(d, &model, &optim, &ts, &st)
         })?;
         if stop {
             interrupted = true;
             break;
-        }
-        // A skipped update (a non-finite loss) leaves the weights as they were; several in a
-        // row mean the run cannot learn.
-        nonfinite_steps = if skipped_now { nonfinite_steps + 1 } else { 0 };
-        if nonfinite_steps >= MAX_NONFINITE_STEPS {
-            bail!(
-                "the loss was not finite in {nonfinite_steps} steps in a row (up to step {done}): \
-                 their updates were skipped, so the weights and the checkpoints in {} are those \
-                 of step {}; lower rl.lr, or check the reward",
-                out.display(),
-                done - nonfinite_steps
-            );
         }
     }
 
@@ -407,9 +397,6 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     ));
     Ok(summary)
 }
-
-/// Steps in a row whose updates were all skipped for a non-finite loss before the run stops.
-const MAX_NONFINITE_STEPS: usize = 3;
 
 /// Fills a checkpoint directory: the adapters, the optimizer, the run state and [`FlowState`].
 fn save_state(

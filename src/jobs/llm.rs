@@ -130,7 +130,6 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     // ---- The RL steps.
     let mut steps_done = run.first_step();
     let mut interrupted = false;
-    let mut nonfinite_steps = 0;
     for step in run.first_step()..r.train.run.steps {
         let t_step = Instant::now();
         let mut row = BTreeMap::new();
@@ -254,25 +253,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         steps_done = step + 1;
         let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
         let stats = stats_line(&row, accuracy_after);
-        let skipped_now = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
             checkpoint::write_records(d, model_record(&policy), &optim, &state)
         })?;
         if stop {
             interrupted = true;
             break;
-        }
-        // A skipped update (a non-finite loss) leaves the weights as they were, so every
-        // checkpoint holds finite weights; several in a row mean the run cannot learn.
-        nonfinite_steps = if skipped_now { nonfinite_steps + 1 } else { 0 };
-        if nonfinite_steps >= MAX_NONFINITE_STEPS {
-            bail!(
-                "the loss was not finite in {nonfinite_steps} steps in a row (up to step \
-                 {steps_done}): their updates were skipped, so the weights and the checkpoints \
-                 in {} are those of step {}; lower train.lr, or check the rewards",
-                out.display(),
-                steps_done - nonfinite_steps
-            );
         }
     }
 
@@ -302,9 +288,6 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         interrupted,
     })
 }
-
-/// Steps in a row whose updates were all skipped for a non-finite loss before the run stops.
-const MAX_NONFINITE_STEPS: usize = 3;
 
 /// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
 /// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).

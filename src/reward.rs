@@ -313,6 +313,63 @@ pub enum RewardError {
     },
 }
 
+/// Python reward functions with TRL's signature, run by Ember's adapter
+/// (`python/ember_reward.py`, built into the binary) over the same protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonSpec {
+    /// `path/to/module.py:function[=weight]` (or `package.module:function`), one per function;
+    /// `~` and `$VAR` are expanded.
+    pub functions: Vec<String>,
+    /// The interpreter (`~` and `$VAR` are expanded).
+    #[serde(default = "python3")]
+    pub python: String,
+    /// Seconds to wait for each answer.
+    #[serde(default = "sixty")]
+    pub timeout_s: f64,
+}
+
+fn python3() -> String {
+    "python3".into()
+}
+
+/// The adapter's source, run with `python -c`.
+pub const PYTHON_ADAPTER: &str = include_str!("../python/ember_reward.py");
+
+impl PythonSpec {
+    /// The external program that runs the functions: `python -u -c <adapter> functions…`.
+    pub fn external(&self) -> Result<ExternalSpec, RewardError> {
+        let expand = |s: &str| {
+            crate::recipe::expand_path(s)
+                .map(|p| p.to_string_lossy().into_owned())
+                .map_err(|e| RewardError::Protocol {
+                    command: "reward.python".into(),
+                    reason: format!("{e:#}"),
+                })
+        };
+        if self.functions.is_empty() {
+            return Err(RewardError::Protocol {
+                command: "reward.python".into(),
+                reason: "reward.python.functions is empty".into(),
+            });
+        }
+        let mut command = vec![
+            expand(&self.python)?,
+            "-u".into(),
+            "-c".into(),
+            PYTHON_ADAPTER.into(),
+        ];
+        for f in &self.functions {
+            command.push(expand(f)?);
+        }
+        Ok(ExternalSpec {
+            command,
+            weight: 1.0,
+            timeout_s: self.timeout_s,
+        })
+    }
+}
+
 /// One item of a request.
 #[derive(Debug, Clone, Serialize)]
 pub struct RewardItem<'a> {
@@ -324,6 +381,19 @@ pub struct RewardItem<'a> {
     pub answer: &'a str,
     /// Index of the prompt in the step (samples of one prompt share it).
     pub group: usize,
+    /// The dataset line's other columns.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub columns: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+/// An answer: a reward per item (NaN when invalid) and, optionally, named components (each a
+/// value per item, NaN when it does not apply).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scores {
+    /// The reward of each item.
+    pub rewards: Vec<f32>,
+    /// Named parts of the reward (the Python adapter's functions), in the answer's order.
+    pub components: Vec<(String, Vec<f32>)>,
 }
 
 /// A running external reward process.
@@ -385,9 +455,15 @@ impl ExternalReward {
                         std::io::Error::new(e.kind(), format!("reading its answer failed: {e}"))
                     });
                     if tx.send(line).is_err() {
-                        break;
+                        return;
                     }
                 }
+                // End of output: the program exited (the writer thread still holds a sender,
+                // so the channel alone would not tell `score` before its timeout).
+                let _ = tx.send(Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed its stdout",
+                )));
             });
         }
         Ok(Self {
@@ -399,6 +475,17 @@ impl ExternalReward {
         })
     }
 
+    /// How the program ended, waiting up to a second for it to exit after closing its output.
+    fn exit_status(&mut self) -> String {
+        for _ in 0..100 {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return format!("exited ({s})");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        "closed its stdout".into()
+    }
+
     fn fail(&self, reason: String) -> RewardError {
         RewardError::Protocol {
             command: self.command.clone(),
@@ -406,8 +493,9 @@ impl ExternalReward {
         }
     }
 
-    /// Scores one batch: one reward per item, NaN for an invalid sample.
-    pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Vec<f32>, RewardError> {
+    /// Scores one batch: one reward per item, NaN for an invalid sample, and the answer's
+    /// components.
+    pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Scores, RewardError> {
         let request = serde_json::json!({ "step": step, "items": items }).to_string() + "\n";
         let sent = self.requests.as_ref().map(|r| r.send(request).is_ok());
         if sent != Some(true) {
@@ -416,6 +504,10 @@ impl ExternalReward {
         // The timeout covers writing the request (in the writer thread) and the answer.
         let line = match self.lines.recv_timeout(self.timeout) {
             Ok(Ok(line)) => line,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                let status = self.exit_status();
+                return Err(self.fail(format!("{status} before answering step {step}")));
+            }
             Ok(Err(e)) => return Err(self.fail(e.to_string())),
             Err(RecvTimeoutError::Timeout) => {
                 return Err(self.fail(format!(
@@ -425,12 +517,7 @@ impl ExternalReward {
                 )));
             }
             Err(RecvTimeoutError::Disconnected) => {
-                let status = self
-                    .child
-                    .try_wait()
-                    .ok()
-                    .flatten()
-                    .map_or("closed its stdout".to_string(), |s| format!("exited ({s})"));
+                let status = self.exit_status();
                 return Err(self.fail(format!("{status} before answering step {step}")));
             }
         };
@@ -467,8 +554,9 @@ impl Drop for ExternalReward {
     }
 }
 
-/// Parses `{"rewards": [...]}` with `expected` entries (`null`/`NaN`/`Infinity` become NaN).
-pub fn parse_rewards(line: &str, expected: usize) -> Result<Vec<f32>, String> {
+/// Parses `{"rewards": [...], "components": {"name": [...]}}` (components optional) with
+/// `expected` entries per list (`null`/`NaN`/`Infinity` become NaN).
+pub fn parse_rewards(line: &str, expected: usize) -> Result<Scores, String> {
     let cleaned = line
         .replace("-Infinity", "null")
         .replace("Infinity", "null")
@@ -479,24 +567,53 @@ pub fn parse_rewards(line: &str, expected: usize) -> Result<Vec<f32>, String> {
             line.chars().take(200).collect::<String>()
         )
     })?;
-    let arr = v
-        .get("rewards")
-        .and_then(|r| r.as_array())
-        .ok_or_else(|| "answer has no `rewards` array".to_string())?;
-    if arr.len() != expected {
-        return Err(format!(
-            "answered {} rewards for {expected} completions",
-            arr.len()
-        ));
+    let numbers = |what: &str, v: Option<&serde_json::Value>| -> Result<Vec<f32>, String> {
+        let arr = v
+            .and_then(|r| r.as_array())
+            .ok_or_else(|| format!("answer has no `{what}` array"))?;
+        if arr.len() != expected {
+            return Err(format!(
+                "answered {} values in `{what}` for {expected} completions",
+                arr.len()
+            ));
+        }
+        arr.iter()
+            .enumerate()
+            .map(|(i, x)| match x {
+                serde_json::Value::Null => Ok(f32::NAN),
+                serde_json::Value::Number(n) => Ok(n.as_f64().map_or(f32::NAN, |f| f as f32)),
+                other => Err(format!("value {i} of `{what}` is {other}, not a number")),
+            })
+            .collect()
+    };
+    let rewards = numbers("rewards", v.get("rewards"))?;
+    let mut components = Vec::new();
+    match v.get("components") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Object(m)) => {
+            for (name, values) in m {
+                let ok = !name.is_empty()
+                    && name.len() <= 64
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+                if !ok {
+                    return Err(format!(
+                        "component name {name:?} must be 1-64 letters, digits, `_`, `-` or `.`"
+                    ));
+                }
+                components.push((
+                    name.clone(),
+                    numbers(&format!("components.{name}"), Some(values))?,
+                ));
+            }
+        }
+        Some(other) => return Err(format!("`components` is {other}, not an object")),
     }
-    arr.iter()
-        .enumerate()
-        .map(|(i, x)| match x {
-            serde_json::Value::Null => Ok(f32::NAN),
-            serde_json::Value::Number(n) => Ok(n.as_f64().map_or(f32::NAN, |f| f as f32)),
-            other => Err(format!("reward {i} is {other}, not a number")),
-        })
-        .collect()
+    Ok(Scores {
+        rewards,
+        components,
+    })
 }
 
 #[cfg(test)]
@@ -557,16 +674,33 @@ mod tests {
     #[test]
     fn reward_answers_parse() {
         assert_eq!(
-            parse_rewards(r#"{"rewards": [1, 0.5]}"#, 2).unwrap(),
+            parse_rewards(r#"{"rewards": [1, 0.5]}"#, 2)
+                .unwrap()
+                .rewards,
             vec![1.0, 0.5]
         );
         let v = parse_rewards(r#"{"rewards": [null, NaN, Infinity]}"#, 3).unwrap();
-        assert!(v.iter().all(|x| x.is_nan()));
+        assert!(v.rewards.iter().all(|x| x.is_nan()));
         assert!(
             parse_rewards(r#"{"rewards": [1]}"#, 2)
                 .unwrap_err()
-                .contains("1 rewards for 2")
+                .contains("1 values in `rewards` for 2")
         );
+        let s = parse_rewards(
+            r#"{"rewards": [1, null], "components": {"acc": [1, null], "fmt": [0, 0]}}"#,
+            2,
+        )
+        .unwrap();
+        assert_eq!(s.components[0].0, "acc");
+        assert_eq!(s.components[1].1, vec![0.0, 0.0]);
+        assert!(s.components[0].1[1].is_nan());
+        for bad in [
+            r#"{"rewards": [1], "components": {"a": [1, 2]}}"#,
+            r#"{"rewards": [1], "components": {"a b": [1]}}"#,
+            r#"{"rewards": [1], "components": [1]}"#,
+        ] {
+            assert!(parse_rewards(bad, 1).is_err(), "{bad}");
+        }
         assert!(parse_rewards("oops", 1).unwrap_err().contains("not JSON"));
         assert!(
             parse_rewards(r#"{"rewards": ["x"]}"#, 1)

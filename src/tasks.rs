@@ -17,6 +17,13 @@ pub struct Example {
     pub question: String,
     /// How a completion is verified.
     pub check: Check,
+    /// A chat dataset's conversation (role, content), rendered through the model's chat
+    /// template in place of the recipe's prompt template; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<(String, String)>,
+    /// A dataset line's other columns, passed to external and Python rewards.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub columns: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The job's deterministic RNG (its state is one u64, so checkpoints can store it).
@@ -92,6 +99,8 @@ impl Arithmetic {
             answer: v.to_string(),
             question: format!("{a} {op} {b}"),
             check: Check::Numeric,
+            messages: Vec::new(),
+            columns: serde_json::Map::new(),
         }
     }
 
@@ -209,6 +218,8 @@ impl Countdown {
                     numbers: sorted,
                     target: v,
                 },
+                messages: Vec::new(),
+                columns: serde_json::Map::new(),
             };
         }
     }
@@ -252,9 +263,12 @@ impl Countdown {
     }
 }
 
-/// A JSONL dataset read in place: each line `{"question", "answer"}` (GSM8K: the answer's
-/// `#### <number>` line is the reference) or `{"prompt", "answer"}`. A line is held out when a
-/// hash of its prompt is 0 mod 10, whatever the seed.
+/// A JSONL dataset read in place. Each line is an object with a prompt and an answer:
+/// the prompt under `prompt_key` (by default the first of `question`, `prompt`, `messages`),
+/// either a string or a chat conversation (a list of `{"role", "content"}`), and the answer
+/// under `answer_key` (default `answer`), a string or a number (GSM8K: the text after its `####`
+/// is the reference). Every other key is an extra column, passed to rewards. A line is held
+/// out when a hash of its prompt is 0 mod 10, whatever the seed.
 #[derive(Debug, Clone)]
 pub struct JsonlData {
     train: Vec<Example>,
@@ -298,9 +312,73 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
+/// Which keys of a JSONL line hold the prompt and the answer (`None`: the defaults).
+#[derive(Debug, Clone, Default)]
+pub struct JsonlKeys {
+    /// The prompt's key.
+    pub prompt: Option<String>,
+    /// The answer's key.
+    pub answer: Option<String>,
+}
+
+/// A prompt value: a string, or a conversation whose last user turn is the question.
+fn parse_prompt(v: &serde_json::Value) -> Result<(String, Vec<(String, String)>), String> {
+    match v {
+        serde_json::Value::String(s) => Ok((s.clone(), Vec::new())),
+        serde_json::Value::Array(turns) => {
+            let mut msgs = Vec::with_capacity(turns.len());
+            for (i, t) in turns.iter().enumerate() {
+                let field = |k: &str| t.get(k).and_then(|x| x.as_str()).map(str::to_string);
+                let (Some(role), Some(content)) = (field("role"), field("content")) else {
+                    return Err(format!(
+                        "message {i} needs string fields `role` and `content`"
+                    ));
+                };
+                if !["system", "user", "assistant"].contains(&role.as_str()) {
+                    return Err(format!(
+                        "message {i} has role {role:?}; expected system, user or assistant"
+                    ));
+                }
+                msgs.push((role, content));
+            }
+            match msgs.last() {
+                Some((role, _)) if role == "user" => {}
+                Some((role, _)) => {
+                    return Err(format!(
+                        "the conversation ends with a {role} message; the policy answers the                          last user message"
+                    ));
+                }
+                None => return Err("the conversation is empty".into()),
+            }
+            let question = msgs.last().map(|m| m.1.clone()).unwrap_or_default();
+            Ok((question, msgs))
+        }
+        other => Err(format!(
+            "the prompt is {}, not a string or a list of messages",
+            kind_of(other)
+        )),
+    }
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 impl JsonlData {
-    /// Reads `path`.
+    /// Reads `path` with the default keys.
     pub fn load(path: &Path) -> Result<Self, DataError> {
+        Self::load_with(path, &JsonlKeys::default())
+    }
+
+    /// Reads `path`, the prompt and answer under `keys`.
+    pub fn load_with(path: &Path, keys: &JsonlKeys) -> Result<Self, DataError> {
         let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
             path: path.to_path_buf(),
             source,
@@ -317,22 +395,52 @@ impl JsonlData {
             }
             let v: serde_json::Value = serde_json::from_str(line)
                 .map_err(|e| line_err(i + 1, format!("not JSON: {e}")))?;
-            let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
-            let (question, answer) = match (field("question"), field("prompt"), field("answer")) {
-                (Some(q), _, Some(a)) => {
-                    let a = match a.rsplit_once("####") {
-                        Some((_, tail)) => tail.trim().replace(',', ""),
-                        None => a.trim().to_string(),
-                    };
-                    (q, a)
-                }
-                (None, Some(p), Some(a)) => (p, a.trim().to_string()),
-                _ => {
+            let serde_json::Value::Object(mut obj) = v else {
+                return Err(line_err(
+                    i + 1,
+                    format!("{} is not a JSON object", kind_of(&v)),
+                ));
+            };
+            let prompt_key = match &keys.prompt {
+                Some(k) => k.clone(),
+                None => ["question", "prompt", "messages"]
+                    .into_iter()
+                    .find(|k| obj.contains_key(*k))
+                    .unwrap_or("prompt")
+                    .to_string(),
+            };
+            let answer_key = keys.answer.clone().unwrap_or_else(|| "answer".into());
+            let (Some(p), Some(a)) = (obj.remove(&prompt_key), obj.remove(&answer_key)) else {
+                let default = keys.prompt.is_none();
+                return Err(line_err(
+                    i + 1,
+                    format!(
+                        "expected a prompt under {} and an answer under `{answer_key}` (set \
+                         task.prompt_key / task.answer_key for other names); the line has {:?}",
+                        if default {
+                            "`question`, `prompt` or `messages`".to_string()
+                        } else {
+                            format!("`{prompt_key}`")
+                        },
+                        obj.keys().collect::<Vec<_>>()
+                    ),
+                ));
+            };
+            let (question, messages) = parse_prompt(&p)
+                .map_err(|reason| line_err(i + 1, format!("`{prompt_key}`: {reason}")))?;
+            let answer = match &a {
+                serde_json::Value::String(s) => match s.rsplit_once("####") {
+                    Some((_, tail)) => tail.trim().replace(',', ""),
+                    None => s.trim().to_string(),
+                },
+                serde_json::Value::Number(n) => n.to_string(),
+                other => {
                     return Err(line_err(
                         i + 1,
-                        "expected string fields `question` and `answer` (GSM8K) or `prompt` and \
-                         `answer`"
-                            .into(),
+                        format!(
+                            "`{answer_key}` is {}, not a string or a number",
+                            kind_of(other)
+                        ),
                     ));
                 }
             };
@@ -344,6 +452,8 @@ impl JsonlData {
                 answer,
                 question,
                 check: Check::Numeric,
+                messages,
+                columns: obj,
             };
             if Rng(fnv(&e.question)).next_u64().is_multiple_of(10) {
                 held_out.push(e);

@@ -400,12 +400,12 @@ fn accumulated_step_equals_one_step_on_the_summed_loss() {
     };
     let opt = ember_train::OptimizerConfig::default();
     let mut o1 = opt.init();
-    let (a, total) = ember_train::accumulated_step(init.clone(), &mut o1, 0.05, 2, part);
+    let (a, total, _) = ember_train::accumulated_step(init.clone(), &mut o1, 0.05, 2, part);
     let mut o2 = opt.init();
     let loss = part(&init, 0) + part(&init, 1);
     let want = f64::from(loss.clone().into_scalar::<f32>());
     let grads = GradientsParams::from_grads(loss.backward(), &init);
-    let b = o2.step(0.05, init, grads);
+    let (b, _) = o2.step(0.05, init, grads);
     assert!((total - want).abs() < 1e-6, "{total} vs {want}");
     let (pa, pb) = (vals(a.logits.val()), vals(b.logits.val()));
     for (x, y) in pa.iter().zip(&pb) {
@@ -417,10 +417,11 @@ fn accumulated_step_equals_one_step_on_the_summed_loss() {
             .any(|(x, y)| (x - y).abs() > 1e-3)
     );
     // A non-finite part skips the step: the weights come back unchanged.
-    let (c, total) = ember_train::accumulated_step(b.clone(), &mut o2, 0.05, 2, |m, i| {
+    let (c, total, report) = ember_train::accumulated_step(b.clone(), &mut o2, 0.05, 2, |m, i| {
         part(m, i) * if i == 1 { f32::NAN } else { 1.0 }
     });
     assert!(total.is_nan());
+    assert!(!report.applied);
     assert_eq!(vals(c.logits.val()), vals(b.logits.val()));
 }
 

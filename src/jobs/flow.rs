@@ -289,7 +289,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 let x0 = traj.sample().to_device(&ad);
                 let y = ints(&labels, &ad);
                 let n = r.rl.ram_noisings;
-                let (m, loss) = accumulated_step(model, &mut optim, lr, n, |model, _| {
+                let (m, loss, report) = accumulated_step(model, &mut optim, lr, n, |model, _| {
                     // σ ~ p(σ) = 2σ on (0, 1] (RAM's time sampling): σ = √u.
                     let sig: Vec<f32> =
                         (0..rows).map(|_| rng.next_f32().max(1e-4).sqrt()).collect();
@@ -307,10 +307,11 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 });
                 model = m;
                 row.insert("actor/ram_loss".into(), loss);
+                row.insert("actor/grad_norm".into(), report.grad_norm);
                 // `accumulated_step` skipped a non-finite step, as `update` counts its own.
                 row.insert(
                     "actor/skipped_steps".into(),
-                    if loss.is_finite() { 0.0 } else { 1.0 },
+                    if report.applied { 0.0 } else { 1.0 },
                 );
             }
         }
@@ -402,7 +403,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
 fn save_state(
     d: &Path,
     model: &FlowDit,
-    optim: &burn::optim::ModuleOptimizer,
+    optim: &ember_train::Optimizer,
     ts: &crate::run::TrainState,
     st: &FlowState,
 ) -> Result<()> {

@@ -196,9 +196,17 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 ((0..batch.dims()[0]).collect(), 0)
             };
             rollout_metrics(&mut row, step, &rewards, &responses, &g, dropped_groups);
-            Ok((batch, host_exp, kept_rows, responses, timing))
+            let shown = shown_samples(
+                r.train.run.log_samples,
+                &g,
+                &examples,
+                &texts,
+                &responses,
+                &rewards,
+            );
+            Ok((batch, host_exp, kept_rows, responses, timing, shown))
         };
-        let (batch, host_exp, kept_rows, responses, mut timing) = match before_update() {
+        let (batch, host_exp, kept_rows, responses, mut timing, mut shown) = match before_update() {
             Ok(p) => p,
             Err(e) => {
                 let state = run.state(steps_done, rng_at_start, accuracy_before, accuracy_after);
@@ -218,9 +226,16 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 ..host_exp
             };
             let (batch, exp) = keep_rows(batch, exp, &kept_rows, &ad)?;
+            // The shown rows' places in the kept batch (a row dropped by dynamic sampling has
+            // no advantage).
+            let places: Vec<(usize, usize)> = (0..shown.len())
+                .filter_map(|i| Some((i, kept_rows.iter().position(|k| *k == i)?)))
+                .collect();
             let mut order_rng = Rng(rng.next_u64());
             let t_update = Instant::now();
-            policy.model = update_policy(
+            let kept_places: Vec<usize> = places.iter().map(|p| p.1).collect();
+            let shown_adv;
+            (policy.model, shown_adv) = update_policy(
                 policy.model,
                 &mut optim,
                 &exp,
@@ -231,7 +246,11 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 lr,
                 &mut |n| order_rng.permutation(n),
                 &mut row,
+                &kept_places,
             )?;
+            for ((i, _), a) in places.iter().zip(shown_adv) {
+                shown[*i].insert("advantage".into(), json_number(a));
+            }
             let _ = ad.sync();
             timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
         }
@@ -256,6 +275,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
             checkpoint::write_records(d, model_record(&policy), &optim, &state)
         })?;
+        run.samples(step + 1, &shown, evaluated)?;
         if stop {
             interrupted = true;
             break;
@@ -359,6 +379,48 @@ fn keep_rows(
     Ok((batch.select(rows)?, e))
 }
 
+/// The first `n` rows of a rollout for `samples.jsonl` (their `advantage` is added after the
+/// update): prompt, completion, reference answer, reward (null when invalid), response length in
+/// tokens, and why it ended (`stop`: a stop token; `length`: `max_new_tokens`).
+fn shown_samples(
+    n: usize,
+    g: &Generation,
+    examples: &[Example],
+    texts: &[String],
+    responses: &[Vec<u32>],
+    rewards: &[f32],
+) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    (0..n.min(texts.len()))
+        .map(|i| {
+            let e = &examples[g.group_ids[i]];
+            let mut m = serde_json::Map::new();
+            m.insert("prompt".into(), e.question.clone().into());
+            m.insert("completion".into(), texts[i].clone().into());
+            m.insert("answer".into(), e.answer.clone().into());
+            let valid = rewards[i].abs() <= REWARD_LIMIT;
+            let reward = if valid {
+                f64::from(rewards[i])
+            } else {
+                f64::NAN
+            };
+            m.insert("reward".into(), json_number(reward));
+            m.insert("advantage".into(), serde_json::Value::Null);
+            m.insert("length".into(), responses[i].len().into());
+            m.insert(
+                "stop_reason".into(),
+                if g.truncated[i] { "length" } else { "stop" }.into(),
+            );
+            m.insert("group".into(), g.group_ids[i].into());
+            m
+        })
+        .collect()
+}
+
+/// A JSON number, or null when not finite.
+fn json_number(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
 /// The rollout's metrics (verl's names where verl has them).
 fn rollout_metrics(
     row: &mut BTreeMap<String, f64>,
@@ -428,6 +490,7 @@ fn stats_line(row: &BTreeMap<String, f64>, acc: f64) -> String {
 struct Scorer<'a> {
     spec: &'a RewardSpec,
     external: Option<ExternalReward>,
+    python: Option<ExternalReward>,
 }
 
 /// The completions of one step, a row each.
@@ -454,6 +517,10 @@ impl<'a> Scorer<'a> {
                 .as_ref()
                 .map(ExternalReward::spawn)
                 .transpose()?,
+            python: match &spec.python {
+                Some(p) => Some(ExternalReward::spawn(&p.external()?)?),
+                None => None,
+            },
         })
     }
 
@@ -496,19 +563,42 @@ impl<'a> Scorer<'a> {
                 *r += self.spec.format * v;
             }
         }
-        if let (Some(ext), Some(spec)) = (self.external.as_mut(), &self.spec.external) {
-            let items: Vec<RewardItem> = (0..texts.len())
-                .map(|i| RewardItem {
-                    prompt: &prompts[i],
-                    completion: &texts[i],
-                    answer: &examples[i].answer,
-                    group: groups[i],
-                })
-                .collect();
-            let v = ext.score(step, &items)?;
-            row.insert("reward/external_mean".into(), valid_mean(&v).0);
-            for (r, x) in rewards.iter_mut().zip(v) {
-                *r += spec.weight * x;
+        let items: Vec<RewardItem> = (0..texts.len())
+            .map(|i| RewardItem {
+                prompt: &prompts[i],
+                completion: &texts[i],
+                answer: &examples[i].answer,
+                group: groups[i],
+                columns: &examples[i].columns,
+            })
+            .collect();
+        let programs = [
+            (
+                self.external.as_mut(),
+                self.spec.external.as_ref().map(|s| s.weight),
+                "external",
+            ),
+            (
+                self.python.as_mut(),
+                self.spec.python.as_ref().map(|_| 1.0),
+                "python",
+            ),
+        ];
+        for (program, weight, what) in programs {
+            let (Some(program), Some(weight)) = (program, weight) else {
+                continue;
+            };
+            let scores = program.score(step, &items)?;
+            row.insert(format!("reward/{what}_mean"), valid_mean(&scores.rewards).0);
+            for (name, values) in &scores.components {
+                let key = format!("reward/{name}");
+                if row.contains_key(&key) {
+                    bail!("reward component `{name}` of reward.{what} repeats the metric {key}");
+                }
+                row.insert(key, valid_mean(values).0);
+            }
+            for (r, x) in rewards.iter_mut().zip(scores.rewards) {
+                *r += weight * x;
             }
         }
         Ok(rewards)

@@ -191,7 +191,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
                 }
             }
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(r.finetune.lr, model, grads);
+            model = optim.step(r.finetune.lr, model, grads).0;
             if !quiet && (step + 1) % 50 == 0 {
                 let l: f32 = sup.into_scalar();
                 eprintln!(

@@ -255,7 +255,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                 // The job reads the advantage and update metrics every step: their reductions
                 // are kernels too.
                 let mut row = std::collections::BTreeMap::new();
-                policy.model = update_policy(
+                (policy.model, _) = update_policy(
                     policy.model,
                     &mut optim,
                     &exp,
@@ -266,6 +266,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                     r.train.schedule.lr,
                     &mut |m: usize| (0..m).collect::<Vec<_>>(),
                     &mut row,
+                    &[],
                 )
                 .with_context(|| format!("training at prompt width {w}, response width {nw}"))?;
                 sync(&ad)?;

@@ -92,10 +92,17 @@ impl Policy {
                 let user = template.replace("{question}", &e.question);
                 let text = if *chat {
                     let mut msgs = Vec::new();
-                    if let Some(s) = system {
+                    // A chat dataset's conversation is rendered as it is; the recipe's system
+                    // prompt goes first unless the conversation has its own.
+                    let own_system = e.messages.iter().any(|(r, _)| r == "system");
+                    if let (Some(s), false) = (system, own_system) {
                         msgs.push(Message::new("system", s));
                     }
-                    msgs.push(Message::new("user", &user));
+                    if e.messages.is_empty() {
+                        msgs.push(Message::new("user", &user));
+                    } else {
+                        msgs.extend(e.messages.iter().map(|(r, c)| Message::new(r, c)));
+                    }
                     tok.apply_chat_template(&msgs, true)?
                 } else {
                     user
@@ -212,7 +219,7 @@ pub fn warm_up(
         let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
         let loss = (lp * lm.clone()).sum().neg() / lm.sum();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(w.lr, model, grads);
+        model = optim.step(w.lr, model, grads).0;
     }
     Ok(model)
 }

@@ -5,12 +5,11 @@
 use crate::engine::*;
 use crate::recipe::llm::Recipe;
 use anyhow::Result;
-use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Int, Tensor, TensorData};
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, SamplingConfig};
-use ember_train::{UpdateConfig, update};
+use ember_train::{Optimizer, UpdateConfig, update};
 use std::collections::BTreeMap;
 
 /// The rollout sampler of a recipe's step: its temperature, response length, group size and
@@ -62,8 +61,9 @@ pub fn update_config(r: &Recipe, loss: ActorLossConfig) -> UpdateConfig {
     }
 }
 
-/// The RL phase's AdamW (no weight decay; gradient-norm clipping when `train.grad_clip` > 0).
-pub fn optimizer(r: &Recipe) -> ModuleOptimizer {
+/// The RL phase's AdamW (no weight decay; global gradient-norm clipping when `train.grad_clip`
+/// > 0).
+pub fn optimizer(r: &Recipe) -> Optimizer {
     r.train.optim.init()
 }
 
@@ -106,10 +106,12 @@ pub fn rescore(
 
 /// The update of one step: the advantages of `batch` (their metrics added to `row`), then
 /// `ember_train::update` (its metrics added to `row`). `order` permutes rows between epochs.
+/// Returns the new model and the mean advantage over the valid steps of each of `shown` rows
+/// (one host read; NaN for a masked-out row), for the sample log.
 #[allow(clippy::too_many_arguments)]
 pub fn update_policy(
     model: Llama,
-    optim: &mut ModuleOptimizer,
+    optim: &mut Optimizer,
     exp: &LlmExperience,
     batch: &RolloutBatch,
     adv_cfg: &AdvantageConfig,
@@ -118,10 +120,36 @@ pub fn update_policy(
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
     row: &mut BTreeMap<String, f64>,
-) -> Result<Llama> {
+    shown: &[usize],
+) -> Result<(Llama, Vec<f64>)> {
     let adv = compute_advantages(adv_cfg, batch, step)?;
     row.extend(adv.metrics.to_host());
+    let shown_adv = row_means(&adv.advantages, &adv.mask, shown);
     let (model, stats) = update(model, optim, exp, batch, &adv, upd, lr, order)?;
     row.extend(stats.metrics);
-    Ok(model)
+    Ok((model, shown_adv))
+}
+
+/// Σ x·m / Σ m over the steps of each of `rows` (NaN where Σ m = 0), read to the host at once.
+fn row_means(x: &Tensor<2>, mask: &Tensor<2>, rows: &[usize]) -> Vec<f64> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
+    let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &x.device());
+    let (x, m) = (
+        x.clone().select(0, idx.clone()),
+        mask.clone().select(0, idx),
+    );
+    let sums = Tensor::cat(vec![(x * m.clone()).sum_dim(1), m.sum_dim(1)], 1);
+    let v = sums.into_data().try_to_vec::<f32>().unwrap_or_default();
+    v.chunks(2)
+        .map(|p| {
+            if p[1] > 0.0 {
+                f64::from(p[0] / p[1])
+            } else {
+                f64::NAN
+            }
+        })
+        .collect()
 }

@@ -1,10 +1,10 @@
 //! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
-use super::defaults::{auto, ten, two, yes};
+use super::defaults::{auto, four, ten, two, yes};
 use super::expand_path;
 use crate::engine::*;
-use crate::reward::ExternalSpec;
-use crate::tasks::{Arithmetic, Countdown, JsonlData, TaskSet};
+use crate::reward::{ExternalSpec, PythonSpec};
+use crate::tasks::{Arithmetic, Countdown, JsonlData, JsonlKeys, TaskSet};
 use anyhow::{Context, Result, bail};
 use ember_llm::LoraSettings;
 use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
@@ -64,6 +64,13 @@ pub struct TaskSpec {
     /// JSONL: the data file (`~` and `$VAR` are expanded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// JSONL: the key of the prompt, a string or a chat `messages` list (default: the first of
+    /// `question`, `prompt`, `messages`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_key: Option<String>,
+    /// JSONL: the key of the reference answer (default `answer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_key: Option<String>,
     /// Held-out problems evaluated.
     pub eval_size: usize,
 }
@@ -96,6 +103,16 @@ impl TaskSpec {
             given(n, set && k != TaskKind::Countdown, "countdown")?;
         }
         given("path", self.path.is_some() && k != TaskKind::Jsonl, "jsonl")?;
+        given(
+            "prompt_key",
+            self.prompt_key.is_some() && k != TaskKind::Jsonl,
+            "jsonl",
+        )?;
+        given(
+            "answer_key",
+            self.answer_key.is_some() && k != TaskKind::Jsonl,
+            "jsonl",
+        )?;
         Ok(match k {
             TaskKind::Arithmetic => {
                 let d = Arithmetic::default();
@@ -121,7 +138,11 @@ impl TaskSpec {
                     .path
                     .as_deref()
                     .context("task.kind = \"jsonl\" needs task.path")?;
-                TaskSet::Jsonl(JsonlData::load(&expand_path(p)?)?)
+                let keys = JsonlKeys {
+                    prompt: self.prompt_key.clone(),
+                    answer: self.answer_key.clone(),
+                };
+                TaskSet::Jsonl(JsonlData::load_with(&expand_path(p)?, &keys)?)
             }
         })
     }
@@ -169,6 +190,10 @@ pub struct RewardSpec {
     /// An external reward program speaking JSON lines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<ExternalSpec>,
+    /// Python reward functions with TRL's signature (each weighted; logged as
+    /// `reward/<function>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonSpec>,
 }
 
 impl Default for RewardSpec {
@@ -178,6 +203,7 @@ impl Default for RewardSpec {
             format: 0.0,
             overlong: None,
             external: None,
+            python: None,
         }
     }
 }
@@ -269,6 +295,10 @@ pub struct TrainLoop {
     /// Checkpoints kept (the newest).
     #[serde(default = "two")]
     pub keep_checkpoints: usize,
+    /// Completions written to `samples.jsonl` per step (the first rows: whole groups first),
+    /// and to TensorBoard's Text tab at each evaluation; 0 = none.
+    #[serde(default = "four")]
+    pub log_samples: usize,
 }
 
 /// A whole run.
@@ -453,6 +483,12 @@ impl Recipe {
         if let Some(x) = &self.reward.external {
             check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
             check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;
+        }
+        if let Some(p) = &self.reward.python {
+            check_range("reward.python.timeout_s", p.timeout_s, 1e-3, 1e6)?;
+            if p.functions.is_empty() {
+                bail!("reward.python.functions is empty: name at least one `file.py:function`");
+            }
         }
         // The estimator and loss after preset and overrides, checked now rather than at the
         // first update.

@@ -38,7 +38,7 @@ fn step_name(step: usize) -> String {
 pub fn write_records(
     dir: &Path,
     model: burn::store::ModuleRecord,
-    optim: &burn::optim::ModuleOptimizer,
+    optim: &ember_train::Optimizer,
     state: &TrainState,
 ) -> Result<()> {
     model
@@ -61,10 +61,7 @@ pub fn read_model(dir: &Path, partial: bool) -> Result<burn::store::ModuleRecord
 }
 
 /// `optim` with the AdamW state stored in checkpoint `dir`.
-pub fn load_optimizer(
-    dir: &Path,
-    optim: burn::optim::ModuleOptimizer,
-) -> Result<burn::optim::ModuleOptimizer> {
+pub fn load_optimizer(dir: &Path, optim: ember_train::Optimizer) -> Result<ember_train::Optimizer> {
     let p = dir.join(OPTIM);
     let rec = burn::optim::OptimizerRecord::load(&p)
         .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;

@@ -1,4 +1,5 @@
-//! `metrics.jsonl` (a row per step, appended and flushed as the run goes), `metrics.csv` and
+//! `metrics.jsonl` (a row per step, appended and flushed as the run goes) and the same scalars in
+//! TensorBoard's event file, `samples.jsonl` (sampled completions), `metrics.csv` and
 //! `curves.png` (rewritten atomically whenever [`MetricsLog::publish`] is called: at every
 //! evaluation and at the end).
 
@@ -12,6 +13,11 @@ pub struct MetricsLog {
     /// Opened at the first row, so a run that fails during set-up leaves no `metrics.jsonl`
     /// (which would mark the directory as holding a run).
     jsonl: Option<std::fs::File>,
+    /// `samples.jsonl`, opened at the first sample.
+    samples: Option<std::fs::File>,
+    /// The TensorBoard event file, opened with `metrics.jsonl`.
+    tensorboard: Option<super::tensorboard::EventWriter>,
+    keep_until: Option<usize>,
     resuming: bool,
     rows: Vec<BTreeMap<String, f64>>,
     dir: PathBuf,
@@ -26,6 +32,7 @@ impl MetricsLog {
         let path = dir.join("metrics.jsonl");
         let mut rows = Vec::new();
         if let Some(last) = keep_until {
+            keep_jsonl_until(&dir.join(SAMPLES), last)?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {} to resume", path.display()))?;
             // The kept lines are written back verbatim, not re-serialised from the parsed
@@ -54,6 +61,9 @@ impl MetricsLog {
         }
         Ok(Self {
             jsonl: None,
+            samples: None,
+            tensorboard: None,
+            keep_until,
             resuming: keep_until.is_some(),
             rows,
             dir: dir.to_path_buf(),
@@ -76,6 +86,10 @@ impl MetricsLog {
                     .with_context(|| format!("truncating {}", path.display()))?;
             }
             self.jsonl = Some(f);
+            self.tensorboard = Some(super::tensorboard::EventWriter::open(
+                &self.dir,
+                self.keep_until,
+            )?);
         }
         if let Some(f) = self.jsonl.as_mut() {
             // One write of the whole line: a failure leaves at most a torn last line, which
@@ -85,7 +99,51 @@ impl MetricsLog {
                 .and_then(|()| f.flush())
                 .with_context(|| format!("appending to {}", path.display()))?;
         }
+        if let Some(tb) = self.tensorboard.as_mut() {
+            let step = row.get("step").map_or(0, |s| *s as i64);
+            tb.scalars(step, &row)?;
+        }
         self.rows.push(row);
+        Ok(())
+    }
+
+    /// Appends sampled completions of step `step` to `samples.jsonl` (one JSON object a line,
+    /// `step` added to each); with `text`, also writes them to TensorBoard's Text tab as one
+    /// Markdown table under `samples`.
+    pub fn samples(
+        &mut self,
+        step: usize,
+        samples: &[serde_json::Map<String, serde_json::Value>],
+        text: bool,
+    ) -> Result<()> {
+        let path = self.dir.join(SAMPLES);
+        if self.samples.is_none() {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            if !self.resuming {
+                f.set_len(0)
+                    .with_context(|| format!("truncating {}", path.display()))?;
+            }
+            self.samples = Some(f);
+        }
+        let mut lines = String::new();
+        for s in samples {
+            let mut obj = serde_json::Map::new();
+            obj.insert("step".into(), step.into());
+            obj.extend(s.clone());
+            lines += &(serde_json::Value::Object(obj).to_string() + "\n");
+        }
+        if let Some(f) = self.samples.as_mut() {
+            f.write_all(lines.as_bytes())
+                .and_then(|()| f.flush())
+                .with_context(|| format!("appending to {}", path.display()))?;
+        }
+        if let (true, Some(tb), false) = (text, self.tensorboard.as_mut(), samples.is_empty()) {
+            tb.text(step as i64, "samples", &markdown_table(samples))?;
+        }
         Ok(())
     }
 
@@ -119,6 +177,62 @@ impl MetricsLog {
         }
         super::write_atomic(&self.dir.join("metrics.csv"), out.as_bytes())
     }
+}
+
+/// The file of sampled completions.
+pub const SAMPLES: &str = "samples.jsonl";
+
+/// Keeps the lines of a JSON-lines log whose `step` is at most `last` (rewritten atomically,
+/// verbatim; a torn last line is dropped). No file: nothing to do.
+fn keep_jsonl_until(path: &Path, last: usize) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    let mut kept = String::new();
+    for line in complete.lines() {
+        let step = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("step").and_then(serde_json::Value::as_u64));
+        if step.is_some_and(|s| s <= last as u64) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    super::write_atomic(path, kept.as_bytes())
+}
+
+/// Samples as a Markdown table (TensorBoard renders the Text tab as Markdown).
+fn markdown_table(samples: &[serde_json::Map<String, serde_json::Value>]) -> String {
+    let mut keys: Vec<&String> = samples.iter().flat_map(|s| s.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let cell = |v: Option<&serde_json::Value>| -> String {
+        let s = match v {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
+        };
+        s.replace('|', "\\|").replace('\n', "<br>")
+    };
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        keys.iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(" | "),
+        " --- |".repeat(keys.len())
+    );
+    for s in samples {
+        let row: Vec<String> = keys.iter().map(|k| cell(s.get(*k))).collect();
+        out += &format!("| {} |\n", row.join(" | "));
+    }
+    out
 }
 
 fn row_json(row: &BTreeMap<String, f64>) -> String {

@@ -10,6 +10,7 @@
 pub mod checkpoint;
 mod metrics;
 pub mod plot;
+pub mod tensorboard;
 
 pub use checkpoint::TrainState;
 pub use metrics::MetricsLog;
@@ -284,6 +285,20 @@ impl Run {
             }
             eprintln!("[{}] {msg}", self.name);
         }
+    }
+
+    /// Appends sampled completions of step `step` to `samples.jsonl` (and, with `text`, to
+    /// TensorBoard's Text tab).
+    pub fn samples(
+        &mut self,
+        step: usize,
+        samples: &[serde_json::Map<String, serde_json::Value>],
+        text: bool,
+    ) -> Result<()> {
+        if samples.is_empty() {
+            return Ok(());
+        }
+        self.log.samples(step, samples, text)
     }
 
     /// Logs a row outside the step protocol (the step-0 evaluation).

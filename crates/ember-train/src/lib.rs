@@ -11,7 +11,9 @@ pub mod optim;
 pub mod schedule;
 pub mod update;
 
-pub use optim::OptimizerConfig;
+pub use optim::{
+    ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
+};
 pub use schedule::{LrConfig, LrSchedule};
 pub use update::{
     Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,

@@ -3,8 +3,9 @@
 //! ([`AggNorm`]) are those of the whole mini-batch, so accumulation equals one big batch
 //! (verl `dp_actor.update_policy`).
 
+use crate::optim::{Optimizer, StepReport};
 use burn::module::Module;
-use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_engine::{
     ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, PolicyLossInput, RolloutBatch,
@@ -81,8 +82,8 @@ pub struct UpdateStats {
     pub metrics: BTreeMap<String, f64>,
     /// Optimizer steps taken.
     pub optimizer_steps: usize,
-    /// Optimizer steps skipped because a micro-batch's loss was not finite (also the metric
-    /// `actor/skipped_steps`).
+    /// Optimizer steps skipped because a micro-batch's loss or the gradient norm was not finite
+    /// (also the metric `actor/skipped_steps`).
     pub skipped_steps: usize,
 }
 
@@ -101,7 +102,7 @@ fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
 #[allow(clippy::too_many_arguments)]
 pub fn update<A: Actor>(
     mut actor: A,
-    optim: &mut ModuleOptimizer,
+    optim: &mut Optimizer,
     experience: &A::Experience,
     batch: &RolloutBatch,
     adv: &Advantages,
@@ -169,10 +170,19 @@ pub fn update<A: Actor>(
                     }
                 }
             }
-            // A non-finite loss would make its gradients, and then every weight, NaN: the
-            // mini-batch's step is skipped and counted instead.
-            if finite {
-                actor = optim.step(lr, actor, acc.grads());
+            // A non-finite loss or gradient norm would make every weight NaN: the mini-batch's
+            // step is skipped and counted instead.
+            let applied = finite && {
+                let (a, report) = optim.step(lr, actor, acc.grads());
+                actor = a;
+                let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
+                if report.grad_norm.is_finite() {
+                    e.0 += report.grad_norm;
+                    e.1 += 1;
+                }
+                report.applied
+            };
+            if applied {
                 stats.optimizer_steps += 1;
             } else {
                 stats.skipped_steps += 1;
@@ -192,16 +202,16 @@ pub fn update<A: Actor>(
 /// One optimizer step on the sum of `parts` losses, each part's gradients accumulated before the
 /// step so that memory holds one part's graph at a time: the update of regression losses (RAM's
 /// reward-corrected target, flow matching) and supervised steps. `loss(model, i)` builds part
-/// `i`'s scalar loss. Returns the new model and the sum of the parts' loss values (one host read
-/// per part). When that sum is not finite the step is skipped (the weights are returned
-/// unchanged), as [`update`] does.
+/// `i`'s scalar loss. Returns the new model, the sum of the parts' loss values (one host read
+/// per part) and the step's report. When that sum or the gradient norm is not finite the step
+/// is skipped (the weights are returned unchanged, `applied` is false), as [`update`] does.
 pub fn accumulated_step<M: Module + Clone>(
     model: M,
-    optim: &mut ModuleOptimizer,
+    optim: &mut Optimizer,
     lr: f64,
     parts: usize,
     mut loss: impl FnMut(&M, usize) -> Tensor<1>,
-) -> (M, f64) {
+) -> (M, f64, StepReport) {
     let mut acc = GradientsAccumulator::<M>::new();
     let mut total = 0.0;
     for i in 0..parts.max(1) {
@@ -210,7 +220,12 @@ pub fn accumulated_step<M: Module + Clone>(
         acc.accumulate(&model, GradientsParams::from_grads(l.backward(), &model));
     }
     if !total.is_finite() {
-        return (model, total);
+        let report = StepReport {
+            grad_norm: f64::NAN,
+            applied: false,
+        };
+        return (model, total, report);
     }
-    (optim.step(lr, model, acc.grads()), total)
+    let (model, report) = optim.step(lr, model, acc.grads());
+    (model, total, report)
 }

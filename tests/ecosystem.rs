@@ -1,0 +1,354 @@
+//! What TRL and verl users bring: TensorBoard event files read back with PyPI `tbparse`,
+//! `samples.jsonl`, TRL-style Python reward functions through Ember's adapter (a two-function
+//! module; the math-verify example), and a chat-format dataset.
+
+mod common;
+
+use ember::reward::{ExternalReward, PythonSpec, RewardItem};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ember-eco-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A short run of the CPU recipe.
+const SMALL: [&str; 8] = [
+    "warmup.steps=200",
+    "train.steps=6",
+    "rollout.prompts_per_step=8",
+    "rollout.samples_per_prompt=4",
+    "task.eval_size=40",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+    "train.warmup_steps=2",
+];
+
+fn train(out: &Path, extra: &[String], flags: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    c.arg("train")
+        .arg(root().join("recipes/arithmetic-cpu.toml"))
+        .args(["--quiet", "--out"])
+        .arg(out);
+    for s in SMALL
+        .iter()
+        .map(|s| s.to_string())
+        .chain(extra.iter().cloned())
+    {
+        c.args(["--set", &s]);
+    }
+    c.args(flags).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into()
+}
+
+fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// TRL-signature functions: exact-match accuracy against `answer`; a brevity term that does not
+/// apply (None) to completions of 4 characters or more; one that reads the extra column
+/// `level`; one that divides by zero from its third call (the third step) on the rows of the
+/// step's second prompt (`group` 1).
+const MODULE: &str = r#"
+def accuracy(prompts, completions, answer, **kwargs):
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+def brevity(prompts, completions, **kwargs):
+    return [-0.1 * len(c) if len(c) < 4 else None for c in completions]
+
+def columns(prompts, completions, level, **kwargs):
+    return [float(x) for x in level]
+
+CALLS = [0]
+
+def explode(prompts, completions, group, **kwargs):
+    CALLS[0] += 1
+    return [1.0 / (g - 1) if CALLS[0] >= 3 else 0.0 for g in group]
+"#;
+
+fn module(dir: &Path) -> String {
+    let p = dir.join("rewards.py");
+    std::fs::write(&p, MODULE).unwrap();
+    p.to_string_lossy().into()
+}
+
+/// The adapter scores a batch: the weighted sum of the functions that apply (TRL's nansum),
+/// each function's values as a component, extra columns as keyword lists.
+#[test]
+fn python_adapter_weighted_sum_and_components() {
+    let d = tmp("adapter");
+    let m = module(&d);
+    let spec = PythonSpec {
+        functions: vec![
+            format!("{m}:accuracy"),
+            format!("{m}:brevity=0.5"),
+            format!("{m}:columns=2"),
+        ],
+        python: "python3".into(),
+        timeout_s: 30.0,
+    };
+    let mut program = ExternalReward::spawn(&spec.external().unwrap()).unwrap();
+    let cols: Vec<serde_json::Map<String, serde_json::Value>> = [1, 0, 3]
+        .iter()
+        .map(|l| {
+            serde_json::json!({ "level": l })
+                .as_object()
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    let (completions, answers) = (["12", "7", "12345"], ["12", "8", "12345"]);
+    let items: Vec<RewardItem> = (0..3)
+        .map(|i| RewardItem {
+            prompt: "q",
+            completion: completions[i],
+            answer: answers[i],
+            group: i / 2,
+            columns: &cols[i],
+        })
+        .collect();
+    let s = program.score(1, &items).unwrap();
+    // accuracy [1, 0, 1]; brevity [-0.2, -0.1, None] × 0.5; columns [1, 0, 3] × 2.
+    let want = [1.0 - 0.1 + 2.0, 0.0 - 0.05 + 0.0, 1.0 + 6.0];
+    for (g, w) in s.rewards.iter().zip(want) {
+        assert!((g - w).abs() < 1e-6, "{:?} vs {want:?}", s.rewards);
+    }
+    let names: Vec<&str> = s.components.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(names, ["accuracy", "brevity", "columns"]);
+    let brevity = &s.components[1].1;
+    assert!(
+        (brevity[0] + 0.2).abs() < 1e-6 && brevity[2].is_nan(),
+        "{brevity:?}"
+    );
+}
+
+/// A bad function spec is refused with the reason, before any step.
+#[test]
+fn python_adapter_refuses_a_missing_function() {
+    let d = tmp("adapter-missing");
+    let m = module(&d);
+    let o = train(
+        &d.join("run"),
+        &[format!("reward.python.functions=[\"{m}:nope\"]")],
+        &[],
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("has no function 'nope'"), "{e}");
+}
+
+/// A run with Python rewards logs each function as `reward/<name>`; with correctness off the
+/// step's reward mean is the weighted sum of the function means. Its TensorBoard event file,
+/// read back with `tbparse` after a stop and a resume, holds every metric of `metrics.jsonl` at
+/// the same steps, once each, and the sampled completions at the evaluation steps.
+#[test]
+fn python_rewards_and_tensorboard_through_a_resume() {
+    let d = tmp("tb");
+    let m = module(&d);
+    let out = d.join("run");
+    let extra = vec![
+        "reward.correct=0".to_string(),
+        format!("reward.python.functions=[\"{m}:accuracy\", \"{m}:brevity=0.5\"]"),
+    ];
+    let o = train(&out, &extra, &["--stop-after", "3"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = train(&out, &extra, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let metrics = rows(&out.join("metrics.jsonl"));
+    assert_eq!(metrics.len(), 7, "step 0 and six steps");
+    for r in &metrics[1..] {
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        let (acc, brev, mean) = (
+            f("reward/accuracy"),
+            f("reward/brevity"),
+            f("rollout/reward_mean"),
+        );
+        assert!(acc.is_finite() && brev <= 0.0, "{r:?}");
+        // brevity is None for long completions, so the mean is over the rows it applies to;
+        // arithmetic answers here are under 4 characters, so it applies to every row.
+        assert!((mean - (acc + 0.5 * brev)).abs() < 1e-5, "{r:?}");
+        assert!(f("actor/grad_norm") >= 0.0, "{r:?}");
+    }
+    assert!(
+        metrics[1..]
+            .iter()
+            .any(|r| r["actor/grad_norm"].as_f64() > Some(0.0))
+    );
+    // samples.jsonl: four rows a step, one per step after the resume too.
+    let samples = rows(&out.join("samples.jsonl"));
+    assert_eq!(samples.len(), 6 * 4);
+    for (i, s) in samples.iter().enumerate() {
+        assert_eq!(s["step"].as_u64(), Some(i as u64 / 4 + 1));
+        for k in [
+            "prompt",
+            "completion",
+            "answer",
+            "reward",
+            "advantage",
+            "length",
+            "stop_reason",
+        ] {
+            assert!(s.contains_key(k), "{k} missing: {s:?}");
+        }
+    }
+
+    let Some(python) = common::assets::cached("py/bin/python") else {
+        return;
+    };
+    let dump = r#"
+import json, sys
+from tbparse import SummaryReader
+r = SummaryReader(sys.argv[1])
+s = r.scalars
+t = r.text
+print(json.dumps({
+    "scalars": [[int(a), b, float(c)] for a, b, c in zip(s["step"], s["tag"], s["value"])],
+    "text": [[int(a), b, str(c)] for a, b, c in zip(t["step"], t["tag"], t["value"])],
+}))
+"#;
+    let o = Command::new(python)
+        .args(["-c", dump])
+        .arg(out.join("tensorboard"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut tb: Vec<(i64, String, f64)> = v["scalars"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x[0].as_i64().unwrap(),
+                x[1].as_str().unwrap().to_string(),
+                x[2].as_f64().unwrap_or(f64::NAN),
+            )
+        })
+        .collect();
+    tb.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let mut want: Vec<(i64, String, f64)> = metrics
+        .iter()
+        .flat_map(|r| {
+            let step = r["step"].as_f64().unwrap() as i64;
+            r.iter()
+                .filter(|(k, _)| k.as_str() != "step")
+                .map(move |(k, v)| (step, k.clone(), v.as_f64().unwrap_or(f64::NAN)))
+        })
+        .collect();
+    want.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    assert_eq!(
+        tb.len(),
+        want.len(),
+        "one scalar per metric per step, no duplicate"
+    );
+    for (g, w) in tb.iter().zip(&want) {
+        assert_eq!((g.0, &g.1), (w.0, &w.1));
+        let same = (g.2.is_nan() && w.2.is_nan())
+            || (g.2 - f64::from(w.2 as f32)).abs() <= 1e-6 * w.2.abs().max(1.0);
+        assert!(same, "{g:?} vs {w:?}");
+    }
+    let text: Vec<i64> = v["text"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x[0].as_i64().unwrap())
+        .collect();
+    assert_eq!(text, [2, 4, 6], "sampled completions at each evaluation");
+    assert!(
+        v["text"][0][2]
+            .as_str()
+            .unwrap()
+            .contains("| advantage | answer |")
+    );
+}
+
+/// An error in a reward function stops the run with its traceback and the failing item, and
+/// the last completed step's checkpoint stays.
+#[test]
+fn a_python_reward_error_names_the_item_and_keeps_the_checkpoint() {
+    let d = tmp("explode");
+    let m = module(&d);
+    let out = d.join("run");
+    // `explode` divides by zero at step 3. Checkpoints every step, so that step 2's is on disk.
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .arg("train")
+        .arg(root().join("recipes/arithmetic-cpu.toml"))
+        .args(["--quiet", "--out"])
+        .arg(&out)
+        .args(SMALL.iter().flat_map(|s| ["--set", s]))
+        .args(["--set", "train.checkpoint_every=1"])
+        .args([
+            "--set",
+            &format!("reward.python.functions=[\"{m}:explode\"]"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("Traceback") && e.contains("ZeroDivisionError"),
+        "{e}"
+    );
+    assert!(
+        e.contains("reward function 'explode' raised on item 4 of step 3"),
+        "{e}"
+    );
+    assert!(e.contains("--resume"), "{e}");
+    assert!(out.join("checkpoints/step-00000002").is_dir(), "{e}");
+    assert!(!out.join("checkpoints/step-00000003").exists(), "{e}");
+}
+
+/// The math-verify example (examples/rewards/gsm8k_math_verify.py) through the adapter, with
+/// the Python environment `scripts/fetch_assets.sh` makes.
+#[test]
+fn math_verify_example_scores_gsm8k_answers() {
+    let Some(python) = common::assets::cached("py/bin/python") else {
+        return;
+    };
+    let ex = root().join("examples/rewards/gsm8k_math_verify.py");
+    let spec = PythonSpec {
+        functions: vec![
+            format!("{}:accuracy", ex.display()),
+            format!("{}:boxed=0.1", ex.display()),
+        ],
+        python: python.to_string_lossy().into(),
+        timeout_s: 120.0,
+    };
+    let mut program = ExternalReward::spawn(&spec.external().unwrap()).unwrap();
+    let none = serde_json::Map::new();
+    let cases = [
+        ("So she has \\boxed{18} eggs.", "18", 1.1),
+        ("The answer is 17.", "18", 0.0),
+        ("In total 1,234 dollars.", "1234", 1.0),
+        ("\\boxed{3/4}", "0.75", 1.1),
+    ];
+    let items: Vec<RewardItem> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (c, a, _))| RewardItem {
+            prompt: "q",
+            completion: c,
+            answer: a,
+            group: i,
+            columns: &none,
+        })
+        .collect();
+    let s = program.score(1, &items).unwrap();
+    for ((c, _, want), got) in cases.iter().zip(&s.rewards) {
+        assert!((got - want).abs() < 1e-6, "{c}: {got} vs {want}");
+    }
+}

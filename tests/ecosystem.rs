@@ -163,6 +163,7 @@ fn python_rewards_and_tensorboard_through_a_resume() {
     let extra = vec![
         "reward.correct=0".to_string(),
         format!("reward.python.functions=[\"{m}:accuracy\", \"{m}:brevity=0.5\"]"),
+        "eval.samples=4".to_string(),
     ];
     let o = train(&out, &extra, &["--stop-after", "3"]);
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
@@ -187,6 +188,23 @@ fn python_rewards_and_tensorboard_through_a_resume() {
         metrics[1..]
             .iter()
             .any(|r| r["actor/grad_norm"].as_f64() > Some(0.0))
+    );
+    // Sampled evaluation at steps 2, 4, 6: pass@1 is mean@4 (unbiased), pass@k grows with k.
+    for r in metrics
+        .iter()
+        .filter(|r| r.contains_key("eval/accuracy"))
+        .skip(1)
+    {
+        let f = |k: &str| r[k].as_f64().unwrap();
+        assert!((f("eval/pass@1") - f("eval/mean@4")).abs() < 1e-12, "{r:?}");
+        assert!(f("eval/pass@1") <= f("eval/pass@2") && f("eval/pass@2") <= f("eval/pass@4"));
+    }
+    assert_eq!(
+        metrics
+            .iter()
+            .filter(|r| r.contains_key("eval/pass@4"))
+            .count(),
+        3
     );
     // samples.jsonl: four rows a step, one per step after the resume too.
     let samples = rows(&out.join("samples.jsonl"));
@@ -351,4 +369,62 @@ fn math_verify_example_scores_gsm8k_answers() {
     for ((c, _, want), got) in cases.iter().zip(&s.rewards) {
         assert!((got - want).abs() < 1e-6, "{c}: {got} vs {want}");
     }
+}
+
+/// A chat dataset's conversation goes through the model's chat template as it is: a
+/// `messages` line renders exactly as the same question asked through the recipe's system
+/// prompt and `{question}` template.
+#[test]
+fn chat_messages_render_through_the_model_template() {
+    if common::assets::smollm2().is_none() {
+        return;
+    }
+    let text = std::fs::read_to_string(root().join("recipes/smollm2-lora-grpo.toml")).unwrap();
+    let r = ember::recipe::parse(
+        &text,
+        &[
+            "pretrained.template=\"{question}\"".into(),
+            "pretrained.system=\"Be brief.\"".into(),
+            "device=\"cpu\"".into(),
+        ],
+    )
+    .unwrap();
+    let device = ember::device::device("cpu").unwrap();
+    let policy = ember::llm::build_policy(&r, &device).unwrap();
+    let plain = ember::tasks::Example {
+        prompt: "What is 2 + 2?".into(),
+        answer: "4".into(),
+        question: "What is 2 + 2?".into(),
+        check: ember::reward::Check::Numeric,
+        messages: Vec::new(),
+        columns: serde_json::Map::new(),
+    };
+    let chat = ember::tasks::Example {
+        messages: vec![
+            ("system".into(), "Be brief.".into()),
+            ("user".into(), "What is 2 + 2?".into()),
+        ],
+        ..plain.clone()
+    };
+    let a = policy.prompt_ids(&plain, 8).unwrap();
+    let b = policy.prompt_ids(&chat, 8).unwrap();
+    assert_eq!(a, b);
+    let rendered = policy.decode(&b);
+    assert!(
+        rendered.contains("Be brief.") && rendered.contains("What is 2 + 2?"),
+        "{rendered}"
+    );
+    // The conversation's own system prompt wins over the recipe's.
+    let own = ember::tasks::Example {
+        messages: vec![
+            ("system".into(), "Answer in words.".into()),
+            ("user".into(), "What is 2 + 2?".into()),
+        ],
+        ..plain
+    };
+    let c = policy.decode(&policy.prompt_ids(&own, 8).unwrap());
+    assert!(
+        c.contains("Answer in words.") && !c.contains("Be brief."),
+        "{c}"
+    );
 }

@@ -5,16 +5,16 @@
 //! checkpoint (the run kit's end-of-step protocol). Also `ember eval`.
 
 use crate::engine::*;
+use crate::llm::score::{Scorer, completions, json_number, shown_samples, valid_mean};
 use crate::llm::step::{
     Reference, experience, greedy_sampling, optimizer, rescore, rollout_sampling, update_config,
     update_policy,
 };
 use crate::llm::{
-    Policy, build_policy, build_policy_with, evaluate, load_checkpoint, model_config, model_record,
-    warm_up, write_final,
+    Policy, build_policy, build_policy_with, evaluate, evaluate_sampled, load_checkpoint,
+    model_config, model_record, warm_up, write_final,
 };
-use crate::recipe::llm::{Recipe, RewardSpec};
-use crate::reward::{ExternalReward, RewardItem, check, format_reward};
+use crate::recipe::llm::Recipe;
 use crate::run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
 use crate::tasks::{Example, Rng};
 use anyhow::{Context, Result, anyhow, bail};
@@ -267,6 +267,16 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             let t_eval = Instant::now();
             accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
             row.insert("eval/accuracy".to_string(), accuracy_after);
+            if r.eval.samples > 0 {
+                // Seeded by the step, apart from the training RNG: evaluating changes nothing
+                // of the run.
+                let how = (
+                    r.eval.samples,
+                    r.eval.temperature,
+                    r.seed ^ ((step as u64 + 1) << 20),
+                );
+                row.extend(evaluate_sampled(&policy, &eval, max_new, how, &base)?);
+            }
             row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
         }
         steps_done = step + 1;
@@ -325,25 +335,6 @@ fn load_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Resu
     Ok(Some(m.valid()))
 }
 
-/// The completions of a generation, a row each.
-fn completions<'a>(
-    g: &'a Generation,
-    examples: &'a [Example],
-    texts: &'a [String],
-) -> Completions<'a> {
-    Completions {
-        examples: g.group_ids.iter().map(|gi| &examples[*gi]).collect(),
-        groups: &g.group_ids,
-        prompts: g
-            .group_ids
-            .iter()
-            .map(|gi| examples[*gi].question.clone())
-            .collect(),
-        texts,
-        stopped: g.truncated.iter().map(|t| !t).collect(),
-    }
-}
-
 /// ReMax's baseline (Li et al. 2024, eq. 5): the reward of each prompt's greedy response.
 fn greedy_baseline(
     scorer: &mut Scorer,
@@ -379,48 +370,6 @@ fn keep_rows(
     Ok((batch.select(rows)?, e))
 }
 
-/// The first `n` rows of a rollout for `samples.jsonl` (their `advantage` is added after the
-/// update): prompt, completion, reference answer, reward (null when invalid), response length in
-/// tokens, and why it ended (`stop`: a stop token; `length`: `max_new_tokens`).
-fn shown_samples(
-    n: usize,
-    g: &Generation,
-    examples: &[Example],
-    texts: &[String],
-    responses: &[Vec<u32>],
-    rewards: &[f32],
-) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    (0..n.min(texts.len()))
-        .map(|i| {
-            let e = &examples[g.group_ids[i]];
-            let mut m = serde_json::Map::new();
-            m.insert("prompt".into(), e.question.clone().into());
-            m.insert("completion".into(), texts[i].clone().into());
-            m.insert("answer".into(), e.answer.clone().into());
-            let valid = rewards[i].abs() <= REWARD_LIMIT;
-            let reward = if valid {
-                f64::from(rewards[i])
-            } else {
-                f64::NAN
-            };
-            m.insert("reward".into(), json_number(reward));
-            m.insert("advantage".into(), serde_json::Value::Null);
-            m.insert("length".into(), responses[i].len().into());
-            m.insert(
-                "stop_reason".into(),
-                if g.truncated[i] { "length" } else { "stop" }.into(),
-            );
-            m.insert("group".into(), g.group_ids[i].into());
-            m
-        })
-        .collect()
-}
-
-/// A JSON number, or null when not finite.
-fn json_number(x: f64) -> serde_json::Value {
-    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
-}
-
 /// The rollout's metrics (verl's names where verl has them).
 fn rollout_metrics(
     row: &mut BTreeMap<String, f64>,
@@ -449,20 +398,6 @@ fn rollout_metrics(
     row.insert("rollout/dropped_groups".to_string(), dropped_groups as f64);
 }
 
-/// The mean of the valid rewards (finite, within ±`REWARD_LIMIT`, as the engine counts them)
-/// and how many there are.
-fn valid_mean(rewards: &[f32]) -> (f64, usize) {
-    let valid: Vec<f64> = rewards
-        .iter()
-        .filter(|x| x.abs() <= REWARD_LIMIT)
-        .map(|x| f64::from(*x))
-        .collect();
-    (
-        valid.iter().sum::<f64>() / valid.len().max(1) as f64,
-        valid.len(),
-    )
-}
-
 /// The progress line's numbers: reward, held-out accuracy, the KL to the reference where the
 /// loss has one (`actor/kl_loss`), else the old-vs-new policy KL (`actor/approx_kl`), and
 /// throughput.
@@ -483,126 +418,6 @@ fn stats_line(row: &BTreeMap<String, f64>, acc: f64) -> String {
         fmt_metric(acc, 3),
         row.get("perf/tokens_per_s").copied().unwrap_or(0.0),
     )
-}
-
-/// Scores completions: the weighted sum of the recipe's reward terms, per row; adds the terms'
-/// means to `row`.
-struct Scorer<'a> {
-    spec: &'a RewardSpec,
-    external: Option<ExternalReward>,
-    python: Option<ExternalReward>,
-}
-
-/// The completions of one step, a row each.
-struct Completions<'a> {
-    /// The example each row answers.
-    examples: Vec<&'a Example>,
-    /// Prompt index of each row.
-    groups: &'a [usize],
-    /// The question each row answers.
-    prompts: Vec<String>,
-    /// Decoded responses.
-    texts: &'a [String],
-    /// Whether each response ended with a stop token.
-    stopped: Vec<bool>,
-}
-
-impl<'a> Scorer<'a> {
-    /// The recipe's reward terms; spawns the external reward program when there is one.
-    fn new(spec: &'a RewardSpec) -> Result<Self> {
-        Ok(Self {
-            spec,
-            external: spec
-                .external
-                .as_ref()
-                .map(ExternalReward::spawn)
-                .transpose()?,
-            python: match &spec.python {
-                Some(p) => Some(ExternalReward::spawn(&p.external()?)?),
-                None => None,
-            },
-        })
-    }
-
-    fn score(
-        &mut self,
-        step: usize,
-        c: &Completions,
-        row: &mut BTreeMap<String, f64>,
-    ) -> Result<Vec<f32>> {
-        let Completions {
-            examples,
-            groups,
-            prompts,
-            texts,
-            stopped,
-        } = c;
-        let texts: &[String] = texts;
-        let n = texts.len().max(1) as f64;
-        let correct: Vec<f32> = examples
-            .iter()
-            .zip(texts)
-            .map(|(e, t)| check(&e.check, t, &e.answer))
-            .collect();
-        row.insert(
-            "reward/correct_mean".into(),
-            correct.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
-        );
-        let mut rewards: Vec<f32> = correct.iter().map(|c| self.spec.correct * c).collect();
-        if self.spec.format != 0.0 {
-            let f: Vec<f32> = texts
-                .iter()
-                .zip(stopped)
-                .map(|(t, s)| format_reward(t, *s))
-                .collect();
-            row.insert(
-                "reward/format_mean".into(),
-                f.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
-            );
-            for (r, v) in rewards.iter_mut().zip(f) {
-                *r += self.spec.format * v;
-            }
-        }
-        let items: Vec<RewardItem> = (0..texts.len())
-            .map(|i| RewardItem {
-                prompt: &prompts[i],
-                completion: &texts[i],
-                answer: &examples[i].answer,
-                group: groups[i],
-                columns: &examples[i].columns,
-            })
-            .collect();
-        let programs = [
-            (
-                self.external.as_mut(),
-                self.spec.external.as_ref().map(|s| s.weight),
-                "external",
-            ),
-            (
-                self.python.as_mut(),
-                self.spec.python.as_ref().map(|_| 1.0),
-                "python",
-            ),
-        ];
-        for (program, weight, what) in programs {
-            let (Some(program), Some(weight)) = (program, weight) else {
-                continue;
-            };
-            let scores = program.score(step, &items)?;
-            row.insert(format!("reward/{what}_mean"), valid_mean(&scores.rewards).0);
-            for (name, values) in &scores.components {
-                let key = format!("reward/{name}");
-                if row.contains_key(&key) {
-                    bail!("reward component `{name}` of reward.{what} repeats the metric {key}");
-                }
-                row.insert(key, valid_mean(values).0);
-            }
-            for (r, x) in rewards.iter_mut().zip(scores.rewards) {
-                *r += weight * x;
-            }
-        }
-        Ok(rewards)
-    }
 }
 
 /// `ember eval`: greedy held-out accuracy of a run's final model (or of a checkpoint).

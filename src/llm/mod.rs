@@ -3,6 +3,7 @@
 //! template), evaluated greedily on held-out problems, warmed up by supervised steps, stored in
 //! checkpoints and in `final/`; and the RL step's shared parts ([`step`]).
 
+pub mod score;
 pub mod step;
 
 use crate::chartok;
@@ -161,6 +162,72 @@ pub fn evaluate(policy: &Policy, eval: &[Example], max_new: usize, device: &Devi
             .sum::<f32>();
     }
     Ok(f64::from(correct) / eval.len() as f64)
+}
+
+/// pass@k of a problem with `c` correct among `n` samples, unbiased (Chen et al. 2021, "Evaluating
+/// Large Language Models Trained on Code", eq. 1): 1 − C(n−c, k)/C(n, k), as the product
+/// 1 − Π_{i=n−c+1}^{n} (1 − k/i) of their numerically stable form.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if n < k || c == 0 {
+        return 0.0;
+    }
+    if n - c < k {
+        return 1.0;
+    }
+    1.0 - (n - c + 1..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product::<f64>()
+}
+
+/// Sampled held-out evaluation: `n` responses per problem at `temperature` (seeded by `seed`):
+/// `eval/mean@n` and `eval/pass@k` for k = 1, 2, 4, …, and n.
+pub fn evaluate_sampled(
+    policy: &Policy,
+    eval: &[Example],
+    max_new: usize,
+    (n, temperature, seed): (usize, f32, u64),
+    device: &Device,
+) -> Result<Vec<(String, f64)>> {
+    let model = policy.model.valid();
+    let prompts = eval
+        .iter()
+        .map(|e| policy.prompt_ids(e, max_new))
+        .collect::<Result<Vec<_>>>()?;
+    let cfg = SamplingConfig {
+        temperature,
+        max_new_tokens: max_new,
+        n,
+        seed,
+        stop_tokens: policy.stop.clone(),
+        ..SamplingConfig::default()
+    };
+    let chunk = (if policy.lora.is_some() { 32 } else { 256 } / n).max(1);
+    let mut correct = Vec::with_capacity(eval.len());
+    for (ps, es) in prompts.chunks(chunk).zip(eval.chunks(chunk)) {
+        let g = generate(&model, ps, &cfg, device)?;
+        let mut per = vec![0usize; es.len()];
+        for (r, gi) in g.response_ids().iter().zip(&g.group_ids) {
+            let e = &es[*gi];
+            if check(&e.check, &policy.decode(r), &e.answer) > 0.5 {
+                per[*gi] += 1;
+            }
+        }
+        correct.extend(per);
+    }
+    let m = correct.len().max(1) as f64;
+    let mut out = vec![(
+        format!("eval/mean@{n}"),
+        correct.iter().sum::<usize>() as f64 / (m * n as f64),
+    )];
+    let mut ks: Vec<usize> = std::iter::successors(Some(1usize), |k| k.checked_mul(2))
+        .take_while(|k| *k < n)
+        .collect();
+    ks.push(n);
+    for k in ks {
+        let p = correct.iter().map(|c| pass_at_k(n, *c, k)).sum::<f64>() / m;
+        out.push((format!("eval/pass@{k}"), p));
+    }
+    Ok(out)
 }
 
 /// Teacher-forced demonstrations `<bos> prompt answer <eos>` in the character vocabulary:
@@ -338,4 +405,21 @@ pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
     }
     ember_train::io::publish_dir(&tmp, &final_dir)
         .with_context(|| format!("writing {}", final_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pass_at_k;
+
+    /// By hand: n = 5, c = 2, k = 2: 1 − C(3,2)/C(5,2) = 1 − 3/10; k = 1 is c/n; all wrong is 0,
+    /// fewer wrong than k is 1.
+    #[test]
+    fn pass_at_k_by_hand() {
+        assert!((pass_at_k(5, 2, 2) - 0.7).abs() < 1e-12);
+        assert!((pass_at_k(10, 3, 1) - 0.3).abs() < 1e-12);
+        assert!((pass_at_k(8, 3, 4) - (1.0 - 5.0 / 70.0)).abs() < 1e-12);
+        assert_eq!(pass_at_k(4, 0, 2), 0.0);
+        assert_eq!(pass_at_k(4, 3, 2), 1.0);
+        assert_eq!(pass_at_k(4, 4, 4), 1.0);
+    }
 }

@@ -208,6 +208,29 @@ impl Default for RewardSpec {
     }
 }
 
+/// Sampled evaluation: `samples` responses per held-out problem at `temperature` give
+/// `eval/mean@N` (mean accuracy over the samples) and `eval/pass@k` (k = 1, 2, 4, …, N) beside
+/// the greedy `eval/accuracy`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Responses per problem (0 = greedy accuracy only).
+    #[serde(default)]
+    pub samples: usize,
+    /// Sampling temperature.
+    #[serde(default = "super::defaults::one_f32")]
+    pub temperature: f32,
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self {
+            samples: 0,
+            temperature: 1.0,
+        }
+    }
+}
+
 /// Supervised warm-up on generated demonstrations.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -332,6 +355,9 @@ pub struct Recipe {
     pub pretrained: Option<PretrainedSpec>,
     /// The task.
     pub task: TaskSpec,
+    /// Sampled evaluation beside the greedy accuracy.
+    #[serde(default)]
+    pub eval: EvalSpec,
     /// The reward.
     #[serde(default)]
     pub reward: RewardSpec,
@@ -505,6 +531,17 @@ impl Recipe {
             -1e6,
             1e6,
         )?;
+        if self.eval.samples > 1024 {
+            bail!("eval.samples = {} must be at most 1024", self.eval.samples);
+        }
+        if self.eval.samples > 0 {
+            check_range(
+                "eval.temperature",
+                self.eval.temperature.into(),
+                1e-3,
+                100.0,
+            )?;
+        }
         if self.train.run.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }

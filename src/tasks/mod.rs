@@ -1,9 +1,12 @@
 //! Tasks with held-out splits: procedurally generated arithmetic and countdown, and JSONL
 //! datasets (GSM8K's `question`/`answer` with `#### <number>`, or generic `prompt`/`answer`).
 
+mod jsonl;
+
+pub use jsonl::{DataError, JsonlData, JsonlKeys};
+
 use crate::reward::Check;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
 
 /// A prompt and its reference answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,237 +266,6 @@ impl Countdown {
     }
 }
 
-/// A JSONL dataset read in place. Each line is an object with a prompt and an answer:
-/// the prompt under `prompt_key` (by default the first of `question`, `prompt`, `messages`),
-/// either a string or a chat conversation (a list of `{"role", "content"}`), and the answer
-/// under `answer_key` (default `answer`), a string or a number (GSM8K: the text after its `####`
-/// is the reference). Every other key is an extra column, passed to rewards. A line is held
-/// out when a hash of its prompt is 0 mod 10, whatever the seed.
-#[derive(Debug, Clone)]
-pub struct JsonlData {
-    train: Vec<Example>,
-    held_out: Vec<Example>,
-}
-
-/// Why a dataset could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    /// The file could not be opened or read.
-    #[error("cannot read dataset {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A line is not what the loader expects.
-    #[error("{path}:{line}: {reason}")]
-    Line {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong.
-        reason: String,
-    },
-    /// No usable example.
-    #[error("dataset {path} is empty: {reason}")]
-    Empty {
-        /// The file.
-        path: PathBuf,
-        /// Which split is empty.
-        reason: String,
-    },
-}
-
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-/// Which keys of a JSONL line hold the prompt and the answer (`None`: the defaults).
-#[derive(Debug, Clone, Default)]
-pub struct JsonlKeys {
-    /// The prompt's key.
-    pub prompt: Option<String>,
-    /// The answer's key.
-    pub answer: Option<String>,
-}
-
-/// A prompt value: a string, or a conversation whose last user turn is the question.
-fn parse_prompt(v: &serde_json::Value) -> Result<(String, Vec<(String, String)>), String> {
-    match v {
-        serde_json::Value::String(s) => Ok((s.clone(), Vec::new())),
-        serde_json::Value::Array(turns) => {
-            let mut msgs = Vec::with_capacity(turns.len());
-            for (i, t) in turns.iter().enumerate() {
-                let field = |k: &str| t.get(k).and_then(|x| x.as_str()).map(str::to_string);
-                let (Some(role), Some(content)) = (field("role"), field("content")) else {
-                    return Err(format!(
-                        "message {i} needs string fields `role` and `content`"
-                    ));
-                };
-                if !["system", "user", "assistant"].contains(&role.as_str()) {
-                    return Err(format!(
-                        "message {i} has role {role:?}; expected system, user or assistant"
-                    ));
-                }
-                msgs.push((role, content));
-            }
-            match msgs.last() {
-                Some((role, _)) if role == "user" => {}
-                Some((role, _)) => {
-                    return Err(format!(
-                        "the conversation ends with a {role} message; the policy answers the                          last user message"
-                    ));
-                }
-                None => return Err("the conversation is empty".into()),
-            }
-            let question = msgs.last().map(|m| m.1.clone()).unwrap_or_default();
-            Ok((question, msgs))
-        }
-        other => Err(format!(
-            "the prompt is {}, not a string or a list of messages",
-            kind_of(other)
-        )),
-    }
-}
-
-fn kind_of(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
-
-impl JsonlData {
-    /// Reads `path` with the default keys.
-    pub fn load(path: &Path) -> Result<Self, DataError> {
-        Self::load_with(path, &JsonlKeys::default())
-    }
-
-    /// Reads `path`, the prompt and answer under `keys`.
-    pub fn load_with(path: &Path, keys: &JsonlKeys) -> Result<Self, DataError> {
-        let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let line_err = |line: usize, reason: String| DataError::Line {
-            path: path.to_path_buf(),
-            line,
-            reason,
-        };
-        let (mut train, mut held_out) = (Vec::new(), Vec::new());
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| line_err(i + 1, format!("not JSON: {e}")))?;
-            let serde_json::Value::Object(mut obj) = v else {
-                return Err(line_err(
-                    i + 1,
-                    format!("{} is not a JSON object", kind_of(&v)),
-                ));
-            };
-            let prompt_key = match &keys.prompt {
-                Some(k) => k.clone(),
-                None => ["question", "prompt", "messages"]
-                    .into_iter()
-                    .find(|k| obj.contains_key(*k))
-                    .unwrap_or("prompt")
-                    .to_string(),
-            };
-            let answer_key = keys.answer.clone().unwrap_or_else(|| "answer".into());
-            let (Some(p), Some(a)) = (obj.remove(&prompt_key), obj.remove(&answer_key)) else {
-                let default = keys.prompt.is_none();
-                return Err(line_err(
-                    i + 1,
-                    format!(
-                        "expected a prompt under {} and an answer under `{answer_key}` (set \
-                         task.prompt_key / task.answer_key for other names); the line has {:?}",
-                        if default {
-                            "`question`, `prompt` or `messages`".to_string()
-                        } else {
-                            format!("`{prompt_key}`")
-                        },
-                        obj.keys().collect::<Vec<_>>()
-                    ),
-                ));
-            };
-            let (question, messages) = parse_prompt(&p)
-                .map_err(|reason| line_err(i + 1, format!("`{prompt_key}`: {reason}")))?;
-            let answer = match &a {
-                serde_json::Value::String(s) => match s.rsplit_once("####") {
-                    Some((_, tail)) => tail.trim().replace(',', ""),
-                    None => s.trim().to_string(),
-                },
-                serde_json::Value::Number(n) => n.to_string(),
-                other => {
-                    return Err(line_err(
-                        i + 1,
-                        format!(
-                            "`{answer_key}` is {}, not a string or a number",
-                            kind_of(other)
-                        ),
-                    ));
-                }
-            };
-            if answer.is_empty() {
-                return Err(line_err(i + 1, "the answer is empty".into()));
-            }
-            let e = Example {
-                prompt: question.clone(),
-                answer,
-                question,
-                check: Check::Numeric,
-                messages,
-                columns: obj,
-            };
-            if Rng(fnv(&e.question)).next_u64().is_multiple_of(10) {
-                held_out.push(e);
-            } else {
-                train.push(e);
-            }
-        }
-        let empty = |reason: &str| DataError::Empty {
-            path: path.to_path_buf(),
-            reason: reason.into(),
-        };
-        if train.is_empty() && held_out.is_empty() {
-            return Err(empty("no examples"));
-        }
-        if train.is_empty() || held_out.is_empty() {
-            return Err(empty(
-                "too few examples to split into training and held-out (1 in 10 is held out)",
-            ));
-        }
-        Ok(Self { train, held_out })
-    }
-
-    /// `n` training examples drawn uniformly.
-    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
-        (0..n)
-            .map(|_| self.train[rng.below(self.train.len() as u64) as usize].clone())
-            .collect()
-    }
-
-    /// The first `n` held-out examples (file order).
-    pub fn held_out_set(&self, n: usize) -> Vec<Example> {
-        self.held_out.iter().take(n).cloned().collect()
-    }
-
-    /// (training, held-out) sizes.
-    pub fn sizes(&self) -> (usize, usize) {
-        (self.train.len(), self.held_out.len())
-    }
-}
-
 /// A task ready to draw from.
 #[derive(Debug, Clone)]
 pub enum TaskSet {
@@ -510,7 +282,7 @@ impl TaskSet {
     /// (none for the generated tasks, whose every example is well formed).
     pub fn dataset_train(&self) -> &[Example] {
         match self {
-            Self::Jsonl(d) => &d.train,
+            Self::Jsonl(d) => d.train_examples(),
             Self::Arithmetic(_) | Self::Countdown(_) => &[],
         }
     }
@@ -580,38 +352,5 @@ mod tests {
                 "{e:?} in both splits"
             );
         }
-    }
-
-    #[test]
-    fn jsonl_gsm8k_and_generic_and_errors() {
-        let dir = std::env::temp_dir().join(format!("ember-jsonl-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("d.jsonl");
-        let mut text = String::new();
-        for i in 0..40 {
-            text += &format!("{{\"question\": \"q{i}\", \"answer\": \"work\\n#### 1,{i:03}\"}}\n");
-        }
-        text += "{\"prompt\": \"p\", \"answer\": \" 7 \"}\n";
-        std::fs::write(&p, &text).unwrap();
-        let d = JsonlData::load(&p).unwrap();
-        let (a, b) = d.sizes();
-        assert_eq!(a + b, 41);
-        assert!(b >= 1 && a >= 1);
-        let all: Vec<Example> = d.train.iter().chain(&d.held_out).cloned().collect();
-        let q3 = all.iter().find(|e| e.question == "q3").unwrap();
-        assert_eq!(q3.answer, "1003");
-        assert_eq!(all.iter().find(|e| e.question == "p").unwrap().answer, "7");
-
-        std::fs::write(&p, "{\"question\": 3}\n").unwrap();
-        let e = JsonlData::load(&p).unwrap_err().to_string();
-        assert!(e.contains("d.jsonl:1:") && e.contains("question"), "{e}");
-        std::fs::write(&p, "\n\n").unwrap();
-        let e = JsonlData::load(&p).unwrap_err().to_string();
-        assert!(e.contains("is empty"), "{e}");
-        let e = JsonlData::load(&dir.join("missing.jsonl"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("missing.jsonl"), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -263,6 +263,7 @@ fn external_reward_round_trip() {
         timeout_s: 30.0,
     };
     let mut ext = ExternalReward::spawn(&spec).unwrap();
+    let no_columns: &'static serde_json::Map<String, serde_json::Value> = Box::leak(Box::default());
     let items = |c: &[&'static str]| -> Vec<RewardItem<'static>> {
         c.iter()
             .map(|s| RewardItem {
@@ -270,11 +271,15 @@ fn external_reward_round_trip() {
                 completion: s,
                 answer: "2",
                 group: 0,
+                columns: no_columns,
             })
             .collect()
     };
     for step in 0..3 {
-        let v = ext.score(step, &items(&["x", "ab", "abcd"])).unwrap();
+        let v = ext
+            .score(step, &items(&["x", "ab", "abcd"]))
+            .unwrap()
+            .rewards;
         assert!(v[0].is_nan());
         assert_eq!(&v[1..], &[2.0, 4.0]);
     }

@@ -197,7 +197,7 @@ fn train(a: TrainArgs) -> Result<()> {
 }
 
 /// The first Ctrl-C, SIGTERM or SIGHUP: finish the step, checkpoint, exit 128 + the signal.
-/// A second: exit at once (the reward program is then left to its own end-of-input).
+/// A second: kill the reward programs and exit at once.
 #[cfg(unix)]
 fn handle_stop_signals() {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -217,6 +217,7 @@ fn handle_stop_signals() {
             };
             if ember::run::request_stop_by(sig) {
                 eprintln!("\n{name} again: exiting without a final checkpoint");
+                ember::reward::kill_all();
                 std::process::exit(128 + sig);
             }
             eprintln!(
@@ -233,6 +234,7 @@ fn handle_stop_signals() {
     let _ = ctrlc::set_handler(|| {
         if ember::run::request_stop() {
             eprintln!("\ninterrupted again: exiting without a final checkpoint");
+            ember::reward::kill_all();
             std::process::exit(130);
         }
         eprintln!(

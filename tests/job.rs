@@ -784,3 +784,69 @@ fn warmup_runs_the_recipe_shapes() {
     assert!(stderr(&o).contains("covers LLM recipes"), "{}", stderr(&o));
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A second stop signal exits at once and kills the reward program: here one that never
+/// answers and would otherwise outlive the run (it ignores end-of-input while it sleeps).
+#[cfg(unix)]
+#[test]
+fn a_second_signal_kills_the_reward_program() {
+    let out = tmp("sig-twice");
+    let pid_file = out.with_extension("pid");
+    let _ = std::fs::remove_file(&pid_file);
+    let program = format!(
+        "import os, sys, time\nfor line in sys.stdin:\n    open({:?}, 'w').write(str(os.getpid()))\n    time.sleep(600)\n",
+        pid_file.to_string_lossy()
+    );
+    let external =
+        format!("reward.external={{command=[\"python3\", \"-c\", {program:?}], timeout_s=1000}}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["train", &recipe(), "--quiet", "--out"])
+        .arg(&out)
+        .args(["--set", "warmup.steps=10", "--set", "task.eval_size=10"])
+        .args(["--set", &external])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let pid = loop {
+        if let Ok(p) = std::fs::read_to_string(&pid_file)
+            && let Ok(p) = p.trim().parse::<u32>()
+        {
+            break p;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 120,
+            "the reward program never got a request"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let kill = |sig: &str| {
+        let st = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    kill("-TERM");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    kill("-TERM");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    // Gone (or a zombie about to be reaped by init) within a few seconds.
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    let t1 = std::time::Instant::now();
+    while alive() && t1.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!alive(), "the reward program {pid} outlived the run");
+    std::fs::remove_dir_all(&out).ok();
+    let _ = std::fs::remove_file(&pid_file);
+}

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// An external reward function: a subprocess started once per run that reads one JSON request
@@ -139,7 +140,8 @@ pub struct Scores {
 
 /// A running external reward process.
 pub struct ExternalReward {
-    child: Child,
+    /// Shared with [`LIVE`], so that [`kill_all`] can end it from the signal thread.
+    child: Arc<Mutex<Child>>,
     /// Requests go to a writer thread that owns the program's stdin, so that a program which
     /// does not read (a full pipe) cannot block the job past `timeout`.
     requests: Option<Sender<String>>,
@@ -182,6 +184,11 @@ impl ExternalReward {
             })?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
+        let child = Arc::new(Mutex::new(child));
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&child));
+        }
         let (tx, rx) = channel();
         let requests = stdin.map(|stdin| {
             let (req_tx, req_rx) = channel::<String>();
@@ -219,7 +226,12 @@ impl ExternalReward {
     /// How the program ended, waiting up to a second for it to exit after closing its output.
     fn exit_status(&mut self) -> String {
         for _ in 0..100 {
-            if let Ok(Some(s)) = self.child.try_wait() {
+            let status = self
+                .child
+                .lock()
+                .ok()
+                .and_then(|mut c| c.try_wait().ok().flatten());
+            if let Some(s) = status {
                 return format!("exited ({s})");
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -266,6 +278,24 @@ impl ExternalReward {
     }
 }
 
+/// Every reward program still running.
+static LIVE: Mutex<Vec<Weak<Mutex<Child>>>> = Mutex::new(Vec::new());
+
+/// Kills every reward program still running (a second stop signal exits at once, without the
+/// graceful path's `Drop`). A program whose lock is held at that moment (`score` reading its
+/// exit status) is skipped; it sees end-of-input when the process exits.
+pub fn kill_all() {
+    let Ok(live) = LIVE.try_lock() else {
+        return;
+    };
+    for child in live.iter().filter_map(Weak::upgrade) {
+        if let Ok(mut c) = child.try_lock() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Writes each request to the program's stdin; a failed write is reported on the answer
 /// channel, where [`ExternalReward::score`] waits.
 fn writer(
@@ -290,8 +320,10 @@ fn writer(
 impl Drop for ExternalReward {
     fn drop(&mut self) {
         drop(self.requests.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 

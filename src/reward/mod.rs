@@ -5,7 +5,7 @@ mod external;
 
 pub use external::{
     ExternalReward, ExternalSpec, PYTHON_ADAPTER, PythonSpec, RewardError, RewardItem, Scores,
-    parse_rewards,
+    kill_all, parse_rewards,
 };
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,6 @@
 //! Mutation fuzzing, bounded and seeded so that it runs in every CI build: a small valid GGUF
-//! model written here, the tiny safetensors checkpoint of the fixtures and the main recipe are
-//! damaged in many random ways (bytes flipped, 64-bit fields overwritten, files cut short), and
+//! model written here, the real SmolLM2 GGUF, the tiny safetensors checkpoint of the fixtures and
+//! the main recipe are damaged in many random ways (bytes flipped, 64-bit fields overwritten, files cut short), and
 //! every loader must answer each one with `Ok` or an error, never a panic. (An allocation
 //! abort would kill the test process, which fails the test too.)
 
@@ -228,4 +228,62 @@ fn recipe_parser_survives_damaged_recipes() {
             }
         });
     }
+}
+
+/// The real SmolLM2-135M GGUF (from `scripts/fetch_assets.sh`), damaged in place: bits flipped
+/// and 64-bit fields overwritten within its first 3 MiB (the metadata: 49 152 tokens, their
+/// merges and types, the chat template; then the tensor directory), each damage undone before
+/// the next. Every case goes through the directory, config, tokenizer and chat template (the
+/// weights are the tiny file's business above: loading 135 M parameters per case would take
+/// minutes).
+#[test]
+fn real_gguf_header_survives_damage() {
+    let Some(real) = common::assets::smollm2() else {
+        return;
+    };
+    let d = tmpdir("real-gguf");
+    let p = d.join("smollm2.gguf");
+    std::fs::copy(&real, &p).unwrap();
+    let len = std::fs::metadata(&p).unwrap().len();
+    let span = len.min(3 << 20);
+    let mut rng = SplitMix64(0x5245_414c);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    use std::io::{Read, Seek, SeekFrom, Write};
+    for case in 0..120 {
+        // One patch: 1 byte with a flipped bit, or 8 bytes of a hostile u64.
+        let at = rng.below(span - 8);
+        let mut old = [0u8; 8];
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.read_exact(&mut old).unwrap();
+        let mut new = old;
+        if rng.below(2) == 0 {
+            new[0] ^= 1 << rng.below(8);
+        } else {
+            let v = match rng.below(3) {
+                0 => u64::MAX,
+                1 => 1 << (rng.below(63) + 1),
+                _ => rng.next_u64(),
+            };
+            new = v.to_le_bytes();
+        }
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&new).unwrap();
+        file.flush().unwrap();
+        no_panic("real GGUF", case, || {
+            if let Ok(f) = GgufFile::open(&p) {
+                let _ = ember_llm::load::config_from_gguf(&f);
+                if let Ok(t) = ember_llm::Tokenizer::from_gguf(&f) {
+                    let _ = t.apply_chat_template(&[ember_llm::Message::new("user", "2+2?")], true);
+                    let _ = t.encode("What is 2 + 2?");
+                }
+            }
+        });
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&old).unwrap();
+    }
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -916,3 +916,142 @@ fn configs_parse_from_toml() {
     let bad = toml::from_str::<AdvantageConfig>("kind = \"grpo\"\nepsilom = 1.0");
     assert!(bad.is_err());
 }
+
+/// verl's `compute_gae_advantage_return` loop, transcribed in f64 for one row: masked steps carry
+/// the next value and the running advantage (observation tokens inside a multi-turn episode).
+fn verl_gae_row(r: &[f64], v: &[f64], m: &[f64], gamma: f64, lambda: f64) -> Vec<f64> {
+    let (mut next_v, mut last) = (0.0, 0.0);
+    let mut out = vec![0.0; r.len()];
+    for t in (0..r.len()).rev() {
+        let delta = r[t] + gamma * next_v - v[t];
+        let l = delta + gamma * lambda * last;
+        next_v = v[t] * m[t] + (1.0 - m[t]) * next_v;
+        last = l * m[t] + (1.0 - m[t]) * last;
+        out[t] = last;
+    }
+    out
+}
+
+/// Masks with holes (multi-turn: observation tokens inside a trajectory). GAE skips them as verl
+/// does. By hand, mask [1, 0, 1, 0], V = [0.5, 0.7, 0.2, 9], R = 1 on step 2:
+/// γ = λ = 1: δ_2 = 1 − 0.2 = 0.8, A_2 = 0.8; step 1 is skipped (V_next of step 0 is V_2);
+/// δ_0 = 0.2 − 0.5 = −0.3, A_0 = −0.3 + 0.8 = 0.5 (discounting straight through the hole with
+/// V = 0 there gave −0.2). γ = 0.9, λ = 0.8: δ_0 = 0.9·0.2 − 0.5 = −0.32, A_0 = −0.32 + 0.72·0.8
+/// = 0.256. The f64 transcription of verl's loop agrees on a longer random row with two holes.
+#[test]
+fn gae_skips_holes_in_the_mask_as_verl_does() {
+    let mask = t2(&[&[1.0, 0.0, 1.0, 0.0]]);
+    let values = t2(&[&[0.5, 0.7, 0.2, 9.0]]);
+    for (gamma, lambda, a0) in [(1.0, 1.0, 0.5), (0.9, 0.8, 0.256)] {
+        let b = batch(mask.clone(), &[1.0], &[0])
+            .with_values(values.clone())
+            .unwrap();
+        let kind = AdvantageKind::Gae {
+            gamma,
+            lambda,
+            whiten: false,
+        };
+        let out = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap();
+        assert_close(&vals(out.advantages.clone()), &[a0, 0.0, 0.8, 0.0], 1e-6);
+        assert_close(&vals(out.returns), &[a0 + 0.5, 0.0, 1.0, 0.0], 1e-6);
+        assert_close(
+            &vals(out.advantages),
+            &verl_gae_row(
+                &[0.0, 0.0, 1.0, 0.0],
+                &[0.5, 0.7, 0.2, 9.0],
+                &[1.0, 0.0, 1.0, 0.0],
+                gamma.into(),
+                lambda.into(),
+            )
+            .iter()
+            .zip([1.0, 0.0, 1.0, 0.0])
+            .map(|(a, m)| a * m)
+            .collect::<Vec<_>>(),
+            1e-6,
+        );
+    }
+    // A longer row: holes of two and three steps, trailing padding, per-step rewards.
+    let m = [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0];
+    let v = [
+        0.3, -0.2, 0.9, 0.4, 0.1, 0.6, -0.7, 0.2, 0.5, 0.25, 3.0, 3.0,
+    ];
+    let tr = [0.0, 0.1, 0.0, 0.0, -0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    let (gamma, lambda) = (0.95f32, 0.9f32);
+    let b = batch(t2(&[&m.map(|x| x as f32)]), &[0.75], &[0])
+        .with_values(t2(&[&v.map(|x| x as f32)]))
+        .unwrap()
+        .with_token_rewards(t2(&[&tr.map(|x| x as f32)]))
+        .unwrap();
+    let kind = AdvantageKind::Gae {
+        gamma,
+        lambda,
+        whiten: false,
+    };
+    let out = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap();
+    let mut r = tr;
+    r[9] += 0.75; // the outcome on the last valid step
+    let want: Vec<f64> = verl_gae_row(&r, &v, &m, gamma.into(), lambda.into())
+        .iter()
+        .zip(m)
+        .map(|(a, m)| a * m)
+        .collect();
+    assert_close(&vals(out.advantages), &want, 1e-5);
+}
+
+/// REINFORCE++ over a mask with a hole, γ = 0.5, R = 1 on the last valid step (3): the return
+/// is carried across the hole and γ counts valid steps: G = [0.25, ·, 0.5, 1, ·] (verl's loop
+/// resets at the hole and would give G_0 = 0; discounting through it would give 0.125).
+#[test]
+fn reinforce_plus_plus_carries_returns_across_holes() {
+    let b = batch(t2(&[&[1.0, 0.0, 1.0, 1.0, 0.0]]), &[1.0], &[0]);
+    let kind = AdvantageKind::ReinforcePlusPlus {
+        gamma: 0.5,
+        kl_coef: 0.0,
+    };
+    let out = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap();
+    assert_close(&vals(out.returns), &[0.25, 0.0, 0.5, 1.0, 0.0], 1e-6);
+}
+
+/// Per-step rewards reach every estimator, as `RolloutBatch::with_token_rewards` promises: the
+/// outcome-level ones use R + Σ_t r_t (verl's `token_level_rewards.sum(-1)`). One group,
+/// R = [1, 1, 0, 0], a per-step reward 0.5 on sample 0: sequence rewards [1.5, 1, 0, 0].
+/// RLOO: A_i = R_i − mean of the others = [1.5 − 1/3, 1 − 1.5/3, −2.5/3, −2.5/3]. GRPO: mean
+/// 0.625, unbiased std 0.75, A = (R − 0.625)/0.75 (ε = 1e-6). Dr.GRPO: R − 0.625.
+#[test]
+fn token_rewards_reach_the_outcome_estimators() {
+    let mask = full2(4, 3, 1.0);
+    let tr = t2(&[
+        &[0.5, 0.0, 0.0],
+        &[0.0, 0.0, 0.0],
+        &[0.0, 0.0, 0.0],
+        &[0.0, 0.0, 0.0],
+    ]);
+    let b = batch(mask, &[1.0, 1.0, 0.0, 0.0], &[0, 0, 0, 0])
+        .with_token_rewards(tr)
+        .unwrap();
+    let first = |kind| -> Vec<f32> {
+        let out = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap();
+        vals(out.advantages).chunks(3).map(|r| r[0]).collect()
+    };
+    let third = 1.0 / 3.0;
+    assert_close(
+        &first(AdvantageKind::Rloo),
+        &[1.5 - third, 1.0 - 0.5, -2.5 * third, -2.5 * third],
+        1e-6,
+    );
+    let g = |r: f64| (r - 0.625) / (0.75 + 1e-6);
+    assert_close(
+        &first(AdvantageKind::Grpo {
+            std: StdKind::Unbiased,
+            epsilon: 1e-6,
+            scale_by_std: true,
+        }),
+        &[g(1.5), g(1.0), g(0.0), g(0.0)],
+        1e-5,
+    );
+    assert_close(
+        &first(AdvantageKind::DrGrpo),
+        &[0.875, 0.375, -0.625, -0.625],
+        1e-6,
+    );
+}

@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result, check_config};
 use crate::kl::{KlEstimator, kl_penalty};
 use crate::metrics::Metrics;
 use crate::ops::{
-    discounted_suffix_sum, last_step_indicator, masked_mean, masked_whiten, shift_left,
+    last_step_indicator, masked_mean, masked_whiten, reverse_affine_scan, shift_left,
 };
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
@@ -94,6 +94,10 @@ pub enum AdvantageKind {
     DrGrpo,
     /// REINFORCE++ (Hu 2025, §3; verl `compute_reinforce_plus_plus_outcome_advantage`):
     /// r_t = R·[t last] − β·k1_t, G_t = Σ_{s≥t} γ^{s−t} r_s, A = whiten(G) over valid tokens.
+    /// Masked steps inside a row (observation tokens of a multi-turn episode) are skipped: the
+    /// return is carried across them and γ counts valid steps only, as verl's GAE does. (verl's
+    /// REINFORCE++ loop resets the return at every masked step, written for trailing padding; it
+    /// would cut the credit of earlier turns at the first observation, so Ember does not.)
     ReinforcePlusPlus {
         /// γ of the reward-to-go.
         #[serde(default = "one")]
@@ -114,7 +118,9 @@ pub enum AdvantageKind {
     /// moment-matched to the batch's per-group success rates; rewards in [0, 1].
     Bnpo,
     /// GAE (Schulman et al. 2016, eq. 16; verl `compute_gae_advantage_return`):
-    /// δ_t = r_t + γ V_{t+1} − V_t, A_t = Σ_l (γλ)^l δ_{t+l}, returns = A + V.
+    /// δ_t = r_t + γ V_{t+1} − V_t, A_t = Σ_l (γλ)^l δ_{t+l}, returns = A + V. As in verl, masked
+    /// steps inside a row are skipped: V_{t+1} is the value of the next valid step, and A is
+    /// carried across the gap (rewards on masked steps are ignored).
     Gae {
         /// Discount γ.
         #[serde(default = "one")]
@@ -284,7 +290,18 @@ pub fn compute_advantages(
     config.validate()?;
     let [b, _] = batch.dims();
     let valid = batch.reward_valid();
-    let rewards = batch.clean_rewards();
+    let outcome = batch.clean_rewards();
+    // The sequence reward of the outcome-level estimators: the outcome plus every per-step
+    // reward (verl's `token_level_rewards.sum(-1)`); REINFORCE++ and GAE place per-step rewards
+    // at their steps instead (`token_level_rewards`).
+    let rewards = match &batch.token_rewards {
+        Some(t) => {
+            let t = t.clone();
+            let t = t.clone().mask_fill(t.is_finite().bool_not(), 0.0);
+            outcome.clone() + t.sum_dim(1).reshape([b]) * valid.clone()
+        }
+        None => outcome.clone(),
+    };
     let valid2 = valid.clone().reshape([b, 1]);
     let mask = batch.mask.clone() * valid2.clone();
     let groups = &batch.groups;
@@ -327,7 +344,7 @@ pub fn compute_advantages(
             (per_token(a), None)
         }
         AdvantageKind::ReinforcePlusPlus { gamma, kl_coef } => {
-            let mut r = token_level_rewards(batch, &rewards);
+            let mut r = token_level_rewards(batch, &outcome);
             if kl_coef > 0.0 {
                 let old = batch
                     .behaviour_log_probs()
@@ -349,7 +366,7 @@ pub fn compute_advantages(
                 );
                 r = r - kl * kl_coef;
             }
-            let g = discounted_suffix_sum(r * mask.clone(), gamma) * mask.clone();
+            let g = skip_masked_suffix_sum(r, &mask, gamma) * mask.clone();
             (masked_whiten(g.clone(), mask.clone()), Some(g))
         }
         AdvantageKind::ReinforcePlusPlusBaseline => {
@@ -385,9 +402,13 @@ pub fn compute_advantages(
                 input: "values",
             })?;
             let values = values * mask.clone();
-            let r = token_level_rewards(batch, &rewards) * mask.clone();
-            let delta = r + shift_left(values.clone()) * gamma - values.clone();
-            let a = discounted_suffix_sum(delta * mask.clone(), gamma * lambda) * mask.clone();
+            let r = token_level_rewards(batch, &outcome) * mask.clone();
+            // V of the next valid step (0 after the last): the first valid value at or after
+            // each step, shifted by one.
+            let carry = mask.clone().neg().add_scalar(1.0);
+            let next_values = shift_left(reverse_affine_scan(carry, values.clone()));
+            let delta = r + next_values * gamma - values.clone();
+            let a = skip_masked_suffix_sum(delta, &mask, gamma * lambda) * mask.clone();
             let returns = (a.clone() + values) * mask.clone();
             let a = if whiten {
                 masked_whiten(a, mask.clone())
@@ -580,6 +601,14 @@ pub(crate) fn push_stats(metrics: &mut Metrics, area: &str, x: Tensor<2>, mask: 
     metrics.push(format!("{area}/std"), var.sqrt());
     metrics.push(format!("{area}/max"), max);
     metrics.push(format!("{area}/min"), min);
+}
+
+/// Σ_{valid s ≥ t} γ^{(valid steps from t to s)} x_s: a discounted suffix sum over the valid steps
+/// of each row, carried unchanged across masked ones (y_t = γ·y_next + x_t where m_t = 1,
+/// y_t = y_{t+1} where m_t = 0).
+fn skip_masked_suffix_sum(x: Tensor<2>, mask: &Tensor<2>, gamma: f32) -> Tensor<2> {
+    let a = mask.clone() * (gamma - 1.0) + 1.0;
+    reverse_affine_scan(a, x * mask.clone())
 }
 
 /// Outcome reward on the last valid step plus any per-step rewards.

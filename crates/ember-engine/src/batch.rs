@@ -83,7 +83,10 @@ impl RolloutBatch {
         check_shape(name, t.dims(), self.dims())
     }
 
-    /// Adds per-step rewards.
+    /// Adds per-step rewards (`[batch, steps]`; non-finite entries count as 0). Every estimator
+    /// honours them: REINFORCE++ and GAE at their steps (GAE ignores those on masked steps, as
+    /// verl does), the outcome-level estimators (GRPO, RLOO, …) through the sequence reward
+    /// R + Σ_t r_t (verl's `token_level_rewards.sum(-1)`).
     pub fn with_token_rewards(mut self, t: Tensor<2>) -> Result<Self> {
         self.check2("token_rewards", &t)?;
         self.token_rewards = Some(t);

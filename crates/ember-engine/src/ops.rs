@@ -67,6 +67,37 @@ pub fn discounted_suffix_sum(x: Tensor<2>, gamma: f32) -> Tensor<2> {
     y
 }
 
+/// The reverse affine scan y_t = a_t·y_{t+1} + b_t with y_T = 0, per row, in ⌈log₂ T⌉ doubling
+/// steps on the device (each step composes the maps of two spans: (A, B)∘(A', B') =
+/// (A·A', B + A·B')). With a_t = γ·m_t + (1 − m_t) and b_t = x_t·m_t it is a discounted suffix
+/// sum that skips the steps where m_t = 0 (carrying y across them), as verl's GAE loop does.
+///
+/// # Shapes
+/// `a`, `b`: `[batch, steps]` → `[batch, steps]`.
+pub fn reverse_affine_scan(a: Tensor<2>, b: Tensor<2>) -> Tensor<2> {
+    let [batch, steps] = b.dims();
+    let device = b.device();
+    let (mut a, mut y) = (a, b);
+    let mut k = 1usize;
+    while k < steps {
+        let shift = |t: Tensor<2>, fill: f32| {
+            Tensor::cat(
+                vec![
+                    t.slice([0..batch, k..steps]),
+                    Tensor::full([batch, k], fill, &device),
+                ],
+                1,
+            )
+        };
+        // Past the end the map is the identity (A = 1, B = 0): y_T = 0 stays 0.
+        let (a_next, y_next) = (shift(a.clone(), 1.0), shift(y.clone(), 0.0));
+        y = y + a.clone() * y_next;
+        a = a * a_next;
+        k *= 2;
+    }
+    y
+}
+
 /// 1 at the last valid step of each row, 0 elsewhere: `mask · [Σ_{s≥t} mask_s = 1]`.
 ///
 /// # Shapes

@@ -143,6 +143,9 @@ def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 0 if len(argv) >= 2 else 2
+    # The protocol owns stdout: whatever the user's modules print goes to stderr instead.
+    answers = sys.stdout
+    sys.stdout = sys.stderr
     functions = [load(spec) for spec in argv[1:]]
     names = [n for n, _, _ in functions]
     if len(set(names)) != len(names):
@@ -155,8 +158,8 @@ def main(argv):
         except json.JSONDecodeError as e:
             fail(f"the request is not JSON: {e}")
         answer = score(functions, request)
-        sys.stdout.write(json.dumps(answer, allow_nan=False) + "\n")
-        sys.stdout.flush()
+        answers.write(json.dumps(answer, allow_nan=False) + "\n")
+        answers.flush()
     return 0
 
 

@@ -59,12 +59,16 @@ fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
         .collect()
 }
 
-/// TRL-signature functions: exact-match accuracy against `answer`; a brevity term that does not
+/// TRL-signature functions (printing, as users' functions do: the adapter keeps stdout for
+/// the protocol): exact-match accuracy against `answer`; a brevity term that does not
 /// apply (None) to completions of 4 characters or more; one that reads the extra column
 /// `level`; one that divides by zero from its third call (the third step) on the rows of the
 /// step's second prompt (`group` 1).
 const MODULE: &str = r#"
+print("a module that prints when imported")
+
 def accuracy(prompts, completions, answer, **kwargs):
+    print("debugging output, as reward functions often print")
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
 
 def brevity(prompts, completions, **kwargs):

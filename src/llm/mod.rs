@@ -132,13 +132,15 @@ impl Policy {
     }
 }
 
+/// The prompts of an evaluation set, checked against the context.
+fn eval_prompts(policy: &Policy, eval: &[Example], max_new: usize) -> Result<Vec<Vec<u32>>> {
+    eval.iter().map(|e| policy.prompt_ids(e, max_new)).collect()
+}
+
 /// Greedy held-out accuracy (the verifiable reward alone).
 pub fn evaluate(policy: &Policy, eval: &[Example], max_new: usize, device: &Device) -> Result<f64> {
     let model = policy.model.valid();
-    let prompts = eval
-        .iter()
-        .map(|e| policy.prompt_ids(e, max_new))
-        .collect::<Result<Vec<_>>>()?;
+    let prompts = eval_prompts(policy, eval, max_new)?;
     let cfg = SamplingConfig {
         temperature: 0.0,
         max_new_tokens: max_new,
@@ -189,10 +191,7 @@ pub fn evaluate_sampled(
     device: &Device,
 ) -> Result<Vec<(String, f64)>> {
     let model = policy.model.valid();
-    let prompts = eval
-        .iter()
-        .map(|e| policy.prompt_ids(e, max_new))
-        .collect::<Result<Vec<_>>>()?;
+    let prompts = eval_prompts(policy, eval, max_new)?;
     let cfg = SamplingConfig {
         temperature,
         max_new_tokens: max_new,

@@ -75,17 +75,15 @@ impl MetricsLog {
     pub fn push(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
         let path = self.dir.join("metrics.jsonl");
         if self.jsonl.is_none() {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .truncate(false)
-                .open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
+            self.jsonl = Some(open_log(&path, self.resuming)?);
             if !self.resuming {
-                f.set_len(0)
-                    .with_context(|| format!("truncating {}", path.display()))?;
+                // A new run replaces an older run's samples even if it writes none.
+                let old = self.dir.join(SAMPLES);
+                if old.exists() && self.samples.is_none() {
+                    std::fs::remove_file(&old)
+                        .with_context(|| format!("removing {}", old.display()))?;
+                }
             }
-            self.jsonl = Some(f);
             self.tensorboard = Some(super::tensorboard::EventWriter::open(
                 &self.dir,
                 self.keep_until,
@@ -118,16 +116,7 @@ impl MetricsLog {
     ) -> Result<()> {
         let path = self.dir.join(SAMPLES);
         if self.samples.is_none() {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
-            if !self.resuming {
-                f.set_len(0)
-                    .with_context(|| format!("truncating {}", path.display()))?;
-            }
-            self.samples = Some(f);
+            self.samples = Some(open_log(&path, self.resuming)?);
         }
         let mut lines = String::new();
         for s in samples {
@@ -177,6 +166,21 @@ impl MetricsLog {
         }
         super::write_atomic(&self.dir.join("metrics.csv"), out.as_bytes())
     }
+}
+
+/// Opens a JSON-lines log for appending: emptied for a new run, kept when resuming (already cut
+/// back to the checkpoint's step).
+fn open_log(path: &Path, resuming: bool) -> Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if !resuming {
+        f.set_len(0)
+            .with_context(|| format!("truncating {}", path.display()))?;
+    }
+    Ok(f)
 }
 
 /// The file of sampled completions.

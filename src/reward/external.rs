@@ -1,12 +1,9 @@
 //! External reward functions: a subprocess started once per run speaking JSON lines, and the
 //! Python adapter that runs TRL-style functions over the same protocol.
 
+use crate::process::JsonLinesProcess;
+pub use crate::process::ProcessError;
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 /// An external reward function: a subprocess started once per run that reads one JSON request
 /// per line on stdin and answers one JSON line on stdout.
@@ -34,26 +31,8 @@ fn sixty() -> f64 {
     60.0
 }
 
-/// Why an external reward failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RewardError {
-    /// The program could not be started.
-    #[error("cannot start external reward `{command}`: {source}")]
-    Spawn {
-        /// The command line.
-        command: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The program exited, timed out or answered something unusable.
-    #[error("external reward `{command}`: {reason}")]
-    Protocol {
-        /// The command line.
-        command: String,
-        /// What went wrong.
-        reason: String,
-    },
-}
+/// Why an external reward failed: the helper program's error ([`ProcessError`]).
+pub type RewardError = ProcessError;
 
 /// Python reward functions with TRL's signature, run by Ember's adapter
 /// (`python/ember_reward.py`, built into the binary) over the same protocol.
@@ -84,13 +63,13 @@ impl PythonSpec {
         let expand = |s: &str| {
             crate::recipe::expand_path(s)
                 .map(|p| p.to_string_lossy().into_owned())
-                .map_err(|e| RewardError::Protocol {
+                .map_err(|e| ProcessError::Protocol {
                     command: "reward.python".into(),
                     reason: format!("{e:#}"),
                 })
         };
         if self.functions.is_empty() {
-            return Err(RewardError::Protocol {
+            return Err(ProcessError::Protocol {
                 command: "reward.python".into(),
                 reason: "reward.python.functions is empty".into(),
             });
@@ -140,190 +119,29 @@ pub struct Scores {
 
 /// A running external reward process.
 pub struct ExternalReward {
-    /// Shared with [`LIVE`], so that [`kill_all`] can end it from the signal thread.
-    child: Arc<Mutex<Child>>,
-    /// Requests go to a writer thread that owns the program's stdin, so that a program which
-    /// does not read (a full pipe) cannot block the job past `timeout`.
-    requests: Option<Sender<String>>,
-    lines: Receiver<std::io::Result<String>>,
-    timeout: Duration,
-    command: String,
+    process: JsonLinesProcess,
 }
 
 impl ExternalReward {
-    /// Starts the program.
+    /// Starts the program of `reward.external`.
     pub fn spawn(spec: &ExternalSpec) -> Result<Self, RewardError> {
-        let command = spec.command.join(" ");
-        let Some(program) = spec.command.first() else {
-            return Err(RewardError::Protocol {
-                command,
-                reason: "reward.external.command is empty".into(),
-            });
-        };
-        let timeout = match Duration::try_from_secs_f64(spec.timeout_s) {
-            Ok(t) if spec.timeout_s > 0.0 => t,
-            _ => {
-                return Err(RewardError::Protocol {
-                    command,
-                    reason: format!(
-                        "timeout_s = {} must be a number of seconds > 0",
-                        spec.timeout_s
-                    ),
-                });
-            }
-        };
-        let mut child = Command::new(program)
-            .args(&spec.command[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|source| RewardError::Spawn {
-                command: command.clone(),
-                source,
-            })?;
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let child = Arc::new(Mutex::new(child));
-        if let Ok(mut live) = LIVE.lock() {
-            live.retain(|w| w.strong_count() > 0);
-            live.push(Arc::downgrade(&child));
-        }
-        let (tx, rx) = channel();
-        let requests = stdin.map(|stdin| {
-            let (req_tx, req_rx) = channel::<String>();
-            let errors = tx.clone();
-            std::thread::spawn(move || writer(stdin, &req_rx, &errors));
-            req_tx
-        });
-        if let Some(out) = stdout {
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines() {
-                    let line = line.map_err(|e| {
-                        std::io::Error::new(e.kind(), format!("reading its answer failed: {e}"))
-                    });
-                    if tx.send(line).is_err() {
-                        return;
-                    }
-                }
-                // End of output: the program exited (the writer thread still holds a sender,
-                // so the channel alone would not tell `score` before its timeout).
-                let _ = tx.send(Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "closed its stdout",
-                )));
-            });
-        }
+        Self::spawn_for(spec, "reward.external")
+    }
+
+    /// Starts the program; `key` names the recipe table in errors.
+    pub fn spawn_for(spec: &ExternalSpec, key: &str) -> Result<Self, RewardError> {
         Ok(Self {
-            child,
-            requests,
-            lines: rx,
-            timeout,
-            command,
+            process: JsonLinesProcess::spawn(&spec.command, spec.timeout_s, key)?,
         })
-    }
-
-    /// How the program ended, waiting up to a second for it to exit after closing its output.
-    fn exit_status(&mut self) -> String {
-        for _ in 0..100 {
-            let status = self
-                .child
-                .lock()
-                .ok()
-                .and_then(|mut c| c.try_wait().ok().flatten());
-            if let Some(s) = status {
-                return format!("exited ({s})");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        "closed its stdout".into()
-    }
-
-    fn fail(&self, reason: String) -> RewardError {
-        RewardError::Protocol {
-            command: self.command.clone(),
-            reason,
-        }
     }
 
     /// Scores one batch: one reward per item, NaN for an invalid sample, and the answer's
     /// components.
     pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Scores, RewardError> {
-        let request = serde_json::json!({ "step": step, "items": items }).to_string() + "\n";
-        let sent = self.requests.as_ref().map(|r| r.send(request).is_ok());
-        if sent != Some(true) {
-            return Err(self.fail("its stdin is closed".into()));
-        }
-        // The timeout covers writing the request (in the writer thread) and the answer.
-        let line = match self.lines.recv_timeout(self.timeout) {
-            Ok(Ok(line)) => line,
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                let status = self.exit_status();
-                return Err(self.fail(format!("{status} before answering step {step}")));
-            }
-            Ok(Err(e)) => return Err(self.fail(e.to_string())),
-            Err(RecvTimeoutError::Timeout) => {
-                return Err(self.fail(format!(
-                    "no answer within {:.1} s for step {step} ({} items)",
-                    self.timeout.as_secs_f64(),
-                    items.len()
-                )));
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.exit_status();
-                return Err(self.fail(format!("{status} before answering step {step}")));
-            }
-        };
-        parse_rewards(&line, items.len()).map_err(|reason| self.fail(reason))
-    }
-}
-
-/// Every reward program still running.
-static LIVE: Mutex<Vec<Weak<Mutex<Child>>>> = Mutex::new(Vec::new());
-
-/// Kills every reward program still running (a second stop signal exits at once, without the
-/// graceful path's `Drop`). A program whose lock is held at that moment (`score` reading its
-/// exit status) is skipped; it sees end-of-input when the process exits.
-pub fn kill_all() {
-    let Ok(live) = LIVE.try_lock() else {
-        return;
-    };
-    for child in live.iter().filter_map(Weak::upgrade) {
-        if let Ok(mut c) = child.try_lock() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Writes each request to the program's stdin; a failed write is reported on the answer
-/// channel, where [`ExternalReward::score`] waits.
-fn writer(
-    mut stdin: ChildStdin,
-    requests: &Receiver<String>,
-    errors: &Sender<std::io::Result<String>>,
-) {
-    for request in requests {
-        if let Err(e) = stdin
-            .write_all(request.as_bytes())
-            .and_then(|()| stdin.flush())
-        {
-            let _ = errors.send(Err(std::io::Error::new(
-                e.kind(),
-                format!("writing the request failed ({e}); did it exit?"),
-            )));
-            return;
-        }
-    }
-}
-
-impl Drop for ExternalReward {
-    fn drop(&mut self) {
-        drop(self.requests.take());
-        if let Ok(mut c) = self.child.lock() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        let request = serde_json::json!({ "step": step, "items": items }).to_string();
+        let what = format!("step {step} ({} items)", items.len());
+        let line = self.process.request(&request, &what)?;
+        parse_rewards(&line, items.len()).map_err(|reason| self.process.fail(reason))
     }
 }
 

@@ -3,9 +3,10 @@
 
 mod external;
 
+pub use crate::process::kill_all;
 pub use external::{
     ExternalReward, ExternalSpec, PYTHON_ADAPTER, PythonSpec, RewardError, RewardItem, Scores,
-    kill_all, parse_rewards,
+    parse_rewards,
 };
 use serde::{Deserialize, Serialize};
 

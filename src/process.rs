@@ -1,0 +1,223 @@
+//! A helper program speaking JSON lines: one request line on its stdin, one answer line on its
+//! stdout. External rewards and external environments both run through it: a writer thread (so a
+//! program that does not read cannot block past the timeout), a reader thread that reports the
+//! end of the program's output at once, a timeout per request, and a registry of live programs
+//! that a second stop signal kills ([`kill_all`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// Why a helper program could not be started or did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The program could not be started.
+    #[error("cannot start `{command}`: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The command or its timeout is unusable, or the program exited, timed out or answered
+    /// something unusable.
+    #[error("`{command}`: {reason}")]
+    Protocol {
+        /// The command line.
+        command: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// A running helper program.
+pub struct JsonLinesProcess {
+    /// Shared with [`LIVE`], so that [`kill_all`] can end it from the signal thread.
+    child: Arc<Mutex<Child>>,
+    requests: Option<Sender<String>>,
+    lines: Receiver<std::io::Result<String>>,
+    timeout: Duration,
+    command: String,
+}
+
+/// Every helper program still running.
+static LIVE: Mutex<Vec<Weak<Mutex<Child>>>> = Mutex::new(Vec::new());
+
+/// Kills every helper program still running (a second stop signal exits at once, without the
+/// graceful path's `Drop`). A program whose lock is held at that moment (reading its exit status)
+/// is skipped; it sees end-of-input when the process exits.
+pub fn kill_all() {
+    let Ok(live) = LIVE.try_lock() else {
+        return;
+    };
+    for child in live.iter().filter_map(Weak::upgrade) {
+        if let Ok(mut c) = child.try_lock() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl JsonLinesProcess {
+    /// Starts `command` (program and arguments); `key` names the recipe key in errors.
+    pub fn spawn(command: &[String], timeout_s: f64, key: &str) -> Result<Self, ProcessError> {
+        let line = command.join(" ");
+        let Some(program) = command.first() else {
+            return Err(ProcessError::Protocol {
+                command: line,
+                reason: format!("{key}.command is empty"),
+            });
+        };
+        let timeout = match Duration::try_from_secs_f64(timeout_s) {
+            Ok(t) if timeout_s > 0.0 => t,
+            _ => {
+                return Err(ProcessError::Protocol {
+                    command: line,
+                    reason: format!(
+                        "{key}.timeout_s = {timeout_s} must be a number of seconds > 0"
+                    ),
+                });
+            }
+        };
+        let mut child = Command::new(program)
+            .args(&command[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|source| ProcessError::Spawn {
+                command: line.clone(),
+                source,
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let child = Arc::new(Mutex::new(child));
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&child));
+        }
+        let (tx, rx) = channel();
+        let requests = stdin.map(|stdin| {
+            let (req_tx, req_rx) = channel::<String>();
+            let errors = tx.clone();
+            std::thread::spawn(move || writer(stdin, &req_rx, &errors));
+            req_tx
+        });
+        if let Some(out) = stdout {
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines() {
+                    let line = line.map_err(|e| {
+                        std::io::Error::new(e.kind(), format!("reading its answer failed: {e}"))
+                    });
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+                // End of output: the program exited (the writer thread still holds a sender,
+                // so the channel alone would not tell `request` before its timeout).
+                let _ = tx.send(Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed its stdout",
+                )));
+            });
+        }
+        Ok(Self {
+            child,
+            requests,
+            lines: rx,
+            timeout,
+            command: line,
+        })
+    }
+
+    /// The command line.
+    pub fn command(&self) -> &str {
+        &self.command
+    }
+
+    /// An error about this program.
+    pub fn fail(&self, reason: String) -> ProcessError {
+        ProcessError::Protocol {
+            command: self.command.clone(),
+            reason,
+        }
+    }
+
+    /// Sends `request` (one JSON value, without its newline) and returns the answer line; `what`
+    /// names the request in errors (`step 3 (12 items)`). The timeout covers writing the request
+    /// and reading the answer.
+    pub fn request(&mut self, request: &str, what: &str) -> Result<String, ProcessError> {
+        let sent = self
+            .requests
+            .as_ref()
+            .map(|r| r.send(format!("{request}\n")).is_ok());
+        if sent != Some(true) {
+            return Err(self.fail("its stdin is closed".into()));
+        }
+        match self.lines.recv_timeout(self.timeout) {
+            Ok(Ok(line)) => Ok(line),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                let status = self.exit_status();
+                Err(self.fail(format!("{status} before answering {what}")))
+            }
+            Ok(Err(e)) => Err(self.fail(e.to_string())),
+            Err(RecvTimeoutError::Timeout) => Err(self.fail(format!(
+                "no answer within {:.1} s for {what}",
+                self.timeout.as_secs_f64()
+            ))),
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.exit_status();
+                Err(self.fail(format!("{status} before answering {what}")))
+            }
+        }
+    }
+
+    /// How the program ended, waiting up to a second for it to exit after closing its output.
+    fn exit_status(&mut self) -> String {
+        for _ in 0..100 {
+            let status = self
+                .child
+                .lock()
+                .ok()
+                .and_then(|mut c| c.try_wait().ok().flatten());
+            if let Some(s) = status {
+                return format!("exited ({s})");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        "closed its stdout".into()
+    }
+}
+
+/// Writes each request to the program's stdin; a failed write is reported on the answer
+/// channel, where [`JsonLinesProcess::request`] waits.
+fn writer(
+    mut stdin: ChildStdin,
+    requests: &Receiver<String>,
+    errors: &Sender<std::io::Result<String>>,
+) {
+    for request in requests {
+        if let Err(e) = stdin
+            .write_all(request.as_bytes())
+            .and_then(|()| stdin.flush())
+        {
+            let _ = errors.send(Err(std::io::Error::new(
+                e.kind(),
+                format!("writing the request failed ({e}); did it exit?"),
+            )));
+            return;
+        }
+    }
+}
+
+impl Drop for JsonLinesProcess {
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

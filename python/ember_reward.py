@@ -14,12 +14,14 @@ The reward of a completion is the weighted sum of the functions that apply to it
 values come back as a component, which Ember logs as ``reward/<name>`` (the mean of its values).
 
 Request, one line on stdin: ``{"step": 3, "items": [{"prompt", "completion", "answer", "group",
-"columns": {...}}, ...]}``. Answer, one line on stdout: ``{"rewards": [...], "components":
+"columns": {...}}, ...]}`` (or ``{"op": "describe"}``, answered ``{"functions": [names]}``, which
+Ember sends first to check the functions before any work). Answer, one line on stdout: ``{"rewards": [...], "components":
 {"accuracy": [...], ...}}``. An error in a function is printed with its traceback and the first
 failing item, and the adapter exits with status 1 (Ember then stops the run, keeping its last
 checkpoint).
 """
 
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -50,7 +52,9 @@ def load(spec):
     try:
         if where.endswith(".py") or os.sep in where:
             path = os.path.abspath(where)
-            mod_name = "ember_user_" + os.path.splitext(os.path.basename(path))[0]
+            # One module per file: two files with the same name in different folders differ.
+            digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+            mod_name = "ember_user_" + os.path.splitext(os.path.basename(path))[0] + "_" + digest
             module = sys.modules.get(mod_name)
             if module is None:
                 loader = importlib.util.spec_from_file_location(mod_name, path)
@@ -136,6 +140,8 @@ def score(functions, request):
         for i, v in enumerate(values):
             if v is not None:
                 total[i] = (total[i] or 0.0) + weight * v
+    # A sum that overflows is an invalid sample, not a crash of the adapter.
+    total = [t if t is not None and math.isfinite(t) else None for t in total]
     return {"rewards": total, "components": components}
 
 
@@ -143,8 +149,11 @@ def main(argv):
     if len(argv) < 2 or argv[1] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 0 if len(argv) >= 2 else 2
-    # The protocol owns stdout: whatever the user's modules print goes to stderr instead.
-    answers = sys.stdout
+    # The protocol owns stdout: whatever the user's code prints (Python's print, a subprocess, a
+    # C extension) goes to stderr instead; answers go to a private copy of the original stdout.
+    sys.stdout.flush()
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
     functions = [load(spec) for spec in argv[1:]]
     names = [n for n, _, _ in functions]
@@ -157,7 +166,10 @@ def main(argv):
             request = json.loads(line)
         except json.JSONDecodeError as e:
             fail(f"the request is not JSON: {e}")
-        answer = score(functions, request)
+        if request.get("op") == "describe":
+            answer = {"functions": names}
+        else:
+            answer = score(functions, request)
         answers.write(json.dumps(answer, allow_nan=False) + "\n")
         answers.flush()
     return 0

@@ -63,7 +63,17 @@ pub fn kill_all() {
 impl JsonLinesProcess {
     /// Starts `command` (program and arguments); `key` names the recipe key in errors.
     pub fn spawn(command: &[String], timeout_s: f64, key: &str) -> Result<Self, ProcessError> {
-        let line = command.join(" ");
+        Self::spawn_as(command, &command.join(" "), timeout_s, key)
+    }
+
+    /// [`Self::spawn`], naming the program `display` in errors (instead of its command line).
+    pub fn spawn_as(
+        command: &[String],
+        display: &str,
+        timeout_s: f64,
+        key: &str,
+    ) -> Result<Self, ProcessError> {
+        let line = display.to_string();
         let Some(program) = command.first() else {
             return Err(ProcessError::Protocol {
                 command: line,

@@ -140,6 +140,49 @@ fn python_adapter_weighted_sum_and_components() {
     );
 }
 
+/// What users' reward code does that must not break the protocol: printing through a
+/// subprocess (the real stdout), two files of the same name in different folders, a weighted
+/// sum that overflows (an invalid sample, not a crash).
+#[test]
+fn python_adapter_survives_ordinary_user_code() {
+    let d = tmp("adapter-user-code");
+    for (sub, value) in [("a", "1.0"), ("b", "2.0")] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+        std::fs::write(
+            d.join(sub).join("rewards.py"),
+            format!(
+                "import subprocess\n\
+                 def f_{sub}(prompts, completions, **kw):\n\
+                 \x20   subprocess.run(['echo', 'checking from {sub}'])\n\
+                 \x20   return [{value} if c != 'huge' else 1e308 for c in completions]\n"
+            ),
+        )
+        .unwrap();
+    }
+    let f = |sub: &str| format!("{}:f_{sub}", d.join(sub).join("rewards.py").display());
+    let spec = PythonSpec {
+        functions: vec![f("a"), f("b")],
+        python: "python3".into(),
+        timeout_s: 30.0,
+    };
+    let mut program = ExternalReward::spawn_python(&spec).unwrap();
+    let none = serde_json::Map::new();
+    let items: Vec<RewardItem> = ["x", "huge"]
+        .iter()
+        .map(|c| RewardItem {
+            prompt: "q",
+            completion: c,
+            answer: "1",
+            group: 0,
+            columns: &none,
+        })
+        .collect();
+    let s = program.score(1, &items).unwrap();
+    assert_eq!(s.rewards[0], 3.0);
+    assert!(s.rewards[1].is_nan(), "1e308 + 1e308 overflows: invalid");
+    assert_eq!(s.components.len(), 2);
+}
+
 /// A bad function spec is refused with the reason, before any step.
 #[test]
 fn python_adapter_refuses_a_missing_function() {
@@ -153,6 +196,12 @@ fn python_adapter_refuses_a_missing_function() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("has no function 'nope'"), "{e}");
+    // Before any work (no warm-up, no metrics), and named without the adapter's source.
+    assert!(!d.join("run/metrics.jsonl").exists());
+    assert!(
+        e.contains("ember_reward.py") && !e.contains("import hashlib"),
+        "{e}"
+    );
 }
 
 /// A run with Python rewards logs each function as `reward/<name>`; with correctness off the

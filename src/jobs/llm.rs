@@ -282,10 +282,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         steps_done = step + 1;
         let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
         let stats = stats_line(&row, accuracy_after);
+        // The samples before the row and its checkpoint: a kill in between leaves them past
+        // the checkpoint, where resuming cuts them.
+        run.samples(step + 1, &shown, evaluated)?;
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
             checkpoint::write_records(d, model_record(&policy), &optim, &state)
         })?;
-        run.samples(step + 1, &shown, evaluated)?;
         if stop {
             interrupted = true;
             break;

@@ -3,6 +3,7 @@
 //! template), evaluated greedily on held-out problems, warmed up by supervised steps, stored in
 //! checkpoints and in `final/`; and the RL step's shared parts ([`step`]).
 
+pub mod agent;
 pub mod score;
 pub mod step;
 

@@ -117,7 +117,7 @@ impl<'a> Scorer<'a> {
                 .map(ExternalReward::spawn)
                 .transpose()?,
             python: match &spec.python {
-                Some(p) => Some(ExternalReward::spawn_for(&p.external()?, "reward.python")?),
+                Some(p) => Some(ExternalReward::spawn_python(p)?),
                 None => None,
             },
         })

@@ -94,7 +94,8 @@ impl PythonSpec {
 /// One item of a request.
 #[derive(Debug, Clone, Serialize)]
 pub struct RewardItem<'a> {
-    /// The prompt as the policy saw it.
+    /// The question: the task's question text, or a chat line's last user message (not the
+    /// rendered template).
     pub prompt: &'a str,
     /// The decoded completion.
     pub completion: &'a str,
@@ -135,6 +136,28 @@ impl ExternalReward {
         })
     }
 
+    /// Starts the Python adapter for `spec` and checks, before any work, that it loaded every
+    /// function and that their names are usable metric names.
+    pub fn spawn_python(spec: &PythonSpec) -> Result<Self, RewardError> {
+        let ext = spec.external()?;
+        let display = format!(
+            "{} ember_reward.py {}",
+            spec.python,
+            spec.functions.join(" ")
+        );
+        let mut process =
+            JsonLinesProcess::spawn_as(&ext.command, &display, spec.timeout_s, "reward.python")?;
+        let line = process.request(r#"{"op": "describe"}"#, "the list of its functions")?;
+        let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&line)
+            .ok()
+            .and_then(|v| serde_json::from_value(v.get("functions")?.clone()).ok())
+            .ok_or_else(|| process.fail(format!("unexpected answer to `describe`: {line:?}")))?;
+        for n in &names {
+            check_component_name(n).map_err(|reason| process.fail(reason))?;
+        }
+        Ok(Self { process })
+    }
+
     /// Scores one batch: one reward per item, NaN for an invalid sample, and the answer's
     /// components.
     pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Scores, RewardError> {
@@ -145,13 +168,63 @@ impl ExternalReward {
     }
 }
 
+/// A reward component's name becomes the metric `reward/<name>`: 1 to 64 letters (any script),
+/// digits, `_`, `-` or `.`.
+fn check_component_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.chars().count() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || "_-.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "component name {name:?} must be 1-64 letters, digits, `_`, `-` or `.`"
+        ))
+    }
+}
+
+/// `line` with the bare JavaScript numbers `NaN`, `Infinity` and `-Infinity` (which Python's
+/// `json` writes) replaced by `null` outside strings.
+fn nulls_for_non_finite(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = line;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        if let Some(token) = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|t| rest.starts_with(t))
+        {
+            out.push_str("null");
+            rest = &rest[token.len()..];
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
 /// Parses `{"rewards": [...], "components": {"name": [...]}}` (components optional) with
 /// `expected` entries per list (`null`/`NaN`/`Infinity` become NaN).
 pub fn parse_rewards(line: &str, expected: usize) -> Result<Scores, String> {
-    let cleaned = line
-        .replace("-Infinity", "null")
-        .replace("Infinity", "null")
-        .replace("NaN", "null");
+    let cleaned = nulls_for_non_finite(line);
     let v: serde_json::Value = serde_json::from_str(&cleaned).map_err(|e| {
         format!(
             "answer is not JSON ({e}): {:?}",
@@ -183,16 +256,7 @@ pub fn parse_rewards(line: &str, expected: usize) -> Result<Scores, String> {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::Object(m)) => {
             for (name, values) in m {
-                let ok = !name.is_empty()
-                    && name.len() <= 64
-                    && name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
-                if !ok {
-                    return Err(format!(
-                        "component name {name:?} must be 1-64 letters, digits, `_`, `-` or `.`"
-                    ));
-                }
+                check_component_name(name)?;
                 components.push((
                     name.clone(),
                     numbers(&format!("components.{name}"), Some(values))?,
@@ -234,6 +298,16 @@ mod tests {
         assert_eq!(s.components[0].0, "acc");
         assert_eq!(s.components[1].1, vec![0.0, 0.0]);
         assert!(s.components[0].1[1].is_nan());
+        // Only bare tokens are numbers: a name holding "NaN" is kept.
+        let s = parse_rewards(
+            r#"{"rewards": [NaN, 1], "components": {"isNaN": [Infinity, -Infinity]}}"#,
+            2,
+        )
+        .unwrap();
+        assert!(s.rewards[0].is_nan() && s.rewards[1] == 1.0);
+        assert_eq!(s.components[0].0, "isNaN");
+        assert!(s.components[0].1.iter().all(|x| x.is_nan()));
+        assert!(parse_rewards(r#"{"rewards": [1], "components": {"précision": [1]}}"#, 1).is_ok());
         for bad in [
             r#"{"rewards": [1], "components": {"a": [1, 2]}}"#,
             r#"{"rewards": [1], "components": {"a b": [1]}}"#,

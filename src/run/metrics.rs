@@ -33,17 +33,14 @@ impl MetricsLog {
         let mut rows = Vec::new();
         if let Some(last) = keep_until {
             keep_jsonl_until(&dir.join(SAMPLES), last)?;
-            let text = std::fs::read_to_string(&path)
+            let bytes = std::fs::read(&path)
                 .with_context(|| format!("reading {} to resume", path.display()))?;
             // The kept lines are written back verbatim, not re-serialised from the parsed
             // values, so a resumed file holds the same bytes as an uninterrupted run's. A last
             // line without its newline was torn by a failed append (disk full, a kill): it
             // belongs to a step after the checkpoint, and is dropped.
             let mut kept = String::new();
-            let complete = match text.rfind('\n') {
-                Some(i) => &text[..=i],
-                None => "",
-            };
+            let complete = complete_lines(&bytes, &path)?;
             for (n, line) in complete.lines().enumerate() {
                 let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
                     .with_context(|| format!("parsing line {} of {}", n + 1, path.display()))?;
@@ -76,6 +73,12 @@ impl MetricsLog {
         let path = self.dir.join("metrics.jsonl");
         if self.jsonl.is_none() {
             self.jsonl = Some(open_log(&path, self.resuming)?);
+            if self.tensorboard.is_none() {
+                self.tensorboard = Some(super::tensorboard::EventWriter::open(
+                    &self.dir,
+                    self.keep_until,
+                )?);
+            }
             if !self.resuming {
                 // A new run replaces an older run's samples even if it writes none.
                 let old = self.dir.join(SAMPLES);
@@ -84,10 +87,6 @@ impl MetricsLog {
                         .with_context(|| format!("removing {}", old.display()))?;
                 }
             }
-            self.tensorboard = Some(super::tensorboard::EventWriter::open(
-                &self.dir,
-                self.keep_until,
-            )?);
         }
         if let Some(f) = self.jsonl.as_mut() {
             // One write of the whole line: a failure leaves at most a torn last line, which
@@ -117,6 +116,12 @@ impl MetricsLog {
         let path = self.dir.join(SAMPLES);
         if self.samples.is_none() {
             self.samples = Some(open_log(&path, self.resuming)?);
+        }
+        if self.tensorboard.is_none() {
+            self.tensorboard = Some(super::tensorboard::EventWriter::open(
+                &self.dir,
+                self.keep_until,
+            )?);
         }
         let mut lines = String::new();
         for s in samples {
@@ -183,21 +188,26 @@ fn open_log(path: &Path, resuming: bool) -> Result<std::fs::File> {
     Ok(f)
 }
 
+/// The complete lines of a log (up to its last newline), as text. A torn last line may end
+/// inside a UTF-8 character, so the cut is made on the bytes first.
+fn complete_lines<'a>(bytes: &'a [u8], path: &Path) -> Result<&'a str> {
+    let end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    std::str::from_utf8(&bytes[..end])
+        .with_context(|| format!("{} holds a damaged line (not UTF-8)", path.display()))
+}
+
 /// The file of sampled completions.
 pub const SAMPLES: &str = "samples.jsonl";
 
 /// Keeps the lines of a JSON-lines log whose `step` is at most `last` (rewritten atomically,
 /// verbatim; a torn last line is dropped). No file: nothing to do.
 fn keep_jsonl_until(path: &Path, last: usize) -> Result<()> {
-    let text = match std::fs::read_to_string(path) {
+    let bytes = match std::fs::read(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let complete = match text.rfind('\n') {
-        Some(i) => &text[..=i],
-        None => "",
-    };
+    let complete = complete_lines(&bytes, path)?;
     let mut kept = String::new();
     for line in complete.lines() {
         let step = serde_json::from_str::<serde_json::Value>(line)
@@ -284,6 +294,28 @@ mod tests {
         std::fs::write(&path, "{\"step\":1}\n{oops\n{\"step\":2}\n").unwrap();
         let err = MetricsLog::open(&d, Some(2), curves).err().unwrap();
         assert!(format!("{err:#}").contains("line 2"), "{err:#}");
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A completion with non-ASCII text torn inside a character (disk full, a kill) leaves
+    /// bytes that are not UTF-8: resuming still cuts `samples.jsonl` back to the checkpoint.
+    #[test]
+    fn resume_cuts_samples_torn_inside_a_character() {
+        let d = std::env::temp_dir().join(format!("ember-samples-torn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n").unwrap();
+        let mut bytes = "{\"step\":1,\"completion\":\"café\"}\n{\"step\":2,\"completion\":\"é\"}\n"
+            .as_bytes()
+            .to_vec();
+        bytes.extend(b"{\"step\":3,\"completion\":\"caf\xc3");
+        std::fs::write(d.join(SAMPLES), &bytes).unwrap();
+        let curves = ("a".to_string(), "b".to_string());
+        MetricsLog::open(&d, Some(1), curves).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.join(SAMPLES)).unwrap(),
+            "{\"step\":1,\"completion\":\"café\"}\n"
+        );
         std::fs::remove_dir_all(&d).ok();
     }
 }

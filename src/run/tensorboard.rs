@@ -172,13 +172,16 @@ fn kept_prefix(data: &[u8], last: i64) -> usize {
         let Some(end) = at.checked_add(12).and_then(|s| s.checked_add(n)) else {
             return at;
         };
-        let (Some(body), Some(crc)) = (data.get(at + 12..end), data.get(end..end + 4)) else {
+        let Some(crc_end) = end.checked_add(4) else {
+            return at;
+        };
+        let (Some(body), Some(crc)) = (data.get(at + 12..end), data.get(end..crc_end)) else {
             return at;
         };
         if crc != masked_crc(body).to_le_bytes() || event_step(body).unwrap_or(0) > last {
             return at;
         }
-        at = end + 4;
+        at = crc_end;
     }
 }
 

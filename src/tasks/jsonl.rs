@@ -54,6 +54,10 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
+/// Names the reward functions receive besides the dataset's extra columns (TRL's `prompts` and
+/// `completions`, Ember's `answer` and `group`), so no extra column may take them.
+pub const RESERVED_COLUMNS: [&str; 4] = ["prompts", "completions", "answer", "group"];
+
 /// Which keys of a JSONL line hold the prompt and the answer (`None`: the defaults).
 #[derive(Debug, Clone, Default)]
 pub struct JsonlKeys {
@@ -189,6 +193,17 @@ impl JsonlData {
             };
             if answer.is_empty() {
                 return Err(line_err(i + 1, "the answer is empty".into()));
+            }
+            // Rewards receive the columns as keyword arguments beside these.
+            if let Some(k) = RESERVED_COLUMNS.iter().find(|k| obj.contains_key(**k)) {
+                return Err(line_err(
+                    i + 1,
+                    format!(
+                        "the extra column `{k}` would clash with the reward functions' own \
+                         `{k}` argument (reserved: {}); rename it",
+                        RESERVED_COLUMNS.join(", ")
+                    ),
+                ));
             }
             let e = Example {
                 prompt: question.clone(),
@@ -351,6 +366,10 @@ mod tests {
             ),
             ("{\"text\": \"a\", \"label\": \"1\"}", "task.prompt_key"),
             ("[1, 2]", "not a JSON object"),
+            (
+                "{\"prompt\": \"a\", \"answer\": \"1\", \"group\": 2}",
+                "column `group` would clash",
+            ),
         ] {
             std::fs::write(&p, format!("{line}\n")).unwrap();
             let e = JsonlData::load(&p).unwrap_err().to_string();

@@ -189,6 +189,7 @@ fn train(a: TrainArgs) -> Result<()> {
     let interrupted = match recipe {
         AnyRecipe::Llm(r) => ember::jobs::llm::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Flow(r) => ember::jobs::flow::train(&r, &out, &opts)?.interrupted,
+        AnyRecipe::Agent(r) => ember::jobs::agent::train(&r, &out, &opts)?.interrupted,
     };
     if interrupted {
         std::process::exit(ember::run::stop_exit_code());
@@ -252,6 +253,9 @@ fn warmup(a: WarmupArgs) -> Result<()> {
         AnyRecipe::Flow(_) => bail!(
             "{path} is an image (kind = \"flow\") recipe; `ember warmup` covers LLM recipes, and \
              an image run's shapes are fixed from its first step"
+        ),
+        AnyRecipe::Agent(_) => bail!(
+            "{path} is a multi-turn (kind = \"agent\") recipe; `ember warmup` covers LLM recipes"
         ),
     };
     let opts = ember::jobs::warmup::WarmupOptions {

@@ -2,6 +2,7 @@
 //! end) over the shared kits (`run`, `recipe`, `llm`, `images`); no job imports another
 //! (`tests/tidy.rs` checks it).
 
+pub mod agent;
 pub mod flow;
 pub mod llm;
 pub mod molora;

@@ -41,6 +41,8 @@ pub struct Trajectories {
     pub texts: Vec<Vec<String>>,
     /// True for rows whose episode the environment did not end (turn or context budget).
     pub unfinished: Vec<bool>,
+    /// Seconds spent in the environment (reset and steps).
+    pub env_seconds: f64,
 }
 
 impl Trajectories {
@@ -183,7 +185,9 @@ pub fn rollout(
             seed: seeds[id / samples.max(1)],
         })
         .collect();
+    let t0 = std::time::Instant::now();
     let first = env.reset(&episodes).context("starting the episodes")?;
+    let mut env_seconds = t0.elapsed().as_secs_f64();
     if first.len() != rows {
         bail!("the environment started {} of {rows} episodes", first.len());
     }
@@ -197,6 +201,7 @@ pub fn rollout(
         group_ids: (0..rows).map(|i| i / samples.max(1)).collect(),
         texts: first.iter().map(|o| vec![o.clone()]).collect(),
         unfinished: vec![true; rows],
+        env_seconds: 0.0,
     };
     let ctx = policy.config.max_position_embeddings;
     let mut running: Vec<usize> = (0..rows).collect();
@@ -234,7 +239,9 @@ pub fn rollout(
             t.texts[i].push(text.clone());
             actions.push((i, text));
         }
+        let t0 = std::time::Instant::now();
         let feedback = env.step(&actions).context("stepping the episodes")?;
+        env_seconds += t0.elapsed().as_secs_f64();
         if feedback.len() != actions.len() {
             bail!(
                 "the environment answered {} of {} turns",
@@ -259,6 +266,7 @@ pub fn rollout(
         }
         running = next;
     }
+    t.env_seconds = env_seconds;
     Ok(t)
 }
 

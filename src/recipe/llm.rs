@@ -385,6 +385,9 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
         super::AnyRecipe::Flow(_) => {
             bail!("this is an image (kind = \"flow\") recipe; this command takes LLM recipes")
         }
+        super::AnyRecipe::Agent(_) => {
+            bail!("this is a multi-turn (kind = \"agent\") recipe; this command takes LLM recipes")
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! One parse for every kind: the top-level `kind` (`"llm"`, the default, or `"flow"`) picks the
 //! schema; `ember molora` reads its comparison recipe with the same override rules.
 
+pub mod agent;
 pub mod flow;
 pub mod llm;
 pub mod molora;
@@ -40,6 +41,8 @@ pub enum AnyRecipe {
     Llm(Box<llm::Recipe>),
     /// An image recipe (`kind = "flow"`).
     Flow(Box<flow::FlowRecipe>),
+    /// A multi-turn recipe (`kind = "agent"`).
+    Agent(Box<agent::AgentRecipe>),
 }
 
 impl AnyRecipe {
@@ -48,6 +51,7 @@ impl AnyRecipe {
         match self {
             Self::Llm(r) => &r.name,
             Self::Flow(r) => &r.name,
+            Self::Agent(r) => &r.name,
         }
     }
 }
@@ -62,12 +66,13 @@ pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
             Ok(AnyRecipe::Llm(Box::new(llm::from_table(table)?)))
         }
         Some(Some("flow")) => Ok(AnyRecipe::Flow(Box::new(flow::from_table(table)?))),
+        Some(Some("agent")) => Ok(AnyRecipe::Agent(Box::new(agent::from_table(table)?))),
         Some(Some("molora")) => bail!(
             "kind = \"molora\" recipes are run by `ember molora <recipe>` (a comparison of \
              adapter arms, not a training run)"
         ),
         Some(k) => bail!(
-            "kind = {}: a recipe's kind is \"llm\" (the default) or \"flow\"",
+            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\"",
             k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
         ),
     }

@@ -1,0 +1,145 @@
+//! `kind = "agent"` recipes: the tiny character-level policy trained over multi-turn episodes
+//! of an environment (`[env]`), with the LLM recipe's `[model]` and `[train]` tables and a
+//! preset `algorithm` whose advantages are computed over whole trajectories.
+
+use super::llm::{ModelSpec, TrainSpec};
+use super::{check_positive, check_range};
+use crate::env::external::ExternalEnvSpec;
+use anyhow::{Result, bail};
+use ember_engine::Preset;
+use serde::{Deserialize, Serialize};
+
+fn auto() -> String {
+    "auto".into()
+}
+fn one_f32() -> f32 {
+    1.0
+}
+
+/// Which environment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum EnvSpec {
+    /// Guess a secret in `0..=max` with higher/lower replies (`env::builtin::GuessNumber`).
+    Guess {
+        /// Largest secret.
+        max: u32,
+    },
+    /// A product with a calculator tool (`env::builtin::Calculator`).
+    Calculator {
+        /// Digits per factor.
+        digits: u32,
+    },
+    /// A program speaking the JSON-lines environment protocol.
+    External(ExternalEnvSpec),
+}
+
+/// Episodes and sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRollout {
+    /// Episode seeds per step.
+    pub episodes_per_step: usize,
+    /// Episodes played per seed (a group).
+    pub samples_per_episode: usize,
+    /// Policy turns per episode at most.
+    pub max_turns: usize,
+    /// Tokens per turn at most.
+    pub max_new_tokens: usize,
+    /// Sampling temperature.
+    #[serde(default = "one_f32")]
+    pub temperature: f32,
+}
+
+/// A whole agent run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRecipe {
+    /// Always `"agent"`.
+    pub kind: String,
+    /// Run name.
+    pub name: String,
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// `cpu`, `cuda`, `wgpu` or `auto`.
+    #[serde(default = "auto")]
+    pub device: String,
+    /// Algorithm preset (its advantage and loss; trajectory-level).
+    #[serde(default)]
+    pub algorithm: Preset,
+    /// The tiny policy.
+    pub model: ModelSpec,
+    /// The environment.
+    pub env: EnvSpec,
+    /// Held-out episodes evaluated (greedy success rate).
+    pub eval_episodes: usize,
+    /// Episodes and sampling.
+    pub rollout: AgentRollout,
+    /// Steps, schedule, optimizer, update schedule (as in LLM recipes).
+    pub train: TrainSpec,
+}
+
+pub(crate) fn from_table(table: toml::Table) -> Result<AgentRecipe> {
+    let r: AgentRecipe = super::from_toml(table)?;
+    r.validate()?;
+    Ok(r)
+}
+
+impl AgentRecipe {
+    /// Checks every value, naming the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        let ro = &self.rollout;
+        for (key, v) in [
+            ("rollout.episodes_per_step", ro.episodes_per_step),
+            ("rollout.samples_per_episode", ro.samples_per_episode),
+            ("rollout.max_turns", ro.max_turns),
+            ("rollout.max_new_tokens", ro.max_new_tokens),
+            ("eval_episodes", self.eval_episodes),
+            ("train.steps", self.train.run.steps),
+            ("train.eval_every", self.train.run.eval_every),
+        ] {
+            if v == 0 {
+                bail!("{key} must be >= 1");
+            }
+        }
+        if ro.max_turns > 64 || ro.max_new_tokens > 64 || self.eval_episodes > 100_000 {
+            bail!(
+                "rollout.max_turns and rollout.max_new_tokens must be <= 64, eval_episodes <= 100000"
+            );
+        }
+        check_range("rollout.temperature", ro.temperature.into(), 1e-3, 100.0)?;
+        check_positive("train.lr", self.train.schedule.lr)?;
+        check_range(
+            "train.grad_clip",
+            self.train.optim.grad_clip.into(),
+            0.0,
+            f64::MAX,
+        )?;
+        check_positive("train.adam_eps", self.train.optim.epsilon.into())?;
+        let parts = self.algorithm.parts(1);
+        if parts.advantage.kind.needs_greedy_baseline() || parts.dynamic_sampling {
+            bail!(
+                "algorithm = {:?}: agent recipes take presets without a greedy baseline or \
+                 dynamic sampling for now",
+                self.algorithm.name()
+            );
+        }
+        if self.train.run.kl_coef != 0.0 {
+            bail!("train.kl_coef: agent recipes have no reference policy yet; leave it at 0");
+        }
+        match &self.env {
+            EnvSpec::Guess { max } if !(1..=9999).contains(max) => {
+                bail!("env.max = {max} must be in 1..=9999")
+            }
+            EnvSpec::Calculator { digits } if !(1..=4).contains(digits) => {
+                bail!("env.digits = {digits} must be in 1..=4")
+            }
+            EnvSpec::External(x) => check_range("env.timeout_s", x.timeout_s, 1e-3, 1e6)?,
+            _ => {}
+        }
+        crate::llm::model_config(&self.model)
+            .validate()
+            .map_err(|e| anyhow::anyhow!("[model]: {e}"))?;
+        Ok(())
+    }
+}

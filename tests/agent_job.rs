@@ -1,0 +1,161 @@
+//! The multi-turn job through the `ember` binary (`kind = "agent"`): it learns the guessing
+//! game, resumes exactly, plays an external environment exactly like the built-in it mirrors,
+//! and refuses what it cannot run with errors that name the key.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ember-agent-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A small budget of the guessing-game recipe: secrets 0..=3, three guesses.
+const SMALL: [&str; 7] = [
+    "env.max=3",
+    "rollout.max_turns=3",
+    "rollout.episodes_per_step=8",
+    "eval_episodes=64",
+    "train.steps=40",
+    "train.eval_every=10",
+    "train.checkpoint_every=5",
+];
+
+fn train(out: &Path, extra: &[&str], flags: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    c.arg("train")
+        .arg(root().join("recipes/guess-number-cpu.toml"))
+        .args(["--quiet", "--out"])
+        .arg(out);
+    for s in SMALL.iter().chain(extra) {
+        c.args(["--set", s]);
+    }
+    c.args(flags).output().unwrap()
+}
+
+/// Equal rows, numbers within 1e-7 + 1e-6·|x| (`actor/approx_kl` is a difference of nearly
+/// equal log-probs, ~1e-8, whose last bits may differ between two processes).
+fn assert_rows_match(
+    a: &[serde_json::Map<String, serde_json::Value>],
+    b: &[serde_json::Map<String, serde_json::Value>],
+) {
+    assert_eq!(a.len(), b.len());
+    for (ra, rb) in a.iter().zip(b) {
+        assert_eq!(ra.keys().collect::<Vec<_>>(), rb.keys().collect::<Vec<_>>());
+        for (k, va) in ra {
+            let (x, y) = (
+                va.as_f64().unwrap_or(f64::NAN),
+                rb[k].as_f64().unwrap_or(f64::NAN),
+            );
+            let same = (x.is_nan() && y.is_nan()) || (x - y).abs() <= 1e-7 + 1e-6 * y.abs();
+            assert!(same, "step {:?}, {k}: {x} vs {y}", ra.get("step"));
+        }
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into()
+}
+
+/// Rows without wall times.
+fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(p.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(l).unwrap();
+            m.retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
+            m
+        })
+        .collect()
+}
+
+/// Held-out success rises by at least 20 points in 40 steps (seed 0), and stopping at step 7
+/// then resuming gives the uninterrupted run's metrics, step for step.
+#[test]
+fn agent_job_learns_and_resumes_exactly() {
+    let full = tmp("full");
+    let o = train(&full, &[], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(full.join("summary.json")).unwrap()).unwrap();
+    let (before, after) = (
+        summary["success_before"].as_f64().unwrap(),
+        summary["success_after"].as_f64().unwrap(),
+    );
+    eprintln!("guessing game (0..=3, 3 guesses): held-out success {before:.3} -> {after:.3}");
+    assert!(after - before >= 0.2, "{before} -> {after}");
+    let samples = std::fs::read_to_string(full.join("samples.jsonl")).unwrap();
+    assert!(
+        samples.contains("\"transcript\":\"0,3= | "),
+        "{}",
+        &samples[..200]
+    );
+
+    let part = tmp("part");
+    let o = train(&part, &[], &["--stop-after", "7"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = train(&part, &[], &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_rows_match(&rows(&part), &rows(&full));
+    std::fs::remove_dir_all(&full).ok();
+    std::fs::remove_dir_all(&part).ok();
+}
+
+/// The Python example environment (`examples/envs/guess_number.py`) through `[env.external]`
+/// gives the built-in game's run exactly: same episodes, same replies, same metrics.
+#[test]
+fn external_env_run_equals_the_builtin_run() {
+    let builtin = tmp("builtin");
+    let o = train(&builtin, &["train.steps=6"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let external = tmp("external");
+    let script = root().join("examples/envs/guess_number.py");
+    let env = format!(
+        "env={{kind=\"external\", command=[\"python3\", \"{}\", \"--max\", \"3\", \"--turns\", \
+         \"3\"]}}",
+        script.display()
+    );
+    let o = train(&external, &["train.steps=6", &env], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_rows_match(&rows(&external), &rows(&builtin));
+    std::fs::remove_dir_all(&builtin).ok();
+    std::fs::remove_dir_all(&external).ok();
+}
+
+#[test]
+fn agent_recipe_errors_name_the_key() {
+    for (set, needle) in [
+        ("train.kl_coef=0.1", "train.kl_coef"),
+        ("algorithm=dapo", "dynamic sampling"),
+        ("algorithm=remax", "greedy baseline"),
+        ("env.max=0", "env.max = 0"),
+        ("env={kind=\"maze\"}", "maze"),
+        ("rollout.max_turns=0", "rollout.max_turns must be >= 1"),
+        ("rollout.max_new_tokens=1000", "must be <= 64"),
+        ("rollout.temperature=nan", "rollout.temperature"),
+    ] {
+        let out = tmp("bad");
+        let o = train(&out, &[set], &[]);
+        assert!(!o.status.success(), "{set}");
+        let e = stderr(&o);
+        assert!(e.contains(needle), "{set}: {e}");
+        assert!(
+            !out.join("metrics.jsonl").exists(),
+            "{set}: nothing written"
+        );
+    }
+    // An environment program that dies: named, and the run's last checkpoint stays.
+    let out = tmp("dies");
+    let env = "env={kind=\"external\", command=[\"python3\", \"-c\", \"import sys; sys.exit(4)\"]}";
+    let o = train(&out, &[env], &[]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("exited") && e.contains("reset"), "{e}");
+}

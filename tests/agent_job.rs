@@ -108,6 +108,23 @@ fn agent_job_learns_and_resumes_exactly() {
     std::fs::remove_dir_all(&part).ok();
 }
 
+/// TRLOO (turn-level leave-one-out) from the recipe's `[advantage]` learns the game too.
+#[test]
+fn trloo_learns_the_guessing_game() {
+    let out = tmp("trloo");
+    let o = train(&out, &["advantage={kind=\"trloo\"}"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let (before, after) = (
+        summary["success_before"].as_f64().unwrap(),
+        summary["success_after"].as_f64().unwrap(),
+    );
+    eprintln!("TRLOO: held-out success {before:.3} -> {after:.3}");
+    assert!(after - before >= 0.2, "{before} -> {after}");
+    std::fs::remove_dir_all(&out).ok();
+}
+
 /// The Python example environment (`examples/envs/guess_number.py`) through `[env.external]`
 /// gives the built-in game's run exactly: same episodes, same replies, same metrics.
 #[test]
@@ -140,6 +157,7 @@ fn agent_recipe_errors_name_the_key() {
         ("rollout.max_turns=0", "rollout.max_turns must be >= 1"),
         ("rollout.max_new_tokens=1000", "must be <= 64"),
         ("rollout.temperature=nan", "rollout.temperature"),
+        ("advantage={kind=\"trloo\", gamma=2.0}", "advantage.gamma"),
     ] {
         let out = tmp("bad");
         let o = train(&out, &[set], &[]);

@@ -1055,3 +1055,152 @@ fn token_rewards_reach_the_outcome_estimators() {
         1e-6,
     );
 }
+
+/// verl-style transcription of KernelGYM's `compute_multi_turn_rloo_outcome_advantage` in f64
+/// over per-turn scores: returns over turns, then leave-one-out among the episodes of the same
+/// prompt that reached the same turn.
+fn trloo_reference(scores: &[Vec<f64>], groups: &[usize], gamma: f64) -> Vec<Vec<f64>> {
+    let g: Vec<Vec<f64>> = scores
+        .iter()
+        .map(|s| {
+            let mut out = vec![0.0; s.len()];
+            let mut run = 0.0;
+            for k in (0..s.len()).rev() {
+                run = s[k] + gamma * run;
+                out[k] = run;
+            }
+            out
+        })
+        .collect();
+    g.iter()
+        .enumerate()
+        .map(|(i, gi)| {
+            gi.iter()
+                .enumerate()
+                .map(|(k, x)| {
+                    let peers: Vec<f64> = (0..g.len())
+                        .filter(|&j| groups[j] == groups[i] && g[j].len() > k)
+                        .map(|j| g[j][k])
+                        .collect();
+                    let n = peers.len() as f64;
+                    if n > 1.0 {
+                        x * n / (n - 1.0) - peers.iter().sum::<f64>() / n * n / (n - 1.0)
+                    } else {
+                        *x
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// TRLOO by hand and against the reference transcription. One prompt, three episodes laid out
+/// as Ember does (turns of 2 policy steps, observations as holes), per-turn rewards on each
+/// turn's last step, γ = 1:
+/// ep0: turns rewarded [0, 1] → G = [1, 1]; ep1: [0, 0, 1] → G = [1, 1, 1]; ep2: [0] → G = [0].
+/// Turn 0 (n = 3): A = G − mean of the other two: ep0 1 − 0.5 = 0.5, ep1 0.5, ep2 0 − 1 = −1.
+/// Turn 1 (n = 2, ep0 and ep1): 1 − 1 = 0 each. Turn 2 (n = 1, ep1 alone): A = G = 1.
+#[test]
+fn trloo_by_hand_and_against_the_reference() {
+    let m = [
+        [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+        [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0],
+        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    ];
+    let turns = [
+        [0.0, 0.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0],
+        [0.0, 0.0, -1.0, 1.0, 1.0, -1.0, 2.0, 2.0],
+        [0.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0],
+    ];
+    let tr = [
+        [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        [0.0; 8],
+    ];
+    let rows = |x: &[[f32; 8]; 3]| t2(&[&x[0], &x[1], &x[2]]);
+    let b = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0])
+        .with_token_rewards(rows(&tr))
+        .unwrap()
+        .with_turns(rows(&turns))
+        .unwrap();
+    let out = compute_advantages(
+        &AdvantageConfig::new(AdvantageKind::Trloo { gamma: 1.0 }),
+        &b,
+        0,
+    )
+    .unwrap();
+    assert_close(
+        &vals(out.advantages),
+        &[
+            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, //
+            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, //
+            -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+        ],
+        1e-6,
+    );
+    // Two prompts, uneven turn counts, γ = 0.9, rewards on every turn: the reference agrees.
+    let scores = vec![
+        vec![0.2, -0.1, 1.0],
+        vec![0.0, 0.5],
+        vec![0.3],
+        vec![1.0, 0.0, 0.0, 0.25],
+        vec![-0.5, 0.75],
+    ];
+    let groups = [0usize, 0, 0, 1, 1];
+    let want = trloo_reference(&scores, &groups, 0.9);
+    // Layout: each turn one policy step followed by one observation step.
+    let width = 8;
+    let (mut mask, mut turn, mut rew) = (vec![], vec![], vec![]);
+    for s in &scores {
+        let (mut mr, mut tr_, mut rr) = (
+            vec![0.0f32; width],
+            vec![-1.0f32; width],
+            vec![0.0f32; width],
+        );
+        for (k, x) in s.iter().enumerate() {
+            mr[2 * k] = 1.0;
+            tr_[2 * k] = k as f32;
+            rr[2 * k] = *x as f32;
+        }
+        mask.push(mr);
+        turn.push(tr_);
+        rew.push(rr);
+    }
+    let to2 = |v: &[Vec<f32>]| t2(&v.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    let b = batch(to2(&mask), &[0.0; 5], &groups)
+        .with_token_rewards(to2(&rew))
+        .unwrap()
+        .with_turns(to2(&turn))
+        .unwrap();
+    let out = compute_advantages(
+        &AdvantageConfig::new(AdvantageKind::Trloo { gamma: 0.9 }),
+        &b,
+        0,
+    )
+    .unwrap();
+    let got = vals(out.advantages);
+    for (i, w) in want.iter().enumerate() {
+        for (k, x) in w.iter().enumerate() {
+            let g = got[i * width + 2 * k];
+            assert!(
+                (f64::from(g) - x).abs() < 1e-5,
+                "episode {i} turn {k}: {g} vs {x}"
+            );
+        }
+    }
+    // Without turns it is a named error.
+    let b = batch(full2(2, 2, 1.0), &[1.0, 0.0], &[0, 0]);
+    let err = compute_advantages(
+        &AdvantageConfig::new(AdvantageKind::Trloo { gamma: 1.0 }),
+        &b,
+        0,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        EngineError::MissingInput {
+            what: "trloo",
+            input: "turn_ids"
+        }
+    );
+}

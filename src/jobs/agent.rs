@@ -107,10 +107,7 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
             curves: ("rollout/reward_mean", "eval/success"),
         },
     )?;
-    // Dr.GRPO's constant: the longest response region (every turn at its budget).
-    let parts = r
-        .algorithm
-        .parts(r.rollout.max_new_tokens * r.rollout.max_turns);
+    let parts = r.algorithm_parts();
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
     let mut env = environment(r)?;
@@ -170,12 +167,31 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
                 &base,
             )?;
             let x = t.tensors(&base)?;
-            let rewards = t.rewards();
+            // The turn rewards sit on each turn's last token; the outcome slot is 0, or NaN for
+            // an episode with a non-finite turn reward (invalid, masked and counted). Outcome
+            // estimators then see the sum of the turn rewards, turn-level ones each turn's.
+            let outcome: Vec<f32> = t
+                .turn_rewards
+                .iter()
+                .map(|r| {
+                    if r.iter().all(|x| x.is_finite()) {
+                        0.0
+                    } else {
+                        f32::NAN
+                    }
+                })
+                .collect();
+            let turn_rewards = x.turn_rewards.clone();
+            let turn_rewards = turn_rewards
+                .clone()
+                .mask_fill(turn_rewards.is_finite().bool_not(), 0.0);
             let batch = RolloutBatch::new(
                 x.loss_mask.clone().to_device(&ad),
-                Tensor::from_floats(rewards.as_slice(), &ad),
+                Tensor::from_floats(outcome.as_slice(), &ad),
                 &t.group_ids,
             )?
+            .with_token_rewards(turn_rewards.to_device(&ad))?
+            .with_turns(x.turn_ids.clone().to_device(&ad))?
             .with_rollout_log_probs(x.log_probs.clone().to_device(&ad))?;
             Ok((t, x, batch))
         })();

@@ -81,6 +81,7 @@ impl Trajectories {
             vec![0f32; rows * r],
             vec![0f32; rows * r],
         );
+        let mut turn_ids = vec![-1f32; rows * r];
         for i in 0..rows {
             let pr = &self.prompts[i];
             let off = p - pr.len();
@@ -96,6 +97,7 @@ impl Trajectories {
                     attn[i * w + p + col] = 1.0;
                     if let Some(lp) = &seg.log_probs {
                         loss[i * r + col] = 1.0;
+                        turn_ids[i * r + col] = turn as f32;
                         lps[i * r + col] = lp.get(k).copied().unwrap_or(0.0);
                     }
                     col += 1;
@@ -117,6 +119,7 @@ impl Trajectories {
             loss_mask: t2(loss, r),
             log_probs: t2(lps, r),
             turn_rewards: t2(trew, r),
+            turn_ids: t2(turn_ids, r),
             region: r,
         })
     }
@@ -135,6 +138,8 @@ pub struct TrajectoryTensors {
     pub log_probs: Tensor<2>,
     /// `[rows, region]` each turn's reward on its last token.
     pub turn_rewards: Tensor<2>,
+    /// `[rows, region]` the policy turn of each token (0, 1, …), −1 on observations and padding.
+    pub turn_ids: Tensor<2>,
     /// The region's width.
     pub region: usize,
 }

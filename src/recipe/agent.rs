@@ -6,7 +6,7 @@ use super::llm::{ModelSpec, TrainSpec};
 use super::{check_positive, check_range};
 use crate::env::external::ExternalEnvSpec;
 use anyhow::{Result, bail};
-use ember_engine::Preset;
+use ember_engine::{AdvantageConfig, Preset, PresetParts};
 use serde::{Deserialize, Serialize};
 
 fn auto() -> String {
@@ -67,6 +67,9 @@ pub struct AgentRecipe {
     /// Algorithm preset (its advantage and loss; trajectory-level).
     #[serde(default)]
     pub algorithm: Preset,
+    /// Overrides the preset's estimator, e.g. `kind = "trloo"` (turn-level leave-one-out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advantage: Option<AdvantageConfig>,
     /// The tiny policy.
     pub model: ModelSpec,
     /// The environment.
@@ -86,6 +89,18 @@ pub(crate) fn from_table(table: toml::Table) -> Result<AgentRecipe> {
 }
 
 impl AgentRecipe {
+    /// The preset's parts with the `[advantage]` override; Dr.GRPO's constant is the longest
+    /// response region's policy tokens (every turn at its budget).
+    pub fn algorithm_parts(&self) -> PresetParts {
+        let mut parts = self
+            .algorithm
+            .parts(self.rollout.max_new_tokens * self.rollout.max_turns);
+        if let Some(a) = self.advantage {
+            parts.advantage = a;
+        }
+        parts
+    }
+
     /// Checks every value, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
         let ro = &self.rollout;
@@ -116,7 +131,11 @@ impl AgentRecipe {
             f64::MAX,
         )?;
         check_positive("train.adam_eps", self.train.optim.epsilon.into())?;
-        let parts = self.algorithm.parts(1);
+        let parts = self.algorithm_parts();
+        parts
+            .advantage
+            .validate()
+            .map_err(|e| anyhow::anyhow!("[advantage]: {e}"))?;
         if parts.advantage.kind.needs_greedy_baseline() || parts.dynamic_sampling {
             bail!(
                 "algorithm = {:?}: agent recipes take presets without a greedy baseline or \

@@ -156,6 +156,17 @@ pub enum AdvantageKind {
         #[serde(default = "asymre_shift")]
         shift: f32,
     },
+    /// TRLOO, turn-level REINFORCE leave-one-out (Dr. Kernel / KernelGYM; reference
+    /// `compute_multi_turn_rloo_outcome_advantage`): for turn k of episode i, the turn-level
+    /// return G_{i,k} = Σ_{k'≥k} γ^{k'−k} r_{i,k'} (r: the turn's rewards, the outcome in the
+    /// last turn) minus the mean return at turn k of the other episodes of the same prompt that
+    /// reached turn k: A_{i,k} = G_{i,k} − (Σ_{j≠i} G_{j,k})/(n_k − 1), or G_{i,k} when
+    /// n_k = 1; every step of turn k gets A_{i,k}. Needs [`RolloutBatch::with_turns`].
+    Trloo {
+        /// γ over turns.
+        #[serde(default = "one")]
+        gamma: f32,
+    },
 }
 
 impl Default for AdvantageKind {
@@ -245,6 +256,12 @@ impl AdvantageConfig {
             AdvantageKind::Opmd { tau, .. } => {
                 check_config("advantage.tau", tau.into(), tau > 0.0, "must be > 0")?
             }
+            AdvantageKind::Trloo { gamma } => check_config(
+                "advantage.gamma",
+                gamma.into(),
+                (0.0..=1.0).contains(&gamma),
+                "must be in [0, 1]",
+            )?,
             _ => {}
         }
         if let Some(c) = self.clip {
@@ -452,6 +469,15 @@ pub fn compute_advantages(
             let a = (rewards.clone() - mean().add_scalar(shift)) * multi() * valid.clone();
             (per_token(a), None)
         }
+        AdvantageKind::Trloo { gamma } => {
+            let turns = batch.turn_ids.clone().ok_or(EngineError::MissingInput {
+                what: "trloo",
+                input: "turn_ids",
+            })?;
+            let r = token_level_rewards(batch, &outcome) * mask.clone();
+            let (a, g) = trloo(&turns, r, &mask, groups, gamma);
+            (a, Some(g))
+        }
     };
 
     let mut adv = adv;
@@ -601,6 +627,65 @@ pub(crate) fn push_stats(metrics: &mut Metrics, area: &str, x: Tensor<2>, mask: 
     metrics.push(format!("{area}/std"), var.sqrt());
     metrics.push(format!("{area}/max"), max);
     metrics.push(format!("{area}/min"), min);
+}
+
+/// TRLOO's per-step advantages and turn returns (see [`AdvantageKind::Trloo`]). `turns`: the
+/// turn of each step (−1 outside the turns); `r`: per-step rewards (masked). One host read
+/// (the number of turns); the rest stays on the device: a `[batch, steps, turns]` one-hot
+/// sums rewards per turn and spreads the turn advantages back to the steps.
+fn trloo(
+    turns: &Tensor<2>,
+    r: Tensor<2>,
+    mask: &Tensor<2>,
+    groups: &crate::ops::Groups,
+    gamma: f32,
+) -> (Tensor<2>, Tensor<2>) {
+    let [b, t] = mask.dims();
+    let device = mask.device();
+    let max_turn = turns.clone().max().into_scalar::<f32>();
+    let k = if max_turn.is_finite() && max_turn >= 0.0 {
+        (max_turn as usize).saturating_add(1).min(t.max(1))
+    } else {
+        1
+    };
+    let ks = Tensor::<1, burn::tensor::Int>::arange(0..k as i64, &device)
+        .float()
+        .reshape([1, 1, k]);
+    let hot = turns
+        .clone()
+        .reshape([b, t, 1])
+        .equal(ks.expand([b, t, k]))
+        .float();
+    let on_turn = hot.clone() * mask.clone().reshape([b, t, 1]);
+    // Per turn: its reward and whether the episode reached it.
+    let turn_r = (on_turn.clone() * r.reshape([b, t, 1]))
+        .sum_dim(1)
+        .reshape([b, k]);
+    let reached = on_turn
+        .clone()
+        .sum_dim(1)
+        .reshape([b, k])
+        .greater_elem(0.0)
+        .float();
+    let g = skip_masked_suffix_sum(turn_r, &reached, gamma) * reached.clone();
+    // Leave-one-out over the episodes of the same prompt that reached each turn.
+    let one_hot = groups.one_hot().clone();
+    let per_group = |x: Tensor<2>| {
+        one_hot
+            .clone()
+            .matmul(one_hot.clone().transpose().matmul(x))
+    };
+    let sum = per_group(g.clone());
+    let n = per_group(reached.clone());
+    let several = n.clone().greater_elem(1.0).float();
+    let loo = (sum - g.clone()) / n.sub_scalar(1.0).clamp_min(1.0);
+    let a_turn = (g.clone() - loo * several) * reached;
+    let a = (on_turn * a_turn.reshape([b, 1, k]))
+        .sum_dim(2)
+        .reshape([b, t])
+        * mask.clone();
+    let returns = (hot * g.reshape([b, 1, k])).sum_dim(2).reshape([b, t]) * mask.clone();
+    (a, returns)
 }
 
 /// Σ_{valid s ≥ t} γ^{(valid steps from t to s)} x_s: a discounted suffix sum over the valid steps

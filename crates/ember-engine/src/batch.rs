@@ -33,6 +33,10 @@ pub struct RolloutBatch {
     pub baseline_rewards: Option<Tensor<1>>,
     /// `[batch]` true where the sample hit the length limit without finishing.
     pub truncated: Option<Tensor<1, Bool>>,
+    /// `[batch, steps]` multi-turn episodes: the index of the policy turn each step belongs to
+    /// (0, 1, …), −1 on steps outside the policy's turns (observations, padding); see
+    /// [`RolloutBatch::with_turns`].
+    pub turn_ids: Option<Tensor<2>>,
 }
 
 /// The largest reward magnitude taken as a real reward. Beyond it a reward is invalid, like NaN
@@ -71,6 +75,7 @@ impl RolloutBatch {
             values: None,
             baseline_rewards: None,
             truncated: None,
+            turn_ids: None,
         })
     }
 
@@ -90,6 +95,14 @@ impl RolloutBatch {
     pub fn with_token_rewards(mut self, t: Tensor<2>) -> Result<Self> {
         self.check2("token_rewards", &t)?;
         self.token_rewards = Some(t);
+        Ok(self)
+    }
+
+    /// Adds the turn structure of multi-turn episodes (turn-level estimators such as TRLOO read
+    /// it): the policy turn of each step, −1 outside the policy's turns.
+    pub fn with_turns(mut self, turn_ids: Tensor<2>) -> Result<Self> {
+        self.check2("turn_ids", &turn_ids)?;
+        self.turn_ids = Some(turn_ids);
         Ok(self)
     }
 
@@ -194,6 +207,7 @@ impl RolloutBatch {
                 .truncated
                 .as_ref()
                 .map(|t| t.clone().int().select(0, idx.clone()).equal_elem(1)),
+            turn_ids: self.turn_ids.as_ref().map(rows2),
         })
     }
 

@@ -101,6 +101,41 @@ fn trajectories_have_holes_and_rescore_like_the_sampler() {
     assert!(d < 1e-4, "rescoring vs sampler {d}");
 }
 
+/// The calculator's demonstrations are trajectories like the rollouts: the turns (with their
+/// stop token) in the loss, the calculator's answer a hole; a quarter of them call the tool.
+#[test]
+fn demonstrations_have_the_rollout_layout() {
+    let device = common::dev();
+    let policy = tiny_policy(3, &device);
+    let env = Calculator::new(2, 3);
+    let seeds = EpisodeSource::train(&mut Rng(2), 400);
+    let t = ember::llm::agent::demonstrations(&policy, &env, &seeds, &mut Rng(4)).unwrap();
+    let tool = t.turns().iter().filter(|n| **n == 2).count();
+    assert!(
+        (70..130).contains(&tool),
+        "{tool} of 400 call the calculator"
+    );
+    for (i, segs) in t.segments.iter().enumerate() {
+        let (a, b) = env.problem(seeds[i]);
+        let last = segs.last().unwrap();
+        assert_eq!(last.ids.last(), Some(&chartok::EOS));
+        assert_eq!(policy.decode(&last.ids), (a * b).to_string());
+        if segs.len() == 3 {
+            assert_eq!(policy.decode(&segs[0].ids), format!("{a}*{b}"));
+            assert!(segs[1].log_probs.is_none());
+            assert_eq!(policy.decode(&segs[1].ids), format!("={},", a * b));
+        }
+    }
+    let x = t.tensors(&device).unwrap();
+    let ids = common::vals(x.turn_ids);
+    let mask = common::vals(x.loss_mask);
+    assert!(
+        ids.iter()
+            .zip(&mask)
+            .all(|(t, m)| (*t >= 0.0) == (*m == 1.0))
+    );
+}
+
 /// Trajectory-level GRPO on the guessing game (secrets 0..=3, three guesses): the held-out
 /// success rate of a random tiny policy rises by at least 20 points within 40 steps (seeded).
 #[test]

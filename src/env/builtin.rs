@@ -66,6 +66,24 @@ impl Environment for Calculator {
             .collect())
     }
 
+    /// A quarter of the time the calculator is called and its result given as the answer;
+    /// otherwise the product is answered directly (correct, but learnt by heart: it does not
+    /// carry to new problems, which is what reinforcement then finds out).
+    fn demonstration(&self, seed: u64, rng: &mut Rng) -> Option<Vec<String>> {
+        let (a, b) = self.problem(seed);
+        let first = format!("{a}*{b}=");
+        Some(if rng.below(4) != 0 || self.max_turns < 2 {
+            vec![first, (a * b).to_string()]
+        } else {
+            vec![
+                first,
+                format!("{a}*{b}"),
+                format!("={},", a * b),
+                (a * b).to_string(),
+            ]
+        })
+    }
+
     fn step(&mut self, actions: &[(usize, String)]) -> Result<Vec<Feedback>, EnvError> {
         actions
             .iter()

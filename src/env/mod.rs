@@ -60,6 +60,14 @@ pub trait Environment {
     /// # Errors
     /// [`EnvError`] for an unknown id or a failing environment.
     fn step(&mut self, actions: &[(usize, String)]) -> Result<Vec<Feedback>, EnvError>;
+
+    /// A demonstration of episode `seed` for a supervised warm-up: the first observation, then
+    /// the policy's turns and the environment's observations alternating (ending with a turn).
+    /// `rng` may choose among ways to play. `None`: this environment has none.
+    fn demonstration(&self, seed: u64, rng: &mut Rng) -> Option<Vec<String>> {
+        let _ = (seed, rng);
+        None
+    }
 }
 
 /// The episode seeds of a run: held out when a hash of the seed is 0 mod 10 (about one in ten),

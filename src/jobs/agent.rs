@@ -9,7 +9,7 @@ use crate::engine::*;
 use crate::env::builtin::{Calculator, GuessNumber};
 use crate::env::external::ExternalEnv;
 use crate::env::{Environment, EpisodeSource};
-use crate::llm::agent::{Trajectories, rollout};
+use crate::llm::agent::{Trajectories, rollout, warm_up};
 use crate::llm::step::update_policy;
 use crate::llm::{Policy, Tok, load_checkpoint, model_config, model_record};
 use crate::recipe::agent::{AgentRecipe, EnvSpec};
@@ -128,6 +128,21 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
             (st.accuracy_before, st.accuracy_after)
         }
         None => {
+            if let Some(w) = &r.warmup {
+                let t0 = Instant::now();
+                policy = warm_up(
+                    policy,
+                    env.as_ref(),
+                    (w.steps, w.batch, w.lr),
+                    &mut rng,
+                    &ad,
+                )?;
+                run.say(&format!(
+                    "warm-up: {} steps in {:.1} s",
+                    w.steps,
+                    t0.elapsed().as_secs_f64()
+                ));
+            }
             let s = evaluate(&policy, env.as_mut(), r, &base)?;
             run.log(BTreeMap::from([
                 ("step".to_string(), 0.0),

@@ -286,3 +286,79 @@ fn context(t: &Trajectories, i: usize) -> Vec<u32> {
     }
     c
 }
+
+/// The environment's demonstrations of `seeds` as trajectories (turns end with the stop
+/// token), for a supervised warm-up.
+pub fn demonstrations(
+    policy: &Policy,
+    env: &dyn Environment,
+    seeds: &[u64],
+    rng: &mut crate::tasks::Rng,
+) -> Result<Trajectories> {
+    let mut t = Trajectories::default();
+    for (i, seed) in seeds.iter().enumerate() {
+        let Some(texts) = env.demonstration(*seed, rng) else {
+            bail!("this environment has no demonstrations for a warm-up; remove [warmup]");
+        };
+        let Some((first, rest)) = texts.split_first() else {
+            bail!("an empty demonstration");
+        };
+        t.prompts.push(policy.first_prompt(first)?);
+        let mut segments = Vec::with_capacity(rest.len());
+        let mut turns = 0usize;
+        for (k, text) in rest.iter().enumerate() {
+            let mut ids = policy.observation_ids(text)?;
+            if k % 2 == 0 {
+                ids.extend(policy.stop.first().copied());
+                turns += 1;
+                segments.push(Segment {
+                    log_probs: Some(vec![0.0; ids.len()]),
+                    ids,
+                });
+            } else {
+                segments.push(Segment {
+                    ids,
+                    log_probs: None,
+                });
+            }
+        }
+        t.segments.push(segments);
+        t.turn_rewards.push(vec![0.0; turns]);
+        t.group_ids.push(i);
+        t.texts.push(texts);
+        t.unfinished.push(false);
+    }
+    Ok(t)
+}
+
+/// Supervised warm-up on the environment's demonstrations: `steps` AdamW steps on −mean log π
+/// of the demonstrated turns' tokens (observations are context only), `batch` episodes each.
+pub fn warm_up(
+    mut policy: Policy,
+    env: &dyn Environment,
+    (steps, batch, lr): (usize, usize, f64),
+    rng: &mut crate::tasks::Rng,
+    device: &Device,
+) -> Result<Policy> {
+    use burn::optim::GradientsParams;
+    use ember_train::Actor;
+    let mut optim = ember_train::OptimizerConfig::default().init();
+    for _ in 0..steps {
+        let seeds = crate::env::EpisodeSource::train(rng, batch);
+        let t = demonstrations(&policy, env, &seeds, rng)?;
+        let x = t.tensors(device)?;
+        let exp = ember_llm::actor::LlmExperience {
+            tokens: x.tokens,
+            mask: x.attention,
+            response_len: x.region,
+            temperature: 1.0,
+            adapters: true,
+        };
+        let rows: Vec<usize> = (0..seeds.len()).collect();
+        let lp = policy.model.score(&exp, &rows, false).log_probs;
+        let loss = (lp * x.loss_mask.clone()).sum().neg() / x.loss_mask.sum().clamp_min(1.0);
+        let grads = GradientsParams::from_grads(loss.backward(), &policy.model);
+        policy.model = optim.step(lr, policy.model, grads).0;
+    }
+    Ok(policy)
+}

@@ -2,7 +2,7 @@
 //! of an environment (`[env]`), with the LLM recipe's `[model]` and `[train]` tables and a
 //! preset `algorithm` whose advantages are computed over whole trajectories.
 
-use super::llm::{ModelSpec, TrainSpec};
+use super::llm::{ModelSpec, TrainSpec, Warmup};
 use super::{check_positive, check_range};
 use crate::env::external::ExternalEnvSpec;
 use anyhow::{Result, bail};
@@ -72,6 +72,9 @@ pub struct AgentRecipe {
     pub advantage: Option<AdvantageConfig>,
     /// The tiny policy.
     pub model: ModelSpec,
+    /// Supervised warm-up on the environment's demonstrations (built-in environments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<Warmup>,
     /// The environment.
     pub env: EnvSpec,
     /// Held-out episodes evaluated (greedy success rate).
@@ -142,6 +145,18 @@ impl AgentRecipe {
                  dynamic sampling for now",
                 self.algorithm.name()
             );
+        }
+        if let Some(w) = &self.warmup {
+            if w.batch == 0 || w.batch > 100_000 {
+                bail!("warmup.batch = {} must be in 1..=100000", w.batch);
+            }
+            check_positive("warmup.lr", w.lr)?;
+            if matches!(self.env, EnvSpec::External(_)) {
+                bail!("[warmup]: external environments give no demonstrations; remove [warmup]");
+            }
+            if matches!(self.env, EnvSpec::Guess { .. }) {
+                bail!("[warmup]: the guessing game has no demonstrations; remove [warmup]");
+            }
         }
         if self.train.run.kl_coef != 0.0 {
             bail!("train.kl_coef: agent recipes have no reference policy yet; leave it at 0");

@@ -195,6 +195,16 @@ fn agent_recipe_errors_name_the_key() {
             "warmup={steps=1, batch=1, lr=0.1}",
             "the guessing game has no demonstrations",
         ),
+        (
+            "rollout.max_new_tokens=60",
+            "exceed the tiny model's context of 64",
+        ),
+        (
+            "rollout.samples_per_episode=9223372036854775807",
+            "at most 100000",
+        ),
+        ("train.min_lr_ratio=-3", "train.min_lr_ratio"),
+        ("train.weight_decay=nan", "train.weight_decay"),
     ] {
         let out = tmp("bad");
         let o = train(&out, &[set], &[]);
@@ -206,6 +216,19 @@ fn agent_recipe_errors_name_the_key() {
             "{set}: nothing written"
         );
     }
+    // Turn rewards beyond ±1e9 make their episode invalid (masked and counted), not the run.
+    let out = tmp("huge");
+    let program = "import sys, json\nfor line in sys.stdin:\n    r = json.loads(line)\n    if r['op'] == 'reset':\n        print(json.dumps({'observations': ['0,3=' for _ in r['episodes']]}), flush=True)\n    else:\n        print(json.dumps({'feedback': [{'observation': '', 'reward': 3e38, 'done': True} for _ in r['actions']]}), flush=True)\n";
+    let env = format!("env={{kind=\"external\", command=[\"python3\", \"-c\", {program:?}]}}");
+    let o = train(&out, &[&env, "train.steps=2"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out);
+    assert_eq!(
+        r[1]["rollout/invalid_rewards"].as_f64(),
+        Some(64.0),
+        "{:?}",
+        r[1]
+    );
     // An environment program that dies: named, and the run's last checkpoint stays.
     let out = tmp("dies");
     let env = "env={kind=\"external\", command=[\"python3\", \"-c\", \"import sys; sys.exit(4)\"]}";

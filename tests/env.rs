@@ -78,6 +78,74 @@ fn python_example_env_equals_the_builtin() {
     assert!(solved > 10, "bisection solves most episodes: {solved}");
 }
 
+/// Random actions over the tiny policy's vocabulary (signs, commas, dots, several numbers):
+/// the example reads every guess as the built-in does.
+#[test]
+fn python_example_reads_any_action_like_the_builtin() {
+    let spec = ExternalEnvSpec {
+        command: vec![
+            "python3".into(),
+            example(),
+            "--max".into(),
+            "31".into(),
+            "--turns".into(),
+            "50".into(),
+        ],
+        timeout_s: 30.0,
+    };
+    let mut py = ExternalEnv::spawn(&spec).unwrap();
+    let mut rs = GuessNumber::new(31, 50);
+    let episodes: Vec<Episode> = (0..200)
+        .map(|id| Episode {
+            id,
+            seed: id as u64 * 7919,
+        })
+        .collect();
+    assert_eq!(py.reset(&episodes).unwrap(), rs.reset(&episodes).unwrap());
+    let vocab: Vec<char> = ember::chartok::CHARS.chars().collect();
+    let mut rng = ember::tasks::Rng(3);
+    let mut running: Vec<usize> = (0..episodes.len()).collect();
+    for turn in 0..40 {
+        let actions: Vec<(usize, String)> = running
+            .iter()
+            .map(|&i| {
+                let n = 1 + rng.below(6) as usize;
+                let text = (0..n)
+                    .map(|_| vocab[rng.below(vocab.len() as u64) as usize])
+                    .collect();
+                (i, text)
+            })
+            .collect();
+        let a = py.step(&actions).unwrap();
+        let b = rs.step(&actions).unwrap();
+        assert_eq!(a, b, "turn {turn}: {actions:?}");
+        running = actions
+            .iter()
+            .zip(&b)
+            .filter(|(_, f)| !f.done)
+            .map(|((i, _), _)| *i)
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+    }
+}
+
+/// An environment's non-finite or null reward is an invalid turn (NaN), not a broken answer.
+#[test]
+fn env_rewards_may_be_nan() {
+    let program = "import sys, json\nfor line in sys.stdin:\n    r = json.loads(line)\n    if r['op'] == 'reset':\n        print(json.dumps({'observations': ['1=' for _ in r['episodes']]}), flush=True)\n    else:\n        print('{\"feedback\": [{\"observation\": \"\", \"reward\": NaN, \"done\": true}, {\"reward\": null, \"done\": true}]}', flush=True)\n";
+    let spec = ExternalEnvSpec {
+        command: vec!["python3".into(), "-c".into(), program.into()],
+        timeout_s: 10.0,
+    };
+    let mut env = ExternalEnv::spawn(&spec).unwrap();
+    env.reset(&[Episode { id: 0, seed: 1 }, Episode { id: 1, seed: 2 }])
+        .unwrap();
+    let f = env.step(&[(0, "1".into()), (1, "2".into())]).unwrap();
+    assert!(f[0].reward.is_nan() && f[1].reward.is_nan() && f[0].done);
+}
+
 /// A program that dies, answers the wrong count or is not JSON: errors that name it.
 #[test]
 fn failing_env_programs_are_named_errors() {

@@ -12,10 +12,10 @@ same episodes.
 
 import argparse
 import json
-import re
 import sys
 
 MASK = (1 << 64) - 1
+DIGITS = "0123456789"
 
 
 def splitmix64(state):
@@ -33,8 +33,27 @@ def secret(seed, top):
 
 
 def last_number(text):
-    found = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
-    return float(found[-1]) if found else None
+    """The guess, read as Ember's `reward::last_number` + `parse_number` read it: the last run of
+    digits, dots and commas that ends in a digit, with a '-' just before it, commas dropped;
+    None when that is not a number (e.g. `1.2.3`)."""
+    end = len(text)
+    while end > 0 and text[end - 1] not in DIGITS:
+        end -= 1
+    if end == 0:
+        return None
+    start = end
+    while start > 0 and text[start - 1] in DIGITS + ".,":
+        start -= 1
+    while start < end and text[start] not in DIGITS:
+        start += 1
+    if start > 0 and text[start - 1] == "-":
+        start -= 1
+    token = text[start:end].replace(",", "")
+    try:
+        value = float(token)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
 
 
 def main():

@@ -51,7 +51,9 @@ impl ExternalEnv {
         what: &str,
     ) -> Result<Vec<T>, EnvError> {
         let line = self.process.request(&request.to_string(), what)?;
-        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
+        // `NaN`/`Infinity` (as Python's `json` writes them) become null: an invalid reward.
+        let cleaned = crate::reward::external::nulls_for_non_finite(&line);
+        let v: serde_json::Value = serde_json::from_str(&cleaned).map_err(|e| {
             self.process.fail(format!(
                 "answer to {what} is not JSON ({e}): {:?}",
                 line.chars().take(200).collect::<String>()

@@ -39,11 +39,18 @@ pub struct Feedback {
     /// Text appended to the context before the policy's next turn (empty when done).
     #[serde(default)]
     pub observation: String,
-    /// Reward of this turn (NaN marks the episode invalid, as for rewards).
-    #[serde(default)]
+    /// Reward of this turn (NaN, ±∞, null or beyond ±1e9 mark the episode invalid, as for
+    /// rewards).
+    #[serde(default, deserialize_with = "reward_or_nan")]
     pub reward: f32,
     /// The episode is over.
     pub done: bool,
+}
+
+/// A reward that may be null (invalid: NaN).
+fn reward_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    let v: Option<f64> = serde::Deserialize::deserialize(d)?;
+    Ok(v.map_or(f32::NAN, |x| x as f32))
 }
 
 /// An environment: starts episodes and answers the policy's turns, many episodes at once.

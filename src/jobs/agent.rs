@@ -189,17 +189,25 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
                 .turn_rewards
                 .iter()
                 .map(|r| {
-                    if r.iter().all(|x| x.is_finite()) {
-                        0.0
-                    } else {
-                        f32::NAN
-                    }
+                    let sane = r.iter().all(|x| x.abs() <= REWARD_LIMIT)
+                        && r.iter().sum::<f32>().abs() <= REWARD_LIMIT;
+                    if sane { 0.0 } else { f32::NAN }
                 })
                 .collect();
+            if t.turns().iter().all(|n| *n == 0) {
+                anyhow::bail!(
+                    "no episode could take a turn: the first observation plus \
+                     rollout.max_new_tokens = {} exceeds the model's context",
+                    r.rollout.max_new_tokens
+                );
+            }
+            // Rows made invalid above contribute no per-step reward either.
             let turn_rewards = x.turn_rewards.clone();
+            let insane = turn_rewards.clone().abs().greater_elem(REWARD_LIMIT);
             let turn_rewards = turn_rewards
                 .clone()
-                .mask_fill(turn_rewards.is_finite().bool_not(), 0.0);
+                .mask_fill(turn_rewards.is_finite().bool_not(), 0.0)
+                .mask_fill(insane, 0.0);
             let batch = RolloutBatch::new(
                 x.loss_mask.clone().to_device(&ad),
                 Tensor::from_floats(outcome.as_slice(), &ad),

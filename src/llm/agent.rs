@@ -261,7 +261,16 @@ pub fn rollout(
                 t.unfinished[i] = false;
                 continue;
             }
+            // An observation that no further turn reads (the turn budget is spent, or it and
+            // another turn would not fit the context) ends the episode unfinished, unappended.
             let obs = policy.observation_ids(&f.observation)?;
+            let fits = context_len(&t, i)
+                .checked_add(obs.len())
+                .and_then(|n| n.checked_add(sc.max_new_tokens))
+                .is_some_and(|n| n <= ctx);
+            if turn + 1 >= max_turns || !fits {
+                continue;
+            }
             t.texts[i].push(f.observation);
             t.segments[i].push(Segment {
                 ids: obs,

@@ -125,8 +125,40 @@ impl AgentRecipe {
                 "rollout.max_turns and rollout.max_new_tokens must be <= 64, eval_episodes <= 100000"
             );
         }
+        let rows = ro.episodes_per_step.checked_mul(ro.samples_per_episode);
+        if rows.is_none_or(|n| n > 100_000) {
+            bail!("rollout.episodes_per_step × rollout.samples_per_episode must be at most 100000");
+        }
+        // The first observation of a built-in environment (with the tiny policy's BOS) and one
+        // turn must fit the tiny model's 64 positions.
+        let first = match &self.env {
+            EnvSpec::Guess { max } => Some(format!("0,{max}=").len()),
+            EnvSpec::Calculator { digits } => Some(2 * *digits as usize + 2),
+            EnvSpec::External(_) => None,
+        };
+        if let Some(n) = first
+            && 1 + n + ro.max_new_tokens > 64
+        {
+            bail!(
+                "rollout.max_new_tokens = {}: the first observation ({n} tokens) and one turn \
+                 exceed the tiny model's context of 64",
+                ro.max_new_tokens
+            );
+        }
         check_range("rollout.temperature", ro.temperature.into(), 1e-3, 100.0)?;
         check_positive("train.lr", self.train.schedule.lr)?;
+        check_range(
+            "train.min_lr_ratio",
+            self.train.schedule.min_lr_ratio,
+            0.0,
+            1.0,
+        )?;
+        check_range(
+            "train.weight_decay",
+            self.train.optim.weight_decay.into(),
+            0.0,
+            1e6,
+        )?;
         check_range(
             "train.grad_clip",
             self.train.optim.grad_clip.into(),

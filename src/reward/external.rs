@@ -187,7 +187,7 @@ fn check_component_name(name: &str) -> Result<(), String> {
 
 /// `line` with the bare JavaScript numbers `NaN`, `Infinity` and `-Infinity` (which Python's
 /// `json` writes) replaced by `null` outside strings.
-fn nulls_for_non_finite(line: &str) -> String {
+pub(crate) fn nulls_for_non_finite(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let (mut in_string, mut escaped) = (false, false);
     let mut rest = line;

@@ -1,7 +1,7 @@
 //! Verifiable rewards: answer extraction, numeric exact match, countdown expressions, a format
 //! reward, and external reward functions run as a subprocess speaking JSON lines.
 
-mod external;
+pub(crate) mod external;
 
 pub use crate::process::kill_all;
 pub use external::{

@@ -255,7 +255,7 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
         )?;
         let _ = ad.sync();
         let secs = t_step.elapsed().as_secs_f64();
-        let tokens: f64 = common_tokens(&t);
+        let tokens: f64 = policy_tokens(&t);
         row.insert("timing_s/gen".into(), t_gen - t.env_seconds);
         row.insert("timing_s/env".into(), t.env_seconds);
         row.insert(
@@ -316,7 +316,7 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
 }
 
 /// Policy tokens generated.
-fn common_tokens(t: &Trajectories) -> f64 {
+fn policy_tokens(t: &Trajectories) -> f64 {
     t.segments
         .iter()
         .flatten()

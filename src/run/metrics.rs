@@ -68,17 +68,23 @@ impl MetricsLog {
         })
     }
 
+    /// Opens the event file at the first row or samples (whichever comes first after a resume).
+    fn open_tensorboard(&mut self) -> Result<()> {
+        if self.tensorboard.is_none() {
+            self.tensorboard = Some(super::tensorboard::EventWriter::open(
+                &self.dir,
+                self.keep_until,
+            )?);
+        }
+        Ok(())
+    }
+
     /// Appends a row (flushed at once).
     pub fn push(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
         let path = self.dir.join("metrics.jsonl");
         if self.jsonl.is_none() {
             self.jsonl = Some(open_log(&path, self.resuming)?);
-            if self.tensorboard.is_none() {
-                self.tensorboard = Some(super::tensorboard::EventWriter::open(
-                    &self.dir,
-                    self.keep_until,
-                )?);
-            }
+            self.open_tensorboard()?;
             if !self.resuming {
                 // A new run replaces an older run's samples even if it writes none.
                 let old = self.dir.join(SAMPLES);
@@ -117,12 +123,7 @@ impl MetricsLog {
         if self.samples.is_none() {
             self.samples = Some(open_log(&path, self.resuming)?);
         }
-        if self.tensorboard.is_none() {
-            self.tensorboard = Some(super::tensorboard::EventWriter::open(
-                &self.dir,
-                self.keep_until,
-            )?);
-        }
+        self.open_tensorboard()?;
         let mut lines = String::new();
         for s in samples {
             let mut obj = serde_json::Map::new();

@@ -8,8 +8,8 @@ mod common;
 use burn::module::Module;
 use ember::chartok;
 use ember::engine::{AdvantageConfig, AdvantageKind, RolloutBatch, StdKind};
-use ember::env::EpisodeSource;
 use ember::env::builtin::{Calculator, GuessNumber};
+use ember::env::{Environment, EpisodeSource};
 use ember::llm::agent::rollout;
 use ember::llm::{Policy, Tok};
 use ember::tasks::Rng;
@@ -35,6 +35,25 @@ fn tiny_policy(seed: u64, device: &burn::tensor::Device) -> Policy {
         stop: vec![chartok::EOS],
         lora: None,
     }
+}
+
+/// The largest difference, over the policy's tokens, between the sampler's log-probs and the
+/// trainer's rescoring of the whole trajectories.
+fn rescoring_gap(policy: &Policy, x: &ember::llm::agent::TrajectoryTensors) -> f32 {
+    let exp = LlmExperience {
+        tokens: x.tokens.clone(),
+        mask: x.attention.clone(),
+        response_len: x.region,
+        temperature: 1.0,
+        adapters: true,
+    };
+    let rescored = common::vals(exp.score_all(&policy.model) * x.loss_mask.clone());
+    let sampled = common::vals(x.log_probs.clone());
+    rescored
+        .iter()
+        .zip(&sampled)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max)
 }
 
 fn sampling(seed: u64, max_new: usize) -> SamplingConfig {
@@ -84,20 +103,7 @@ fn trajectories_have_holes_and_rescore_like_the_sampler() {
         }
         assert!(mask[i * r + col..(i + 1) * r].iter().all(|m| *m == 0.0));
     }
-    let exp = LlmExperience {
-        tokens: x.tokens.clone(),
-        mask: x.attention.clone(),
-        response_len: r,
-        temperature: 1.0,
-        adapters: true,
-    };
-    let rescored = common::vals(exp.score_all(&policy.model) * x.loss_mask.clone());
-    let sampled = common::vals(x.log_probs.clone());
-    let d = rescored
-        .iter()
-        .zip(&sampled)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let d = rescoring_gap(&policy, &x);
     assert!(d < 1e-4, "rescoring vs sampler {d}");
 }
 
@@ -211,4 +217,68 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
     let after = success(&policy, &mut env, 77);
     eprintln!("guessing game: held-out success {before:.3} -> {after:.3}");
     assert!(after - before >= 0.2, "{before} -> {after}");
+}
+
+/// A pretrained policy's episode is a conversation in its chat template (SmolLM2's ChatML, its
+/// default system message included): the first prompt, a turn that ends with the stop token and
+/// the observation appended after it are exactly the ids of the template's rendering of the
+/// whole conversation; a turn cut off before its stop token gets the end-of-message token from
+/// the observation. Then a rollout of the guessing game: the sampler's log-probs equal the
+/// rescoring of the whole conversations.
+#[test]
+fn chat_template_episodes_are_conversations() {
+    let Some(path) = common::assets::smollm2() else {
+        return;
+    };
+    let device = common::dev();
+    let spec: ember::recipe::llm::PretrainedSpec =
+        toml::from_str(&format!("path = {:?}", path.display().to_string())).unwrap();
+    let policy = ember::llm::policy_from_specs(None, Some(&spec), 0, &device, None).unwrap();
+    let Tok::Real { tok, .. } = &policy.tok else {
+        panic!("a real tokenizer")
+    };
+    let end = tok.encode("<|im_end|>").unwrap();
+    assert_eq!(end.len(), 1);
+    assert!(policy.stop.contains(&end[0]));
+    let q = Calculator::new(2, 3)
+        .with_instructions(true)
+        .reset(&[ember::env::Episode { id: 0, seed: 5 }])
+        .unwrap()
+        .remove(0);
+    assert!(q.starts_with("What is ") && q.contains("<calc>"), "{q}");
+    let (call, result) = ("<calc>12*34</calc>", "<result>408</result>");
+    let mut turn = tok.encode(call).unwrap();
+    turn.push(end[0]);
+    let whole = [
+        policy.first_prompt(&q).unwrap(),
+        turn.clone(),
+        policy.observation_after(&turn, result).unwrap(),
+    ]
+    .concat();
+    let msgs = [
+        ember_llm::Message::new("user", &q),
+        ember_llm::Message::new("assistant", call),
+        ember_llm::Message::new("user", result),
+    ];
+    let want = tok
+        .encode(&tok.apply_chat_template(&msgs, true).unwrap())
+        .unwrap();
+    assert_eq!(whole, want);
+    let cut = tok.encode("<calc>12*").unwrap();
+    assert_eq!(policy.observation_after(&cut, result).unwrap()[0], end[0]);
+
+    // The guessing game answers every wrong turn, so most episodes take both turns.
+    let mut env = GuessNumber::new(7, 2);
+    let seeds = EpisodeSource::train(&mut Rng(4), 2);
+    let sc = SamplingConfig {
+        stop_tokens: policy.stop.clone(),
+        ..sampling(2, 8)
+    };
+    let t = rollout(&policy, &policy.model, &mut env, &seeds, 2, 2, &sc, &device).unwrap();
+    let d = rescoring_gap(&policy, &t.tensors(&device).unwrap());
+    assert!(d < 2e-3, "rescoring vs sampler {d}");
+    assert!(
+        t.segments.iter().any(|s| s.len() > 1),
+        "some episode took a second turn"
+    );
 }

@@ -481,3 +481,42 @@ fn chat_messages_render_through_the_model_template() {
         "{c}"
     );
 }
+
+/// Reinforce-Ada with Python reward functions: every round is scored (so the step's component
+/// metrics are written once, from the first round, not refused as repeats in the second), and
+/// the run completes with `reward/<name>` metrics and several rounds a step.
+#[test]
+fn reinforce_ada_with_python_rewards() {
+    let d = tmp("ada-py");
+    let m = module(&d);
+    let out = d.join("run");
+    let extra = vec![
+        "algorithm=\"reinforce-ada\"".to_string(),
+        "train.steps=3".to_string(),
+        "reward.correct=0".to_string(),
+        format!("reward.python.functions=[\"{m}:accuracy\"]"),
+    ];
+    let o = train(&out, &extra, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let metrics = rows(&out.join("metrics.jsonl"));
+    let rl: Vec<_> = metrics
+        .iter()
+        .filter(|r| r.contains_key("rollout/ada_rounds"))
+        .collect();
+    assert_eq!(rl.len(), 3);
+    for r in &rl {
+        assert!(
+            r["reward/accuracy"].as_f64().is_some_and(f64::is_finite),
+            "{r:?}"
+        );
+        assert!(
+            r["rollout/ada_reward_mean_drawn"].as_f64().is_some(),
+            "{r:?}"
+        );
+    }
+    assert!(
+        rl.iter()
+            .any(|r| r["rollout/ada_rounds"].as_f64() > Some(1.0))
+    );
+    std::fs::remove_dir_all(&d).ok();
+}

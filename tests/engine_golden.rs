@@ -1204,3 +1204,130 @@ fn trloo_by_hand_and_against_the_reference() {
         }
     );
 }
+
+/// SeeUPO's advantage (preset `seeupo`: Dr.GRPO, then sequence-level batch whitening, then
+/// clamp ±3; AgentEvolver `compute_grpo_outcome_advantage_local` with `special_norm`).
+#[test]
+fn seeupo_row_whitening_and_clamp() {
+    let parts = Preset::Seeupo.parts(8);
+    assert!(parts.advantage.whiten_rows && parts.turn_updates.is_some());
+    let seeupo = |b: &RolloutBatch| {
+        vals(
+            compute_advantages(&parts.advantage, b, 0)
+                .unwrap()
+                .advantages,
+        )
+    };
+    // Groups {1, 0} and {1, 1}: Dr.GRPO [0.5, −0.5, 0, 0]; over the 4 rows mean 0, unbiased
+    // std = sqrt(0.5/3) = 0.408248 → [1.224745, −1.224745, 0, 0]. Two steps per row: each
+    // step carries its row's value (the whitening is per row, not per token).
+    let b = batch(full2(4, 2, 1.0), &[1.0, 0.0, 1.0, 1.0], &[0, 0, 1, 1]);
+    let w = 0.5 / (0.5f64 / 3.0).sqrt();
+    assert_close(&seeupo(&b), &[w, w, -w, -w, 0., 0., 0., 0.], 1e-5);
+    // An invalid (NaN) row is out of the statistics and gets 0: the same values for the rest.
+    let b = batch(
+        full2(5, 1, 1.0),
+        &[1.0, 0.0, 1.0, 1.0, f32::NAN],
+        &[0, 0, 1, 1, 1],
+    );
+    assert_close(&seeupo(&b), &[w, -w, 0., 0., 0.], 1e-5);
+    // 20 rows: {1, 0} and nine zero-range pairs: std = sqrt(0.5/19) = 0.162221, 0.5/std =
+    // 3.0822 → clamped to ±3.
+    let mut r = vec![0.0f32; 20];
+    r[0] = 1.0;
+    let groups: Vec<usize> = (0..20).map(|i| i / 2).collect();
+    let a = seeupo(&batch(full2(20, 1, 1.0), &r, &groups));
+    assert!(
+        (a[0] - 3.0).abs() < 1e-6 && (a[1] + 3.0).abs() < 1e-6,
+        "{a:?}"
+    );
+    assert!(a[2..].iter().all(|x| *x == 0.0));
+    // All rows equal: std 0 is not divided by; every advantage 0.
+    let b = batch(full2(4, 1, 1.0), &[1.0; 4], &[0, 0, 1, 1]);
+    assert_close(&seeupo(&b), &[0.0; 4], 0.0);
+    // Per-step estimators are refused.
+    let bad = AdvantageConfig {
+        whiten_rows: true,
+        ..AdvantageConfig::new(AdvantageKind::Trloo { gamma: 1.0 })
+    };
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("advantage.whiten_rows"), "{e}");
+}
+
+fn t2f(v: &[f32], b: usize, t: usize) -> Tensor2 {
+    burn::tensor::Tensor::from_data(burn::tensor::TensorData::new(v.to_vec(), [b, t]), &dev())
+}
+
+/// SeeUPO's accumulated ratio (`TurnUpdates::accumulate`, AgentEvolver `update_ratios`).
+/// Hand-worked ratios: turn 1 of three rows (row 2 never reached it).
+/// Row 0: log-ratio steps 0.1, 0.3 → mean 0.2 → e^0.2 = 1.2214 → clip 1.2.
+/// Row 1: −0.05 (one step) → e^−0.05 = 0.95123 (inside the band).
+/// Row 2: no step in turn 1 → 1.
+/// Then with prev = [1.1, 0.7, 1.0]: [1.32 → 1.2, 0.66586 → 0.8, 1.0].
+#[test]
+fn seeupo_accumulated_ratio_by_hand() {
+    let u = TurnUpdates::default();
+    let turns = t2f(&[0., 1., 1., -1., 0., 1., 0., 0., 0.], 3, 3);
+    let mask = t2f(&[1., 1., 1., 0., 1., 1., 1., 1., 1.], 3, 3);
+    let old = t2f(&[-1., -2., -1., 0., -1., -0.5, -1., -1., -1.], 3, 3);
+    let new = t2f(&[-9., -1.9, -0.7, 5., 3., -0.55, -2., -2., -2.], 3, 3);
+    let m1 = turn_mask(&mask, &turns, 1);
+    assert_eq!(vals(m1.clone()), vec![0., 1., 1., 0., 0., 1., 0., 0., 0.]);
+    let s = vals(u.accumulate(None, &old, &new, &m1));
+    let want = [1.2, (-0.05f32).exp(), 1.0];
+    for (a, b) in s.iter().zip(want) {
+        assert!((a - b).abs() < 1e-5, "{s:?}");
+    }
+    let prev = t1(&[1.1, 0.7, 1.0]);
+    let m = vals(u.accumulate(Some(prev), &old, &new, &m1));
+    for (a, b) in m.iter().zip([1.2, 0.8, 1.0]) {
+        assert!((a - b).abs() < 1e-5, "{m:?}");
+    }
+    assert_eq!(turn_count(&turns), 2);
+    assert_eq!(turn_count(&t2f(&[-1., -1.], 1, 2)), 0);
+}
+
+/// Reinforce-Ada's `global_stat_est`: GRPO centres (and scales) by the pool's statistics given
+/// per row, not the batch group's. Rows [1, 0, 0, 0] of one prompt whose pool of 12 drew 3
+/// positives: mean 0.25, unbiased std sqrt(12·0.1875/11) = 0.452267. Without std (the preset):
+/// [0.75, −0.25, −0.25, −0.25]; with std: (R − 0.25)/(0.452267 + 1e-6). The batch's own group
+/// (mean 0.25, std 0.5) would give 1.5 for the first row.
+#[test]
+fn grpo_with_pool_statistics() {
+    let std = (12.0f64 * 0.1875 / 11.0).sqrt();
+    let b = one_group_1000()
+        .with_group_stats(t1(&[0.25; 4]), t1(&[std as f32; 4]))
+        .unwrap();
+    let ada = Preset::ReinforceAda.parts(8);
+    assert!(ada.adaptive.is_some());
+    let a = vals(
+        compute_advantages(&ada.advantage, &b, 0)
+            .unwrap()
+            .advantages,
+    );
+    assert_close(&a, &[0.75, -0.25, -0.25, -0.25], 1e-6);
+    let s = std + 1e-6;
+    assert_close(
+        &adv(GRPO, &b),
+        &[0.75 / s, -0.25 / s, -0.25 / s, -0.25 / s],
+        1e-5,
+    );
+    // A group whose kept rows are all equal still gets the pool's advantage (here all wrong
+    // against a pool mean of 0.25), where the batch's own statistics would give 0.
+    let b = batch(full2(2, 1, 1.0), &[0.0, 0.0], &[0, 0])
+        .with_group_stats(t1(&[0.25; 2]), t1(&[0.5; 2]))
+        .unwrap();
+    assert_close(
+        &vals(
+            compute_advantages(&ada.advantage, &b, 0)
+                .unwrap()
+                .advantages,
+        ),
+        &[-0.25, -0.25],
+        1e-6,
+    );
+    let e = one_group_1000()
+        .with_group_stats(t1(&[0.0; 3]), t1(&[1.0; 4]))
+        .unwrap_err();
+    assert!(e.to_string().contains("group_stats.mean"), "{e}");
+}

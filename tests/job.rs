@@ -850,3 +850,67 @@ fn a_second_signal_kills_the_reward_program() {
     std::fs::remove_dir_all(&out).ok();
     let _ = std::fs::remove_file(&pid_file);
 }
+
+/// Reinforce-Ada (`algorithm = "reinforce-ada"`): every step draws at least one round of 8
+/// responses per prompt, at most 4 rounds; the batch keeps `samples_per_prompt` = 4 of each
+/// prompt (fewer only for a prompt that never got a mixed pool); `rollout.reinforce_ada`
+/// enables it under another preset with its own settings; bad settings are named; a stopped
+/// run resumes exactly.
+#[test]
+fn reinforce_ada_draws_in_rounds_and_keeps_n() {
+    let out = tmp("ada");
+    let o = train(&out, &["algorithm=reinforce-ada"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out.join("metrics.jsonl"));
+    let rl: Vec<_> = r
+        .iter()
+        .filter(|x| x.contains_key("rollout/ada_rounds"))
+        .collect();
+    assert_eq!(rl.len(), 6);
+    for x in &rl {
+        let rounds = x["rollout/ada_rounds"].as_f64().unwrap();
+        let drawn = x["rollout/ada_samples_drawn"].as_f64().unwrap();
+        assert!((1.0..=4.0).contains(&rounds), "{rounds}");
+        assert!(drawn >= 64.0 && drawn <= 64.0 * rounds, "{drawn}");
+        assert!(x["rollout/tokens_drawn"].as_f64().unwrap() >= drawn);
+    }
+    // Stopped after step 3 and resumed, the run retraces the uninterrupted one.
+    let part = tmp("ada-part");
+    let o = train(&part, &["algorithm=reinforce-ada"], &["--stop-after", "3"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = train(&part, &["algorithm=reinforce-ada"], &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(rows(&part.join("metrics.jsonl")), r);
+    let pf = tmp("ada-pf");
+    let o = train(
+        &pf,
+        &["rollout.reinforce_ada={mode=\"positive_focused\", max_rounds=2, round_repeat=3}"],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&pf.join("metrics.jsonl"));
+    for x in r.iter().filter(|x| x.contains_key("rollout/ada_rounds")) {
+        assert!(x["rollout/ada_rounds"].as_f64().unwrap() <= 2.0);
+        assert!(x["rollout/ada_samples_drawn"].as_f64().unwrap() <= 48.0);
+    }
+    let bad = train(
+        &tmp("ada-bad"),
+        &["rollout.reinforce_ada={max_rounds=0}"],
+        &[],
+    );
+    assert!(
+        stderr(&bad).contains("reinforce_ada.max_rounds"),
+        "{}",
+        stderr(&bad)
+    );
+    let bad = train(
+        &tmp("ada-dapo"),
+        &["algorithm=dapo", "rollout.reinforce_ada={}"],
+        &[],
+    );
+    assert!(
+        stderr(&bad).contains("use one of the two"),
+        "{}",
+        stderr(&bad)
+    );
+}

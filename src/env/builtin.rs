@@ -1,5 +1,6 @@
 //! Built-in environments that a tiny character-level policy can play on a CPU (their texts use
-//! only digits, `+ - * = . ,` and spaces) and that a real tokenizer reads as well.
+//! only digits, `+ - * = . ,` and spaces) and that a real tokenizer reads as well; the
+//! calculator's `instructions` mode opens in English, for a pretrained policy.
 
 use super::{EnvError, Environment, Episode, Feedback};
 use crate::reward::{eval_expression, last_number, parse_number};
@@ -17,6 +18,8 @@ pub struct Calculator {
     pub digits: u32,
     /// Turns per episode, the answer included.
     pub max_turns: usize,
+    /// Open with instructions in English ([`Calculator::with_instructions`]).
+    pub instructions: bool,
     running: BTreeMap<usize, (i64, usize)>,
 }
 
@@ -26,7 +29,28 @@ impl Calculator {
         Self {
             digits: digits.clamp(1, 4),
             max_turns: max_turns.max(1),
+            instructions: false,
             running: BTreeMap::new(),
+        }
+    }
+
+    /// With `on`, each episode opens with the question and how to call the calculator, for a
+    /// pretrained policy: "What is 47*38? You can use a calculator: send <calc>47*38</calc>…".
+    pub fn with_instructions(self, on: bool) -> Self {
+        Self {
+            instructions: on,
+            ..self
+        }
+    }
+
+    fn first_observation(&self, a: i64, b: i64) -> String {
+        if self.instructions {
+            format!(
+                "What is {a}*{b}? You can use a calculator: send <calc>{a}*{b}</calc> and it \
+                 replies <result>value</result>. Then reply with the value alone."
+            )
+        } else {
+            format!("{a}*{b}=")
         }
     }
 
@@ -61,7 +85,7 @@ impl Environment for Calculator {
             .map(|e| {
                 let (a, b) = self.problem(e.seed);
                 self.running.insert(e.id, (a * b, 0));
-                format!("{a}*{b}=")
+                self.first_observation(a, b)
             })
             .collect())
     }
@@ -71,16 +95,19 @@ impl Environment for Calculator {
     /// carry to new problems, which is what reinforcement then finds out).
     fn demonstration(&self, seed: u64, rng: &mut Rng) -> Option<Vec<String>> {
         let (a, b) = self.problem(seed);
-        let first = format!("{a}*{b}=");
+        let first = self.first_observation(a, b);
         Some(if rng.below(4) != 0 || self.max_turns < 2 {
             vec![first, (a * b).to_string()]
         } else {
-            vec![
-                first,
-                format!("{a}*{b}"),
-                format!("={},", a * b),
-                (a * b).to_string(),
-            ]
+            let (call, result) = if self.instructions {
+                (
+                    format!("<calc>{a}*{b}</calc>"),
+                    format!("<result>{}</result>", a * b),
+                )
+            } else {
+                (format!("{a}*{b}"), format!("={},", a * b))
+            };
+            vec![first, call, result, (a * b).to_string()]
         })
     }
 

@@ -4,23 +4,22 @@
 //! the run kit's logs, checkpoints and resume. Held-out success is the greedy policy's mean
 //! reward on episodes fixed by a hash of their seeds.
 
-use crate::chartok;
 use crate::engine::*;
 use crate::env::builtin::{Calculator, GuessNumber};
 use crate::env::external::ExternalEnv;
 use crate::env::{Environment, EpisodeSource};
 use crate::llm::agent::{Trajectories, rollout, warm_up};
 use crate::llm::step::update_policy;
-use crate::llm::{Policy, Tok, load_checkpoint, model_config, model_record};
+use crate::llm::{Policy, load_checkpoint, model_record, policy_from_specs};
 use crate::recipe::agent::{AgentRecipe, EnvSpec};
 use crate::run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
 use crate::tasks::Rng;
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
-use ember_llm::SamplingConfig;
 use ember_llm::actor::LlmExperience;
-use ember_train::UpdateConfig;
+use ember_llm::{Llama, SamplingConfig};
+use ember_train::{UpdateConfig, sequential_update};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -42,7 +41,12 @@ pub struct AgentSummary {
 pub fn environment(r: &AgentRecipe) -> Result<Box<dyn Environment>> {
     Ok(match &r.env {
         EnvSpec::Guess { max } => Box::new(GuessNumber::new(*max, r.rollout.max_turns)),
-        EnvSpec::Calculator { digits } => Box::new(Calculator::new(*digits, r.rollout.max_turns)),
+        EnvSpec::Calculator {
+            digits,
+            instructions,
+        } => {
+            Box::new(Calculator::new(*digits, r.rollout.max_turns).with_instructions(*instructions))
+        }
         EnvSpec::External(x) => Box::new(ExternalEnv::spawn(x)?),
     })
 }
@@ -57,7 +61,7 @@ fn evaluate(
     let seeds = EpisodeSource::held_out_set(r.eval_episodes);
     let sc = SamplingConfig {
         temperature: 0.0,
-        ..sampling(r, 0)
+        ..sampling(r, &policy.stop, 0)
     };
     let sampler = policy.model.valid();
     let t = rollout(
@@ -73,11 +77,11 @@ fn evaluate(
     Ok(mean(&t.rewards()))
 }
 
-fn sampling(r: &AgentRecipe, seed: u64) -> SamplingConfig {
+fn sampling(r: &AgentRecipe, stop: &[u32], seed: u64) -> SamplingConfig {
     SamplingConfig {
         temperature: r.rollout.temperature,
         max_new_tokens: r.rollout.max_new_tokens,
-        stop_tokens: vec![chartok::EOS],
+        stop_tokens: stop.to_vec(),
         seed,
         ..SamplingConfig::default()
     }
@@ -111,15 +115,9 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
     let mut env = environment(r)?;
-    ad.seed(r.seed);
-    let config = model_config(&r.model);
-    let mut policy = Policy {
-        model: config.init(&ad),
-        config,
-        tok: Tok::Char,
-        stop: vec![chartok::EOS],
-        lora: None,
-    };
+    let mut policy = policy_from_specs(r.model.as_ref(), r.pretrained.as_ref(), r.seed, &ad, None)?;
+    // A chat template that cannot extend a conversation is refused now, not at the first turn.
+    policy.turn_end()?;
     let mut rng = Rng(r.seed);
     let (before, mut after) = match run.resumed() {
         Some((dir, st)) => {
@@ -170,7 +168,7 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
         let played = (|| -> Result<_> {
             let seeds = EpisodeSource::train(&mut rng, r.rollout.episodes_per_step);
             let sampler = policy.model.valid();
-            let sc = sampling(r, rng.next_u64());
+            let sc = sampling(r, &policy.stop, rng.next_u64());
             let t = rollout(
                 &policy,
                 &sampler,
@@ -232,27 +230,56 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
         let lr = schedule.at(step);
         row.insert("actor/lr".into(), lr);
         let exp = LlmExperience {
-            tokens: x.tokens.to_device(&ad),
-            mask: x.attention.to_device(&ad),
+            tokens: x.tokens.clone().to_device(&ad),
+            mask: x.attention.clone().to_device(&ad),
             response_len: x.region,
-            temperature: sampling(r, 0).scoring_temperature(),
+            temperature: sampling(r, &policy.stop, 0).scoring_temperature(),
             adapters: true,
         };
         let mut order_rng = Rng(rng.next_u64());
         let t_update = Instant::now();
-        (policy.model, _) = update_policy(
-            policy.model,
-            &mut optim,
-            &exp,
-            &batch,
-            &parts.advantage,
-            &upd,
-            step,
-            lr,
-            &mut |n| order_rng.permutation(n),
-            &mut row,
-            &[],
-        )?;
+        policy.model = match &parts.turn_updates {
+            None => {
+                update_policy(
+                    policy.model,
+                    &mut optim,
+                    &exp,
+                    &batch,
+                    &parts.advantage,
+                    &upd,
+                    step,
+                    lr,
+                    &mut |n| order_rng.permutation(n),
+                    &mut row,
+                    &[],
+                )?
+                .0
+            }
+            Some(turns) => {
+                let adv = compute_advantages(&parts.advantage, &batch, step)?;
+                row.extend(adv.metrics.to_host());
+                // Rescoring between turn updates runs without the autodiff graph.
+                let host_exp = LlmExperience {
+                    tokens: x.tokens.clone(),
+                    mask: x.attention.clone(),
+                    ..exp.clone()
+                };
+                let (model, stats) = sequential_update(
+                    policy.model,
+                    &mut optim,
+                    &exp,
+                    &batch,
+                    &adv,
+                    &upd,
+                    turns,
+                    lr,
+                    &mut |n| order_rng.permutation(n),
+                    &mut |m: &Llama| host_exp.score_all(&m.valid()).to_device(&ad),
+                )?;
+                row.extend(stats.metrics);
+                model
+            }
+        };
         let _ = ad.sync();
         let secs = t_step.elapsed().as_secs_f64();
         let tokens: f64 = policy_tokens(&t);

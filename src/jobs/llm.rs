@@ -5,6 +5,7 @@
 //! checkpoint (the run kit's end-of-step protocol). Also `ember eval`.
 
 use crate::engine::*;
+use crate::llm::adaptive::ada_rollout;
 use crate::llm::score::{Scorer, completions, json_number, shown_samples, valid_mean};
 use crate::llm::step::{
     Reference, experience, greedy_sampling, optimizer, rescore, rollout_sampling, update_config,
@@ -145,15 +146,42 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 .collect::<Result<Vec<_>>>()?;
             let sampler = policy.model.valid();
             let sc = rollout_sampling(r, &policy.stop, rng.next_u64());
-            let g = generate(&sampler, &prompts, &sc, &base)?.padded(r.rollout.shape_bucket);
+            // Reinforce-Ada draws in rounds, scoring each as it comes; otherwise one draw.
+            let (g, scored, pool_stats) = match &parts.adaptive {
+                None => (generate(&sampler, &prompts, &sc, &base)?, None, None),
+                Some(ada) => {
+                    let a = ada_rollout(
+                        ada,
+                        r.rollout.samples_per_prompt,
+                        &sampler,
+                        &prompts,
+                        &examples,
+                        &sc,
+                        &base,
+                        (&mut scorer, step + 1, &mut row),
+                        &|ids| policy.decode(ids),
+                    )?;
+                    row.insert("rollout/ada_rounds".into(), a.rounds as f64);
+                    row.insert("rollout/ada_samples_drawn".into(), a.drawn as f64);
+                    row.insert("rollout/ada_unfinished_prompts".into(), a.unfinished as f64);
+                    row.insert("rollout/tokens_drawn".into(), a.tokens_drawn as f64);
+                    row.insert("rollout/ada_reward_mean_drawn".into(), a.reward_mean_drawn);
+                    let stats = ada.global_stats.then_some((a.pool_mean, a.pool_std));
+                    (a.generation, Some(a.rewards), stats)
+                }
+            };
+            let g = g.padded(r.rollout.shape_bucket);
             let responses = g.response_ids();
-            // Phase wall times as verl logs them (`timing_s/*`); `response_ids` above already
-            // waited for the device.
+            // Phase wall times as verl logs them (`timing_s/*`; with Reinforce-Ada `gen` holds
+            // the rounds' rewards too); `response_ids` above already waited for the device.
             let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
 
             // Reward: the recipe's weighted terms, per row.
             let texts: Vec<String> = responses.iter().map(|r| policy.decode(r)).collect();
-            let rewards = scorer.score(step + 1, &completions(&g, &examples, &texts), &mut row)?;
+            let rewards = match scored {
+                Some(r) => r,
+                None => scorer.score(step + 1, &completions(&g, &examples, &texts), &mut row)?,
+            };
 
             // Rescoring: old-policy and reference log-probs without gradients; ReMax's greedy
             // baseline.
@@ -165,6 +193,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 &g.group_ids,
             )?
             .with_rollout_log_probs(g.log_probs.clone().to_device(&ad))?;
+            if let Some((mean, std)) = pool_stats {
+                batch = batch.with_group_stats(
+                    Tensor::from_floats(mean.as_slice(), &ad),
+                    Tensor::from_floats(std.as_slice(), &ad),
+                )?;
+            }
             if let Some(o) = &r.reward.overlong {
                 o.apply(&mut batch)?;
             }

@@ -6,16 +6,17 @@
 //! region, where the loss mask is 1 on the policy's tokens and 0 on the observations (holes),
 //! so the engine's estimators and the trainer use it unchanged.
 //!
-//! This first version re-reads each episode's whole context every turn (no KV cache kept
-//! between turns) and supports the character-level policy and real tokenizers without a chat
-//! template (observations are encoded as plain text).
+//! With a pretrained policy in its chat template the episode is a conversation: the first
+//! observation is the user message, each turn an assistant message, each later observation a
+//! user message ([`Policy::observation_after`]). Each turn re-reads its episodes' whole
+//! contexts (no KV cache is kept between turns).
 
 use super::{Policy, Tok};
 use crate::chartok;
 use crate::env::{Environment, Episode};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_llm::{Llama, SamplingConfig, generate};
+use ember_llm::{Llama, Message, SamplingConfig, generate};
 
 /// A stretch of a trajectory's response region.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,27 +146,99 @@ pub struct TrajectoryTensors {
 }
 
 impl Policy {
-    /// An observation's token ids (appended to the context, no BOS).
+    /// An observation's token ids as plain text (appended to the context, no BOS).
     pub fn observation_ids(&self, text: &str) -> Result<Vec<u32>> {
         match &self.tok {
             Tok::Char => chartok::encode(text).map_err(|m| {
                 anyhow::anyhow!("observation {text:?}: {m} (the tiny policy's vocabulary)")
             }),
-            Tok::Real { chat: true, .. } => {
-                bail!("multi-turn episodes through a chat template are not supported yet")
-            }
             Tok::Real { tok, .. } => Ok(tok.encode(text)?),
         }
     }
 
-    /// The first observation as a prompt (BOS first for the tiny policy).
-    fn first_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = match &self.tok {
-            Tok::Char => vec![chartok::BOS],
-            _ => Vec::new(),
+    /// The ids appended after a policy turn (`turn`, its sampled ids) to hand observation
+    /// `text` back to the policy. Without a chat template: the text itself. With one: the end
+    /// of the assistant message (less the stop token the turn already ends with), the
+    /// observation as a user message, and the assistant header: the difference between the
+    /// template's rendering of the conversation before and after the observation, so any
+    /// template that extends a conversation by appending works.
+    pub fn observation_after(&self, turn: &[u32], text: &str) -> Result<Vec<u32>> {
+        let Some((mut ids, rest)) = self.chat_continuation(text)? else {
+            return self.observation_ids(text);
         };
-        ids.extend(self.observation_ids(text)?);
+        let ended = turn.last().is_some_and(|t| self.stop.contains(t));
+        if ended && ids.first() == turn.last() {
+            ids.remove(0);
+        }
+        ids.extend(rest);
         Ok(ids)
+    }
+
+    /// The token that ends a demonstrated turn: the chat template's end of an assistant message
+    /// when it is a stop token (`<|im_end|>` in ChatML), else the first stop token.
+    pub fn turn_end(&self) -> Result<Option<u32>> {
+        if let Some((close, _)) = self.chat_continuation("")?
+            && let Some(first) = close.first().filter(|t| self.stop.contains(t))
+        {
+            return Ok(Some(*first));
+        }
+        Ok(self.stop.first().copied())
+    }
+
+    /// In chat mode: the ids that close an assistant message, and those that add user message
+    /// `text` and open the next assistant message.
+    fn chat_continuation(&self, text: &str) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+        let Tok::Real {
+            tok, chat: true, ..
+        } = &self.tok
+        else {
+            return Ok(None);
+        };
+        const MARK: &str = "\u{E000}";
+        let before = [Message::new("user", "q"), Message::new("assistant", MARK)];
+        let mut after = before.to_vec();
+        after.push(Message::new("user", text));
+        let a = tok.apply_chat_template(&before, false)?;
+        let b = tok.apply_chat_template(&after, true)?;
+        let (Some(rest), Some(at)) = (b.strip_prefix(a.as_str()), a.find(MARK)) else {
+            bail!(
+                "the chat template does not extend a conversation by appending to it; \
+                 multi-turn episodes need one that does (e.g. ChatML)"
+            );
+        };
+        Ok(Some((
+            tok.encode(&a[at + MARK.len()..])?,
+            tok.encode(rest)?,
+        )))
+    }
+
+    /// The first observation as a prompt: BOS first for the tiny policy; a pretrained policy's
+    /// `template` around it, in its chat template (with the system message) when `chat`.
+    pub fn first_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tok {
+            Tok::Char => {
+                let mut ids = vec![chartok::BOS];
+                ids.extend(self.observation_ids(text)?);
+                Ok(ids)
+            }
+            Tok::Real {
+                tok,
+                chat,
+                system,
+                template,
+            } => {
+                let user = template.replace("{question}", text);
+                if !*chat {
+                    return Ok(tok.encode(&user)?);
+                }
+                let mut msgs = Vec::new();
+                if let Some(s) = system {
+                    msgs.push(Message::new("system", s));
+                }
+                msgs.push(Message::new("user", &user));
+                Ok(tok.encode(&tok.apply_chat_template(&msgs, true)?)?)
+            }
+        }
     }
 }
 
@@ -263,12 +336,16 @@ pub fn rollout(
             }
             // An observation that no further turn reads (the turn budget is spent, or it and
             // another turn would not fit the context) ends the episode unfinished, unappended.
-            let obs = policy.observation_ids(&f.observation)?;
+            if turn + 1 >= max_turns {
+                continue;
+            }
+            let turn_ids = t.segments[i].last().map_or(&[][..], |s| s.ids.as_slice());
+            let obs = policy.observation_after(turn_ids, &f.observation)?;
             let fits = context_len(&t, i)
                 .checked_add(obs.len())
                 .and_then(|n| n.checked_add(sc.max_new_tokens))
                 .is_some_and(|n| n <= ctx);
-            if turn + 1 >= max_turns || !fits {
+            if !fits {
                 continue;
             }
             t.texts[i].push(f.observation);
@@ -305,6 +382,7 @@ pub fn demonstrations(
     rng: &mut crate::tasks::Rng,
 ) -> Result<Trajectories> {
     let mut t = Trajectories::default();
+    let end = policy.turn_end()?;
     for (i, seed) in seeds.iter().enumerate() {
         let Some(texts) = env.demonstration(*seed, rng) else {
             bail!("this environment has no demonstrations for a warm-up; remove [warmup]");
@@ -313,20 +391,21 @@ pub fn demonstrations(
             bail!("an empty demonstration");
         };
         t.prompts.push(policy.first_prompt(first)?);
-        let mut segments = Vec::with_capacity(rest.len());
+        let mut segments: Vec<Segment> = Vec::with_capacity(rest.len());
         let mut turns = 0usize;
         for (k, text) in rest.iter().enumerate() {
-            let mut ids = policy.observation_ids(text)?;
             if k % 2 == 0 {
-                ids.extend(policy.stop.first().copied());
+                let mut ids = policy.observation_ids(text)?;
+                ids.extend(end);
                 turns += 1;
                 segments.push(Segment {
                     log_probs: Some(vec![0.0; ids.len()]),
                     ids,
                 });
             } else {
+                let turn = segments.last().map_or(&[][..], |s| s.ids.as_slice());
                 segments.push(Segment {
-                    ids,
+                    ids: policy.observation_after(turn, text)?,
                     log_probs: None,
                 });
             }

@@ -3,6 +3,7 @@
 //! template), evaluated greedily on held-out problems, warmed up by supervised steps, stored in
 //! checkpoints and in `final/`; and the RL step's shared parts ([`step`]).
 
+pub mod adaptive;
 pub mod agent;
 pub mod score;
 pub mod step;
@@ -314,8 +315,26 @@ pub fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Re
 }
 
 fn build_policy_f32(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
-    if let Some(m) = &r.model {
-        device.seed(r.seed);
+    policy_from_specs(
+        r.model.as_ref(),
+        r.pretrained.as_ref(),
+        r.seed,
+        device,
+        peft,
+    )
+}
+
+/// The policy of a `[model]` (the tiny policy, initialised from `seed`) or `[pretrained]` table
+/// (with fresh adapters, or those of the PEFT directory `peft`), in f32.
+pub fn policy_from_specs(
+    model: Option<&crate::recipe::llm::ModelSpec>,
+    pretrained: Option<&crate::recipe::llm::PretrainedSpec>,
+    seed: u64,
+    device: &Device,
+    peft: Option<&Path>,
+) -> Result<Policy> {
+    if let Some(m) = model {
+        device.seed(seed);
         let config = model_config(m);
         return Ok(Policy {
             model: config.init(device),
@@ -325,15 +344,12 @@ fn build_policy_f32(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<
             lora: None,
         });
     }
-    let p = r
-        .pretrained
-        .as_ref()
-        .context("the recipe has no policy ([model] or [pretrained])")?;
+    let p = pretrained.context("the recipe has no policy ([model] or [pretrained])")?;
     let path = expand_path(&p.path)?;
     let tok = crate::tokenizer_for(&path)?;
     let loaded = ember_llm::load(&path, device)
         .with_context(|| format!("loading pretrained.path {}", path.display()))?;
-    device.seed(r.seed);
+    device.seed(seed);
     let model = match peft {
         Some(dir) => ember_llm::load_peft(loaded.model, dir, device)?.0,
         None => ember_llm::apply_lora(loaded.model, &p.lora)?,

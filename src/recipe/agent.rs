@@ -2,7 +2,7 @@
 //! of an environment (`[env]`), with the LLM recipe's `[model]` and `[train]` tables and a
 //! preset `algorithm` whose advantages are computed over whole trajectories.
 
-use super::llm::{ModelSpec, TrainSpec, Warmup};
+use super::llm::{ModelSpec, PretrainedSpec, TrainSpec, Warmup};
 use super::{check_positive, check_range};
 use crate::env::external::ExternalEnvSpec;
 use anyhow::{Result, bail};
@@ -29,6 +29,10 @@ pub enum EnvSpec {
     Calculator {
         /// Digits per factor.
         digits: u32,
+        /// Open each episode with instructions in English (for a pretrained policy): the
+        /// question and how to call the calculator (`<calc>…</calc>` → `<result>…</result>`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        instructions: bool,
     },
     /// A program speaking the JSON-lines environment protocol.
     External(ExternalEnvSpec),
@@ -70,8 +74,14 @@ pub struct AgentRecipe {
     /// Overrides the preset's estimator, e.g. `kind = "trloo"` (turn-level leave-one-out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advantage: Option<AdvantageConfig>,
-    /// The tiny policy.
-    pub model: ModelSpec,
+    /// The tiny policy, trained from scratch (or use `[pretrained]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// A pretrained policy trained through LoRA adapters; the first observation fills
+    /// `template`'s `{question}`, and with `chat` the episode is a conversation: observations are
+    /// user messages, turns assistant messages (or use `[model]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretrained: Option<PretrainedSpec>,
     /// Supervised warm-up on the environment's demonstrations (built-in environments).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup: Option<Warmup>,
@@ -129,12 +139,34 @@ impl AgentRecipe {
         if rows.is_none_or(|n| n > 100_000) {
             bail!("rollout.episodes_per_step × rollout.samples_per_episode must be at most 100000");
         }
+        match (&self.model, &self.pretrained) {
+            (Some(_), Some(_)) => {
+                bail!("give either [model] (tiny policy) or [pretrained], not both")
+            }
+            (None, None) => bail!("the recipe needs a policy: [model] (tiny) or [pretrained]"),
+            (Some(m), None) => crate::llm::model_config(m)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("[model]: {e}"))?,
+            (None, Some(p)) => {
+                p.lora.validate()?;
+                if !p.template.contains("{question}") {
+                    bail!(
+                        "pretrained.template = {:?} must contain {{question}} (the first \
+                         observation)",
+                        p.template
+                    );
+                }
+            }
+        }
         // The first observation of a built-in environment (with the tiny policy's BOS) and one
         // turn must fit the tiny model's 64 positions.
-        let first = match &self.env {
-            EnvSpec::Guess { max } => Some(format!("0,{max}=").len()),
-            EnvSpec::Calculator { digits } => Some(2 * *digits as usize + 2),
-            EnvSpec::External(_) => None,
+        let first = match (&self.env, &self.model) {
+            (_, None) => None,
+            (env, Some(_)) => match env {
+                EnvSpec::Guess { max } => Some(format!("0,{max}=").len()),
+                EnvSpec::Calculator { digits, .. } => Some(2 * *digits as usize + 2),
+                EnvSpec::External(_) => None,
+            },
         };
         if let Some(n) = first
             && 1 + n + ro.max_new_tokens > 64
@@ -171,6 +203,15 @@ impl AgentRecipe {
             .advantage
             .validate()
             .map_err(|e| anyhow::anyhow!("[advantage]: {e}"))?;
+        if let Some(t) = &parts.turn_updates {
+            t.validate()?;
+        }
+        if parts.adaptive.is_some() {
+            bail!(
+                "algorithm = {:?} samples prompts in rounds; agent recipes do not take it",
+                self.algorithm.name()
+            );
+        }
         if parts.advantage.kind.needs_greedy_baseline() || parts.dynamic_sampling {
             bail!(
                 "algorithm = {:?}: agent recipes take presets without a greedy baseline or \
@@ -197,15 +238,20 @@ impl AgentRecipe {
             EnvSpec::Guess { max } if !(1..=9999).contains(max) => {
                 bail!("env.max = {max} must be in 1..=9999")
             }
-            EnvSpec::Calculator { digits } if !(1..=4).contains(digits) => {
+            EnvSpec::Calculator {
+                instructions: true, ..
+            } if self.model.is_some() => {
+                bail!(
+                    "env.instructions: the tiny policy's vocabulary has no letters; use it with \
+                     [pretrained]"
+                )
+            }
+            EnvSpec::Calculator { digits, .. } if !(1..=4).contains(digits) => {
                 bail!("env.digits = {digits} must be in 1..=4")
             }
             EnvSpec::External(x) => check_range("env.timeout_s", x.timeout_s, 1e-3, 1e6)?,
             _ => {}
         }
-        crate::llm::model_config(&self.model)
-            .validate()
-            .map_err(|e| anyhow::anyhow!("[model]: {e}"))?;
         Ok(())
     }
 }

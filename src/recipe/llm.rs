@@ -6,25 +6,10 @@ use crate::engine::*;
 use crate::reward::{ExternalSpec, PythonSpec};
 use crate::tasks::{Arithmetic, Countdown, JsonlData, JsonlKeys, TaskSet};
 use anyhow::{Context, Result, bail};
-use ember_llm::LoraSettings;
 use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
-/// The tiny Llama-architecture policy of the CPU recipe (trained from scratch).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelSpec {
-    /// Hidden size.
-    pub d_model: usize,
-    /// Layers.
-    pub layers: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// KV heads.
-    pub kv_heads: usize,
-    /// MLP size.
-    pub d_ff: usize,
-}
+pub use super::policy::{ModelSpec, PretrainedSpec, Warmup};
 
 /// Which task family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -148,31 +133,6 @@ impl TaskSpec {
     }
 }
 
-/// A pretrained checkpoint (Hugging Face directory or GGUF file) trained through LoRA adapters,
-/// prompted through its chat template.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PretrainedSpec {
-    /// Checkpoint path (`~` and `$VAR` are expanded).
-    pub path: String,
-    /// Wrap the prompt in the tokenizer's chat template.
-    #[serde(default = "yes")]
-    pub chat: bool,
-    /// Optional system message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system: Option<String>,
-    /// The user message; `{question}` is replaced by the example's question.
-    #[serde(default = "question")]
-    pub template: String,
-    /// LoRA adapters (the only trained parameters).
-    #[serde(default)]
-    pub lora: LoraSettings,
-}
-
-fn question() -> String {
-    "{question}".into()
-}
-
 /// The reward: a weighted sum of the task's verifiable reward, a format reward, an external
 /// program's reward, plus DAPO's overlong penalty.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,18 +191,6 @@ impl Default for EvalSpec {
     }
 }
 
-/// Supervised warm-up on generated demonstrations.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Warmup {
-    /// Optimizer steps.
-    pub steps: usize,
-    /// Examples per step.
-    pub batch: usize,
-    /// Learning rate.
-    pub lr: f64,
-}
-
 /// Sampling of rollouts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -259,6 +207,12 @@ pub struct RolloutSpec {
     /// training, so GPU kernels see a few shapes (0 = off, the CPU default; 16 or 32 on GPUs).
     #[serde(default)]
     pub shape_bucket: usize,
+    /// Reinforce-Ada's sampling in rounds (`mode`, `max_rounds`, `round_repeat`,
+    /// `positive_threshold`, `global_stats`); `samples_per_prompt` responses of each prompt are
+    /// kept. Set by `algorithm = "reinforce-ada"`; this table enables it with any preset or
+    /// changes its settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reinforce_ada: Option<ember_engine::ReinforceAda>,
 }
 
 /// The RL phase: one `[train]` table holding the loop's own settings and the configs it embeds
@@ -522,6 +476,68 @@ impl Recipe {
         // The estimator and loss after preset and overrides, checked now rather than at the
         // first update.
         let parts = self.algorithm_parts();
+        if parts.turn_updates.is_some() {
+            bail!(
+                "algorithm = {:?} updates multi-turn episodes turn by turn: use it in a \
+                 kind = \"agent\" recipe",
+                self.algorithm.name()
+            );
+        }
+        if let Some(a) = &parts.adaptive {
+            a.validate()?;
+            if parts.dynamic_sampling {
+                bail!(
+                    "algorithm = {:?} filters groups itself (dynamic sampling); Reinforce-Ada's \
+                     rounds already balance them: use one of the two",
+                    self.algorithm.name()
+                );
+            }
+            let n = self.rollout.samples_per_prompt;
+            if n > a.round_repeat * a.max_rounds {
+                bail!(
+                    "rollout.samples_per_prompt = {n}: with Reinforce-Ada it is the responses kept \
+                     per prompt, at most round_repeat × max_rounds = {}",
+                    a.round_repeat * a.max_rounds
+                );
+            }
+            if self
+                .rollout
+                .prompts_per_step
+                .checked_mul(a.round_repeat)
+                .is_none_or(|x| x > 100_000)
+            {
+                bail!(
+                    "rollout.prompts_per_step × rollout.reinforce_ada.round_repeat must be at most \
+                     100000"
+                );
+            }
+            if a.global_stats {
+                if !matches!(
+                    parts.advantage.kind,
+                    AdvantageKind::Grpo { .. } | AdvantageKind::DrGrpo
+                ) {
+                    bail!(
+                        "rollout.reinforce_ada.global_stats: the pool's statistics replace GRPO's \
+                         group mean and std, so they need a GRPO-family estimator (grpo, dr-grpo); \
+                         set global_stats = false for another"
+                    );
+                }
+                if self.reward.overlong.is_some() {
+                    bail!(
+                        "reward.overlong shapes rewards after Reinforce-Ada's pool statistics are \
+                         taken; set rollout.reinforce_ada.global_stats = false to use it"
+                    );
+                }
+            }
+        }
+        if self
+            .rollout
+            .prompts_per_step
+            .checked_mul(self.rollout.samples_per_prompt)
+            .is_none_or(|x| x > 100_000)
+        {
+            bail!("rollout.prompts_per_step × rollout.samples_per_prompt must be at most 100000");
+        }
         parts.advantage.validate()?;
         parts.loss.policy.validate()?;
         parts.loss.agg.validate()?;
@@ -561,6 +577,9 @@ impl Recipe {
         }
         if let Some(l) = self.loss {
             parts.loss = l;
+        }
+        if let Some(a) = self.rollout.reinforce_ada {
+            parts.adaptive = Some(a);
         }
         // `train.kl_coef` is the recipe's one KL coefficient; `[loss.kl]` may pick the
         // estimator (k3 by default).

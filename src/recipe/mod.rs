@@ -6,6 +6,7 @@ pub mod agent;
 pub mod flow;
 pub mod llm;
 pub mod molora;
+pub mod policy;
 
 pub use llm::{Recipe, parse};
 

@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result, check_config};
 use crate::kl::{KlEstimator, kl_penalty};
 use crate::metrics::Metrics;
 use crate::ops::{
-    last_step_indicator, masked_mean, masked_whiten, reverse_affine_scan, shift_left,
+    last_step_indicator, masked_mean, masked_var, masked_whiten, reverse_affine_scan, shift_left,
 };
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
@@ -78,7 +78,8 @@ pub enum AdvantageKind {
     },
     /// RLOO (Ahmadian et al. 2024, eq. 5): A_i = R_i − mean_{j≠i} R_j within the group.
     Rloo,
-    /// GRPO (Shao et al. 2024, §4.1.2): A_i = (R_i − mean_g) / (std_g + ε).
+    /// GRPO (Shao et al. 2024, §4.1.2): A_i = (R_i − mean_g) / (std_g + ε); with
+    /// [`RolloutBatch::with_group_stats`], mean_g and std_g are the given pool statistics.
     Grpo {
         /// Which std.
         #[serde(default)]
@@ -197,6 +198,12 @@ pub struct AdvantageConfig {
     /// A ← clamp(A, −c, c), applied last.
     #[serde(default)]
     pub clip: Option<f32>,
+    /// Sequence-level batch whitening (SeeUPO's `special_norm`, Hu et al. 2026, arXiv
+    /// 2602.06554 §4.2; AgentEvolver `compute_grpo_outcome_advantage_local`): each valid row's
+    /// advantage a_i ← (a_i − mean)/std over the batch's valid rows (std unbiased, skipped when
+    /// below 1e-6), before `clip`. Only for estimators whose advantage is one value per row.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whiten_rows: bool,
 }
 
 impl AdvantageKind {
@@ -204,6 +211,15 @@ impl AdvantageKind {
     /// prompt's greedy response (ReMax). A job asks this instead of naming estimators.
     pub fn needs_greedy_baseline(&self) -> bool {
         matches!(self, Self::Remax)
+    }
+
+    /// Whether the advantage varies along a row (per-step returns) rather than being one value
+    /// per row.
+    pub fn per_step(&self) -> bool {
+        matches!(
+            self,
+            Self::ReinforcePlusPlus { .. } | Self::Gae { .. } | Self::Trloo { .. }
+        )
     }
 }
 
@@ -266,6 +282,14 @@ impl AdvantageConfig {
         }
         if let Some(c) = self.clip {
             check_config("advantage.clip", c.into(), c > 0.0, "must be > 0")?;
+        }
+        if self.whiten_rows && self.kind.per_step() {
+            return Err(EngineError::InvalidConfig {
+                field: "advantage.whiten_rows",
+                value: "true".into(),
+                reason: "needs an estimator with one advantage per row (not reinforce_plus_plus, \
+                         gae or trloo)",
+            });
         }
         if let Some(alpha) = self.lopti_alpha {
             check_config(
@@ -481,6 +505,9 @@ pub fn compute_advantages(
     };
 
     let mut adv = adv;
+    if config.whiten_rows {
+        adv = whiten_rows(adv, &mask_out, &valid);
+    }
     if config.capo_positive_steps > 0 && step < config.capo_positive_steps {
         adv = adv.clamp_min(0.0);
     }
@@ -516,6 +543,21 @@ pub fn compute_advantages(
     })
 }
 
+/// SeeUPO's sequence-level batch whitening of row-constant advantages: mean and unbiased std
+/// over valid rows with at least one step, std ignored below 1e-6 (AgentEvolver
+/// `compute_grpo_outcome_advantage_local`, `special_norm`).
+fn whiten_rows(adv: Tensor<2>, mask: &Tensor<2>, valid: &Tensor<1>) -> Tensor<2> {
+    let [b, _] = mask.dims();
+    let steps = mask.clone().sum_dim(1).reshape([b]);
+    let a = (adv * mask.clone()).sum_dim(1).reshape([b]) / steps.clone().clamp_min(1.0);
+    let w = valid.clone() * steps.greater_elem(0.0).float();
+    let mean = masked_mean(a.clone(), w.clone());
+    let std = masked_var(a.clone(), w.clone(), true).sqrt();
+    let std = std.clone().mask_fill(std.lower_elem(1e-6), 1.0);
+    let a = (a - mean) / std * w;
+    a.reshape([b, 1]) * mask.clone()
+}
+
 /// GRPO's group normalisation over valid samples; zero-range groups give exactly 0.
 fn grpo(
     batch: &RolloutBatch,
@@ -526,6 +568,17 @@ fn grpo(
     scale_by_std: bool,
 ) -> Tensor<1> {
     let groups = &batch.groups;
+    if let Some((mean, std)) = &batch.group_stats {
+        // Reinforce-Ada `global_stat_est`: the pool's statistics, std clamped to ≥ ε, then
+        // (R − mean)/(std + ε) (RLHFlow/Reinforce-Ada `compute_grpo_outcome_advantage`).
+        let centred = rewards.clone() - mean.clone();
+        let a = if scale_by_std {
+            centred / std.clone().clamp_min(epsilon).add_scalar(epsilon)
+        } else {
+            centred
+        };
+        return a * valid.clone();
+    }
     let mean = groups.group_mean(rewards.clone(), valid.clone());
     let centred = rewards.clone() - mean;
     let a = if scale_by_std {

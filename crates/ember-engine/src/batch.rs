@@ -37,6 +37,10 @@ pub struct RolloutBatch {
     /// (0, 1, …), −1 on steps outside the policy's turns (observations, padding); see
     /// [`RolloutBatch::with_turns`].
     pub turn_ids: Option<Tensor<2>>,
+    /// `[batch]` mean and std of each row's group over every response drawn for its prompt, not
+    /// only the rows in the batch (Reinforce-Ada's `global_stat_est`, see
+    /// [`RolloutBatch::with_group_stats`]).
+    pub group_stats: Option<(Tensor<1>, Tensor<1>)>,
 }
 
 /// The largest reward magnitude taken as a real reward. Beyond it a reward is invalid, like NaN
@@ -76,6 +80,7 @@ impl RolloutBatch {
             baseline_rewards: None,
             truncated: None,
             turn_ids: None,
+            group_stats: None,
         })
     }
 
@@ -103,6 +108,21 @@ impl RolloutBatch {
     pub fn with_turns(mut self, turn_ids: Tensor<2>) -> Result<Self> {
         self.check2("turn_ids", &turn_ids)?;
         self.turn_ids = Some(turn_ids);
+        Ok(self)
+    }
+
+    /// Adds per-row group statistics over a larger pool than the batch (`[batch]` each): GRPO
+    /// and Dr.GRPO then centre (and scale) each reward by its row's `mean` (and `std`) instead
+    /// of its group's in the batch (Reinforce-Ada's `global_stat_est`: the statistics of every
+    /// response drawn for the prompt, of which the batch keeps a balanced few).
+    ///
+    /// # Errors
+    /// Shape mismatch with the batch.
+    pub fn with_group_stats(mut self, mean: Tensor<1>, std: Tensor<1>) -> Result<Self> {
+        let b = [self.dims()[0]];
+        check_shape("group_stats.mean", mean.dims(), b)?;
+        check_shape("group_stats.std", std.dims(), b)?;
+        self.group_stats = Some((mean, std));
         Ok(self)
     }
 
@@ -208,6 +228,7 @@ impl RolloutBatch {
                 .as_ref()
                 .map(|t| t.clone().int().select(0, idx.clone()).equal_elem(1)),
             turn_ids: self.turn_ids.as_ref().map(rows2),
+            group_stats: self.group_stats.as_ref().map(|(m, s)| (rows1(m), rows1(s))),
         })
     }
 

@@ -5,6 +5,7 @@
 //! [`compute_advantages`], then [`actor_loss`] (a [`policy_loss`] with KL, entropy,
 //! mismatch correction and [`aggregate`]).
 
+pub mod adaptive;
 pub mod advantage;
 pub mod agg;
 pub mod batch;
@@ -17,7 +18,9 @@ pub mod metrics;
 pub mod ops;
 pub mod preset;
 pub mod rng;
+pub mod sequential;
 
+pub use adaptive::{AdaMode, AdaPool, ReinforceAda};
 pub use advantage::{
     AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind,
     compute_advantages,
@@ -35,3 +38,4 @@ pub use loss::{
 pub use metrics::Metrics;
 pub use preset::{Preset, PresetParts};
 pub use rng::SplitMix64;
+pub use sequential::{TurnOrder, TurnUpdates, turn_count, turn_mask};

@@ -4,7 +4,7 @@
 
 use crate::{
     ActorLossConfig, AdvantageConfig, AdvantageKind, BatchBaseline, LossAgg, PolicyLossKind,
-    RatioLevel, StdKind,
+    RatioLevel, ReinforceAda, StdKind, TurnUpdates,
 };
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +17,10 @@ pub struct PresetParts {
     pub loss: ActorLossConfig,
     /// DAPO's dynamic sampling: drop groups whose rewards are all equal.
     pub dynamic_sampling: bool,
+    /// SeeUPO's turn-by-turn sequential update (multi-turn episodes only).
+    pub turn_updates: Option<TurnUpdates>,
+    /// Reinforce-Ada's adaptive sampling in rounds.
+    pub adaptive: Option<ReinforceAda>,
 }
 
 /// Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
@@ -53,11 +57,21 @@ pub enum Preset {
     Opo,
     /// ReMax (Li et al. 2024): greedy-rollout baseline.
     Remax,
+    /// SeeUPO (Hu et al. 2026, arXiv 2602.06554; AgentEvolver `qwen3-seeupo-*.yaml`):
+    /// multi-turn episodes updated turn by turn in reverse order, GRPO's group mean without
+    /// std then sequence-level batch whitening clamped to ±3, GSPO's sequence ratio,
+    /// seq-mean-token-mean.
+    Seeupo,
+    /// Reinforce-Ada (Xiong et al. 2025, arXiv 2510.04996; RLHFlow/Reinforce-Ada
+    /// `run_reinforce_ada.sh`): sampling in rounds until each prompt has a balanced pool, down
+    /// to `samples_per_prompt`; GRPO's mean over the whole pool without std; PPO clip 0.2/0.28,
+    /// token-mean.
+    ReinforceAda,
 }
 
 impl Preset {
     /// Every preset, in table order.
-    pub const ALL: [Preset; 13] = [
+    pub const ALL: [Preset; 15] = [
         Self::Grpo,
         Self::Rloo,
         Self::ReinforcePp,
@@ -71,6 +85,8 @@ impl Preset {
         Self::ReinforceRej,
         Self::Opo,
         Self::Remax,
+        Self::Seeupo,
+        Self::ReinforceAda,
     ];
 
     /// The recipe name of the preset (its serde name).
@@ -89,7 +105,14 @@ impl Preset {
             Self::ReinforceRej => "reinforce-rej",
             Self::Opo => "opo",
             Self::Remax => "remax",
+            Self::Seeupo => "seeupo",
+            Self::ReinforceAda => "reinforce-ada",
         }
+    }
+
+    /// Whether the preset needs multi-turn episodes (turn ids): `kind = "agent"` recipes.
+    pub fn multi_turn_only(&self) -> bool {
+        self.parts(1).turn_updates.is_some()
     }
 
     /// The preset's estimator, actor loss and filters; `max_new_tokens` is Dr.GRPO's
@@ -110,6 +133,8 @@ impl Preset {
             agg,
             ..ActorLossConfig::default()
         };
+        let mut turn_updates = None;
+        let mut adaptive = None;
         let (kind, loss, dynamic) = match self {
             Self::Grpo => (grpo, actor(ppo, LossAgg::TokenMean), false),
             Self::DrGrpo => (
@@ -194,11 +219,52 @@ impl Preset {
             ),
             Self::Opo => (AdvantageKind::Opo, actor(ppo, LossAgg::TokenMean), false),
             Self::Remax => (AdvantageKind::Remax, actor(ppo, LossAgg::TokenMean), false),
+            Self::Seeupo => {
+                turn_updates = Some(TurnUpdates::default());
+                (
+                    AdvantageKind::DrGrpo,
+                    actor(
+                        PolicyLossKind::Gspo {
+                            clip_low: 3e-4,
+                            clip_high: 4e-4,
+                        },
+                        LossAgg::SeqMeanTokenMean,
+                    ),
+                    false,
+                )
+            }
+            Self::ReinforceAda => {
+                adaptive = Some(ReinforceAda::default());
+                (
+                    AdvantageKind::Grpo {
+                        std: StdKind::Unbiased,
+                        epsilon: 1e-6,
+                        scale_by_std: false,
+                    },
+                    actor(
+                        PolicyLossKind::Ppo {
+                            clip_low: 0.2,
+                            clip_high: 0.28,
+                            dual_clip: None,
+                        },
+                        LossAgg::TokenMean,
+                    ),
+                    false,
+                )
+            }
         };
+        let mut advantage = AdvantageConfig::new(kind);
+        if turn_updates.is_some() {
+            // SeeUPO's `special_norm`: batch whitening then clamp(−3, 3).
+            advantage.whiten_rows = true;
+            advantage.clip = Some(3.0);
+        }
         PresetParts {
-            advantage: AdvantageConfig::new(kind),
+            advantage,
             loss,
             dynamic_sampling: dynamic,
+            turn_updates,
+            adaptive,
         }
     }
 }

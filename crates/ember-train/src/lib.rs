@@ -4,17 +4,19 @@
 //! trainer runs μ epochs × mini-batches with gradient accumulation over micro-batches, one
 //! optimizer step per mini-batch with step-global loss normalisers, and the learning-rate
 //! schedule; the one AdamW builder ([`OptimizerConfig`]) and the durable-write helpers ([`io`])
-//! every writer uses. Rollout, rewards and evaluation are the job's (see the root package).
+//! every writer uses; SeeUPO's turn-by-turn schedule ([`sequential_update`]). Rollout, rewards and evaluation are the job's (see the root package).
 
 pub mod io;
 pub mod optim;
 pub mod schedule;
+pub mod sequential;
 pub mod update;
 
 pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
 pub use schedule::{LrConfig, LrSchedule};
+pub use sequential::sequential_update;
 pub use update::{
     Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
 };

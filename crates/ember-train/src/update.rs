@@ -119,7 +119,7 @@ pub fn update<A: Actor>(
             input: "old_log_probs",
         })?;
     let device = old.device();
-    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let mut sums = Means::default();
     let mut stats = UpdateStats::default();
     let mini = cfg.schedule.mini_batches.clamp(1, rows);
     let with_entropy = cfg.loss.entropy_coef != 0.0;
@@ -135,6 +135,12 @@ pub fn update<A: Actor>(
                 Tensor::<1, Int>::from_data(TensorData::new(v, [r.len()]), &device)
             };
             let norm = AggNorm::of_mask(&select2(&adv.mask, &idx_of(&part)));
+            // A mini-batch without a valid step has no gradient; AdamW would still move the
+            // weights by its momentum, so it takes no step (SeeUPO's turn updates, whose masks
+            // keep one turn, meet this with several mini-batches).
+            if norm.tokens <= 0.0 {
+                continue;
+            }
             let micro = if cfg.schedule.micro_batch_rows == 0 {
                 part.len()
             } else {
@@ -163,11 +169,7 @@ pub fn update<A: Actor>(
                     if k == "actor/loss" && !v.is_finite() {
                         finite = false;
                     }
-                    let e = sums.entry(k).or_insert((0.0, 0));
-                    if v.is_finite() {
-                        e.0 += v;
-                        e.1 += 1;
-                    }
+                    sums.add(k, v);
                 }
             }
             // A non-finite loss or gradient norm would make every weight NaN: the mini-batch's
@@ -175,11 +177,7 @@ pub fn update<A: Actor>(
             let applied = finite && {
                 let (a, report) = optim.step(lr, actor, acc.grads());
                 actor = a;
-                let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
-                if report.grad_norm.is_finite() {
-                    e.0 += report.grad_norm;
-                    e.1 += 1;
-                }
+                sums.add("actor/grad_norm".into(), report.grad_norm);
                 report.applied
             };
             if applied {
@@ -189,14 +187,35 @@ pub fn update<A: Actor>(
             }
         }
     }
-    stats.metrics = sums
-        .into_iter()
-        .map(|(k, (s, n))| (k, if n > 0 { s / n as f64 } else { f64::NAN }))
-        .collect();
+    stats.metrics = sums.finish();
     stats
         .metrics
         .insert("actor/skipped_steps".into(), stats.skipped_steps as f64);
     Ok((actor, stats))
+}
+
+/// Means of host metrics over the micro-batches (or updates) that report them; non-finite
+/// values are left out, and a key with none is NaN.
+#[derive(Default)]
+pub(crate) struct Means(BTreeMap<String, (f64, usize)>);
+
+impl Means {
+    /// Adds one value of `key`.
+    pub(crate) fn add(&mut self, key: String, v: f64) {
+        let e = self.0.entry(key).or_insert((0.0, 0));
+        if v.is_finite() {
+            e.0 += v;
+            e.1 += 1;
+        }
+    }
+
+    /// The means.
+    pub(crate) fn finish(self) -> BTreeMap<String, f64> {
+        self.0
+            .into_iter()
+            .map(|(k, (s, n))| (k, if n > 0 { s / n as f64 } else { f64::NAN }))
+            .collect()
+    }
 }
 
 /// One optimizer step on the sum of `parts` losses, each part's gradients accumulated before the

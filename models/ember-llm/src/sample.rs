@@ -185,9 +185,67 @@ impl Generation {
         if bucket <= 1 {
             return self;
         }
+        let p = self.prompt_tokens.dims()[1];
+        let n = self.tokens.dims()[1];
+        self.pad_to(p.div_ceil(bucket) * bucket, n.div_ceil(bucket) * bucket)
+    }
+
+    /// Rows `rows` of each part, in order, as one generation with `group_ids`: prompts
+    /// left-padded and responses right-padded with masked zeros to the widest part (as
+    /// [`Generation::padded`], so every real position's log-prob is unchanged). Reinforce-Ada
+    /// stacks the responses it keeps from several rounds this way.
+    ///
+    /// # Panics
+    /// When no row is selected, `group_ids` does not have one id per selected row, or a row
+    /// index is out of range.
+    pub fn stack(parts: Vec<(Generation, Vec<usize>)>, group_ids: Vec<usize>) -> Generation {
+        let p = parts
+            .iter()
+            .map(|(g, _)| g.prompt_tokens.dims()[1])
+            .max()
+            .unwrap_or(1);
+        let n = parts
+            .iter()
+            .map(|(g, _)| g.tokens.dims()[1])
+            .max()
+            .unwrap_or(1);
+        let total: usize = parts.iter().map(|(_, r)| r.len()).sum();
+        assert_eq!(total, group_ids.len(), "one group id per stacked row");
+        let mut cols: [Vec<Tensor<2>>; 3] = Default::default();
+        let (mut pt, mut tk, mut truncated) = (Vec::new(), Vec::new(), Vec::new());
+        for (g, rows) in parts {
+            if rows.is_empty() {
+                continue;
+            }
+            let device = g.tokens.device();
+            let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
+            let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
+            truncated.extend(rows.iter().map(|r| g.truncated[*r]));
+            let g = g.pad_to(p, n);
+            pt.push(g.prompt_tokens.select(0, idx.clone()));
+            tk.push(g.tokens.select(0, idx.clone()));
+            cols[0].push(g.prompt_mask.select(0, idx.clone()));
+            cols[1].push(g.log_probs.select(0, idx.clone()));
+            cols[2].push(g.mask.select(0, idx));
+        }
+        let [pm, lp, m] = cols;
+        Generation {
+            prompt_tokens: Tensor::cat(pt, 0),
+            prompt_mask: Tensor::cat(pm, 0),
+            tokens: Tensor::cat(tk, 0),
+            log_probs: Tensor::cat(lp, 0),
+            mask: Tensor::cat(m, 0),
+            group_ids,
+            truncated,
+        }
+    }
+
+    /// Pads the prompt columns on the left to `p2` and the response columns on the right to
+    /// `n2` (no-ops where already that wide).
+    fn pad_to(self, p2: usize, n2: usize) -> Generation {
         let [rows, p] = self.prompt_tokens.dims();
         let n = self.tokens.dims()[1];
-        let (p2, n2) = (p.div_ceil(bucket) * bucket, n.div_ceil(bucket) * bucket);
+        let (p2, n2) = (p2.max(p), n2.max(n));
         let device = self.tokens.device();
         let left = |t: Tensor<2>| -> Tensor<2> {
             if p2 == p {

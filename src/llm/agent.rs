@@ -231,12 +231,7 @@ impl Policy {
                 if !*chat {
                     return Ok(tok.encode(&user)?);
                 }
-                let mut msgs = Vec::new();
-                if let Some(s) = system {
-                    msgs.push(Message::new("system", s));
-                }
-                msgs.push(Message::new("user", &user));
-                Ok(tok.encode(&tok.apply_chat_template(&msgs, true)?)?)
+                Ok(tok.encode(&super::render_chat(tok, system.as_deref(), &user, &[])?)?)
             }
         }
     }

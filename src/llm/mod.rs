@@ -94,19 +94,7 @@ impl Policy {
             } => {
                 let user = template.replace("{question}", &e.question);
                 let text = if *chat {
-                    let mut msgs = Vec::new();
-                    // A chat dataset's conversation is rendered as it is; the recipe's system
-                    // prompt goes first unless the conversation has its own.
-                    let own_system = e.messages.iter().any(|(r, _)| r == "system");
-                    if let (Some(s), false) = (system, own_system) {
-                        msgs.push(Message::new("system", s));
-                    }
-                    if e.messages.is_empty() {
-                        msgs.push(Message::new("user", &user));
-                    } else {
-                        msgs.extend(e.messages.iter().map(|(r, c)| Message::new(r, c)));
-                    }
-                    tok.apply_chat_template(&msgs, true)?
+                    render_chat(tok, system.as_deref(), &user, &e.messages)?
                 } else {
                     user
                 };
@@ -376,6 +364,28 @@ pub fn policy_from_specs(
         stop,
         lora: Some(p.lora.clone()),
     })
+}
+
+/// `user`, or a chat dataset's conversation `messages` as it is, in `tok`'s chat template with
+/// the assistant header; the recipe's `system` message goes first unless the conversation has
+/// its own.
+pub(crate) fn render_chat(
+    tok: &Tokenizer,
+    system: Option<&str>,
+    user: &str,
+    messages: &[(String, String)],
+) -> Result<String> {
+    let mut msgs = Vec::new();
+    let own_system = messages.iter().any(|(r, _)| r == "system");
+    if let (Some(s), false) = (system, own_system) {
+        msgs.push(Message::new("system", s));
+    }
+    if messages.is_empty() {
+        msgs.push(Message::new("user", user));
+    } else {
+        msgs.extend(messages.iter().map(|(r, c)| Message::new(r, c)));
+    }
+    Ok(tok.apply_chat_template(&msgs, true)?)
 }
 
 /// The parameters a checkpoint stores: all of the tiny model, the adapters of a LoRA policy.

@@ -1,6 +1,6 @@
 //! `Generation::stack` (Reinforce-Ada keeps responses from several rounds in one batch): the
 //! stacked rows, re-padded to the widest prompt and response, rescore to the log-probs the
-//! sampler recorded for them in their own rounds.
+//! sampler recorded for them in their own rounds; scoring in chunks of rows changes nothing.
 
 mod common;
 
@@ -63,6 +63,11 @@ fn stacked_rows_rescore_like_their_rounds() {
         adapters: true,
     };
     let rescored = common::vals(exp.score_all(&model) * s.mask.clone());
+    // Scoring in chunks of rows gives the same values.
+    let chunked = common::vals(exp.score_all_chunked(&model, 2) * s.mask.clone());
+    for (a, b) in chunked.iter().zip(&rescored) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
     let kept = common::vals(s.log_probs.clone() * s.mask.clone());
     let want: Vec<(usize, usize, &Vec<f32>, usize)> =
         vec![(0, 4, &lp_a, na), (1, 0, &lp_a, na), (2, 2, &lp_b, nb)];

@@ -258,7 +258,8 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
             Some(turns) => {
                 let adv = compute_advantages(&parts.advantage, &batch, step)?;
                 row.extend(adv.metrics.to_host());
-                // Rescoring between turn updates runs without the autodiff graph.
+                // Rescoring between turn updates runs without the autodiff graph, in the
+                // update's micro-batches.
                 let host_exp = LlmExperience {
                     tokens: x.tokens.clone(),
                     mask: x.attention.clone(),
@@ -274,7 +275,11 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
                     turns,
                     lr,
                     &mut |n| order_rng.permutation(n),
-                    &mut |m: &Llama| host_exp.score_all(&m.valid()).to_device(&ad),
+                    &mut |m: &Llama| {
+                        host_exp
+                            .score_all_chunked(&m.valid(), upd.schedule.micro_batch_rows)
+                            .to_device(&ad)
+                    },
                 )?;
                 row.extend(stats.metrics);
                 model

@@ -25,6 +25,22 @@ impl LlmExperience {
         let rows: Vec<usize> = (0..self.tokens.dims()[0]).collect();
         model.score(self, &rows, false).log_probs
     }
+
+    /// [`score_all`](Self::score_all) in chunks of `chunk` rows (0: all at once), so that only
+    /// one chunk's activations are alive at a time; the same values.
+    pub fn score_all_chunked(&self, model: &Llama, chunk: usize) -> Tensor<2> {
+        let n = self.tokens.dims()[0];
+        if chunk == 0 || chunk >= n {
+            return self.score_all(model);
+        }
+        let rows: Vec<usize> = (0..n).collect();
+        Tensor::cat(
+            rows.chunks(chunk)
+                .map(|c| model.score(self, c, false).log_probs)
+                .collect(),
+            0,
+        )
+    }
 }
 
 impl Actor for Llama {

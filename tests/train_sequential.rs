@@ -95,6 +95,28 @@ fn optimizer() -> ember_train::Optimizer {
     OptimizerConfig::default().with_epsilon(1.0).init()
 }
 
+/// `sequential_update` of the case's toy actor (fresh optimizer, lr 0.1, identity row order) on
+/// `batch` with the given schedule and rescoring.
+fn seq(
+    c: &Case,
+    batch: &RolloutBatch,
+    turns: &TurnUpdates,
+    rescore: &mut dyn FnMut(&Toy) -> Tensor<2>,
+) -> Result<(Toy, ember_train::UpdateStats), ember_engine::EngineError> {
+    sequential_update(
+        c.toy.clone(),
+        &mut optimizer(),
+        &c.offsets,
+        batch,
+        &c.adv,
+        &UpdateConfig::default(),
+        turns,
+        0.1,
+        &mut |n| (0..n).collect(),
+        rescore,
+    )
+}
+
 /// Reverse order: turn 1 is updated first on its own steps; then turn 0 with old log-probs
 /// rescored after that update and advantages × the clipped ratio of turn 1.
 #[test]
@@ -105,21 +127,10 @@ fn reverse_order_matches_the_loop_written_out() {
     let turns = TurnUpdates::default();
     let all = [0, 1, 2, 3];
     let mut rescored = 0;
-    let (got, stats) = sequential_update(
-        c.toy.clone(),
-        &mut optimizer(),
-        &c.offsets,
-        &c.batch,
-        &c.adv,
-        &cfg,
-        &turns,
-        0.1,
-        &mut |n| (0..n).collect(),
-        &mut |a: &Toy| {
-            rescored += 1;
-            a.score(&c.offsets, &all, false).log_probs.detach()
-        },
-    )
+    let (got, stats) = seq(&c, &c.batch, &turns, &mut |a: &Toy| {
+        rescored += 1;
+        a.score(&c.offsets, &all, false).log_probs.detach()
+    })
     .unwrap();
     assert_eq!(rescored, 1);
     assert_eq!(stats.optimizer_steps, 2);
@@ -180,21 +191,13 @@ fn reverse_order_matches_the_loop_written_out() {
     assert!((stats.metrics["seeupo/ratio_mean"] - f64::from(mean)).abs() < 1e-6);
     assert_eq!(stats.metrics["seeupo/turn_updates"], 2.0);
     // Forward order is a different schedule with a different result.
-    let (fwd, _) = sequential_update(
-        c.toy.clone(),
-        &mut optimizer(),
-        &c.offsets,
-        &c.batch,
-        &c.adv,
-        &cfg,
-        &TurnUpdates {
-            order: TurnOrder::Forward,
-            ..turns
-        },
-        0.1,
-        &mut |n| (0..n).collect(),
-        &mut |a: &Toy| a.score(&c.offsets, &all, false).log_probs.detach(),
-    )
+    let forward = TurnUpdates {
+        order: TurnOrder::Forward,
+        ..turns
+    };
+    let (fwd, _) = seq(&c, &c.batch, &forward, &mut |a: &Toy| {
+        a.score(&c.offsets, &all, false).log_probs.detach()
+    })
     .unwrap();
     let f = values(fwd.theta.val());
     assert!(f.iter().zip(&g).any(|(a, b)| (a - b).abs() > 1e-5), "{f:?}");
@@ -207,18 +210,9 @@ fn one_turn_is_the_plain_update() {
     let single = TURNS.map(|t| if t < 0.0 { -1.0 } else { 0.0 });
     let c = case(&d, &single);
     let cfg = UpdateConfig::default();
-    let (got, _) = sequential_update(
-        c.toy.clone(),
-        &mut optimizer(),
-        &c.offsets,
-        &c.batch,
-        &c.adv,
-        &cfg,
-        &TurnUpdates::default(),
-        0.1,
-        &mut |n| (0..n).collect(),
-        &mut |_: &Toy| panic!("no rescoring with one turn"),
-    )
+    let (got, _) = seq(&c, &c.batch, &TurnUpdates::default(), &mut |_: &Toy| {
+        panic!("no rescoring with one turn")
+    })
     .unwrap();
     let (want, _) = update(
         c.toy.clone(),
@@ -239,20 +233,9 @@ fn one_turn_is_the_plain_update() {
         &[0, 0, 1, 1],
     )
     .unwrap();
-    let e = sequential_update(
-        c.toy.clone(),
-        &mut optimizer(),
-        &c.offsets,
-        &plain,
-        &c.adv,
-        &cfg,
-        &TurnUpdates::default(),
-        0.1,
-        &mut |n| (0..n).collect(),
-        &mut |_: &Toy| panic!(),
-    )
-    .err()
-    .map(|e| e.to_string())
-    .unwrap_or_default();
+    let e = seq(&c, &plain, &TurnUpdates::default(), &mut |_: &Toy| panic!())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(e.contains("turn_ids"), "{e}");
 }

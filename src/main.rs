@@ -40,6 +40,10 @@ enum Command {
     /// Write a checkpoint (plus an optional adapter, merged) as Hugging Face safetensors +
     /// config.json.
     Export(cli_llm::ExportArgs),
+    /// How well each baseline estimates a prompt's value (BASIS, REINFORCE++'s batch mean,
+    /// GRPO's group mean of 8): mean squared error against a Monte-Carlo estimate.
+    #[command(name = "value-mse")]
+    ValueMse(ValueMseArgs),
     /// LLM throughput benchmark (benches/README.md); `ember bench-llm --help` lists its options.
     #[command(name = "bench-llm", disable_help_flag = true)]
     BenchLlm {
@@ -124,6 +128,24 @@ struct MoloraArgs {
 }
 
 #[derive(Args)]
+struct ValueMseArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// Prompts.
+    #[arg(long, default_value_t = 256)]
+    prompts: usize,
+    /// Monte-Carlo responses per prompt.
+    #[arg(long, default_value_t = 64)]
+    mc: usize,
+    /// Use this checkpoint of a run of the recipe instead of the warm-up.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// BASIS kernel bandwidths to report.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.25,0.5,1")]
+    bandwidths: Vec<f32>,
+}
+
+#[derive(Args)]
 struct EvalArgs {
     /// The run directory.
     run: PathBuf,
@@ -163,6 +185,18 @@ fn run(cli: Cli) -> Result<()> {
                 "{}",
                 serde_json::json!({ "run": a.run.display().to_string(), "accuracy": acc })
             );
+            Ok(())
+        }
+        Command::ValueMse(a) => {
+            let r = ember::recipe::parse(&a.recipe.text()?, &a.recipe.sets)?;
+            let o = ember::jobs::value_mse::ValueMse {
+                prompts: a.prompts,
+                mc: a.mc,
+                checkpoint: a.checkpoint.as_deref(),
+                bandwidths: a.bandwidths,
+            };
+            let report = ember::jobs::value_mse::value_mse(&r, &o)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
         Command::Generate(a) => cli_llm::generate_cmd(a),

@@ -540,6 +540,21 @@ fn bad_inputs_get_clear_errors() {
 /// adapter is written in PEFT layout and `ember eval` reproduces the last evaluation.
 #[test]
 fn lora_policy_checkpoints_and_resumes() {
+    lora_resume("lora", &[], &["model.bpk"]);
+}
+
+/// The same with PPO + PACT: the critic (a copy of the policy with its own adapters and a value
+/// head) is checkpointed as adapters and head only, and the resumed run matches.
+#[test]
+fn lora_critic_checkpoints_and_resumes() {
+    lora_resume(
+        "lora-ppo",
+        &["algorithm=\"ppo-pact\""],
+        &["model.bpk", "critic.bpk"],
+    );
+}
+
+fn lora_resume(tag: &str, extra: &[&str], small: &[&str]) {
     let Some(gguf) = common::assets::smollm2() else {
         return;
     };
@@ -561,12 +576,12 @@ fn lora_policy_checkpoints_and_resumes() {
     let run = |out: &Path, flags: &[&str]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
         c.args(["train", &recipe, "--quiet", "--out"]).arg(out);
-        for s in sets {
+        for s in sets.iter().chain(extra) {
             c.args(["--set", s]);
         }
         c.args(flags).output().unwrap()
     };
-    let (a, b) = (tmp("lora-a"), tmp("lora-b"));
+    let (a, b) = (tmp(&format!("{tag}-a")), tmp(&format!("{tag}-b")));
     let o = run(&a, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&b, &["--stop-after", "1"]);
@@ -583,13 +598,15 @@ fn lora_policy_checkpoints_and_resumes() {
         "resumed LoRA metrics differ from the uninterrupted run"
     );
     // Adapters only: far smaller than the 135M-parameter model.
-    let size = std::fs::metadata(b.join("checkpoints/step-00000002/model.bpk"))
-        .unwrap()
-        .len();
-    assert!(
-        size < 4_000_000,
-        "checkpoint of {size} bytes holds more than adapters"
-    );
+    for f in small {
+        let size = std::fs::metadata(b.join("checkpoints/step-00000002").join(f))
+            .unwrap()
+            .len();
+        assert!(
+            size < 4_000_000,
+            "{f} of {size} bytes holds more than adapters"
+        );
+    }
     assert!(b.join("final/adapter_model.safetensors").exists());
     eval_matches_last(&b, &ra);
     std::fs::remove_dir_all(&a).ok();
@@ -775,6 +792,31 @@ fn warmup_runs_the_recipe_shapes() {
         "{}",
         stderr(&o)
     );
+    // The presets with extra passes (a critic, PACT's rescoring, BASIS's prompt features) and
+    // replay warm up too; replay's extra row counts are named in the notes.
+    for alg in ["ppo-pact", "basis", "rerule"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["warmup", &recipe(), "--quiet", "--passes", "1", "--json"])
+            .arg(&json)
+            .args(["--set", &format!("algorithm={alg}")])
+            .args([
+                "--set",
+                "rollout.prompts_per_step=4",
+                "--set",
+                "task.eval_size=8",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{alg}: {}", stderr(&o));
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let notes = r["notes"].to_string();
+        assert_eq!(
+            notes.contains("replayed groups"),
+            alg == "rerule",
+            "{notes}"
+        );
+    }
     let flow = format!("{}/recipes/digits-flow.toml", env!("CARGO_MANIFEST_DIR"));
     let o = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["warmup", &flow])
@@ -913,4 +955,195 @@ fn reinforce_ada_draws_in_rounds_and_keeps_n() {
         "{}",
         stderr(&bad)
     );
+}
+
+/// PPO with a learned critic: the critic's metrics are logged, its weights and optimizer are in
+/// every checkpoint, a run stopped at step 3 resumes to the same metrics (PACT's weights
+/// included), and critic settings that do not fit the algorithm are refused by name.
+#[test]
+fn ppo_critic_logs_checkpoints_and_resumes() {
+    let out = tmp("ppo");
+    let args = ["algorithm=ppo-pact", "critic={lr=3e-3, warmup_steps=1}"];
+    let o = train(&out, &args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out.join("metrics.jsonl"));
+    let steps: Vec<_> = r
+        .iter()
+        .filter(|x| x.contains_key("critic/vf_loss"))
+        .collect();
+    assert_eq!(steps.len(), 6);
+    for x in &steps {
+        for k in [
+            "critic/vf_explained_var",
+            "critic/vf_clipfrac",
+            "critic/pact_weight_mean",
+            "critic/grad_norm",
+        ] {
+            assert!(x[k].as_f64().unwrap().is_finite(), "{k}");
+        }
+        assert_eq!(x["critic/lr"].as_f64(), Some(3e-3));
+    }
+    // The critic-only warm-up step leaves the actor alone.
+    assert!(!steps[0].contains_key("actor/pg_loss"));
+    assert!(steps[1].contains_key("actor/pg_loss"));
+    // Values start at the zero head and move towards the returns.
+    assert_eq!(steps[0]["critic/values_mean"].as_f64(), Some(0.0));
+    assert!(steps[5]["critic/values_mean"].as_f64().unwrap() > 0.0);
+    let ckpt = out.join("checkpoints/step-00000006");
+    for f in ["critic.bpk", "critic_optim.bpk", "model.bpk"] {
+        assert!(ckpt.join(f).is_file(), "{f}");
+    }
+    let part = tmp("ppo-part");
+    let o = train(&part, &args, &["--stop-after", "3"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = train(&part, &args, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(rows(&part.join("metrics.jsonl")), r);
+    fails_with(
+        None,
+        &["critic={lr=1e-3}"],
+        &["[critic] applies to", "\"grpo\""],
+    );
+    fails_with(
+        None,
+        &["advantage={kind=\"gae\"}"],
+        &["needs a critic's values", "\"ppo\""],
+    );
+    fails_with(
+        None,
+        &["algorithm=ppo", "advantage={kind=\"rloo\"}"],
+        &["must stay \"gae\""],
+    );
+    fails_with(
+        None,
+        &["algorithm=ppo", "critic={value_clip=-1}"],
+        &["critic.value_clip"],
+    );
+    fails_with(
+        None,
+        &["algorithm=ppo", "critic={warmup_steps=6}"],
+        &["critic.warmup_steps = 6 leaves no step"],
+    );
+    for d in [out, part] {
+        std::fs::remove_dir_all(d).ok();
+    }
+}
+
+/// ReRULE-style replay: hard groups of the first half are stored, replayed later beside the
+/// fresh rows with importance weights against their stored log-probs, the buffer is in every
+/// checkpoint, and a run stopped at step 3 resumes to the same metrics.
+#[test]
+fn rerule_replays_stored_groups_and_resumes() {
+    let out = tmp("rerule");
+    // 6 steps: admission on steps 1–3, replay on steps 3–6 (from 0.25 × 6 = 1.5 steps done),
+    // 0.5 × 8 prompts = 4 groups a step.
+    let args = [
+        "algorithm=rerule",
+        "replay={ratio=0.5, max_mean_reward=0.9, capacity=6}",
+    ];
+    let o = train(&out, &args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out.join("metrics.jsonl"));
+    let steps: Vec<_> = r
+        .iter()
+        .filter(|x| x.contains_key("replay/admitted"))
+        .collect();
+    assert_eq!(steps.len(), 6);
+    let get = |x: &serde_json::Map<String, serde_json::Value>, k: &str| x[k].as_f64().unwrap();
+    assert_eq!(get(steps[0], "replay/replayed_groups"), 0.0);
+    assert!(steps[..3].iter().any(|x| get(x, "replay/admitted") > 0.0));
+    assert!(steps[3..].iter().all(|x| get(x, "replay/admitted") == 0.0));
+    assert!(steps.iter().all(|x| get(x, "replay/buffer_groups") <= 6.0));
+    let replayed: f64 = steps.iter().map(|x| get(x, "replay/replayed_groups")).sum();
+    assert!(replayed > 0.0);
+    for x in steps
+        .iter()
+        .filter(|x| get(x, "replay/replayed_groups") > 0.0)
+    {
+        assert!(get(x, "replay/mean_age") >= 1.0);
+        assert!(get(x, "mismatch/is_weight_mean").is_finite());
+    }
+    let ckpt = out.join("checkpoints/step-00000006/replay.json");
+    let buffer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ckpt).unwrap()).unwrap();
+    assert!(buffer["admitted"].as_u64().unwrap() > 0);
+    let part = tmp("rerule-part");
+    let o = train(&part, &args, &["--stop-after", "3"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = train(&part, &args, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(rows(&part.join("metrics.jsonl")), r);
+    // A damaged buffer file is named, not a panic.
+    let part2 = tmp("rerule-bad");
+    let o = train(&part2, &args, &["--stop-after", "4"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let bad = part2.join("checkpoints/step-00000004/replay.json");
+    std::fs::write(&bad, r#"{"entries":[{"step":1,"replays":0,"group":{"prompt":[1],"responses":[[2]],"log_probs":[[]],"rewards":[1.0],"truncated":[false]}}],"admitted":1,"evicted":0}"#).unwrap();
+    let o = train(&part2, &args, &["--resume"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("replay.json: group 0: a response without tokens"),
+        "{e}"
+    );
+    fails_with(None, &["algorithm=remax", "replay={}"], &["ReMax"]);
+    fails_with(None, &["replay={admit_until=2}"], &["replay.admit_until"]);
+    fails_with(
+        None,
+        &["algorithm=rerule", "rollout.samples_per_prompt=1"],
+        &["must be >= 2"],
+    );
+    fails_with(
+        None,
+        &[
+            "algorithm=dapo",
+            "advantage={kind=\"basis\"}",
+            "rollout.samples_per_prompt=1",
+        ],
+        &["dynamic sampling"],
+    );
+    for d in [out, part, part2] {
+        std::fs::remove_dir_all(d).ok();
+    }
+}
+
+/// BASIS trains with one response per prompt and logs its baseline; `ember value-mse` reports
+/// every estimator's error against the Monte-Carlo values.
+#[test]
+fn basis_single_rollout_and_value_mse() {
+    let out = tmp("basis");
+    let args = [
+        "algorithm=basis",
+        "rollout.samples_per_prompt=1",
+        "rollout.prompts_per_step=16",
+    ];
+    let o = train(&out, &args, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = rows(&out.join("metrics.jsonl"));
+    let v: Vec<f64> = r
+        .iter()
+        .filter_map(|x| x.get("advantage/basis_value_mean")?.as_f64())
+        .collect();
+    assert_eq!(v.len(), 6);
+    assert!(v.iter().all(|x| (0.0..=1.0).contains(x)), "{v:?}");
+    // A group estimator still needs two samples.
+    fails_with(None, &["rollout.samples_per_prompt=1"], &["must be >= 2"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["value-mse", &recipe(), "--prompts", "12", "--mc", "8"])
+        .args(["--set", "warmup.steps=100", "--bandwidths", "0.5,2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in [
+        "mse_reinforce_pp_batch_mean",
+        "mse_group_mean_8",
+        "mc_noise",
+        "mean_value",
+    ] {
+        let x = j[k].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&x), "{k} = {x}");
+    }
+    assert_eq!(j["mse_basis_by_bandwidth"].as_object().unwrap().len(), 2);
+    std::fs::remove_dir_all(out).ok();
 }

@@ -193,3 +193,32 @@ fn every_shipped_recipe_parses() {
     }
     assert!(n >= 9, "{n} recipes");
 }
+
+/// Replay added to a preset without a mismatch correction brings the default one (replayed rows
+/// are stale), and keeps a correction the recipe chose; `[critic]` overrides reach the preset.
+#[test]
+fn replay_and_critic_tables_resolve() {
+    use ember::engine::{IsLevel, MismatchCorrection};
+    let set = |s: &[&str]| {
+        parse(
+            &recipe_text(),
+            &s.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap()
+    };
+    let r = set(&["replay={}"]);
+    let parts = r.algorithm_parts();
+    assert!(parts.replay.is_some());
+    assert_eq!(parts.loss.mismatch, Some(MismatchCorrection::default()));
+    let r = set(&["replay={}", "loss={mismatch={level=\"sequence\", cap=3.0}}"]);
+    let m = r.algorithm_parts().loss.mismatch.unwrap();
+    assert_eq!((m.level, m.cap), (IsLevel::Sequence, 3.0));
+    let r = set(&[
+        "algorithm=ppo",
+        "critic={value_clip=0.2, pact={weight_clip=1.5}}",
+    ]);
+    let c = r.algorithm_parts().critic.unwrap();
+    assert_eq!(c.value_clip, 0.2);
+    assert_eq!(c.pact.map(|p| p.weight_clip), Some(1.5));
+    assert!(set(&[]).algorithm_parts().replay.is_none());
+}

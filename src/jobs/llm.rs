@@ -6,10 +6,12 @@
 
 use crate::engine::*;
 use crate::llm::adaptive::ada_rollout;
+use crate::llm::critic::{Critic, update_step};
+use crate::llm::replay::{Limits, Replay};
 use crate::llm::score::{Scorer, completions, json_number, shown_samples, valid_mean};
 use crate::llm::step::{
-    Reference, experience, greedy_sampling, optimizer, rescore, rollout_sampling, update_config,
-    update_policy,
+    Reference, experience, greedy_sampling, optimizer, prompt_features, rescore, rollout_sampling,
+    update_config,
 };
 use crate::llm::{
     Policy, build_policy, build_policy_with, evaluate, evaluate_sampled, load_checkpoint,
@@ -123,8 +125,23 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         None => Reference::AdaptersOff,
     });
     let mut optim = optimizer(r);
+    // PPO's critic starts from the policy as the warm-up left it.
+    let mut critic = Critic::new(r, &policy, &ad);
+    let mut replay = parts.replay.map(|cfg| Replay {
+        cfg,
+        buffer: ReplayBuffer::default(),
+    });
     if let Some((dir, _)) = run.resumed() {
         optim = checkpoint::load_optimizer(dir, optim)?;
+        critic = critic.map(|c| c.load(dir)).transpose()?;
+        let limits = Limits {
+            step: run.first_step(),
+            vocab: policy.model.vocab_size(),
+            context: policy.model.max_positions(),
+            max_new,
+            samples: r.rollout.samples_per_prompt,
+        };
+        replay = replay.map(|rp| rp.load(dir, &limits)).transpose()?;
     }
     let schedule = r.train.schedule.schedule(r.train.run.steps);
 
@@ -135,6 +152,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         let t_step = Instant::now();
         let mut row = BTreeMap::new();
         let rng_at_start = rng.0;
+        let replay_at_start = replay.as_ref().map(|rp| rp.buffer.clone());
         // Everything before the update: an error here leaves the weights as the last completed
         // step left them, so the run writes that step's checkpoint before it ends.
         let mut before_update = || -> Result<_> {
@@ -185,14 +203,24 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
 
             // Rescoring: old-policy and reference log-probs without gradients; ReMax's greedy
             // baseline.
-            let (seq, seq_mask) = g.sequences();
-            let host_exp = experience(seq, seq_mask, g.tokens.dims()[1], &sc);
+            // ReRULE: replayed hard groups join the fresh ones; their stored sampler
+            // log-probs are the rollout log-probs whose staleness the loss's IS corrects.
+            let mixed = match replay.as_mut() {
+                Some(rp) => rp.mix((step, r.train.run.steps), &prompts, &g, &rewards, &mut row)?,
+                None => None,
+            };
+            let (gt, rt) = match &mixed {
+                Some((g2, r2)) => (g2, r2.as_slice()),
+                None => (&g, rewards.as_slice()),
+            };
+            let (seq, seq_mask) = gt.sequences();
+            let host_exp = experience(seq, seq_mask, gt.tokens.dims()[1], &sc);
             let mut batch = RolloutBatch::new(
-                g.mask.clone().to_device(&ad),
-                Tensor::from_floats(rewards.as_slice(), &ad),
-                &g.group_ids,
+                gt.mask.clone().to_device(&ad),
+                Tensor::from_floats(rt, &ad),
+                &gt.group_ids,
             )?
-            .with_rollout_log_probs(g.log_probs.clone().to_device(&ad))?;
+            .with_rollout_log_probs(gt.log_probs.clone().to_device(&ad))?;
             if let Some((mean, std)) = pool_stats {
                 batch = batch.with_group_stats(
                     Tensor::from_floats(mean.as_slice(), &ad),
@@ -203,11 +231,15 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 o.apply(&mut batch)?;
             }
             let t_ref = Instant::now();
-            let recompute = r.train.run.recompute_old_log_probs;
+            // Replayed rows were sampled by an older policy: π_old is recomputed.
+            let recompute = r.train.run.recompute_old_log_probs || replay.is_some();
             batch = rescore(batch, &host_exp, &sampler, recompute, kl_reference, &ad)?;
             if recompute || kl_reference.is_some() {
                 let _ = base.sync();
                 timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
+            }
+            if parts.advantage.kind.needs_features() {
+                batch = batch.with_features(prompt_features(&sampler, gt).to_device(&ad))?;
             }
             if parts.advantage.kind.needs_greedy_baseline() {
                 let baseline = greedy_baseline(
@@ -244,8 +276,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             Ok(p) => p,
             Err(e) => {
                 let state = run.state(steps_done, rng_at_start, accuracy_before, accuracy_after);
+                if let (Some(rp), Some(b)) = (replay.as_mut(), replay_at_start) {
+                    rp.buffer = b;
+                }
+                let extra = (critic.as_ref(), replay.as_ref());
                 return Err(run.checkpoint_after_error(steps_done, e, |d| {
-                    checkpoint::write_records(d, model_record(&policy), &optim, &state)
+                    save_checkpoint(d, &policy, &optim, extra, &state)
                 }));
             }
         };
@@ -269,16 +305,17 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             let t_update = Instant::now();
             let kept_places: Vec<usize> = places.iter().map(|p| p.1).collect();
             let shown_adv;
-            (policy.model, shown_adv) = update_policy(
+            let mut order = |n| order_rng.permutation(n);
+            (policy.model, shown_adv) = update_step(
                 policy.model,
+                critic.as_mut(),
                 &mut optim,
-                &exp,
-                &batch,
+                (&exp, &base, &ad),
+                batch,
                 &parts.advantage,
                 &upd,
-                step,
-                lr,
-                &mut |n| order_rng.permutation(n),
+                (step, lr),
+                &mut order,
                 &mut row,
                 &kept_places,
             )?;
@@ -286,6 +323,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 shown[*i].insert("advantage".into(), json_number(a));
             }
             let _ = ad.sync();
+            // With a critic this includes its values, PACT's rescoring and its update (also
+            // logged alone as `timing_s/update_critic`).
             timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
         }
         let secs = t_step.elapsed().as_secs_f64();
@@ -319,8 +358,9 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         // The samples before the row and its checkpoint: a kill in between leaves them past
         // the checkpoint, where resuming cuts them.
         run.samples(step + 1, &shown, evaluated)?;
+        let extra = (critic.as_ref(), replay.as_ref());
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
-            checkpoint::write_records(d, model_record(&policy), &optim, &state)
+            save_checkpoint(d, &policy, &optim, extra, &state)
         })?;
         if stop {
             interrupted = true;
@@ -353,6 +393,22 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         steps_done,
         interrupted,
     })
+}
+
+/// A checkpoint: the policy (or its adapters), its optimizer, the critic and its optimizer
+/// and the replay buffer when the run has them, and the host state.
+fn save_checkpoint(
+    d: &Path,
+    policy: &Policy,
+    optim: &ember_train::Optimizer,
+    (critic, replay): (Option<&Critic>, Option<&Replay>),
+    state: &checkpoint::TrainState,
+) -> Result<()> {
+    checkpoint::write_records(d, model_record(policy), optim, state)?;
+    if let Some(c) = critic {
+        c.save(d)?;
+    }
+    replay.map_or(Ok(()), |rp| rp.save(d))
 }
 
 /// The KL reference of the tiny policy: the warm-started weights saved at the start of the run

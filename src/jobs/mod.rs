@@ -6,4 +6,5 @@ pub mod agent;
 pub mod flow;
 pub mod llm;
 pub mod molora;
+pub mod value_mse;
 pub mod warmup;

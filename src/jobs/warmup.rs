@@ -10,9 +10,10 @@
 //! away.
 
 use crate::engine::*;
+use crate::llm::critic::{Critic, update_step};
 use crate::llm::step::{
-    Reference, experience, greedy_sampling, optimizer, rescore, rollout_sampling, update_config,
-    update_policy,
+    Reference, experience, features_at, greedy_sampling, optimizer, rescore, rollout_sampling,
+    update_config,
 };
 use crate::llm::{Policy, build_policy, evaluate};
 use crate::recipe::llm::Recipe;
@@ -141,10 +142,18 @@ fn shapes(r: &Recipe, policy: &Policy, opts: &WarmupOptions) -> Result<Shapes> {
     } else {
         vec![max_new]
     };
-    if r.algorithm_parts().dynamic_sampling {
+    let parts = r.algorithm_parts();
+    if parts.dynamic_sampling {
         notes.push(
             "dynamic sampling drops groups, so training may also see fewer rows than a full \
              rollout batch; those row counts are not warmed"
+                .to_string(),
+        );
+    }
+    if parts.replay.is_some() {
+        notes.push(
+            "replayed groups add rows to later steps' batches (and their responses may be \
+             longer than this step's); those row counts are not warmed"
                 .to_string(),
         );
     }
@@ -176,6 +185,8 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     let parts = r.algorithm_parts();
     let upd = update_config(r, parts.loss);
     let mut optim = optimizer(r);
+    // PPO's critic: valued, then trained after the actor, as in the job.
+    let mut critic = Critic::new(r, &policy, &ad);
     let n = r.rollout.samples_per_prompt;
     let k = r.rollout.prompts_per_step;
     let rows = k * n;
@@ -244,6 +255,10 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                 if needs_greedy {
                     batch = batch.with_baseline_rewards(Tensor::<1>::zeros([rows], &ad))?;
                 }
+                if parts.advantage.kind.needs_features() {
+                    let f = features_at(&sampler, exp.tokens.clone(), exp.mask.clone(), w);
+                    batch = batch.with_features(f.to_device(&ad))?;
+                }
                 sync(&base)?;
                 t.rescore_s += t0.elapsed().as_secs_f64();
                 let t0 = Instant::now();
@@ -255,20 +270,24 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
                 // The job reads the advantage and update metrics every step: their reductions
                 // are kernels too.
                 let mut row = std::collections::BTreeMap::new();
-                (policy.model, _) = update_policy(
+                let mut order = |m: usize| (0..m).collect::<Vec<_>>();
+                let lr = r.train.schedule.lr;
+                let trained = update_step(
                     policy.model,
+                    critic.as_mut(),
                     &mut optim,
-                    &exp,
-                    &batch,
+                    (&exp, &base, &ad),
+                    batch,
                     &parts.advantage,
                     &upd,
-                    0,
-                    r.train.schedule.lr,
-                    &mut |m: usize| (0..m).collect::<Vec<_>>(),
+                    (0, lr),
+                    &mut order,
                     &mut row,
                     &[],
-                )
-                .with_context(|| format!("training at prompt width {w}, response width {nw}"))?;
+                );
+                (policy.model, _) = trained.with_context(|| {
+                    format!("training at prompt width {w}, response width {nw}")
+                })?;
                 sync(&ad)?;
                 t.train_s += t0.elapsed().as_secs_f64();
             }

@@ -5,6 +5,8 @@
 
 pub mod adaptive;
 pub mod agent;
+pub mod critic;
+pub mod replay;
 pub mod score;
 pub mod step;
 

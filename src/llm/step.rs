@@ -8,7 +8,7 @@ use anyhow::Result;
 use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_llm::actor::LlmExperience;
-use ember_llm::{Llama, SamplingConfig};
+use ember_llm::{Generation, Llama, SamplingConfig};
 use ember_train::{Optimizer, UpdateConfig, update};
 use std::collections::BTreeMap;
 
@@ -51,6 +51,27 @@ pub fn experience(
         temperature: sc.scoring_temperature(),
         adapters: true,
     }
+}
+
+/// BASIS's prompt representations `[rows, d_model]`: the policy's final-normed hidden state at
+/// each row's last prompt token (prompts are left-padded, so it is the last prompt column).
+pub fn prompt_features(sampler: &Llama, g: &Generation) -> Tensor<2> {
+    let (seq, mask) = g.sequences();
+    features_at(sampler, seq, mask, g.prompt_tokens.dims()[1])
+}
+
+/// [`prompt_features`] of sequences `[rows, p + n]` (n ≥ 1) whose prompts fill the first `p`
+/// columns.
+pub fn features_at(sampler: &Llama, seq: Tensor<2, Int>, mask: Tensor<2>, p: usize) -> Tensor<2> {
+    let rows = seq.dims()[0];
+    let h = sampler.last_hidden(
+        seq.slice([0..rows, 0..p + 1]),
+        mask.slice([0..rows, 0..p + 1]),
+        1,
+        true,
+    );
+    let d = h.dims()[2];
+    h.reshape([rows, d])
 }
 
 /// The update schedule of a recipe's RL phase with the resolved actor loss.
@@ -131,7 +152,7 @@ pub fn update_policy(
 }
 
 /// Σ x·m / Σ m over the steps of each of `rows` (NaN where Σ m = 0), read to the host at once.
-fn row_means(x: &Tensor<2>, mask: &Tensor<2>, rows: &[usize]) -> Vec<f64> {
+pub(crate) fn row_means(x: &Tensor<2>, mask: &Tensor<2>, rows: &[usize]) -> Vec<f64> {
     if rows.is_empty() {
         return Vec::new();
     }

@@ -6,7 +6,7 @@ use super::llm::{ModelSpec, PretrainedSpec, TrainSpec, Warmup};
 use super::{check_positive, check_range};
 use crate::env::external::ExternalEnvSpec;
 use anyhow::{Result, bail};
-use ember_engine::{AdvantageConfig, Preset, PresetParts};
+use ember_engine::{AdvantageConfig, AdvantageKind, Preset, PresetParts};
 use serde::{Deserialize, Serialize};
 
 fn auto() -> String {
@@ -209,6 +209,25 @@ impl AgentRecipe {
         if parts.adaptive.is_some() {
             bail!(
                 "algorithm = {:?} samples prompts in rounds; agent recipes do not take it",
+                self.algorithm.name()
+            );
+        }
+        if parts.replay.is_some() {
+            bail!(
+                "algorithm = {:?} replays stored groups; agent recipes do not take it",
+                self.algorithm.name()
+            );
+        }
+        if parts.advantage.kind.needs_features() {
+            bail!(
+                "[advantage] kind = \"basis\" reads prompt representations that agent episodes \
+                 do not provide; agent recipes take the other estimators"
+            );
+        }
+        if parts.critic.is_some() || matches!(parts.advantage.kind, AdvantageKind::Gae { .. }) {
+            bail!(
+                "algorithm = {:?}: a learned critic (GAE) runs in LLM recipes only for now; \
+                 agent recipes take critic-free presets",
                 self.algorithm.name()
             );
         }

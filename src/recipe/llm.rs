@@ -1,137 +1,15 @@
 //! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
 use super::defaults::{auto, four, ten, two, yes};
-use super::expand_path;
 use crate::engine::*;
 use crate::reward::{ExternalSpec, PythonSpec};
-use crate::tasks::{Arithmetic, Countdown, JsonlData, JsonlKeys, TaskSet};
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
+pub use super::critic::CriticSpec;
 pub use super::policy::{ModelSpec, PretrainedSpec, Warmup};
-
-/// Which task family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TaskKind {
-    /// Generated multi-digit arithmetic (`digits`, `ops`).
-    #[default]
-    Arithmetic,
-    /// Generated countdown (`count`, `max_number`, `max_target`).
-    Countdown,
-    /// A JSONL file (`path`): GSM8K `question`/`answer` or `prompt`/`answer`.
-    Jsonl,
-}
-
-/// Which task, and its settings (only those of its kind may be set).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskSpec {
-    /// Task family.
-    #[serde(default)]
-    pub kind: TaskKind,
-    /// Arithmetic: maximum digits per operand (default 2).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digits: Option<u32>,
-    /// Arithmetic: operators, any of `+-*` (default `+`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ops: Option<String>,
-    /// Countdown: numbers per problem (default 3).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<usize>,
-    /// Countdown: largest number (default 9).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_number: Option<i64>,
-    /// Countdown: largest target (default 99).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_target: Option<i64>,
-    /// JSONL: the data file (`~` and `$VAR` are expanded).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    /// JSONL: the key of the prompt, a string or a chat `messages` list (default: the first of
-    /// `question`, `prompt`, `messages`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_key: Option<String>,
-    /// JSONL: the key of the reference answer (default `answer`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub answer_key: Option<String>,
-    /// Held-out problems evaluated.
-    pub eval_size: usize,
-}
-
-impl TaskSpec {
-    /// Builds the task (reads a JSONL file), checking that only this kind's fields are set.
-    pub fn build(&self) -> Result<TaskSet> {
-        let given = |name: &str, set: bool, kinds: &str| -> Result<()> {
-            if set {
-                bail!("task.{name} applies to kind = {kinds}, not {:?}", self.kind);
-            }
-            Ok(())
-        };
-        let k = self.kind;
-        given(
-            "digits",
-            self.digits.is_some() && k != TaskKind::Arithmetic,
-            "arithmetic",
-        )?;
-        given(
-            "ops",
-            self.ops.is_some() && k != TaskKind::Arithmetic,
-            "arithmetic",
-        )?;
-        for (n, set) in [
-            ("count", self.count.is_some()),
-            ("max_number", self.max_number.is_some()),
-            ("max_target", self.max_target.is_some()),
-        ] {
-            given(n, set && k != TaskKind::Countdown, "countdown")?;
-        }
-        given("path", self.path.is_some() && k != TaskKind::Jsonl, "jsonl")?;
-        given(
-            "prompt_key",
-            self.prompt_key.is_some() && k != TaskKind::Jsonl,
-            "jsonl",
-        )?;
-        given(
-            "answer_key",
-            self.answer_key.is_some() && k != TaskKind::Jsonl,
-            "jsonl",
-        )?;
-        Ok(match k {
-            TaskKind::Arithmetic => {
-                let d = Arithmetic::default();
-                let t = Arithmetic {
-                    digits: self.digits.unwrap_or(d.digits),
-                    ops: self.ops.clone().unwrap_or(d.ops),
-                };
-                t.validate().map_err(anyhow::Error::msg)?;
-                TaskSet::Arithmetic(t)
-            }
-            TaskKind::Countdown => {
-                let d = Countdown::default();
-                let t = Countdown {
-                    count: self.count.unwrap_or(d.count),
-                    max_number: self.max_number.unwrap_or(d.max_number),
-                    max_target: self.max_target.unwrap_or(d.max_target),
-                };
-                t.validate().map_err(anyhow::Error::msg)?;
-                TaskSet::Countdown(t)
-            }
-            TaskKind::Jsonl => {
-                let p = self
-                    .path
-                    .as_deref()
-                    .context("task.kind = \"jsonl\" needs task.path")?;
-                let keys = JsonlKeys {
-                    prompt: self.prompt_key.clone(),
-                    answer: self.answer_key.clone(),
-                };
-                TaskSet::Jsonl(JsonlData::load_with(&expand_path(p)?, &keys)?)
-            }
-        })
-    }
-}
+pub use super::task::{TaskKind, TaskSpec};
 
 /// The reward: a weighted sum of the task's verifiable reward, a format reward, an external
 /// program's reward, plus DAPO's overlong penalty.
@@ -328,6 +206,13 @@ pub struct Recipe {
     /// Overrides the preset's actor loss.
     #[serde(default)]
     pub loss: Option<ActorLossConfig>,
+    /// PPO's critic (`algorithm = "ppo"` / `"ppo-pact"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<CriticSpec>,
+    /// Replay of hard groups (set by `algorithm = "rerule"`; this table enables it with
+    /// another preset or changes its settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayConfig>,
 }
 
 /// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
@@ -421,10 +306,21 @@ impl Recipe {
                 1 << 20
             );
         }
-        if self.rollout.samples_per_prompt < 2 {
+        let kind = self.algorithm_parts().advantage.kind;
+        if self.rollout.samples_per_prompt < 2 && !kind.group_free() {
             bail!(
-                "rollout.samples_per_prompt = {} must be >= 2 (group baselines need two samples)",
+                "rollout.samples_per_prompt = {} must be >= 2 (group baselines need two samples; \
+                 basis, reinforce, reinforce++, remax and gae take one)",
                 self.rollout.samples_per_prompt
+            );
+        }
+        if self.rollout.samples_per_prompt == 0 {
+            bail!("rollout.samples_per_prompt must be >= 1");
+        }
+        if self.rollout.samples_per_prompt < 2 && self.algorithm_parts().dynamic_sampling {
+            bail!(
+                "dynamic sampling drops groups whose rewards are all equal, which every group of \
+                 one sample is: rollout.samples_per_prompt must be >= 2"
             );
         }
         if self.rollout.prompts_per_step == 0
@@ -539,6 +435,37 @@ impl Recipe {
             bail!("rollout.prompts_per_step × rollout.samples_per_prompt must be at most 100000");
         }
         parts.advantage.validate()?;
+        super::critic::validate(
+            self.critic.as_ref(),
+            self.algorithm,
+            &parts,
+            self.train.run.steps,
+        )?;
+        if let Some(rp) = &parts.replay {
+            rp.validate()?;
+            let fresh = self.rollout.prompts_per_step * self.rollout.samples_per_prompt;
+            let replayed = (f64::from(rp.ratio) * self.rollout.prompts_per_step as f64).round()
+                * self.rollout.samples_per_prompt as f64;
+            if fresh as f64 + replayed > 100_000.0 {
+                bail!(
+                    "rollout.prompts_per_step × rollout.samples_per_prompt × (1 + replay.ratio) \
+                     must be at most 100000 rows"
+                );
+            }
+            if self.rollout.samples_per_prompt < 2 {
+                bail!(
+                    "replay admits groups with at least two different rewards: \
+                     rollout.samples_per_prompt must be >= 2"
+                );
+            }
+            if parts.adaptive.is_some() || parts.advantage.kind.needs_greedy_baseline() {
+                bail!(
+                    "replay of stored groups does not combine with Reinforce-Ada's rounds or \
+                     ReMax's greedy baseline (algorithm = {:?})",
+                    self.algorithm.name()
+                );
+            }
+        }
         parts.loss.policy.validate()?;
         parts.loss.agg.validate()?;
         if let Some(m) = &parts.loss.mismatch {
@@ -580,6 +507,17 @@ impl Recipe {
         }
         if let Some(a) = self.rollout.reinforce_ada {
             parts.adaptive = Some(a);
+        }
+        if let Some(rp) = self.replay {
+            parts.replay = Some(rp);
+        }
+        // Replayed rows are stale: without a correction in the loss they would be trained as
+        // if the current policy had sampled them, so replay brings the default one.
+        if parts.replay.is_some() && parts.loss.mismatch.is_none() {
+            parts.loss.mismatch = Some(MismatchCorrection::default());
+        }
+        if let (Some(spec), Some(c)) = (&self.critic, parts.critic) {
+            parts.critic = Some(spec.apply(c));
         }
         // `train.kl_coef` is the recipe's one KL coefficient; `[loss.kl]` may pick the
         // estimator (k3 by default).

@@ -3,10 +3,12 @@
 //! schema; `ember molora` reads its comparison recipe with the same override rules.
 
 pub mod agent;
+pub mod critic;
 pub mod flow;
 pub mod llm;
 pub mod molora;
 pub mod policy;
+pub mod task;
 
 pub use llm::{Recipe, parse};
 

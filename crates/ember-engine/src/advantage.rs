@@ -10,6 +10,7 @@
 //!   OPO, Reinforce-Rej, OPMD, AsymRE, BNPO);
 //! - zero-variance groups get advantage exactly 0 under the std-normalised estimators.
 
+use crate::basis::basis_values;
 use crate::batch::RolloutBatch;
 use crate::error::{EngineError, Result, check_config};
 use crate::kl::{KlEstimator, kl_penalty};
@@ -61,6 +62,9 @@ fn grpo_eps() -> f32 {
 }
 fn yes() -> bool {
     true
+}
+fn half() -> f32 {
+    0.5
 }
 fn asymre_shift() -> f32 {
     -0.1
@@ -130,6 +134,21 @@ pub enum AdvantageKind {
         #[serde(default = "one")]
         lambda: f32,
         /// Whiten advantages over valid tokens (verl does).
+        #[serde(default = "yes")]
+        whiten: bool,
+    },
+    /// BASIS (Gong et al. 2026, arXiv 2605.27293; see [`crate::basis`] for what was followed
+    /// and chosen): A_i = R_i − V̂_i, V̂_i a leave-one-out kernel average of the other rows'
+    /// rewards over prompt representations (`features`), shrunk to the leave-one-out batch
+    /// mean by `prior` pseudo-rows; whitened over valid tokens when `whiten`.
+    Basis {
+        /// b: the kernel width relative to the batch's mean squared feature distance.
+        #[serde(default = "half")]
+        bandwidth: f32,
+        /// p: pseudo-rows at the leave-one-out batch mean.
+        #[serde(default = "one")]
+        prior: f32,
+        /// Whiten the advantages over valid tokens (REINFORCE++ does).
         #[serde(default = "yes")]
         whiten: bool,
     },
@@ -213,8 +232,26 @@ impl AdvantageKind {
         matches!(self, Self::Remax)
     }
 
+    /// Whether the estimator's baseline needs no group of samples of the same prompt (one
+    /// sample per prompt is enough).
+    pub fn group_free(&self) -> bool {
+        matches!(
+            self,
+            Self::Reinforce { .. }
+                | Self::ReinforcePlusPlus { .. }
+                | Self::Remax
+                | Self::Gae { .. }
+                | Self::Basis { .. }
+        )
+    }
+
+    /// Whether the estimator reads prompt representations ([`RolloutBatch::with_features`]).
+    pub fn needs_features(&self) -> bool {
+        matches!(self, Self::Basis { .. })
+    }
+
     /// Whether the advantage varies along a row (per-step returns) rather than being one value
-    /// per row.
+    /// per sequence.
     pub fn per_step(&self) -> bool {
         matches!(
             self,
@@ -271,6 +308,22 @@ impl AdvantageConfig {
             }
             AdvantageKind::Opmd { tau, .. } => {
                 check_config("advantage.tau", tau.into(), tau > 0.0, "must be > 0")?
+            }
+            AdvantageKind::Basis {
+                bandwidth, prior, ..
+            } => {
+                check_config(
+                    "advantage.bandwidth",
+                    bandwidth.into(),
+                    bandwidth.is_finite() && bandwidth > 0.0,
+                    "must be > 0",
+                )?;
+                check_config(
+                    "advantage.prior",
+                    prior.into(),
+                    prior.is_finite() && prior >= 0.0,
+                    "must be >= 0",
+                )?;
             }
             AdvantageKind::Trloo { gamma } => check_config(
                 "advantage.gamma",
@@ -457,6 +510,28 @@ pub fn compute_advantages(
                 a
             };
             (a, Some(returns))
+        }
+        AdvantageKind::Basis {
+            bandwidth,
+            prior,
+            whiten,
+        } => {
+            let features = batch.features.clone().ok_or(EngineError::MissingInput {
+                what: "basis",
+                input: "features",
+            })?;
+            let v = basis_values(features, rewards.clone(), valid.clone(), bandwidth, prior);
+            metrics.push(
+                "advantage/basis_value_mean",
+                masked_mean(v.clone(), valid.clone()),
+            );
+            let a = per_token((rewards.clone() - v) * valid.clone());
+            let a = if whiten {
+                masked_whiten(a, mask.clone())
+            } else {
+                a
+            };
+            (a, None)
         }
         AdvantageKind::Raft { threshold } => {
             let a = rewards.clone().greater_elem(threshold).float() * valid.clone();

@@ -41,6 +41,9 @@ pub struct RolloutBatch {
     /// only the rows in the batch (Reinforce-Ada's `global_stat_est`, see
     /// [`RolloutBatch::with_group_stats`]).
     pub group_stats: Option<(Tensor<1>, Tensor<1>)>,
+    /// `[batch, dim]` a representation of each row's prompt (BASIS's kernel reads it; see
+    /// [`RolloutBatch::with_features`]).
+    pub features: Option<Tensor<2>>,
 }
 
 /// The largest reward magnitude taken as a real reward. Beyond it a reward is invalid, like NaN
@@ -81,6 +84,7 @@ impl RolloutBatch {
             truncated: None,
             turn_ids: None,
             group_stats: None,
+            features: None,
         })
     }
 
@@ -123,6 +127,21 @@ impl RolloutBatch {
         check_shape("group_stats.mean", mean.dims(), b)?;
         check_shape("group_stats.std", std.dims(), b)?;
         self.group_stats = Some((mean, std));
+        Ok(self)
+    }
+
+    /// Adds per-row prompt representations `[batch, dim]` (BASIS shares rewards between rows
+    /// whose representations are close).
+    ///
+    /// # Errors
+    /// A row count other than the batch's, or zero columns.
+    pub fn with_features(mut self, t: Tensor<2>) -> Result<Self> {
+        let [rows, dim] = t.dims();
+        check_shape("features", [rows], [self.dims()[0]])?;
+        if dim == 0 {
+            return Err(EngineError::EmptyBatch("features"));
+        }
+        self.features = Some(t);
         Ok(self)
     }
 
@@ -229,6 +248,7 @@ impl RolloutBatch {
                 .map(|t| t.clone().int().select(0, idx.clone()).equal_elem(1)),
             turn_ids: self.turn_ids.as_ref().map(rows2),
             group_stats: self.group_stats.as_ref().map(|(m, s)| (rows1(m), rows1(s))),
+            features: self.features.as_ref().map(rows2),
         })
     }
 

@@ -8,8 +8,10 @@
 pub mod adaptive;
 pub mod advantage;
 pub mod agg;
+pub mod basis;
 pub mod batch;
 pub mod correction;
+pub mod critic;
 pub mod error;
 pub mod filter;
 pub mod kl;
@@ -17,6 +19,7 @@ pub mod loss;
 pub mod metrics;
 pub mod ops;
 pub mod preset;
+pub mod replay;
 pub mod rng;
 pub mod sequential;
 
@@ -26,8 +29,12 @@ pub use advantage::{
     compute_advantages,
 };
 pub use agg::{AggNorm, LossAgg, aggregate};
+pub use basis::basis_values;
 pub use batch::{REWARD_LIMIT, RolloutBatch};
 pub use correction::{IsLevel, IsMode, MismatchCorrection};
+pub use critic::{
+    CriticConfig, Pact, ValueLossInput, explained_variance, pact_weights, value_loss,
+};
 pub use error::{EngineError, Result};
 pub use filter::{OverlongPenalty, dynamic_sampling_keep, mask_truncated};
 pub use kl::{KlControl, KlController, KlEstimator, kl_penalty};
@@ -37,5 +44,6 @@ pub use loss::{
 };
 pub use metrics::Metrics;
 pub use preset::{Preset, PresetParts};
+pub use replay::{ReplayBuffer, ReplayConfig, ReplayEntry};
 pub use rng::SplitMix64;
 pub use sequential::{TurnOrder, TurnUpdates, turn_count, turn_mask};

@@ -3,8 +3,9 @@
 //! its estimator or loss; the values live here, beside the estimators and losses they choose.
 
 use crate::{
-    ActorLossConfig, AdvantageConfig, AdvantageKind, BatchBaseline, LossAgg, PolicyLossKind,
-    RatioLevel, ReinforceAda, StdKind, TurnUpdates,
+    ActorLossConfig, AdvantageConfig, AdvantageKind, BatchBaseline, CriticConfig, LossAgg,
+    MismatchCorrection, Pact, PolicyLossKind, RatioLevel, ReinforceAda, ReplayConfig, StdKind,
+    TurnUpdates,
 };
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,10 @@ pub struct PresetParts {
     pub turn_updates: Option<TurnUpdates>,
     /// Reinforce-Ada's adaptive sampling in rounds.
     pub adaptive: Option<ReinforceAda>,
+    /// A learned critic (PPO): its values feed GAE, its returns train it.
+    pub critic: Option<CriticConfig>,
+    /// Replay of hard groups (ReRULE).
+    pub replay: Option<ReplayConfig>,
 }
 
 /// Algorithm presets: an advantage estimator, a policy loss, an aggregation and filters, as the
@@ -67,11 +72,29 @@ pub enum Preset {
     /// to `samples_per_prompt`; GRPO's mean over the whole pool without std; PPO clip 0.2/0.28,
     /// token-mean.
     ReinforceAda,
+    /// PPO with a learned critic (Schulman et al. 2017; Ouyang et al. 2022; verl
+    /// `adv_estimator=gae` with its `ppo_trainer.yaml` defaults): GAE with γ = λ = 1 and
+    /// whitened advantages, PPO clip 0.2, token-mean; the critic's clipped value loss
+    /// (ε_v = 0.5), trained on the rollout as sampled.
+    Ppo,
+    /// PPO + PACT (Policy Aligned Critic Training): as [`Preset::Ppo`], the critic trained after
+    /// the actor with importance weights towards the updated policy ([`crate::Pact`]).
+    PpoPact,
+    /// ReRULE-style replay ([`crate::replay`]): GRPO, PPO clip 0.2, token-mean, with hard
+    /// groups of the first half of the run replayed later, importance-weighted by truncated
+    /// token-level IS (cap 2) between the stored sampler log-probs and the current policy.
+    Rerule,
+    /// BASIS (Gong et al. 2026, arXiv 2605.27293; [`crate::basis`]): one rollout per prompt,
+    /// the baseline a leave-one-out kernel average over the batch's other prompts, whitened;
+    /// PPO clip 0.2, token-mean. Run it with `samples_per_prompt = 1`, the paper's setting;
+    /// with more, a prompt's other samples (at distance 0) dominate its baseline, which then
+    /// approaches RLOO's.
+    Basis,
 }
 
 impl Preset {
     /// Every preset, in table order.
-    pub const ALL: [Preset; 15] = [
+    pub const ALL: [Preset; 19] = [
         Self::Grpo,
         Self::Rloo,
         Self::ReinforcePp,
@@ -87,6 +110,10 @@ impl Preset {
         Self::Remax,
         Self::Seeupo,
         Self::ReinforceAda,
+        Self::Ppo,
+        Self::PpoPact,
+        Self::Rerule,
+        Self::Basis,
     ];
 
     /// The recipe name of the preset (its serde name).
@@ -107,12 +134,21 @@ impl Preset {
             Self::Remax => "remax",
             Self::Seeupo => "seeupo",
             Self::ReinforceAda => "reinforce-ada",
+            Self::Ppo => "ppo",
+            Self::PpoPact => "ppo-pact",
+            Self::Rerule => "rerule",
+            Self::Basis => "basis",
         }
     }
 
     /// Whether the preset needs multi-turn episodes (turn ids): `kind = "agent"` recipes.
     pub fn multi_turn_only(&self) -> bool {
         self.parts(1).turn_updates.is_some()
+    }
+
+    /// Whether the preset trains a critic (PPO's value model).
+    pub fn has_critic(&self) -> bool {
+        self.parts(1).critic.is_some()
     }
 
     /// The preset's estimator, actor loss and filters; `max_new_tokens` is Dr.GRPO's
@@ -135,6 +171,8 @@ impl Preset {
         };
         let mut turn_updates = None;
         let mut adaptive = None;
+        let mut critic = None;
+        let mut replay = None;
         let (kind, loss, dynamic) = match self {
             Self::Grpo => (grpo, actor(ppo, LossAgg::TokenMean), false),
             Self::DrGrpo => (
@@ -252,6 +290,36 @@ impl Preset {
                     false,
                 )
             }
+            Self::Basis => (
+                AdvantageKind::Basis {
+                    bandwidth: 0.5,
+                    prior: 1.0,
+                    whiten: true,
+                },
+                actor(ppo, LossAgg::TokenMean),
+                false,
+            ),
+            Self::Rerule => {
+                replay = Some(ReplayConfig::default());
+                let mut l = actor(ppo, LossAgg::TokenMean);
+                l.mismatch = Some(MismatchCorrection::default());
+                (grpo, l, false)
+            }
+            Self::Ppo | Self::PpoPact => {
+                critic = Some(CriticConfig {
+                    pact: (*self == Self::PpoPact).then(Pact::default),
+                    ..CriticConfig::default()
+                });
+                (
+                    AdvantageKind::Gae {
+                        gamma: 1.0,
+                        lambda: 1.0,
+                        whiten: true,
+                    },
+                    actor(ppo, LossAgg::TokenMean),
+                    false,
+                )
+            }
         };
         let mut advantage = AdvantageConfig::new(kind);
         if turn_updates.is_some() {
@@ -265,6 +333,8 @@ impl Preset {
             dynamic_sampling: dynamic,
             turn_updates,
             adaptive,
+            critic,
+            replay,
         }
     }
 }
@@ -312,5 +382,34 @@ mod tests {
             Preset::DrGrpo.parts(64).loss.agg,
             LossAgg::SeqMeanTokenSumNorm { constant: 64.0 }
         );
+    }
+
+    /// PPO: GAE (γ = λ = 1, whitened) with a critic (ε_v = 0.5); PACT adds the critic's
+    /// importance weights; ReRULE adds replay with truncated IS; BASIS needs no groups.
+    #[test]
+    fn critic_replay_and_basis_presets() {
+        let p = Preset::Ppo.parts(8);
+        assert!(
+            p.critic
+                .is_some_and(|c| c.pact.is_none() && c.value_clip == 0.5)
+        );
+        assert_eq!(
+            p.advantage.kind,
+            AdvantageKind::Gae {
+                gamma: 1.0,
+                lambda: 1.0,
+                whiten: true
+            }
+        );
+        assert_eq!(
+            Preset::PpoPact.parts(8).critic.and_then(|c| c.pact),
+            Some(Pact::default())
+        );
+        let r = Preset::Rerule.parts(8);
+        assert_eq!(r.replay, Some(ReplayConfig::default()));
+        assert_eq!(r.loss.mismatch, Some(MismatchCorrection::default()));
+        let b = Preset::Basis.parts(8).advantage.kind;
+        assert!(b.group_free() && b.needs_features());
+        assert!(Preset::Ppo.has_critic() && !Preset::Grpo.has_critic());
     }
 }

@@ -4,14 +4,18 @@
 //! trainer runs μ epochs × mini-batches with gradient accumulation over micro-batches, one
 //! optimizer step per mini-batch with step-global loss normalisers, and the learning-rate
 //! schedule; the one AdamW builder ([`OptimizerConfig`]) and the durable-write helpers ([`io`])
-//! every writer uses; SeeUPO's turn-by-turn schedule ([`sequential_update`]). Rollout, rewards and evaluation are the job's (see the root package).
+//! every writer uses; SeeUPO's turn-by-turn schedule ([`sequential_update`]); a learned critic's
+//! update ([`critic_update`]). Rollout, rewards and evaluation are the job's (see the root
+//! package).
 
+pub mod critic;
 pub mod io;
 pub mod optim;
 pub mod schedule;
 pub mod sequential;
 pub mod update;
 
+pub use critic::{Critic, CriticBatch, critic_update};
 pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };

@@ -8,8 +8,8 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_engine::{
-    ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, PolicyLossInput, RolloutBatch,
-    actor_loss,
+    ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, Metrics, PolicyLossInput,
+    RolloutBatch, actor_loss,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -87,7 +87,7 @@ pub struct UpdateStats {
     pub skipped_steps: usize,
 }
 
-fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
+pub(crate) fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
     t.clone().select(0, idx.clone())
 }
 
@@ -101,7 +101,7 @@ fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
 /// Missing old log-probs, or any loss error (shapes, missing reference for KL, …).
 #[allow(clippy::too_many_arguments)]
 pub fn update<A: Actor>(
-    mut actor: A,
+    actor: A,
     optim: &mut Optimizer,
     experience: &A::Experience,
     batch: &RolloutBatch,
@@ -110,7 +110,6 @@ pub fn update<A: Actor>(
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
 ) -> Result<(A, UpdateStats), EngineError> {
-    let [rows, _] = batch.dims();
     let old = batch
         .behaviour_log_probs()
         .cloned()
@@ -118,80 +117,123 @@ pub fn update<A: Actor>(
             what: "policy update",
             input: "old_log_probs",
         })?;
-    let device = old.device();
-    let mut sums = Means::default();
-    let mut stats = UpdateStats::default();
-    let mini = cfg.schedule.mini_batches.clamp(1, rows);
     let with_entropy = cfg.loss.entropy_coef != 0.0;
-    for _ in 0..cfg.schedule.epochs.max(1) {
-        let perm = order(rows);
-        for m in 0..mini {
-            let part: Vec<usize> = perm[m * rows / mini..(m + 1) * rows / mini].to_vec();
-            if part.is_empty() {
-                continue;
-            }
-            let idx_of = |r: &[usize]| {
-                let v: Vec<i64> = r.iter().map(|x| *x as i64).collect();
-                Tensor::<1, Int>::from_data(TensorData::new(v, [r.len()]), &device)
-            };
-            let norm = AggNorm::of_mask(&select2(&adv.mask, &idx_of(&part)));
-            // A mini-batch without a valid step has no gradient; AdamW would still move the
-            // weights by its momentum, so it takes no step (SeeUPO's turn updates, whose masks
-            // keep one turn, meet this with several mini-batches).
-            if norm.tokens <= 0.0 {
-                continue;
-            }
-            let micro = if cfg.schedule.micro_batch_rows == 0 {
-                part.len()
-            } else {
-                cfg.schedule.micro_batch_rows
-            };
-            let mut acc = GradientsAccumulator::<A>::new();
-            let mut finite = true;
-            for chunk in part.chunks(micro) {
-                let idx = idx_of(chunk);
-                let scored = actor.score(experience, chunk, with_entropy);
-                let input = ActorInput {
-                    policy: PolicyLossInput {
-                        log_probs: scored.log_probs,
-                        old_log_probs: select2(&old, &idx),
-                        advantages: select2(&adv.advantages, &idx),
-                        mask: select2(&adv.mask, &idx),
-                        ref_log_probs: batch.ref_log_probs.as_ref().map(|r| select2(r, &idx)),
-                    },
-                    entropy: scored.entropy,
-                    rollout_log_probs: batch.rollout_log_probs.as_ref().map(|r| select2(r, &idx)),
+    let steps = Steps {
+        schedule: &cfg.schedule,
+        mask: &adv.mask,
+        area: "actor",
+        loss_key: "actor/loss",
+        lr,
+    };
+    steps.run(actor, optim, order, |actor, chunk, idx, norm| {
+        let scored = actor.score(experience, chunk, with_entropy);
+        let input = ActorInput {
+            policy: PolicyLossInput {
+                log_probs: scored.log_probs,
+                old_log_probs: select2(&old, idx),
+                advantages: select2(&adv.advantages, idx),
+                mask: select2(&adv.mask, idx),
+                ref_log_probs: batch.ref_log_probs.as_ref().map(|r| select2(r, idx)),
+            },
+            entropy: scored.entropy,
+            rollout_log_probs: batch.rollout_log_probs.as_ref().map(|r| select2(r, idx)),
+        };
+        actor_loss(&cfg.loss, &input, norm)
+    })
+}
+
+/// Epochs × mini-batches × micro-batches of one model's update (the actor's or the critic's):
+/// the loss normalisers are the mini-batch's, a mini-batch without a valid step takes no step,
+/// and a non-finite loss or gradient norm skips the step. Metrics are logged under `area`
+/// (`<area>/grad_norm`, `<area>/skipped_steps`; the loss's own keys as it names them).
+pub(crate) struct Steps<'a> {
+    pub(crate) schedule: &'a UpdateSchedule,
+    /// `[rows, steps]` valid steps of the whole batch.
+    pub(crate) mask: &'a Tensor<2>,
+    pub(crate) area: &'static str,
+    /// The metric holding the total loss (a non-finite value skips the step).
+    pub(crate) loss_key: &'static str,
+    pub(crate) lr: f64,
+}
+
+impl Steps<'_> {
+    /// Runs the schedule; `loss(model, rows, rows as an index tensor, norm)` builds one
+    /// micro-batch's scalar loss and metrics (`loss_key` is checked for finiteness).
+    pub(crate) fn run<M: Module + Clone>(
+        &self,
+        mut model: M,
+        optim: &mut Optimizer,
+        order: &mut dyn FnMut(usize) -> Vec<usize>,
+        mut loss: impl FnMut(
+            &M,
+            &[usize],
+            &Tensor<1, Int>,
+            AggNorm,
+        ) -> Result<(Tensor<1>, Metrics), EngineError>,
+    ) -> Result<(M, UpdateStats), EngineError> {
+        let [rows, _] = self.mask.dims();
+        let device = self.mask.device();
+        let mut sums = Means::default();
+        let mut stats = UpdateStats::default();
+        let mini = self.schedule.mini_batches.clamp(1, rows.max(1));
+        for _ in 0..self.schedule.epochs.max(1) {
+            let perm = order(rows);
+            for m in 0..mini {
+                let part: Vec<usize> = perm[m * rows / mini..(m + 1) * rows / mini].to_vec();
+                if part.is_empty() {
+                    continue;
+                }
+                let idx_of = |r: &[usize]| {
+                    let v: Vec<i64> = r.iter().map(|x| *x as i64).collect();
+                    Tensor::<1, Int>::from_data(TensorData::new(v, [r.len()]), &device)
                 };
-                let (loss, metrics) = actor_loss(&cfg.loss, &input, norm)?;
-                let grads = GradientsParams::from_grads(loss.backward(), &actor);
-                acc.accumulate(&actor, grads);
-                for (k, v) in metrics.to_host() {
-                    if k == "actor/loss" && !v.is_finite() {
-                        finite = false;
+                let norm = AggNorm::of_mask(&select2(self.mask, &idx_of(&part)));
+                // A mini-batch without a valid step has no gradient; AdamW would still move
+                // the weights by its momentum, so it takes no step (SeeUPO's turn updates,
+                // whose masks keep one turn, meet this with several mini-batches).
+                if norm.tokens <= 0.0 {
+                    continue;
+                }
+                let micro = if self.schedule.micro_batch_rows == 0 {
+                    part.len()
+                } else {
+                    self.schedule.micro_batch_rows
+                };
+                let mut acc = GradientsAccumulator::<M>::new();
+                let mut finite = true;
+                for chunk in part.chunks(micro) {
+                    let (l, metrics) = loss(&model, chunk, &idx_of(chunk), norm)?;
+                    let grads = GradientsParams::from_grads(l.backward(), &model);
+                    acc.accumulate(&model, grads);
+                    for (k, v) in metrics.to_host() {
+                        if k == self.loss_key && !v.is_finite() {
+                            finite = false;
+                        }
+                        sums.add(k, v);
                     }
-                    sums.add(k, v);
+                }
+                // A non-finite loss or gradient norm would make every weight NaN: the
+                // mini-batch's step is skipped and counted instead.
+                let applied = finite && {
+                    let (next, report) = optim.step(self.lr, model, acc.grads());
+                    model = next;
+                    sums.add(format!("{}/grad_norm", self.area), report.grad_norm);
+                    report.applied
+                };
+                if applied {
+                    stats.optimizer_steps += 1;
+                } else {
+                    stats.skipped_steps += 1;
                 }
             }
-            // A non-finite loss or gradient norm would make every weight NaN: the mini-batch's
-            // step is skipped and counted instead.
-            let applied = finite && {
-                let (a, report) = optim.step(lr, actor, acc.grads());
-                actor = a;
-                sums.add("actor/grad_norm".into(), report.grad_norm);
-                report.applied
-            };
-            if applied {
-                stats.optimizer_steps += 1;
-            } else {
-                stats.skipped_steps += 1;
-            }
         }
+        stats.metrics = sums.finish();
+        stats.metrics.insert(
+            format!("{}/skipped_steps", self.area),
+            stats.skipped_steps as f64,
+        );
+        Ok((model, stats))
     }
-    stats.metrics = sums.finish();
-    stats
-        .metrics
-        .insert("actor/skipped_steps".into(), stats.skipped_steps as f64);
-    Ok((actor, stats))
 }
 
 /// Means of host metrics over the micro-batches (or updates) that report them; non-finite

@@ -13,6 +13,7 @@ pub mod mixture;
 pub mod model;
 pub mod sample;
 pub mod tokenizer;
+pub mod value;
 
 pub use config::{Family, HfConfig, LlamaConfig};
 pub use error::{LlmError, Result};
@@ -22,3 +23,4 @@ pub use mixture::{apply_mixture, mixtures};
 pub use model::{Llama, Precision};
 pub use sample::{Generation, SamplingConfig, generate};
 pub use tokenizer::{Message, Tokenizer};
+pub use value::ValueModel;

@@ -669,6 +669,29 @@ impl Llama {
     }
 }
 
+impl Llama {
+    /// The final-normed hidden states (f32) at the positions that predict the last `n` tokens,
+    /// `seq − 1 − n .. seq − 1`: what a value head reads for the states before each response
+    /// token (verl's critic takes `values[:, -n - 1:-1]` of its per-position outputs).
+    ///
+    /// # Shapes
+    /// `tokens`, `mask` `[batch, seq]`, `1 <= n < seq` → `[batch, n, d_model]`.
+    pub fn last_hidden(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        n: usize,
+        adapters: bool,
+    ) -> Tensor<3> {
+        let [b, t] = tokens.dims();
+        assert!(n >= 1 && n < t, "last_hidden: n = {n} for sequences of {t}");
+        let h = self.hidden_routed(tokens, mask, &RouteCtx::plain(adapters));
+        let d = h.dims()[2];
+        let h = rms_norm(&self.norm, h.slice([0..b, t - 1 - n..t - 1, 0..d]));
+        like(h, DType::F32)
+    }
+}
+
 /// Logit elements per chunk of [`Llama::last_log_probs`] (16 MiB of f32, under glibc's largest
 /// mmap threshold of 32 MiB).
 const LOGITS_CHUNK: usize = 1 << 22;

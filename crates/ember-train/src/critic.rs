@@ -1,0 +1,66 @@
+//! The critic's update: GAE's returns regressed by the clipped value loss
+//! ([`ember_engine::value_loss`]) over the same epochs × mini-batches × micro-batches schedule as
+//! the actor's, with the critic's own optimizer (verl `dp_critic.update_critic`).
+
+use crate::optim::Optimizer;
+use crate::update::{Steps, UpdateSchedule, UpdateStats, select2};
+use burn::module::Module;
+use burn::tensor::Tensor;
+use ember_engine::{CriticConfig, EngineError, ValueLossInput, value_loss};
+
+/// A value model over the steps of an experience batch.
+pub trait Critic: Module + Clone {
+    /// What the model reads (the same experience as the actor's).
+    type Experience;
+
+    /// V(s_t) `[rows, steps]` of `rows` of `experience` (rows in the given order).
+    fn values(&self, experience: &Self::Experience, rows: &[usize]) -> Tensor<2>;
+}
+
+/// The critic's regression data of one step, `[rows, steps]` each.
+#[derive(Debug, Clone)]
+pub struct CriticBatch {
+    /// V(s_t) of the critic that scored the rollout (the value clip's centre).
+    pub values: Tensor<2>,
+    /// Targets: GAE's returns.
+    pub returns: Tensor<2>,
+    /// Valid steps.
+    pub mask: Tensor<2>,
+    /// PACT's importance weights (None: unweighted).
+    pub weights: Option<Tensor<2>>,
+}
+
+/// Runs the critic's update and returns the new critic and its `critic/*` metrics.
+///
+/// # Errors
+/// Shapes that differ, or an invalid [`CriticConfig`].
+#[allow(clippy::too_many_arguments)]
+pub fn critic_update<C: Critic>(
+    critic: C,
+    optim: &mut Optimizer,
+    experience: &C::Experience,
+    batch: &CriticBatch,
+    cfg: &CriticConfig,
+    schedule: &UpdateSchedule,
+    lr: f64,
+    order: &mut dyn FnMut(usize) -> Vec<usize>,
+) -> Result<(C, UpdateStats), EngineError> {
+    cfg.validate()?;
+    let steps = Steps {
+        schedule,
+        mask: &batch.mask,
+        area: "critic",
+        loss_key: "critic/vf_loss",
+        lr,
+    };
+    steps.run(critic, optim, order, |critic, chunk, idx, norm| {
+        let input = ValueLossInput {
+            vpreds: critic.values(experience, chunk),
+            values: select2(&batch.values, idx),
+            returns: select2(&batch.returns, idx),
+            mask: select2(&batch.mask, idx),
+            weights: batch.weights.as_ref().map(|w| select2(w, idx)),
+        };
+        value_loss(cfg, &input, norm)
+    })
+}

@@ -40,6 +40,9 @@ enum Command {
     /// Write a checkpoint (plus an optional adapter, merged) as Hugging Face safetensors +
     /// config.json.
     Export(cli_llm::ExportArgs),
+    /// Write a dataset of the policy's own samples with their rewards (JSONL), for recipes with
+    /// an `[offline]` table.
+    Rollouts(RolloutsArgs),
     /// How well each baseline estimates a prompt's value (BASIS, REINFORCE++'s batch mean,
     /// GRPO's group mean of 8): mean squared error against a Monte-Carlo estimate.
     #[command(name = "value-mse")]
@@ -128,6 +131,21 @@ struct MoloraArgs {
 }
 
 #[derive(Args)]
+struct RolloutsArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// The JSONL file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Prompts (each sampled `rollout.samples_per_prompt` times).
+    #[arg(long, default_value_t = 512)]
+    prompts: usize,
+    /// Sample with this checkpoint of a run of the recipe instead of the warm-up.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct ValueMseArgs {
     #[command(flatten)]
     recipe: RecipeArgs,
@@ -187,6 +205,13 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Command::Rollouts(a) => {
+            let r = ember::recipe::parse(&a.recipe.text()?, &a.recipe.sets)?;
+            let report =
+                ember::jobs::rollouts::rollouts(&r, &a.out, a.prompts, a.checkpoint.as_deref())?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
         Command::ValueMse(a) => {
             let r = ember::recipe::parse(&a.recipe.text()?, &a.recipe.sets)?;
             let o = ember::jobs::value_mse::ValueMse {
@@ -221,6 +246,9 @@ fn train(a: TrainArgs) -> Result<()> {
     };
     handle_stop_signals();
     let interrupted = match recipe {
+        AnyRecipe::Llm(r) if r.offline.is_some() => {
+            ember::jobs::offline::train(&r, &out, &opts)?.interrupted
+        }
         AnyRecipe::Llm(r) => ember::jobs::llm::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Flow(r) => ember::jobs::flow::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Agent(r) => ember::jobs::agent::train(&r, &out, &opts)?.interrupted,

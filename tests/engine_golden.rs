@@ -621,6 +621,17 @@ fn cispo_dispo_topr_rec_alol() {
         1e-5,
     );
     assert_close(&vals(out.mask), &[1.0, 1.0, 0.0, 0.0], 0.0);
+    // A-LoL seq: per-token ratio e^0.5 ≈ 1.6487 (inside 1 ± 0.9): −1.6487·2·(−1) = 3.2974.
+    let out = policy_loss(&PolicyLossKind::AlolSeq { clip: 0.9 }, &input3).unwrap();
+    assert_close(
+        &vals(out.per_step),
+        &[3.297_442_5, 3.297_442_5, 0.0, 0.0],
+        1e-5,
+    );
+    assert_close(&vals(out.mask), &[1.0, 1.0, 0.0, 0.0], 0.0);
+    // A-LoL KL, β 0.2: −2·(−1) + 0.2·(−1 + 1.5) = 2.1 on the positive row.
+    let out = policy_loss(&PolicyLossKind::AlolKl { beta: 0.2 }, &input3).unwrap();
+    assert_close(&vals(out.per_step), &[2.1, 2.1, 0.0, 0.0], 1e-5);
 }
 
 #[test]

@@ -148,6 +148,25 @@ fn reference(kind: &PolicyLossKind, c: &Case, x: &[f64], f: &[f64]) -> (Vec<f64>
                 let d = clampr(x[i] - o);
                 (-a * x[i] + f64::from(k2_coef) * d * d) / (1.0 + f64::from(tau))
             }
+            PolicyLossKind::AlolSeq { clip } => {
+                let w = clampr(f[i] - c.refl[i])
+                    .exp()
+                    .clamp(1.0 - f64::from(clip), 1.0 + f64::from(clip));
+                if a > 0.0 {
+                    -w * a * x[i]
+                } else {
+                    mask[i] = 0.0;
+                    0.0
+                }
+            }
+            PolicyLossKind::AlolKl { beta } => {
+                if a > 0.0 {
+                    -a * x[i] + f64::from(beta) * clampr(x[i] - c.refl[i])
+                } else {
+                    mask[i] = 0.0;
+                    0.0
+                }
+            }
             PolicyLossKind::Alol { clip } => {
                 let d: Vec<f64> = f.iter().zip(&c.refl).map(|(f, r)| f - r).collect();
                 let w = clampr(seq_sum(&d, &c.mask, row))
@@ -247,6 +266,8 @@ fn kinds() -> Vec<PolicyLossKind> {
             k2_coef: 0.3,
         },
         PolicyLossKind::Alol { clip: 0.2 },
+        PolicyLossKind::AlolSeq { clip: 0.2 },
+        PolicyLossKind::AlolKl { beta: 0.3 },
     ]
 }
 

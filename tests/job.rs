@@ -1147,3 +1147,114 @@ fn basis_single_rollout_and_value_mse() {
     assert_eq!(j["mse_basis_by_bandwidth"].as_object().unwrap().len(), 2);
     std::fs::remove_dir_all(out).ok();
 }
+
+/// `ember rollouts` writes the warmed-up policy's own scored samples; the offline job trains on
+/// them with every objective (pairwise ones see pairs, group ones groups), logs its metrics,
+/// resumes exactly, and names a bad data file or an unusable one.
+#[test]
+fn offline_objectives_train_on_rollouts_and_resume() {
+    let dir = tmp("offline");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("sub/data.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["rollouts", &recipe(), "--prompts", "24", "--out"])
+        .arg(&data)
+        .args([
+            "--set",
+            "warmup.steps=200",
+            "--set",
+            "rollout.samples_per_prompt=4",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["responses"], 96);
+    let lines = std::fs::read_to_string(&data).unwrap();
+    assert_eq!(lines.lines().count(), 24);
+    let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    assert!(first["prompt"].as_str().unwrap().ends_with('='));
+    assert_eq!(first["responses"].as_array().unwrap().len(), 4);
+    let offline = |obj: &str| {
+        format!(
+            "offline={{data=\"{}\", objective={obj}, batch=4}}",
+            data.display()
+        )
+    };
+    for (obj, key) in [
+        ("{kind=\"dpo\"}", "preference/accuracy"),
+        ("{kind=\"ipo\"}", "preference/margin"),
+        ("{kind=\"simpo\"}", "preference/loss"),
+        ("{kind=\"rpo_sq\"}", "preference/loss"),
+        ("{kind=\"rpo_bwd_kl\"}", "preference/loss"),
+        ("{kind=\"rpo_fwd_kl\"}", "preference/margin"),
+        ("{kind=\"a_lol\"}", "actor/is_weight_mean"),
+        ("{kind=\"a_lol_seq\"}", "actor/is_weight_mean"),
+        ("{kind=\"a_lol_kl\"}", "actor/alol_kl"),
+        ("{kind=\"reinforce_loo\"}", "actor/pg_loss"),
+    ] {
+        let out = dir.join(format!(
+            "run-{}",
+            key.replace('/', "-") + &obj.len().to_string()
+        ));
+        let o = train(&out, &[&offline(obj), "train.kl_coef=0"], &[]);
+        assert!(o.status.success(), "{obj}: {}", stderr(&o));
+        let r = rows(&out.join("metrics.jsonl"));
+        let steps: Vec<_> = r
+            .iter()
+            .filter(|x| x.contains_key("offline/loss"))
+            .collect();
+        assert_eq!(steps.len(), 6, "{obj}");
+        assert!(
+            steps.iter().all(|x| x[key].as_f64().unwrap().is_finite()),
+            "{obj}: {key}"
+        );
+        assert!(out.join("final").exists());
+    }
+    // Stopped after 3 steps and resumed: the same metrics as the uninterrupted run.
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let args = [
+        offline("{kind=\"dpo\", beta=0.2}"),
+        "train.kl_coef=0".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(train(&a, &args, &[]).status.success());
+    assert_eq!(
+        train(&b, &args, &["--stop-after", "3"]).status.code(),
+        Some(130)
+    );
+    let o = train(&b, &args, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        rows(&a.join("metrics.jsonl")),
+        rows(&b.join("metrics.jsonl"))
+    );
+    // A bad line is named with its file and line; data without pairs is refused.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"prompt\": \"1+1=\", \"response\": \"2\", \"reward\": 1}\n{oops\n",
+    )
+    .unwrap();
+    let set = format!(
+        "offline={{data=\"{}\", objective={{kind=\"dpo\"}}}}",
+        bad.display()
+    );
+    fails_with(None, &[&set], &["bad.jsonl:2: not JSON"]);
+    std::fs::write(
+        &bad,
+        "{\"prompt\": \"1+1=\", \"response\": \"2\", \"reward\": 1}\n",
+    )
+    .unwrap();
+    fails_with(
+        None,
+        &[&set],
+        &["no prompt has two responses with different rewards"],
+    );
+    fails_with(
+        None,
+        &["offline={data=\"x.jsonl\", objective={kind=\"dpo\", beta=0}}"],
+        &["preference.beta"],
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

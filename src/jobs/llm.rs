@@ -15,14 +15,13 @@ use crate::llm::step::{
 };
 use crate::llm::{
     Policy, build_policy, build_policy_with, evaluate, evaluate_sampled, load_checkpoint,
-    model_config, model_record, warm_up, write_final,
+    model_record, read_reference, warm_up, write_final,
 };
 use crate::recipe::llm::Recipe;
 use crate::run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
 use crate::tasks::{Example, Rng};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
-use burn::store::ModuleRecord;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig, generate};
@@ -417,14 +416,7 @@ fn load_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Resu
     if !(r.train.run.kl_coef > 0.0 && policy.lora.is_none()) {
         return Ok(None);
     }
-    let rec = ModuleRecord::load(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
-    let m = model_config(r.model.as_ref().context("tiny model")?)
-        .init(ad)
-        .try_load_record(rec)
-        .map_err(|e| anyhow!("applying {}: {e}", path.display()))?
-        .with_precision(policy.model.precision())
-        .with_fused_attention(r.fused_attention);
-    Ok(Some(m.valid()))
+    read_reference(r, policy, path, ad).map(Some)
 }
 
 /// ReMax's baseline (Li et al. 2024, eq. 5): the reward of each prompt's greedy response.

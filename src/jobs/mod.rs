@@ -6,5 +6,7 @@ pub mod agent;
 pub mod flow;
 pub mod llm;
 pub mod molora;
+pub mod offline;
+pub mod rollouts;
 pub mod value_mse;
 pub mod warmup;

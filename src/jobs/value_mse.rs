@@ -13,9 +13,9 @@
 //! variance of its M rewards divided by M, and reported.
 
 use crate::engine::*;
+use crate::llm::policy_at_start;
 use crate::llm::score::{Scorer, completions};
 use crate::llm::step::{prompt_features, rollout_sampling};
-use crate::llm::{build_policy, load_checkpoint, warm_up};
 use crate::recipe::llm::Recipe;
 use crate::tasks::Rng;
 use anyhow::{Result, bail};
@@ -58,14 +58,7 @@ pub fn value_mse(r: &Recipe, o: &ValueMse) -> Result<serde_json::Value> {
     let ad = base.clone().autodiff();
     let task = r.task.build()?;
     let mut rng = Rng(r.seed);
-    let mut policy = build_policy(r, &ad)?;
-    match (o.checkpoint, &r.warmup) {
-        (Some(dir), _) => policy = load_checkpoint(policy, dir)?,
-        (None, Some(w)) if policy.lora.is_none() => {
-            policy.model = warm_up(policy.model, w, &task, &mut rng, &ad)?;
-        }
-        _ => {}
-    }
+    let policy = policy_at_start(r, &task, o.checkpoint, &mut rng, &ad)?;
     let examples = task.train(&mut rng, o.prompts);
     let max_new = r.rollout.max_new_tokens;
     let prompts = examples

@@ -6,6 +6,7 @@
 pub mod adaptive;
 pub mod agent;
 pub mod critic;
+pub mod offline;
 pub mod replay;
 pub mod score;
 pub mod step;
@@ -411,6 +412,40 @@ pub fn load_checkpoint(policy: Policy, dir: &Path) -> Result<Policy> {
         .try_load_record(rec)
         .map_err(|e| anyhow!("applying {}: {e}", dir.join(checkpoint::MODEL).display()))?;
     Ok(Policy { model, ..policy })
+}
+
+/// The tiny policy's reference weights written at the start of a run (`reference.bpk`), as a
+/// no-grad model with the policy's precision and attention path.
+pub fn read_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Result<Llama> {
+    let rec = ModuleRecord::load(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+    let m = model_config(r.model.as_ref().context("tiny model")?)
+        .init(ad)
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", path.display()))?
+        .with_precision(policy.model.precision())
+        .with_fused_attention(r.fused_attention);
+    Ok(m.valid())
+}
+
+/// The recipe's policy as a run of it starts: built, then warmed up (the tiny model, with the
+/// job's RNG, so the weights equal those an `ember train` of the recipe begins its RL from), or
+/// loaded from `checkpoint` instead.
+pub fn policy_at_start(
+    r: &Recipe,
+    task: &TaskSet,
+    checkpoint: Option<&Path>,
+    rng: &mut Rng,
+    device: &Device,
+) -> Result<Policy> {
+    let mut policy = build_policy(r, device)?;
+    match (checkpoint, &r.warmup) {
+        (Some(dir), _) => policy = load_checkpoint(policy, dir)?,
+        (None, Some(w)) if policy.lora.is_none() => {
+            policy.model = warm_up(policy.model, w, task, rng, device)?;
+        }
+        _ => {}
+    }
+    Ok(policy)
 }
 
 /// `final/`: the tiny model as Hugging Face safetensors, or the LoRA adapter in PEFT layout.

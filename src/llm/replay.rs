@@ -5,8 +5,9 @@
 //! written into every checkpoint (`replay.json`), so a resumed run replays the same groups.
 
 use crate::engine::*;
+use crate::llm::step::{Row, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use ember_llm::Generation;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -245,55 +246,19 @@ fn replayed(
     first_group: usize,
     device: &Device,
 ) -> Generation {
-    let groups: Vec<&StoredGroup> = entries.iter().map(|e| &e.group).collect();
-    let p = groups
-        .iter()
-        .map(|s| s.prompt.len())
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let n = groups
-        .iter()
-        .flat_map(|s| s.responses.iter().map(Vec::len))
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let (mut pt, mut pm, mut tk, mut lp, mut m) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut group_ids, mut truncated) = (vec![], vec![]);
-    for (gi, s) in groups.iter().enumerate() {
+    let mut rows = Vec::new();
+    let mut group_ids = Vec::new();
+    for (gi, e) in entries.iter().enumerate() {
+        let s = &e.group;
         for (j, resp) in s.responses.iter().enumerate() {
-            let pad = p - s.prompt.len();
-            pt.extend(std::iter::repeat_n(0i64, pad).chain(s.prompt.iter().map(|x| i64::from(*x))));
-            pm.extend(
-                std::iter::repeat_n(0f32, pad).chain(std::iter::repeat_n(1f32, s.prompt.len())),
-            );
-            let tail = n - resp.len();
-            tk.extend(
-                resp.iter()
-                    .map(|x| i64::from(*x))
-                    .chain(std::iter::repeat_n(0, tail)),
-            );
-            lp.extend(
-                s.log_probs[j]
-                    .iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0f32, tail)),
-            );
-            m.extend(std::iter::repeat_n(1f32, resp.len()).chain(std::iter::repeat_n(0f32, tail)));
+            rows.push(Row {
+                prompt: &s.prompt,
+                response: resp,
+                log_probs: Some(&s.log_probs[j]),
+                truncated: s.truncated[j],
+            });
             group_ids.push(first_group + gi);
-            truncated.push(s.truncated[j]);
         }
     }
-    let rows = group_ids.len();
-    let int = |v: Vec<i64>, c| Tensor::<2, Int>::from_data(TensorData::new(v, [rows, c]), device);
-    let float = |v: Vec<f32>, c| Tensor::<2>::from_data(TensorData::new(v, [rows, c]), device);
-    Generation {
-        prompt_tokens: int(pt, p),
-        prompt_mask: float(pm, p),
-        tokens: int(tk, n),
-        log_probs: float(lp, n),
-        mask: float(m, n),
-        group_ids,
-        truncated,
-    }
+    rows_generation(&rows, group_ids, device)
 }

@@ -174,3 +174,71 @@ pub(crate) fn row_means(x: &Tensor<2>, mask: &Tensor<2>, rows: &[usize]) -> Vec<
         })
         .collect()
 }
+
+/// One row of a generation built from token ids: a prompt, a response and (optionally) the
+/// sampler's log-prob of each response token.
+pub struct Row<'a> {
+    /// Prompt ids.
+    pub prompt: &'a [u32],
+    /// Response ids.
+    pub response: &'a [u32],
+    /// Log-probs of the response tokens (zeros when None).
+    pub log_probs: Option<&'a [f32]>,
+    /// Cut at the length limit.
+    pub truncated: bool,
+}
+
+/// Rows as a [`Generation`]: prompts left-padded and responses right-padded with masked zeros,
+/// as the sampler lays them out, so that scoring them equals scoring a rollout.
+///
+/// # Panics
+/// When `rows` is empty or `group_ids` has another length.
+pub fn rows_generation(rows: &[Row], group_ids: Vec<usize>, device: &Device) -> Generation {
+    assert!(!rows.is_empty() && rows.len() == group_ids.len());
+    let p = rows
+        .iter()
+        .map(|r| r.prompt.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let n = rows
+        .iter()
+        .map(|r| r.response.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let (mut pt, mut pm, mut tk, mut lp, mut m) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut truncated = Vec::with_capacity(rows.len());
+    for r in rows {
+        let pad = p - r.prompt.len();
+        pt.extend(std::iter::repeat_n(0i64, pad).chain(r.prompt.iter().map(|x| i64::from(*x))));
+        pm.extend(std::iter::repeat_n(0f32, pad).chain(std::iter::repeat_n(1f32, r.prompt.len())));
+        let tail = n - r.response.len();
+        tk.extend(
+            r.response
+                .iter()
+                .map(|x| i64::from(*x))
+                .chain(std::iter::repeat_n(0, tail)),
+        );
+        match r.log_probs {
+            Some(l) => lp.extend(l.iter().copied().chain(std::iter::repeat_n(0f32, tail))),
+            None => lp.extend(std::iter::repeat_n(0f32, n)),
+        }
+        m.extend(
+            std::iter::repeat_n(1f32, r.response.len()).chain(std::iter::repeat_n(0f32, tail)),
+        );
+        truncated.push(r.truncated);
+    }
+    let b = rows.len();
+    let int = |v: Vec<i64>, c| Tensor::<2, Int>::from_data(TensorData::new(v, [b, c]), device);
+    let float = |v: Vec<f32>, c| Tensor::<2>::from_data(TensorData::new(v, [b, c]), device);
+    Generation {
+        prompt_tokens: int(pt, p),
+        prompt_mask: float(pm, p),
+        tokens: int(tk, n),
+        log_probs: float(lp, n),
+        mask: float(m, n),
+        group_ids,
+        truncated,
+    }
+}

@@ -213,6 +213,9 @@ pub struct Recipe {
     /// another preset or changes its settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayConfig>,
+    /// Training on a fixed dataset instead of rollouts (the offline job runs the recipe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offline: Option<super::offline::OfflineSpec>,
 }
 
 /// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
@@ -435,6 +438,9 @@ impl Recipe {
             bail!("rollout.prompts_per_step × rollout.samples_per_prompt must be at most 100000");
         }
         parts.advantage.validate()?;
+        if let Some(o) = &self.offline {
+            o.validate()?;
+        }
         super::critic::validate(
             self.critic.as_ref(),
             self.algorithm,

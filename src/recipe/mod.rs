@@ -7,6 +7,7 @@ pub mod critic;
 pub mod flow;
 pub mod llm;
 pub mod molora;
+pub mod offline;
 pub mod policy;
 pub mod task;
 

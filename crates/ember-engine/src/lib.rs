@@ -18,6 +18,7 @@ pub mod kl;
 pub mod loss;
 pub mod metrics;
 pub mod ops;
+pub mod preference;
 pub mod preset;
 pub mod replay;
 pub mod rng;
@@ -43,6 +44,7 @@ pub use loss::{
     RecClip, actor_loss, policy_loss,
 };
 pub use metrics::Metrics;
+pub use preference::{PairInput, PreferenceLoss, preference_loss};
 pub use preset::{Preset, PresetParts};
 pub use replay::{ReplayBuffer, ReplayConfig, ReplayEntry};
 pub use rng::SplitMix64;

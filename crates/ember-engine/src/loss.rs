@@ -40,6 +40,10 @@ fn alol_clip() -> f32 {
     0.9
 }
 
+fn alol_kl_beta() -> f32 {
+    0.2
+}
+
 /// REC's clipping-by-masking rule (Yao et al. 2025, arXiv 2509.24203; Trinity-RFT
 /// `RECPolicyLossFn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -168,6 +172,21 @@ pub enum PolicyLossKind {
         #[serde(default = "alol_clip")]
         clip: f32,
     },
+    /// A-LoL seq (Baheti et al. 2023, §2.2; LoL-RL `a_lol_seq`): per-token ratios,
+    /// L_t = −A⁺·sg(clip(π_t/π_ref,t, 1−ε, 1+ε))·log π_t, only samples with A > 0.
+    AlolSeq {
+        /// ε.
+        #[serde(default = "alol_clip")]
+        clip: f32,
+    },
+    /// A-LoL KL (Baheti et al. 2023, §2.2; LoL-RL `a_lol_kl`): no ratio; a KL penalty on the
+    /// sampled sequence instead, L_t = −A⁺·log π_t + β·(log π_t − log π_ref,t), only samples
+    /// with A > 0.
+    AlolKl {
+        /// β of the penalty.
+        #[serde(default = "alol_kl_beta")]
+        beta: f32,
+    },
 }
 
 impl Default for PolicyLossKind {
@@ -256,12 +275,13 @@ impl PolicyLossKind {
                 nonneg("policy_loss.tau", tau)?;
                 nonneg("policy_loss.k2_coef", k2_coef)
             }
-            Self::Alol { clip } => check_config(
+            Self::Alol { clip } | Self::AlolSeq { clip } => check_config(
                 "policy_loss.clip",
                 clip.into(),
                 (0.0..=1.0).contains(&clip),
                 "must be in [0, 1]",
             ),
+            Self::AlolKl { beta } => nonneg("policy_loss.beta", beta),
         }
     }
 }
@@ -319,6 +339,18 @@ fn log_ratio(input: &PolicyLossInput) -> Tensor<2> {
 fn seq_sum(x: Tensor<2>, mask: &Tensor<2>) -> Tensor<2> {
     let dims = mask.dims();
     (x * mask.clone()).sum_dim(1).expand(dims)
+}
+
+/// A-LoL's reference log-probs (required) and its positive-advantage indicator.
+fn alol_parts(input: &PolicyLossInput, adv: &Tensor<2>) -> Result<(Tensor<2>, Tensor<2>)> {
+    let reference = input
+        .ref_log_probs
+        .clone()
+        .ok_or(EngineError::MissingInput {
+            what: "alol",
+            input: "ref_log_probs",
+        })?;
+    Ok((reference, adv.clone().greater_elem(0.0).float()))
 }
 
 fn frac(cond: Tensor<2, burn::tensor::Bool>, mask: &Tensor<2>) -> Tensor<1> {
@@ -485,23 +517,32 @@ pub fn policy_loss(kind: &PolicyLossKind, input: &PolicyLossInput) -> Result<Pol
             l / (1.0 + tau)
         }
         PolicyLossKind::Alol { clip } => {
-            let reference = input
-                .ref_log_probs
-                .clone()
-                .ok_or(EngineError::MissingInput {
-                    what: "alol",
-                    input: "ref_log_probs",
-                })?;
+            let (reference, positive) = alol_parts(input, &adv)?;
             let lr = seq_sum(log_probs.clone().detach() - reference, &mask)
                 .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
             let w = lr.exp().clamp(1.0 - clip, 1.0 + clip).detach();
-            let positive = adv.clone().greater_elem(0.0).float();
             mask_out = mask.clone() * positive.clone();
             metrics.push(
                 "actor/is_weight_mean",
                 masked_mean(w.clone(), mask_out.clone()),
             );
             (w * adv * positive).neg() * log_probs
+        }
+        PolicyLossKind::AlolSeq { clip } | PolicyLossKind::AlolKl { beta: clip } => {
+            let (reference, positive) = alol_parts(input, &adv)?;
+            mask_out = mask.clone() * positive.clone();
+            let lr = (log_probs.clone() - reference).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
+            if matches!(kind, PolicyLossKind::AlolSeq { .. }) {
+                let w = lr.detach().exp().clamp(1.0 - clip, 1.0 + clip);
+                metrics.push(
+                    "actor/is_weight_mean",
+                    masked_mean(w.clone(), mask_out.clone()),
+                );
+                (w * adv * positive).neg() * log_probs
+            } else {
+                metrics.push("actor/alol_kl", masked_mean(lr.clone(), mask_out.clone()));
+                ((adv.neg() * log_probs) + lr * clip) * positive
+            }
         }
     };
     Ok(PolicyLoss {

@@ -1258,3 +1258,68 @@ fn offline_objectives_train_on_rollouts_and_resume() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The offline job with SmolLM2 + LoRA: the reference is the same weights with adapters off
+/// (nothing extra written), DPO and A-LoL train on a three-prompt file, and the first DPO
+/// step's implicit reward gap is 0 (policy = reference at the start).
+#[test]
+fn offline_lora_policy_uses_adapters_off_reference() {
+    let Some(gguf) = common::assets::smollm2() else {
+        return;
+    };
+    let dir = tmp("offline-lora");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("d.jsonl");
+    std::fs::write(
+        &data,
+        concat!(
+            r#"{"prompt": "What is 2 + 3?", "responses": [{"response": "5", "reward": 1}, {"response": "6", "reward": 0}]}"#,
+            "\n",
+            r#"{"prompt": "What is 4 + 4?", "chosen": "8", "rejected": "9"}"#,
+            "\n",
+            r#"{"prompt": "What is 7 + 1?", "response": "8", "reward": 1}"#,
+            "\n",
+            r#"{"prompt": "What is 7 + 1?", "response": "6", "reward": 0}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let recipe: String = root()
+        .join("recipes/smollm2-lora-grpo.toml")
+        .to_string_lossy()
+        .into();
+    for obj in ["{kind=\"dpo\"}", "{kind=\"a_lol\"}"] {
+        let out = dir.join(format!("run-{}", obj.len()));
+        let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["train", &recipe, "--quiet", "--out"])
+            .arg(&out)
+            .args(["--set", &format!("pretrained.path=\"{}\"", gguf.display())])
+            .args(["--set", "train.steps=2", "--set", "task.eval_size=2"])
+            .args([
+                "--set",
+                "train.eval_every=2",
+                "--set",
+                "rollout.max_new_tokens=4",
+            ])
+            .args(["--set", "pretrained.lora.targets=[\"q_proj\", \"v_proj\"]"])
+            .args([
+                "--set",
+                &format!(
+                    "offline={{data=\"{}\", objective={obj}, batch=2}}",
+                    data.display()
+                ),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{obj}: {}", stderr(&o));
+        assert!(!out.join("reference.bpk").exists());
+        assert!(out.join("final/adapter_model.safetensors").exists());
+        let r = rows(&out.join("metrics.jsonl"));
+        if obj.contains("dpo") {
+            let margin = r[1]["preference/margin"].as_f64().unwrap();
+            assert!(margin.abs() < 1e-4, "first step's margin {margin}");
+        }
+        assert!(r[2]["offline/loss"].as_f64().unwrap().is_finite());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -18,7 +18,7 @@ use crate::llm::step::{Row, rows_generation};
 use crate::llm::{Policy, evaluate, load_checkpoint, model_record, read_reference, warm_up};
 use crate::llm::{build_policy, write_final};
 use crate::recipe::llm::Recipe;
-use crate::recipe::offline::OfflineSpec;
+use crate::recipe::offline::{Objective, OfflineSpec};
 use crate::run::{Run, RunOptions, RunSpec, checkpoint};
 use crate::tasks::Rng;
 use anyhow::{Context, Result, anyhow, bail};
@@ -135,10 +135,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         Some(_) => None,
     };
 
-    // A-LoL's priority: each group's summed positive advantage over its mean.
+    // The reference is frozen: its log-probs of every usable response are scored once.
+    let ref_lp = reference_log_probs(&groups, &usable, reference.as_ref(), &policy, &base)?;
+    // A-LoL's priority (all three variants): each group's summed positive advantage.
     let weights: Option<Vec<f64>> = matches!(
         spec.objective,
-        crate::recipe::offline::Objective::ALol { .. }
+        Objective::ALol { .. } | Objective::ALolSeq { .. } | Objective::ALolKl { .. }
     )
     .then(|| usable.iter().map(|&i| positive_mass(&groups[i])).collect());
     run.say(&format!(
@@ -167,7 +169,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             ("actor/lr".to_string(), lr),
         ]);
         let refm = Scorer {
-            reference: reference.as_ref(),
+            ref_lp: &ref_lp,
             policy: &policy,
             base: &base,
             ad: &ad,
@@ -254,41 +256,92 @@ fn draw(rng: &mut Rng, n: usize, weights: Option<&[f64]>) -> usize {
     }
 }
 
-/// The models and devices a step scores with.
+/// The reference's per-token log-probs of every response of the `usable` groups (`[group]
+/// [response][token]`, empty for the others): the tiny policy's frozen copy, or a LoRA policy
+/// with its adapters off, scored in chunks without gradients and read to the host once.
+fn reference_log_probs(
+    groups: &[TokGroup],
+    usable: &[usize],
+    reference: Option<&Llama>,
+    policy: &Policy,
+    base: &Device,
+) -> Result<Vec<Vec<Vec<f32>>>> {
+    const CHUNK: usize = 256;
+    let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); groups.len()];
+    let all: Vec<(usize, usize)> = usable
+        .iter()
+        .flat_map(|&gi| (0..groups[gi].responses.len()).map(move |ri| (gi, ri)))
+        .collect();
+    let sampler = policy.model.valid();
+    for chunk in all.chunks(CHUNK) {
+        let rows: Vec<Row> = chunk
+            .iter()
+            .map(|&(gi, ri)| Row {
+                prompt: &groups[gi].prompt,
+                response: &groups[gi].responses[ri],
+                log_probs: None,
+                truncated: false,
+            })
+            .collect();
+        let g = rows_generation(&rows, (0..rows.len()).collect(), base);
+        let (seq, mask) = g.sequences();
+        let n = g.tokens.dims()[1];
+        let exp = LlmExperience {
+            tokens: seq,
+            mask,
+            response_len: n,
+            temperature: 1.0,
+            // The tiny reference has no adapters; a LoRA policy is its own reference with
+            // them off.
+            adapters: reference.is_some(),
+        };
+        let lp = match reference {
+            Some(m) => exp.score_all(m),
+            None => exp.score_all(&sampler),
+        };
+        let v: Vec<f32> = lp
+            .try_into_vec_as::<f32>()
+            .map_err(|e| anyhow!("reading the reference's log-probs: {e:?}"))?;
+        for (k, &(gi, ri)) in chunk.iter().enumerate() {
+            let len = groups[gi].responses[ri].len();
+            out[gi].push(v[k * n..k * n + len].to_vec());
+        }
+    }
+    Ok(out)
+}
+
+/// What a step scores with: the reference's stored log-probs, the policy, the devices.
 struct Scorer<'a> {
-    reference: Option<&'a Llama>,
+    ref_lp: &'a [Vec<Vec<f32>>],
     policy: &'a Policy,
     base: &'a Device,
     ad: &'a Device,
 }
 
 impl Scorer<'_> {
+    /// Response `ri` of group `gi` as a row carrying the reference's log-probs.
+    fn row<'g>(&'g self, groups: &'g [TokGroup], gi: usize, ri: usize) -> Row<'g> {
+        Row {
+            prompt: &groups[gi].prompt,
+            response: &groups[gi].responses[ri],
+            log_probs: Some(&self.ref_lp[gi][ri]),
+            truncated: false,
+        }
+    }
+
     /// The rows as experience on the training device, and the reference's per-token log-probs
-    /// `[rows, n]` (no gradient; the policy with adapters off for LoRA).
+    /// `[rows, n]` (from the rows; 0 on padding).
     fn rows(&self, rows: &[Row], groups: Vec<usize>) -> Result<(LlmExperience, Tensor<2>)> {
         let g = rows_generation(rows, groups, self.base);
         let (seq, mask) = g.sequences();
         let exp = LlmExperience {
-            tokens: seq,
-            mask,
+            tokens: seq.to_device(self.ad),
+            mask: mask.to_device(self.ad),
             response_len: g.tokens.dims()[1],
             temperature: 1.0,
             adapters: true,
         };
-        let ref_lp = match self.reference {
-            Some(m) => exp.score_all(m),
-            None => LlmExperience {
-                adapters: false,
-                ..exp.clone()
-            }
-            .score_all(&self.policy.model.valid()),
-        };
-        let exp = LlmExperience {
-            tokens: exp.tokens.to_device(self.ad),
-            mask: exp.mask.to_device(self.ad),
-            ..exp
-        };
-        Ok((exp, ref_lp.to_device(self.ad) * g.mask.to_device(self.ad)))
+        Ok((exp, g.log_probs.to_device(self.ad)))
     }
 }
 
@@ -311,12 +364,7 @@ fn pair_step(
             let g = &groups[gi];
             let (w, l) = g.pair.context("a pairwise group without a pair")?;
             let i = if side == 0 { w } else { l };
-            rows.push(Row {
-                prompt: &g.prompt,
-                response: &g.responses[i],
-                log_probs: None,
-                truncated: false,
-            });
+            rows.push(s.row(groups, gi, i));
             let r = g.rewards[i];
             rewards.push(if r.is_finite() { r } else { 0.0 });
         }
@@ -371,13 +419,8 @@ fn group_step(
     let (mut ids, mut rewards) = (Vec::new(), Vec::new());
     for (k, &gi) in picked.iter().enumerate() {
         let g = &groups[gi];
-        for (i, resp) in g.responses.iter().enumerate() {
-            rows.push(Row {
-                prompt: &g.prompt,
-                response: resp,
-                log_probs: None,
-                truncated: false,
-            });
+        for i in 0..g.responses.len() {
+            rows.push(s.row(groups, gi, i));
             ids.push(k);
             rewards.push(g.rewards[i]);
         }

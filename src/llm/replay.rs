@@ -151,10 +151,10 @@ impl Replay {
     ) -> Result<Option<(Generation, Vec<f32>)>> {
         let k = self.cfg.replays_at(step, steps, prompts.len());
         let drawn = self.buffer.draw(&self.cfg, k);
-        let fresh = self.fresh_groups(prompts, g, rewards)?;
         let mut admitted = 0;
+        // The step's groups are read to the host only while they may be admitted.
         if self.cfg.admits_at(step, steps) {
-            for grp in fresh {
+            for grp in self.fresh_groups(prompts, g, rewards)? {
                 let r: Vec<f32> = grp.rewards.iter().map(|x| x.unwrap_or(f32::NAN)).collect();
                 if self.cfg.admits(&r) {
                     self.buffer.push(&self.cfg, step + 1, grp);

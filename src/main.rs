@@ -47,6 +47,9 @@ enum Command {
     /// GRPO's group mean of 8): mean squared error against a Monte-Carlo estimate.
     #[command(name = "value-mse")]
     ValueMse(ValueMseArgs),
+    /// PLoP (precise LoRA placement): each projection type's normalised feature norm on the
+    /// recipe's task prompts, and the types `targets = "plop"` would give adapters.
+    Plop(PlopArgs),
     /// LLM throughput benchmark (benches/README.md); `ember bench-llm --help` lists its options.
     #[command(name = "bench-llm", disable_help_flag = true)]
     BenchLlm {
@@ -164,6 +167,21 @@ struct ValueMseArgs {
 }
 
 #[derive(Args)]
+struct PlopArgs {
+    #[command(flatten)]
+    recipe: RecipeArgs,
+    /// Projection types to choose (default: the recipe's `plop_count`, else 3).
+    #[arg(long)]
+    count: Option<usize>,
+    /// Training prompts to score (default: the recipe's `plop_prompts`, else 64).
+    #[arg(long)]
+    prompts: Option<usize>,
+    /// Print the scores as JSON (per type and per layer).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 struct EvalArgs {
     /// The run directory.
     run: PathBuf,
@@ -222,6 +240,16 @@ fn run(cli: Cli) -> Result<()> {
             };
             let report = ember::jobs::value_mse::value_mse(&r, &o)?;
             println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        Command::Plop(a) => {
+            let r = ember::recipe::parse(&a.recipe.text()?, &a.recipe.sets)?;
+            let c = ember::jobs::plop::plop(&r, a.count, a.prompts)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&c)?);
+            } else {
+                print!("{}", c.table());
+            }
             Ok(())
         }
         Command::Generate(a) => cli_llm::generate_cmd(a),

@@ -222,3 +222,64 @@ fn replay_and_critic_tables_resolve() {
     assert_eq!(c.pact.map(|p| p.weight_clip), Some(1.5));
     assert!(set(&[]).algorithm_parts().replay.is_none());
 }
+
+/// `[pretrained.lora]`: named targets or `"plop"` (with its count and prompts, defaults 3 and
+/// 64); PLoP settings without `"plop"`, other words, bad counts, and unknown names are refused
+/// by name; a `"plop"` recipe serialises back to itself (the run's resolved recipe).
+#[test]
+fn lora_targets_plop_or_names() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/smollm2-lora-grpo.toml"),
+    )
+    .unwrap();
+    let r = parse(&text, &["pretrained.lora.targets=\"plop\"".into()]).unwrap();
+    let lora = &r.pretrained.as_ref().unwrap().lora;
+    assert!(lora.is_plop());
+    assert_eq!(lora.plop(), (3, 64));
+    assert!(
+        lora.settings()
+            .unwrap_err()
+            .to_string()
+            .contains("ember plop"),
+        "an unresolved choice names the command"
+    );
+    let back = parse(&toml::to_string(&r).unwrap(), &[]).unwrap();
+    assert_eq!(back, r);
+    let r = parse(
+        &text,
+        &[
+            "pretrained.lora.targets=\"plop\"".into(),
+            "pretrained.lora.plop_count=2".into(),
+            "pretrained.lora.plop_prompts=8".into(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(r.pretrained.as_ref().unwrap().lora.plop(), (2, 8));
+    for (sets, needle) in [
+        (&["pretrained.lora.targets=\"plap\""][..], "\"plap\""),
+        (&["pretrained.lora.targets=[\"w_proj\"]"][..], "w_proj"),
+        (&["pretrained.lora.targets=3"][..], "\"plop\""),
+        (
+            &["pretrained.lora.plop_count=2"][..],
+            "apply to targets = \"plop\" only",
+        ),
+        (
+            &[
+                "pretrained.lora.targets=\"plop\"",
+                "pretrained.lora.plop_count=8",
+            ][..],
+            "plop_count = 8 must be in 1..=7",
+        ),
+        (
+            &[
+                "pretrained.lora.targets=\"plop\"",
+                "pretrained.lora.plop_prompts=0",
+            ][..],
+            "plop_prompts = 0",
+        ),
+    ] {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let e = format!("{:#}", parse(&text, &sets).unwrap_err());
+        assert!(e.contains(needle), "{sets:?}: {e}");
+    }
+}

@@ -70,6 +70,12 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     }
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
+    // `targets = "plop"`: chosen now (or read back from the run's plop.json).
+    let (placed, plop) = crate::llm::plop::resolve(r, &task, Some(out), &base)?;
+    if let Some(c) = &plop {
+        run.say(c.table().trim_end());
+    }
+    let r = &placed;
     let mut scorer = Scorer::new(&r.reward)?;
     let max_new = r.rollout.max_new_tokens;
     let mut rng = Rng(r.seed);
@@ -512,7 +518,7 @@ pub fn evaluate_run(
 ) -> Result<f64> {
     let rp = run.join("recipe.resolved.toml");
     let text = std::fs::read_to_string(&rp).with_context(|| format!("reading {}", rp.display()))?;
-    let mut r = crate::recipe::parse(&text, &[])?;
+    let mut r = crate::llm::plop::apply_recorded(&crate::recipe::parse(&text, &[])?, run)?;
     if let Some(n) = eval_size {
         r.task.eval_size = n;
     }

@@ -7,6 +7,7 @@ pub mod flow;
 pub mod llm;
 pub mod molora;
 pub mod offline;
+pub mod plop;
 pub mod rollouts;
 pub mod value_mse;
 pub mod warmup;

@@ -13,12 +13,12 @@
 //! REINFORCE-LOO (leave-one-out baseline, plain log-likelihood weighting).
 
 use crate::engine::*;
-use crate::llm::offline::{TokGroup, load, tokenize};
+use crate::llm::offline::{TokGroup, keep_first, load, tokenize};
 use crate::llm::step::{Row, rows_generation};
 use crate::llm::{Policy, evaluate, load_checkpoint, model_record, read_reference, warm_up};
 use crate::llm::{build_policy, write_final};
 use crate::recipe::llm::Recipe;
-use crate::recipe::offline::{Objective, OfflineSpec};
+use crate::recipe::offline::{Objective, OfflineSpec, Pairs};
 use crate::run::{Run, RunOptions, RunSpec, checkpoint};
 use crate::tasks::Rng;
 use anyhow::{Context, Result, anyhow, bail};
@@ -67,6 +67,11 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
+    let (placed, plop) = crate::llm::plop::resolve(r, &task, Some(out), &base)?;
+    if let Some(c) = &plop {
+        run.say(c.table().trim_end());
+    }
+    let r = &placed;
     let max_new = r.rollout.max_new_tokens;
     let mut rng = Rng(r.seed);
     let mut policy = build_policy(r, &ad)?;
@@ -80,16 +85,33 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             spec.data
         )
     })?;
+    let raw = match spec.responses {
+        Some(k) => keep_first(raw, k),
+        None => raw,
+    };
     let groups = tokenize(&policy, &raw, max_new)
         .with_context(|| format!("tokenizing {}", path.display()))?;
     let pairwise = spec.objective.pairwise();
     let group_obj = spec.objective.group();
-    let usable: Vec<usize> = (0..groups.len())
-        .filter(|&i| match pairwise {
-            Some(_) => groups[i].pair.is_some(),
-            None => groups[i].rewards.iter().filter(|x| x.is_finite()).count() >= 2,
-        })
-        .collect();
+    // What a step draws: (group, pair) for the pairwise objectives, groups with two valid
+    // rewards for the others.
+    let units: Vec<Unit> = match pairwise {
+        Some(_) => groups
+            .iter()
+            .enumerate()
+            .flat_map(|(gi, g)| {
+                g.pairs(spec.pairs == Pairs::All)
+                    .into_iter()
+                    .map(move |p| (gi, Some(p)))
+            })
+            .collect(),
+        None => (0..groups.len())
+            .filter(|&i| groups[i].rewards.iter().filter(|x| x.is_finite()).count() >= 2)
+            .map(|gi| (gi, None))
+            .collect(),
+    };
+    let mut usable: Vec<usize> = units.iter().map(|u| u.0).collect();
+    usable.dedup();
     if usable.is_empty() {
         bail!(
             "{}: no prompt has {} for objective {:?}",
@@ -142,13 +164,19 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         spec.objective,
         Objective::ALol { .. } | Objective::ALolSeq { .. } | Objective::ALolKl { .. }
     )
-    .then(|| usable.iter().map(|&i| positive_mass(&groups[i])).collect());
+    .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect());
     run.say(&format!(
-        "{} prompts in {}, {} usable for {}",
+        "{} prompts in {}, {} usable for {} ({} {})",
         groups.len(),
         path.display(),
         usable.len(),
-        spec.objective.name()
+        spec.objective.name(),
+        units.len(),
+        if pairwise.is_some() {
+            "pairs"
+        } else {
+            "groups"
+        }
     ));
     let mut optim = r.train.optim.init();
     if let Some((dir, _)) = run.resumed() {
@@ -161,8 +189,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     for step in run.first_step()..r.train.run.steps {
         let t_step = Instant::now();
         let lr = schedule.at(step);
-        let picked: Vec<usize> = (0..spec.batch)
-            .map(|_| usable[draw(&mut rng, usable.len(), weights.as_deref())])
+        let picked: Vec<Unit> = (0..spec.batch)
+            .map(|_| units[draw(&mut rng, units.len(), weights.as_deref())])
             .collect();
         let mut row = BTreeMap::from([
             ("step".to_string(), (step + 1) as f64),
@@ -213,6 +241,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         "name": r.name, "objective": spec.objective.name(), "seed": r.seed,
         "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
         "seconds": seconds, "steps_done": steps_done, "interrupted": interrupted,
+        "prompts_usable": usable.len(), "draws": units.len(),
     }))?;
     if !interrupted {
         run.say(&format!(
@@ -225,6 +254,10 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         interrupted,
     })
 }
+
+/// What a step draws: a group, and for the pairwise objectives one of its (chosen, rejected)
+/// pairs.
+type Unit = (usize, Option<(usize, usize)>);
 
 /// Σ_i max(0, R_i − mean R) over a group's valid rewards.
 fn positive_mass(g: &TokGroup) -> f64 {
@@ -350,7 +383,7 @@ impl Scorer<'_> {
 fn pair_step(
     s: &Scorer,
     groups: &[TokGroup],
-    picked: &[usize],
+    picked: &[Unit],
     kind: &PreferenceLoss,
     spec: &OfflineSpec,
     optim: &mut ember_train::Optimizer,
@@ -360,9 +393,9 @@ fn pair_step(
     let mut rows = Vec::with_capacity(2 * b);
     let mut rewards = Vec::with_capacity(2 * b);
     for side in 0..2 {
-        for &gi in picked {
+        for &(gi, pair) in picked {
             let g = &groups[gi];
-            let (w, l) = g.pair.context("a pairwise group without a pair")?;
+            let (w, l) = pair.context("a pairwise draw without a pair")?;
             let i = if side == 0 { w } else { l };
             rows.push(s.row(groups, gi, i));
             let r = g.rewards[i];
@@ -409,7 +442,7 @@ fn pair_step(
 fn group_step(
     s: &Scorer,
     groups: &[TokGroup],
-    picked: &[usize],
+    picked: &[Unit],
     adv_cfg: AdvantageConfig,
     loss: ActorLossConfig,
     optim: &mut ember_train::Optimizer,
@@ -417,7 +450,7 @@ fn group_step(
 ) -> Result<(Llama, BTreeMap<String, f64>)> {
     let mut rows = Vec::new();
     let (mut ids, mut rewards) = (Vec::new(), Vec::new());
-    for (k, &gi) in picked.iter().enumerate() {
+    for (k, &(gi, _)) in picked.iter().enumerate() {
         let g = &groups[gi];
         for i in 0..g.responses.len() {
             rows.push(s.row(groups, gi, i));

@@ -178,9 +178,11 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     }
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
+    let task = r.task.build()?;
+    let placed = crate::llm::plop::resolve(r, &task, None, &base)?.0;
+    let r = &placed;
     let mut policy = build_policy(r, &ad)?;
     let sh = shapes(r, &policy, opts)?;
-    let task = r.task.build()?;
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     let parts = r.algorithm_parts();
     let upd = update_config(r, parts.loss);

@@ -7,6 +7,7 @@ pub mod adaptive;
 pub mod agent;
 pub mod critic;
 pub mod offline;
+pub mod plop;
 pub mod replay;
 pub mod score;
 pub mod step;
@@ -343,7 +344,7 @@ pub fn policy_from_specs(
     device.seed(seed);
     let model = match peft {
         Some(dir) => ember_llm::load_peft(loaded.model, dir, device)?.0,
-        None => ember_llm::apply_lora(loaded.model, &p.lora)?,
+        None => ember_llm::apply_lora(loaded.model, &p.lora.settings()?)?,
     };
     let mut stop = loaded.eos_ids.clone();
     stop.extend(tok.eos_ids.iter().copied());
@@ -365,7 +366,7 @@ pub fn policy_from_specs(
             template: p.template.clone(),
         },
         stop,
-        lora: Some(p.lora.clone()),
+        lora: Some(p.lora.settings()?),
     })
 }
 
@@ -429,7 +430,8 @@ pub fn read_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> 
 
 /// The recipe's policy as a run of it starts: built, then warmed up (the tiny model, with the
 /// job's RNG, so the weights equal those an `ember train` of the recipe begins its RL from), or
-/// loaded from `checkpoint` instead.
+/// loaded from `checkpoint` instead. With `targets = "plop"`, the choice recorded by the run the
+/// checkpoint belongs to, else PLoP's choice made now.
 pub fn policy_at_start(
     r: &Recipe,
     task: &TaskSet,
@@ -437,6 +439,13 @@ pub fn policy_at_start(
     rng: &mut Rng,
     device: &Device,
 ) -> Result<Policy> {
+    let recorded =
+        checkpoint.and_then(|d| d.ancestors().take(3).find(|a| a.join(plop::FILE).exists()));
+    let placed = match recorded {
+        Some(run) => plop::apply_recorded(r, run)?,
+        None => plop::resolve(r, task, None, device)?.0,
+    };
+    let r = &placed;
     let mut policy = build_policy(r, device)?;
     match (checkpoint, &r.warmup) {
         (Some(dir), _) => policy = load_checkpoint(policy, dir)?,

@@ -172,6 +172,42 @@ pub struct TokGroup {
     /// The (chosen, rejected) pair: the dataset's, or the best and worst valid rewards when
     /// they differ; None when the group has no pair.
     pub pair: Option<(usize, usize)>,
+    /// The pair is the dataset's own (a `chosen`/`rejected` line).
+    pub explicit: bool,
+}
+
+impl TokGroup {
+    /// The group's (chosen, rejected) pairs: its [`pair`](Self::pair), or with `all`, every
+    /// ordered pair of valid responses whose rewards differ, the higher first (RPO's
+    /// multi-response form; a dataset's explicit pair stays the only one).
+    pub fn pairs(&self, all: bool) -> Vec<(usize, usize)> {
+        if !all || self.explicit {
+            return self.pair.into_iter().collect();
+        }
+        let r = &self.rewards;
+        let mut out = Vec::new();
+        for i in 0..r.len() {
+            for j in 0..r.len() {
+                if r[i].is_finite() && r[j].is_finite() && r[i] > r[j] {
+                    out.push((i, j));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Each group with its first `k` responses only (an explicit pair needs both of its own); the
+/// responses-per-prompt ablation.
+pub fn keep_first(groups: Vec<Group>, k: usize) -> Vec<Group> {
+    groups
+        .into_iter()
+        .map(|mut g| {
+            g.responses.truncate(k);
+            g.pair = g.pair.filter(|&(a, b)| a < k && b < k);
+            g
+        })
+        .collect()
 }
 
 /// Tokenizes every group for `policy`, checking prompt + response against `max_new` and the
@@ -223,6 +259,7 @@ pub fn tokenize(policy: &Policy, groups: &[Group], max_new: usize) -> Result<Vec
                 responses,
                 rewards,
                 pair,
+                explicit: g.pair.is_some(),
             })
         })
         .collect()
@@ -247,6 +284,41 @@ fn best_and_worst(rewards: &[f32]) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// All pairs: every ordered pair of valid responses with different rewards, higher first;
+    /// an explicit pair stays alone; `keep_first` cuts responses and drops a pair it cuts.
+    #[test]
+    fn all_pairs_and_first_k() {
+        let g = TokGroup {
+            prompt: vec![1],
+            responses: vec![vec![2]; 4],
+            rewards: vec![1.0, 0.0, f32::NAN, 0.5],
+            pair: Some((0, 1)),
+            explicit: false,
+        };
+        assert_eq!(g.pairs(false), vec![(0, 1)]);
+        assert_eq!(g.pairs(true), vec![(0, 1), (0, 3), (3, 1)]);
+        let e = TokGroup {
+            explicit: true,
+            ..g.clone()
+        };
+        assert_eq!(e.pairs(true), vec![(0, 1)]);
+        let s = |x: f32| Scored {
+            response: "a".into(),
+            reward: Some(x),
+            truncated: false,
+        };
+        let kept = keep_first(
+            vec![Group {
+                prompt: "p".into(),
+                responses: vec![s(1.0), s(0.0), s(0.5)],
+                pair: Some((0, 2)),
+            }],
+            2,
+        );
+        assert_eq!(kept[0].responses.len(), 2);
+        assert_eq!(kept[0].pair, None);
+    }
 
     #[test]
     fn pairs_are_best_and_worst() {

@@ -149,6 +149,13 @@ impl AgentRecipe {
                 .map_err(|e| anyhow::anyhow!("[model]: {e}"))?,
             (None, Some(p)) => {
                 p.lora.validate()?;
+                if p.lora.is_plop() {
+                    bail!(
+                        "pretrained.lora.targets = \"plop\" is for single-turn recipes (PLoP \
+                         scores the task's prompts); name the modules here (`ember plop` on a \
+                         single-turn recipe of the same model prints the scores)"
+                    );
+                }
                 if !p.template.contains("{question}") {
                     bail!(
                         "pretrained.template = {:?} must contain {{question}} (the first \

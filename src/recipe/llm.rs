@@ -8,7 +8,7 @@ use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 pub use super::critic::CriticSpec;
-pub use super::policy::{ModelSpec, PretrainedSpec, Warmup};
+pub use super::policy::{LoraSpec, ModelSpec, PretrainedSpec, Targets, Warmup};
 pub use super::task::{TaskKind, TaskSpec};
 
 /// The reward: a weighted sum of the task's verifiable reward, a format reward, an external

@@ -181,6 +181,31 @@ pub struct OfflineSpec {
     /// Length-average the implicit rewards of the pairwise objectives (SimPO always does).
     #[serde(default)]
     pub average_log_probs: bool,
+    /// Use only each prompt's first `responses` responses (RPO's responses-per-prompt
+    /// ablation; default all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responses: Option<usize>,
+    /// Pairwise objectives: `"best_worst"` (each prompt's best and worst response, the default)
+    /// or `"all"` (every pair of its responses with different rewards, drawn uniformly).
+    #[serde(default, skip_serializing_if = "Pairs::is_default")]
+    pub pairs: Pairs,
+}
+
+/// Which pairs a prompt's scored responses give the pairwise objectives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pairs {
+    /// The best- and the worst-rewarded response.
+    #[default]
+    BestWorst,
+    /// Every pair with different rewards.
+    All,
+}
+
+impl Pairs {
+    fn is_default(&self) -> bool {
+        *self == Self::BestWorst
+    }
 }
 
 impl OfflineSpec {
@@ -193,6 +218,18 @@ impl OfflineSpec {
     pub fn validate(&self) -> Result<()> {
         if self.batch == 0 || self.batch > 100_000 {
             bail!("offline.batch = {} must be in 1..=100000", self.batch);
+        }
+        if let Some(k) = self.responses.filter(|k| *k < 2) {
+            bail!(
+                "offline.responses = {k} must be at least 2 (a pair, or a leave-one-out baseline)"
+            );
+        }
+        if self.pairs == Pairs::All && self.objective.pairwise().is_none() {
+            bail!(
+                "offline.pairs = \"all\" applies to the pairwise objectives; {:?} trains on every \
+                 response of a prompt",
+                self.objective.name()
+            );
         }
         if let Some(p) = self.objective.pairwise() {
             p.validate()?;

@@ -39,7 +39,148 @@ pub struct PretrainedSpec {
     pub template: String,
     /// LoRA adapters (the only trained parameters).
     #[serde(default)]
-    pub lora: LoraSettings,
+    pub lora: LoraSpec,
+}
+
+/// `[pretrained.lora]`: rank, α and the projections that get adapters, named, or
+/// `targets = "plop"`: PLoP's scores on the task's prompts pick `plop_count` of them when a
+/// run starts (`ember plop <recipe>` prints the scores; `llm::plop`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    /// Rank r.
+    #[serde(default = "rank8")]
+    pub rank: usize,
+    /// α (the update is scaled by α/r).
+    #[serde(default = "alpha16")]
+    pub alpha: f64,
+    /// Module names (`q_proj`, …, `down_proj`), or `"plop"`.
+    #[serde(default)]
+    pub targets: Targets,
+    /// With `targets = "plop"`: how many projection types get adapters (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plop_count: Option<usize>,
+    /// With `targets = "plop"`: training prompts scored (default 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plop_prompts: Option<usize>,
+}
+
+/// `targets`: a list of module names, or the word `"plop"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a list of module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, \
+                 down_proj) or \"plop\""
+)]
+pub enum Targets {
+    /// Named modules.
+    Modules(Vec<String>),
+    /// `"plop"` (any other word is refused by `validate`).
+    Word(String),
+}
+
+impl Default for Targets {
+    fn default() -> Self {
+        Self::Modules(LoraSettings::default().targets)
+    }
+}
+
+fn rank8() -> usize {
+    8
+}
+fn alpha16() -> f64 {
+    16.0
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        Self {
+            rank: rank8(),
+            alpha: alpha16(),
+            targets: Targets::default(),
+            plop_count: None,
+            plop_prompts: None,
+        }
+    }
+}
+
+impl LoraSpec {
+    /// Projection types PLoP picks by default.
+    pub const PLOP_COUNT: usize = 3;
+    /// Prompts PLoP scores by default.
+    pub const PLOP_PROMPTS: usize = 64;
+
+    /// `targets = "plop"`.
+    pub fn is_plop(&self) -> bool {
+        matches!(&self.targets, Targets::Word(_))
+    }
+
+    /// (count, prompts) of a PLoP choice, defaults filled in.
+    pub fn plop(&self) -> (usize, usize) {
+        (
+            self.plop_count.unwrap_or(Self::PLOP_COUNT),
+            self.plop_prompts.unwrap_or(Self::PLOP_PROMPTS),
+        )
+    }
+
+    /// Checks rank, α, the target names (or the word `plop`) and PLoP's settings.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let n = ember_llm::lora::TARGETS.len();
+        match &self.targets {
+            Targets::Modules(_) => {
+                if self.plop_count.is_some() || self.plop_prompts.is_some() {
+                    anyhow::bail!(
+                        "pretrained.lora.plop_count and plop_prompts apply to targets = \"plop\" only"
+                    );
+                }
+            }
+            Targets::Word(w) if w == "plop" => {
+                let (count, prompts) = self.plop();
+                if count == 0 || count > n {
+                    anyhow::bail!("pretrained.lora.plop_count = {count} must be in 1..={n}");
+                }
+                if prompts == 0 || prompts > 4096 {
+                    anyhow::bail!("pretrained.lora.plop_prompts = {prompts} must be in 1..=4096");
+                }
+            }
+            Targets::Word(w) => anyhow::bail!(
+                "pretrained.lora.targets = {w:?}: give a list of module names or \"plop\""
+            ),
+        }
+        // Rank and names (a PLoP choice names valid modules; its rank is checked the same).
+        let named = match &self.targets {
+            Targets::Modules(_) => self.clone(),
+            Targets::Word(_) => self.with_targets(vec!["q_proj".into()]),
+        };
+        Ok(named.settings()?.validate()?)
+    }
+
+    /// The same adapters on the named `targets` (a PLoP choice made).
+    pub fn with_targets(&self, targets: Vec<String>) -> Self {
+        Self {
+            targets: Targets::Modules(targets),
+            plop_count: None,
+            plop_prompts: None,
+            ..self.clone()
+        }
+    }
+
+    /// The model crate's settings; an error while `targets` is still `"plop"` (the choice is
+    /// made by the jobs that start a run: `ember train`, the offline job).
+    pub fn settings(&self) -> anyhow::Result<LoraSettings> {
+        match &self.targets {
+            Targets::Modules(t) => Ok(LoraSettings {
+                rank: self.rank,
+                alpha: self.alpha,
+                targets: t.clone(),
+            }),
+            Targets::Word(_) => anyhow::bail!(
+                "pretrained.lora.targets = \"plop\" is chosen when `ember train` starts a run (or \
+                 read from its plop.json); this command needs the module names: run `ember plop \
+                 <recipe>` to see the scores and name the modules in the recipe"
+            ),
+        }
+    }
 }
 
 fn question() -> String {

@@ -11,6 +11,7 @@ pub mod load;
 pub mod lora;
 pub mod mixture;
 pub mod model;
+pub mod plop;
 pub mod sample;
 pub mod tokenizer;
 pub mod value;

@@ -315,6 +315,23 @@ impl Attention {
         c: &RouteCtx,
         fused: bool,
     ) -> Tensor<3> {
+        proj(
+            &self.o_proj,
+            &self.o_mix,
+            self.heads(q, k, v, bias, fused),
+            c,
+        )
+    }
+
+    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)).
+    fn heads(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        bias: Tensor<4>,
+        fused: bool,
+    ) -> Tensor<3> {
         let [b, h, t, hd] = q.dims();
         let [_, kv, keys, _] = k.dims();
         let groups = h / kv;
@@ -330,7 +347,7 @@ impl Attention {
                 }
             };
             let bias = like(bias, dt).expand([b, h, t, keys]);
-            let out = burn::tensor::module::attention(
+            return burn::tensor::module::attention(
                 q,
                 repeat(k),
                 repeat(v),
@@ -340,7 +357,6 @@ impl Attention {
             )
             .swap_dims(1, 2)
             .reshape([b, t, h * hd]);
-            return proj(&self.o_proj, &self.o_mix, out, c);
         }
         // Query head `kv·groups + g` reads key/value head `kv` (HF `repeat_kv`): the `groups`
         // query heads of one KV head become the rows of one product, so K and V are never
@@ -354,26 +370,39 @@ impl Attention {
             * (1.0 / (hd as f32).sqrt())
             + bias.reshape([b, 1, 1, t, keys]);
         let probs = like(softmax(scores, 4), dt).reshape([b, kv, groups * t, keys]);
-        let out = probs
+        probs
             .matmul(v)
             .reshape([b, h, t, hd])
             .swap_dims(1, 2)
-            .reshape([b, t, h * hd]);
-        proj(&self.o_proj, &self.o_mix, out, c)
+            .reshape([b, t, h * hd])
     }
 }
 
 impl Mlp {
-    fn forward(&self, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
-        proj(
-            &self.down_proj,
-            &self.down_mix,
-            silu(proj(&self.gate_proj, &self.gate_mix, x.clone(), c))
-                * proj(&self.up_proj, &self.up_mix, x, c),
-            c,
-        )
+    /// down(silu(gate(x)) · up(x)), showing `visit` the inputs of gate, up (x) and down.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        c: &RouteCtx,
+        layer: usize,
+        visit: &mut Option<Visit<'_>>,
+    ) -> Tensor<3> {
+        if let Some(f) = visit.as_mut() {
+            f(layer, 4, &self.gate_proj, &x);
+            f(layer, 5, &self.up_proj, &x);
+        }
+        let act = silu(proj(&self.gate_proj, &self.gate_mix, x.clone(), c))
+            * proj(&self.up_proj, &self.up_mix, x, c);
+        if let Some(f) = visit.as_mut() {
+            f(layer, 6, &self.down_proj, &act);
+        }
+        proj(&self.down_proj, &self.down_mix, act, c)
     }
 }
+
+/// A callback shown each projection with its input `[batch, seq, d_in]`: the layer, the
+/// projection's index in [`crate::lora::TARGETS`] (q, k, v, o, gate, up, down), the projection.
+pub type Visit<'a> = &'a mut dyn FnMut(usize, usize, &Linear, &Tensor<3>);
 
 /// Position ids under left padding: cumsum(mask) − 1, 0 on padding (HF `generate`).
 pub fn position_ids(mask: &Tensor<2>) -> Tensor<2, Int> {
@@ -509,6 +538,31 @@ impl Llama {
 
     /// The last layer's output `[batch, seq, d_model]` (before the final norm and the head).
     fn hidden_routed(&self, tokens: Tensor<2, Int>, mask: Tensor<2>, ctx: &RouteCtx) -> Tensor<3> {
+        self.layers_pass(tokens, mask, ctx, None)
+    }
+
+    /// Runs the base model (adapters off) over `tokens` `[batch, seq]` with `mask`, showing
+    /// `visit(layer, projection, linear, input)` every projection's input `[batch, seq, d_in]`,
+    /// layer by layer, projections in [`crate::lora::TARGETS`]' order (PLoP's scores,
+    /// `crate::plop`).
+    pub fn visit_projection_inputs(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        visit: Visit<'_>,
+    ) {
+        self.layers_pass(tokens, mask, &RouteCtx::plain(false), Some(visit));
+    }
+
+    /// The decoder layers over `tokens` (the last layer's output), showing `visit` each
+    /// projection's input when given.
+    fn layers_pass(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        ctx: &RouteCtx,
+        mut visit: Option<Visit<'_>>,
+    ) -> Tensor<3> {
         ctx.begin_pass();
         let [b, t] = tokens.dims();
         let rope = self.rope(position_ids(&mask));
@@ -519,21 +573,22 @@ impl Llama {
         let allowed = causal * mask.reshape([b, 1, 1, t]);
         let bias = (allowed.neg() + 1.0) * MASKED;
         let mut h = self.embed(tokens);
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a = &layer.self_attn;
             let x = rms_norm(&layer.input_layernorm, h.clone());
-            let (q, k, v) = layer.self_attn.project(x, &rope, ctx);
-            h = h + layer.self_attn.attend(
-                q,
-                k,
-                v,
-                bias.clone(),
-                ctx,
-                self.fused_attention && t > 1,
-            );
-            h = h.clone()
-                + layer
-                    .mlp
-                    .forward(rms_norm(&layer.post_attention_layernorm, h), ctx);
+            if let Some(f) = visit.as_mut() {
+                for (j, l) in [&a.q_proj, &a.k_proj, &a.v_proj].into_iter().enumerate() {
+                    f(i, j, l, &x);
+                }
+            }
+            let (q, k, v) = a.project(x, &rope, ctx);
+            let heads = a.heads(q, k, v, bias.clone(), self.fused_attention && t > 1);
+            if let Some(f) = visit.as_mut() {
+                f(i, 3, &a.o_proj, &heads);
+            }
+            h = h + proj(&a.o_proj, &a.o_mix, heads, ctx);
+            let x = rms_norm(&layer.post_attention_layernorm, h.clone());
+            h = h + layer.mlp.forward(x, ctx, i, &mut visit);
         }
         h
     }
@@ -581,10 +636,8 @@ impl Llama {
                 ctx,
                 self.fused_attention && t > 1,
             );
-            h = h.clone()
-                + layer
-                    .mlp
-                    .forward(rms_norm(&layer.post_attention_layernorm, h), ctx);
+            let x = rms_norm(&layer.post_attention_layernorm, h.clone());
+            h = h + layer.mlp.forward(x, ctx, i, &mut None);
         }
         cache.advance(t);
         let [_, _, d] = h.dims();

@@ -32,6 +32,9 @@ pub struct EvalResult {
     pub diversity: f64,
     /// Mean classifier entropy (nats) of the samples.
     pub entropy: f64,
+    /// Mean JPEG size (kB, quality 95) of the samples (DDPO's compressibility measure).
+    #[serde(default)]
+    pub jpeg_kb: f64,
 }
 
 /// The pretraining cache file for this recipe.
@@ -205,8 +208,35 @@ pub struct Scores {
     pub class_prob: Vec<f32>,
     /// The stroke-mass term.
     pub ink: Vec<f32>,
+    /// JPEG size in kB.
+    pub jpeg_kb: Vec<f32>,
     /// Classified as the requested class.
     pub right: Vec<bool>,
+}
+
+/// JPEG quality of the compressibility reward (DDPO's `jpeg_compressibility`).
+const JPEG_QUALITY: u8 = 95;
+
+/// The size in kB (1000 bytes) of a 28×28 image (pixels in [0, 1], clamped) written as an 8-bit
+/// grayscale baseline JPEG at quality 95 by `image`'s encoder (DDPO, Black et al. 2023, §6.1:
+/// compressibility = −size, incompressibility = +size; DDPO encodes RGB with PIL, whose headers
+/// and tables differ, so absolute sizes are this encoder's).
+pub fn jpeg_kb(pixels: &[f32]) -> Result<f32> {
+    if pixels.len() != PIXELS {
+        bail!(
+            "a JPEG-scored image has {PIXELS} pixels, got {}",
+            pixels.len()
+        );
+    }
+    let bytes: Vec<u8> = pixels
+        .iter()
+        .map(|p| (p.clamp(0.0, 1.0) * 255.0).round() as u8)
+        .collect();
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, JPEG_QUALITY)
+        .encode(&bytes, 28, 28, image::ExtendedColorType::L8)
+        .map_err(|e| anyhow!("JPEG encoding: {e}"))?;
+    Ok(out.len() as f32 / 1000.0)
 }
 
 /// Rewards of decoded images.
@@ -218,9 +248,11 @@ pub fn rewards(
 ) -> Result<Scores> {
     let [b, _] = pixels.dims();
     let probs = host(softmax(classifier.logits(pixels.clone()), 1))?;
-    let mass = host(pixels.mean_dim(1))?;
+    let mass = host(pixels.clone().mean_dim(1))?;
+    // The images themselves for the JPEG encoder (one host read of the step's samples).
+    let px = host(pixels)?;
     let mut total = Vec::with_capacity(b);
-    let (mut pc, mut ink, mut right) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pc, mut ink, mut kb, mut right) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..b {
         let row = &probs[i * 10..(i + 1) * 10];
         let p = row[labels[i]];
@@ -228,17 +260,61 @@ pub fn rewards(
             .max_by(|&a, &c| row[a].total_cmp(&row[c]))
             .unwrap_or(0);
         let k = -(mass[i] - spec.ink_target).abs() / spec.ink_target;
-        total.push(spec.class_prob * p + spec.ink * k);
+        let size = jpeg_kb(&px[i * PIXELS..(i + 1) * PIXELS])?;
+        total.push(spec.class_prob * p + spec.ink * k + spec.jpeg_size * size);
         pc.push(p);
         ink.push(k);
+        kb.push(size);
         right.push(arg == labels[i]);
     }
     Ok(Scores {
         total,
         class_prob: pc,
         ink,
+        jpeg_kb: kb,
         right,
     })
+}
+
+/// 1 for the samples of groups whose rewards are not all equal, 0 for the others (whose group
+/// advantages are all zero).
+pub fn varied_groups(reward: &[f32], groups: &[usize]) -> Vec<f32> {
+    groups
+        .iter()
+        .map(|&g| {
+            let mut r = groups
+                .iter()
+                .zip(reward)
+                .filter(|(h, _)| **h == g)
+                .map(|x| x.1);
+            let first = r.next();
+            f32::from(u8::from(r.any(|x| Some(x) != first)))
+        })
+        .collect()
+}
+
+/// Per-row statistics for flow_grpo's `global_std`: each row's group mean, and the population
+/// std of all the step's rewards (`np.std(rewards)`; the estimator adds its ε = 1e-4).
+pub fn global_std_stats(reward: &[f32], groups: &[usize]) -> (Vec<f32>, Vec<f32>) {
+    let n = reward.len().max(1) as f64;
+    let all = reward.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+    let var = reward
+        .iter()
+        .map(|&x| (f64::from(x) - all).powi(2))
+        .sum::<f64>()
+        / n;
+    let means = groups
+        .iter()
+        .map(|&g| {
+            let (s, c) = groups
+                .iter()
+                .zip(reward)
+                .filter(|(h, _)| **h == g)
+                .fold((0.0, 0.0), |(s, c), (_, &x)| (s + f64::from(x), c + 1.0));
+            (s / c) as f32
+        })
+        .collect();
+    (means, vec![var.sqrt() as f32; reward.len()])
 }
 
 /// Samples `samples_per_class` digits of every class with the Euler ODE from a fixed noise seed
@@ -281,6 +357,10 @@ pub fn evaluate(
             .sum::<f64>();
     }
     let images: Vec<Vec<f32>> = px.chunks(PIXELS).map(<[f32]>::to_vec).collect();
+    let mut kb = 0.0;
+    for img in &images {
+        kb += f64::from(jpeg_kb(img)?);
+    }
     let mut div = 0.0;
     for c in 0..classes {
         let imgs = &images[c * s..(c + 1) * s];
@@ -303,6 +383,7 @@ pub fn evaluate(
             class_prob: pc / n as f64,
             diversity: div / classes as f64,
             entropy: ent / n as f64,
+            jpeg_kb: kb / n as f64,
         },
         images,
     ))

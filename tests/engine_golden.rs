@@ -793,6 +793,7 @@ fn actor_loss_composes_terms() {
         policy,
         entropy: Some(t2(&[&[1.0, 3.0]])),
         rollout_log_probs: None,
+        kl: None,
     };
     let (loss, metrics) = actor_loss(&cfg, &input, norm).unwrap();
     assert!((vals(loss)[0] + 0.825).abs() < 1e-6);

@@ -203,6 +203,7 @@ fn train_bandit(a: Algo, seed: u64, max_steps: usize) -> Option<usize> {
                 },
                 entropy: None,
                 rollout_log_probs: None,
+                kl: None,
             };
             let (loss, _) = actor_loss(&a.actor, &input, norm).expect("loss");
             let grads = GradientsParams::from_grads(loss.backward(), &policy);
@@ -337,6 +338,7 @@ fn train_gaussian(a: Algo, seed: u64, steps: usize) -> f32 {
                 },
                 entropy: None,
                 rollout_log_probs: None,
+                kl: None,
             };
             let (loss, _) = actor_loss(&a.actor, &input, norm).expect("loss");
             let grads = GradientsParams::from_grads(loss.backward(), &policy);
@@ -436,6 +438,7 @@ impl ember_train::Actor for Bandit {
         ember_train::Scored {
             log_probs: self.log_probs(&actions.clone().select(0, idx)),
             entropy: None,
+            kl: None,
         }
     }
 }

@@ -30,6 +30,7 @@ impl Actor for Toy {
         Scored {
             log_probs: log_sigmoid(logits),
             entropy: None,
+            kl: None,
         }
     }
 }

@@ -17,9 +17,12 @@
 
 use crate::digits::{Digits, PIXELS};
 use crate::engine::*;
-use crate::images::{EvalResult, Scores, evaluate, grid, ints, pretrained, rewards, to_pixels};
+use crate::images::{
+    EvalResult, Scores, evaluate, global_std_stats, grid, ints, pretrained, rewards, to_pixels,
+    varied_groups,
+};
 use crate::recipe::expand_path;
-use crate::recipe::flow::{FlowAlgorithm, FlowRecipe};
+use crate::recipe::flow::{FlowAlgorithm, FlowRecipe, KlForm};
 use crate::run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::{Lora, Module, ParamGroup};
@@ -62,6 +65,7 @@ fn eval_row(step: usize, e: &EvalResult) -> BTreeMap<String, f64> {
         ("eval/class_prob".to_string(), e.class_prob),
         ("eval/diversity".to_string(), e.diversity),
         ("eval/entropy".to_string(), e.entropy),
+        ("eval/jpeg_kb".to_string(), e.jpeg_kb),
     ])
 }
 
@@ -212,6 +216,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 total: reward,
                 class_prob: pc,
                 ink,
+                jpeg_kb,
                 right,
             } = rewards(&classifier, to_pixels(traj.sample()), &labels, &r.reward)?;
             if let Some(i) = reward.iter().position(|v| !v.is_finite()) {
@@ -223,15 +228,35 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
             let mean = |v: &[f32]| v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
             row.insert("reward/class_prob".into(), mean(&pc));
             row.insert("reward/ink".into(), mean(&ink));
+            row.insert("reward/jpeg_kb".into(), mean(&jpeg_kb));
             row.insert(
                 "reward/accuracy".into(),
                 right.iter().filter(|&&b| b).count() as f64 / rows as f64,
             );
-            let batch = RolloutBatch::new(
-                Tensor::<2>::ones([rows, k], &ad),
-                Tensor::from_floats(reward.as_slice(), &ad),
-                &groups,
-            )?;
+            // flow_grpo's options: samples of groups with equal rewards out of the loss, and the
+            // std of the whole step's rewards.
+            let keep = if r.rl.drop_zero_advantage {
+                varied_groups(&reward, &groups)
+            } else {
+                vec![1.0; rows]
+            };
+            let kept = keep.iter().sum::<f32>();
+            row.insert(
+                "rollout/dropped_fraction".into(),
+                1.0 - f64::from(kept) / rows as f64,
+            );
+            let mask = Tensor::<1>::from_floats(keep.as_slice(), &ad)
+                .reshape([rows, 1])
+                .repeat_dim(1, k);
+            let mut batch =
+                RolloutBatch::new(mask, Tensor::from_floats(reward.as_slice(), &ad), &groups)?;
+            if r.rl.global_std {
+                let (m, s) = global_std_stats(&reward, &groups);
+                batch = batch.with_group_stats(
+                    Tensor::from_floats(m.as_slice(), &ad),
+                    Tensor::from_floats(s.as_slice(), &ad),
+                )?;
+            }
 
             // Advantages.
             let adv = compute_advantages(&adv_cfg, &batch, step)?;
@@ -252,8 +277,12 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 }));
             }
         };
-        // The update.
+        // The update (none when every group's rewards were equal and all were dropped).
+        let all_dropped = row.get("rollout/dropped_fraction") == Some(&1.0);
         match r.algorithm {
+            FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop if all_dropped => {
+                row.insert("actor/skipped_steps".into(), 1.0);
+            }
             FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop => {
                 let exp_host = FlowExperience::from_trajectory(
                     &traj.latents,
@@ -264,7 +293,8 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 );
                 let old = traj.log_probs.clone().narrow(1, 0, k).to_device(&ad);
                 let mut batch = batch.with_old_log_probs(old)?;
-                if r.rl.kl_coef > 0.0 {
+                let closed_form = r.rl.kl_form == KlForm::ClosedForm;
+                if r.rl.kl_coef > 0.0 && !closed_form {
                     let all: Vec<usize> = (0..rows).collect();
                     let reference = exp_host.log_probs(&sampler, &all, false);
                     batch = batch.with_ref_log_probs(reference.to_device(&ad))?;
@@ -273,6 +303,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                     inputs: exp_host.inputs.to_device(&ad),
                     outputs: exp_host.outputs.to_device(&ad),
                     labels: exp_host.labels.to_device(&ad),
+                    closed_form_kl: r.rl.kl_coef > 0.0 && closed_form,
                     ..exp_host
                 };
                 let mut order_rng = SplitMix64(rng.next_u64());

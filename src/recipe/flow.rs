@@ -224,8 +224,17 @@ pub struct RlSpec {
     pub clip_range: f32,
     /// Advantage clip (DDPO `adv_clip_max`).
     pub adv_clip: f32,
+    /// Flow-GRPO and RAM: divide by the std of all the step's rewards instead of the group's
+    /// (flow_grpo `PerPromptStatTracker(global_std=True)`: (R − mean_group) / (std_all + 1e-4)).
+    pub global_std: bool,
+    /// Flow-GRPO and LOOP: leave out of the loss the samples whose advantage is zero because
+    /// every reward of their group is equal (flow_grpo's training loop drops them).
+    pub drop_zero_advantage: bool,
     /// KL(π‖π_base) coefficient (0 = off).
     pub kl_coef: f32,
+    /// How the KL is computed: `"k3"` (the engine's estimator on the per-step log-probs) or
+    /// `"closed_form"` (flow_grpo's Gaussian mean difference, [`ember_flow::FlowExperience::closed_form_kl`]).
+    pub kl_form: KlForm,
     /// RAM: ρ = 1/λ, the reward scale of the target correction.
     pub ram_scale: f32,
     /// RAM: (σ, ε) draws per clean sample.
@@ -257,7 +266,10 @@ impl Default for RlSpec {
             mini_batches: 2,
             clip_range: 1e-3,
             adv_clip: 5.0,
+            global_std: false,
+            drop_zero_advantage: false,
             kl_coef: 0.0,
+            kl_form: KlForm::K3,
             ram_scale: 1.0,
             ram_noisings: 4,
             lora: LoraSpec::default(),
@@ -266,6 +278,17 @@ impl Default for RlSpec {
             keep_checkpoints: 2,
         }
     }
+}
+
+/// The form of the flow KL penalty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlForm {
+    /// Schulman's k3 estimator on the per-step log-probs (the engine's).
+    #[default]
+    K3,
+    /// mean_pixels((μ_θ − μ_ref)²) / (2σ_t²), as flow_grpo's training scripts compute it.
+    ClosedForm,
 }
 
 /// The reward: a weighted sum of black-box terms of the decoded image.
@@ -278,6 +301,9 @@ pub struct RewardSpec {
     pub ink: f32,
     /// Target mean pixel value (MNIST's is 0.1307).
     pub ink_target: f32,
+    /// Weight of the image's JPEG size in kB (quality 95): DDPO's compressibility reward is
+    /// `jpeg_size = -1`, its incompressibility `+1` (Black et al. 2023, §6.1).
+    pub jpeg_size: f32,
 }
 
 impl Default for RewardSpec {
@@ -286,6 +312,7 @@ impl Default for RewardSpec {
             class_prob: 1.0,
             ink: 0.0,
             ink_target: 0.1307,
+            jpeg_size: 0.0,
         }
     }
 }
@@ -436,8 +463,23 @@ impl FlowRecipe {
             }
         }
         let w = &self.reward;
-        if !(w.class_prob.is_finite() && w.ink.is_finite() && w.ink_target > 0.0) {
+        if !(w.class_prob.is_finite()
+            && w.ink.is_finite()
+            && w.jpeg_size.is_finite()
+            && w.ink_target > 0.0)
+        {
             bail!("reward: weights must be finite and ink_target > 0");
+        }
+        if rl.global_std && self.algorithm == FlowAlgorithm::Loop {
+            bail!(
+                "rl.global_std scales group-normalised advantages; LOOP's leave-one-out has none"
+            );
+        }
+        if rl.drop_zero_advantage && self.algorithm == FlowAlgorithm::Ram {
+            bail!(
+                "rl.drop_zero_advantage applies to the policy-gradient algorithms (flow-grpo, loop); \
+                 RAM regresses every sample"
+            );
         }
         if self.eval.samples_per_class < 2 {
             bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");

@@ -596,6 +596,10 @@ pub struct ActorInput {
     pub entropy: Option<Tensor<2>>,
     /// `[batch, steps]` the sampler's log-probs, for mismatch correction.
     pub rollout_log_probs: Option<Tensor<2>>,
+    /// `[batch, steps]` a KL to the reference the actor computed in closed form (with
+    /// gradient); when given, the KL term uses it instead of an estimator on `ref_log_probs`
+    /// (Flow-GRPO's Gaussian mean-difference KL).
+    pub kl: Option<Tensor<2>>,
 }
 
 /// The full actor objective: aggregated policy loss (with mismatch weights) + β·agg(KL)
@@ -628,15 +632,24 @@ pub fn actor_loss(
     metrics.push("actor/pg_loss", pg_loss.clone());
     let mut loss = pg_loss;
     if let Some(kl) = &config.kl {
-        let reference = input
-            .policy
-            .ref_log_probs
-            .clone()
-            .ok_or(EngineError::MissingInput {
-                what: "kl loss",
-                input: "ref_log_probs",
-            })?;
-        let k = kl_penalty(input.policy.log_probs.clone(), reference, kl.estimator);
+        let k = match &input.kl {
+            Some(k) => {
+                check_shape("kl", k.dims(), mask.dims())?;
+                k.clone()
+            }
+            None => {
+                let reference =
+                    input
+                        .policy
+                        .ref_log_probs
+                        .clone()
+                        .ok_or(EngineError::MissingInput {
+                            what: "kl loss",
+                            input: "ref_log_probs",
+                        })?;
+                kl_penalty(input.policy.log_probs.clone(), reference, kl.estimator)
+            }
+        };
         let kl_loss = aggregate(k, mask.clone(), config.agg, norm);
         metrics.push("actor/kl_loss", kl_loss.clone());
         metrics.push_f32("actor/kl_coef", kl.coef, &kl_loss.device());

@@ -21,6 +21,9 @@ pub struct Scored {
     pub log_probs: Tensor<2>,
     /// `[rows, steps]` full-distribution entropy.
     pub entropy: Option<Tensor<2>>,
+    /// `[rows, steps]` a closed-form KL to the reference, when the actor computes one (the
+    /// loss then uses it instead of an estimator on the reference's log-probs).
+    pub kl: Option<Tensor<2>>,
 }
 
 /// A trainable policy over the steps of an experience batch.
@@ -137,6 +140,7 @@ pub fn update<A: Actor>(
             },
             entropy: scored.entropy,
             rollout_log_probs: batch.rollout_log_probs.as_ref().map(|r| select2(r, idx)),
+            kl: scored.kl,
         };
         actor_loss(&cfg.loss, &input, norm)
     })

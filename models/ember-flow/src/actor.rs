@@ -21,6 +21,8 @@ pub struct FlowExperience {
     pub labels: Tensor<1, Int>,
     /// Classifier-free guidance scale used when sampling (1 = none).
     pub guidance: f32,
+    /// Score the KL to the adapter-free model in closed form ([`FlowExperience::closed_form_kl`]).
+    pub closed_form_kl: bool,
 }
 
 impl FlowExperience {
@@ -42,6 +44,7 @@ impl FlowExperience {
             coefs: steps.iter().map(|&s| coefs[s]).collect(),
             labels,
             guidance,
+            closed_form_kl: false,
         }
     }
 
@@ -50,6 +53,46 @@ impl FlowExperience {
     /// # Shapes
     /// → `[rows.len(), k]`.
     pub fn log_probs(&self, model: &FlowDit, rows: &[usize], adapters: bool) -> Tensor<2> {
+        let (mean, next, per_row) = self.step_means(model, rows, adapters);
+        let r = rows.len();
+        let k = self.coefs.len();
+        gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k])
+    }
+
+    /// Flow-GRPO's KL of each step to the adapter-free model (train_sd3.py with `beta > 0`):
+    /// mean over pixels of (μ_θ − μ_ref)² / (2σ_t²), σ_t the step's noise level. (The exact KL
+    /// of the two Gaussian steps, whose variance is σ_t²·|dt|, is this divided by |dt|; the
+    /// reference code's form is kept.) μ_ref carries no gradient.
+    ///
+    /// # Shapes
+    /// → `[rows.len(), k]`.
+    pub fn closed_form_kl(&self, model: &FlowDit, rows: &[usize]) -> Tensor<2> {
+        let (mean, _, per_row) = self.step_means(model, rows, true);
+        let (mean_ref, _, _) = self.step_means(model, rows, false);
+        self.kl_of_means(mean, mean_ref.detach(), per_row(|c| c.noise))
+            .reshape([rows.len(), self.coefs.len()])
+    }
+
+    /// mean over pixels of (a − b)² / (2 noise²) per row `[n]`.
+    fn kl_of_means(&self, a: Tensor<2>, b: Tensor<2>, noise: Tensor<2>) -> Tensor<1> {
+        let [n, _] = a.dims();
+        ((a - b).powi_scalar(2).mean_dim(1) / (noise.powi_scalar(2) * 2.0)).reshape([n])
+    }
+
+    /// Each trained step's mean μ `[rows·k, pixels]` under `model` (adapters on or off), the
+    /// sampled next latent `[rows·k, pixels]`, and a builder of per-step coefficient columns
+    /// `[rows·k, 1]`.
+    #[allow(clippy::type_complexity)]
+    fn step_means(
+        &self,
+        model: &FlowDit,
+        rows: &[usize],
+        adapters: bool,
+    ) -> (
+        Tensor<2>,
+        Tensor<2>,
+        impl Fn(fn(&SdeCoef) -> f32) -> Tensor<2> + '_,
+    ) {
         let device = self.inputs.device();
         let [_, k, pixels] = self.inputs.dims();
         let r = rows.len();
@@ -67,7 +110,7 @@ impl FlowExperience {
             .clone()
             .select(0, idx.clone())
             .reshape([r * k, pixels]);
-        let per_row = |f: fn(&SdeCoef) -> f32| {
+        let per_row = move |f: fn(&SdeCoef) -> f32| {
             let v: Vec<f32> = (0..r).flat_map(|_| self.coefs.iter().map(f)).collect();
             Tensor::<2>::from_data(TensorData::new(v, [r * k, 1]), &device)
         };
@@ -81,7 +124,7 @@ impl FlowExperience {
             .reshape([r * k]);
         let v = model.guided(x.clone(), t, labels, self.guidance, adapters);
         let mean = x * per_row(|c| c.a_x) + v * per_row(|c| c.a_v);
-        gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k])
+        (mean, next, per_row)
     }
 }
 
@@ -91,9 +134,23 @@ impl Actor for FlowDit {
     /// The Gaussian policy's entropy does not depend on θ (its variance is fixed by the
     /// schedule), so no entropy is returned.
     fn score(&self, experience: &FlowExperience, rows: &[usize], _with_entropy: bool) -> Scored {
+        if experience.closed_form_kl {
+            let (mean, next, per_row) = experience.step_means(self, rows, true);
+            let (mean_ref, _, _) = experience.step_means(self, rows, false);
+            let (r, k) = (rows.len(), experience.coefs.len());
+            let kl = experience
+                .kl_of_means(mean.clone(), mean_ref.detach(), per_row(|c| c.noise))
+                .reshape([r, k]);
+            return Scored {
+                log_probs: gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k]),
+                entropy: None,
+                kl: Some(kl),
+            };
+        }
         Scored {
             log_probs: experience.log_probs(self, rows, true),
             entropy: None,
+            kl: None,
         }
     }
 }

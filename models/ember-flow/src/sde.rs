@@ -32,6 +32,8 @@ pub struct SdeCoef {
     pub a_v: f32,
     /// Standard deviation of the step's noise, σ_t·√(−dt).
     pub std: f32,
+    /// σ_t, the noise level of the step (flow_grpo's `std_dev_t`).
+    pub noise: f32,
 }
 
 /// Flow-GRPO's SDE step (eq. 8; `sde_step_with_logprob`): with σ_t = a·√(σ / (1 − σ)) (at σ = 1
@@ -63,6 +65,7 @@ pub fn sde_coefs(sigmas: &[f32], noise_level: f32) -> Result<Vec<SdeCoef>> {
                 a_x: 1.0 + std_t * std_t / (2.0 * s) * dt,
                 a_v: (1.0 + std_t * std_t * (1.0 - s) / (2.0 * s)) * dt,
                 std: std_t * (-dt).sqrt(),
+                noise: std_t,
             }
         })
         .collect())

@@ -60,6 +60,10 @@ impl Actor for Llama {
             with_entropy,
             exp.adapters,
         );
-        Scored { log_probs, entropy }
+        Scored {
+            log_probs,
+            entropy,
+            kl: None,
+        }
     }
 }

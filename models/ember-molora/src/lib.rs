@@ -521,6 +521,7 @@ pub fn router_pg_loss(
         },
         entropy: None,
         rollout_log_probs: None,
+        kl: None,
     };
     let (loss, mut metrics) = actor_loss(&config, &input, AggNorm::of_mask(&adv.mask))?;
     metrics.extend(adv.metrics);

@@ -1,0 +1,325 @@
+//! The image job's reference options (issue: Flow-GRPO at reference fidelity): flow_grpo's
+//! global-std advantages, zero-advantage filtering and closed-form KL, and DDPO's JPEG
+//! compressibility reward.
+
+mod common;
+
+use burn::module::{Lora, Module, ParamGroup};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::{Device, Distribution, Int, Tensor};
+use common::*;
+use ember::engine::*;
+use ember::images::{global_std_stats, jpeg_kb, varied_groups};
+use ember_flow::{FlowDitConfig, FlowExperience, flow_matching_loss, sde_coefs, sigmas};
+use ember_train::Actor;
+use std::path::Path;
+use std::process::Command;
+
+/// flow_grpo's KL (train_sd3.py, `beta > 0`) by hand on a micro DiT with LoRA adapters moved
+/// off zero: per step, mean over pixels of (a_v·(v_on − v_off))² / (2σ_t²), since the two means
+/// share a_x·x; the actor's `score` returns it beside the same log-probs; with the adapters at
+/// their zero init it is 0.
+#[test]
+fn closed_form_kl_by_hand() {
+    let device = Device::flex().autodiff();
+    device.seed(3);
+    let base = FlowDitConfig::new()
+        .with_d_model(16)
+        .with_layers(1)
+        .with_heads(2)
+        .with_mlp_ratio(2)
+        .init(&device)
+        .unwrap();
+    let x = || Tensor::<2>::random([2, 784], Distribution::Normal(0.0, 1.0), &device);
+    let labels = Tensor::<1, Int>::from_ints([3, 8], &device);
+    // A few flow-matching steps, first of the whole model (adaLN-Zero starts with a zero
+    // velocity, which no adapter could change), then of the adapters alone.
+    let fit = |mut m: ember_flow::FlowDit| {
+        let mut opt: ModuleOptimizer = AdamWConfig::new().init();
+        for _ in 0..3 {
+            let loss = flow_matching_loss(
+                &m,
+                x(),
+                x(),
+                Tensor::from_floats([0.3, 0.7], &device),
+                labels.clone(),
+            );
+            let g = GradientsParams::from_grads(loss.backward(), &m);
+            m = opt.step(5e-2, m, g);
+        }
+        m
+    };
+    let base = fit(base);
+    let paths = base.lora_paths(&["q_proj".into(), "fc1".into(), "fc2".into()]);
+    let lora = base
+        .no_grad()
+        .apply_lora(Lora::new(4, 8.0).set_param_group(ParamGroup::from_paths(paths)));
+    let coefs = sde_coefs(&sigmas(3, 1.0), 0.7).unwrap();
+    let latents = vec![x(), x(), x(), x()];
+    let mut exp =
+        FlowExperience::from_trajectory(&latents, &coefs, &[0, 1, 2], labels.clone(), 1.0);
+    exp.closed_form_kl = true;
+    let zero = vals(exp.closed_form_kl(&lora, &[0, 1]));
+    assert!(zero.iter().all(|k| k.abs() < 1e-12), "{zero:?}");
+    let m = fit(lora);
+    let kl = vals(exp.closed_form_kl(&m, &[0, 1]));
+    let scored = m.score(&exp, &[0, 1], false);
+    assert_eq!(vals(scored.kl.unwrap()), kl);
+    assert_eq!(
+        vals(scored.log_probs),
+        vals(exp.log_probs(&m, &[0, 1], true))
+    );
+    for row in 0..2 {
+        for (j, c) in coefs.iter().enumerate() {
+            let xin = latents[j].clone().narrow(0, row, 1);
+            let t = Tensor::<1>::from_floats([c.sigma], &device);
+            let y = labels.clone().narrow(0, row, 1);
+            let on = vals(m.forward_with(xin.clone(), t.clone(), y.clone(), true));
+            let off = vals(m.forward_with(xin, t, y, false));
+            let want = on
+                .iter()
+                .zip(&off)
+                .map(|(a, b)| (f64::from(c.a_v) * f64::from(a - b)).powi(2))
+                .sum::<f64>()
+                / 784.0
+                / (2.0 * f64::from(c.noise).powi(2));
+            let got = f64::from(kl[row * 3 + j]);
+            assert!(want > 0.0, "the adapters moved");
+            assert!(
+                (got - want).abs() <= 1e-4 * want.max(1e-8),
+                "row {row} step {j}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+/// The engine takes a closed-form KL instead of its estimator: β·token-mean(kl), no reference
+/// log-probs needed (by hand: kl [[0.2, 0.4], [0.6, 0.0]] with the last step masked gives
+/// mean 0.4; with β = 0.5 and zero advantages the loss is 0.2).
+#[test]
+fn engine_uses_a_given_kl() {
+    let d = dev();
+    let zeros = Tensor::<2>::zeros([2, 2], &d);
+    let cfg = ActorLossConfig {
+        policy: PolicyLossKind::Vanilla,
+        agg: LossAgg::TokenMean,
+        kl: Some(KlLoss {
+            estimator: KlEstimator::K3,
+            coef: 0.5,
+        }),
+        ..ActorLossConfig::default()
+    };
+    let mask = t2(&[&[1.0, 1.0], &[1.0, 0.0]]);
+    let norm = AggNorm::of_mask(&mask);
+    let input = ActorInput {
+        policy: PolicyLossInput {
+            log_probs: zeros.clone(),
+            old_log_probs: zeros.clone(),
+            advantages: zeros,
+            mask,
+            ref_log_probs: None,
+        },
+        entropy: None,
+        rollout_log_probs: None,
+        kl: Some(t2(&[&[0.2, 0.4], &[0.6, 0.0]])),
+    };
+    let (loss, metrics) = actor_loss(&cfg, &input, norm).unwrap();
+    assert!((vals(loss)[0] - 0.2).abs() < 1e-6);
+    assert!((metrics.to_host()["actor/kl_loss"] - 0.4).abs() < 1e-6);
+}
+
+/// flow_grpo `PerPromptStatTracker(global_std=True)` by hand: rewards [1, 2, 3, 4] in groups
+/// [0, 0, 1, 1]: group means 1.5 and 3.5, std of all four (population) √1.25 = 1.118034, so
+/// A = ±0.5 / (1.118034 + 1e-4) = ±0.447174; through the engine's GRPO estimator as the flow job
+/// configures it (ε = 1e-4, population std) with those statistics. Without them, each group's
+/// own std (0.5) gives ±0.5 / 0.5001 = ±0.9998.
+#[test]
+fn global_std_matches_flow_grpo_by_hand() {
+    let rewards = [1.0f32, 2.0, 3.0, 4.0];
+    let groups = [0usize, 0, 1, 1];
+    let (m, s) = global_std_stats(&rewards, &groups);
+    assert_eq!(m, vec![1.5, 1.5, 3.5, 3.5]);
+    assert!(s.iter().all(|x| (x - 1.118_034).abs() < 1e-6), "{s:?}");
+    let cfg = AdvantageConfig::new(AdvantageKind::Grpo {
+        epsilon: 1e-4,
+        std: StdKind::Population,
+        scale_by_std: true,
+    });
+    let batch = || {
+        RolloutBatch::new(
+            Tensor::<2>::ones([4, 3], &dev()),
+            Tensor::from_floats(rewards.as_slice(), &dev()),
+            &groups,
+        )
+        .unwrap()
+    };
+    let global = batch()
+        .with_group_stats(
+            Tensor::from_floats(m.as_slice(), &dev()),
+            Tensor::from_floats(s.as_slice(), &dev()),
+        )
+        .unwrap();
+    let a = vals(compute_advantages(&cfg, &global, 0).unwrap().advantages);
+    let want = 0.5 / (1.118_034 + 1e-4);
+    for (i, x) in a.iter().enumerate() {
+        let sign = if (i / 3) % 2 == 0 { -1.0 } else { 1.0 };
+        assert!((x - sign * want).abs() < 1e-5, "{a:?}");
+    }
+    let own = vals(compute_advantages(&cfg, &batch(), 0).unwrap().advantages);
+    assert!((own[3] - 0.5 / 0.5001).abs() < 1e-5, "{own:?}");
+}
+
+/// Zero-advantage filtering keeps the samples of groups whose rewards differ.
+#[test]
+fn groups_with_equal_rewards_are_dropped() {
+    let keep = varied_groups(&[0.5, 0.5, 0.1, 0.3, 1.0, 1.0], &[0, 0, 1, 1, 2, 2]);
+    assert_eq!(keep, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+}
+
+/// The JPEG size: a valid JPEG of the image (decoded back within JPEG's error), a blank image
+/// far smaller than noise, strokes in between, pixels outside [0, 1] clamped, a wrong size
+/// refused.
+#[test]
+fn jpeg_size_of_digits() {
+    let blank = vec![0.0f32; 784];
+    let mut state = 12345u32;
+    let noise: Vec<f32> = (0..784)
+        .map(|_| {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 8) as f32 / (1u32 << 24) as f32
+        })
+        .collect();
+    // A "1": a vertical bar of ink.
+    let bar: Vec<f32> = (0..784)
+        .map(|i| {
+            f32::from(u8::from(
+                (12..16).contains(&(i % 28)) && (4..24).contains(&(i / 28)),
+            ))
+        })
+        .collect();
+    let (b, n, s) = (
+        jpeg_kb(&blank).unwrap(),
+        jpeg_kb(&noise).unwrap(),
+        jpeg_kb(&bar).unwrap(),
+    );
+    assert!(b < s && s < n, "blank {b} < bar {s} < noise {n}");
+    assert!(n > 2.0 * b, "noise {n} vs blank {b}");
+    let over: Vec<f32> = bar.iter().map(|x| x * 3.0 - 1.0).collect();
+    assert_eq!(jpeg_kb(&over).unwrap(), s, "clamped to [0, 1]");
+    assert!(jpeg_kb(&[0.0; 10]).is_err());
+    // Decode what the encoder wrote (re-encoded here the same way): the bar comes back.
+    let bytes: Vec<u8> = bar.iter().map(|p| (p * 255.0) as u8).collect();
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 95)
+        .encode(&bytes, 28, 28, image::ExtendedColorType::L8)
+        .unwrap();
+    assert_eq!(out.len() as f32 / 1000.0, s);
+    let back = image::load_from_memory(&out).unwrap().to_luma8();
+    let worst = back
+        .as_raw()
+        .iter()
+        .zip(&bytes)
+        .map(|(a, b)| (i32::from(*a) - i32::from(*b)).abs())
+        .max()
+        .unwrap();
+    assert!(worst <= 48, "largest pixel error {worst}");
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The options in a run: a reward that is 0 for every sample with zero-advantage filtering
+/// drops every sample and skips the update (`rollout/dropped_fraction` 1,
+/// `actor/skipped_steps` 1); global std and the closed-form KL with the JPEG reward train and
+/// log `reward/jpeg_kb`, `eval/jpeg_kb` and `actor/kl_loss`; the refused combinations are
+/// named.
+#[test]
+fn flow_job_takes_the_reference_options() {
+    if common::assets::digit_classifier().is_none() || common::assets::mnist_digits().is_none() {
+        return;
+    }
+    let recipe = root().join("recipes/digits-flow.toml");
+    let micro = [
+        "model.d_model=16",
+        "model.layers=1",
+        "model.heads=2",
+        "pretrain.steps=20",
+        "pretrain.batch=32",
+        "pretrain.cache=false",
+        "sampler.steps=4",
+        "sampler.eval_steps=4",
+        "rl.steps=2",
+        "rl.prompts_per_step=2",
+        "rl.group_size=4",
+        "rl.eval_every=1",
+        "eval.samples_per_class=2",
+        "algorithm=\"flow-grpo\"",
+    ];
+    let run = |tag: &str, extra: &[&str]| {
+        let out = std::env::temp_dir().join(format!("ember-flowref-{tag}-{}", std::process::id()));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+        c.args([
+            "train",
+            recipe.to_str().unwrap(),
+            "--quiet",
+            "--overwrite",
+            "--out",
+        ])
+        .arg(&out);
+        for s in micro.iter().chain(extra) {
+            c.args(["--set", s]);
+        }
+        (c.output().unwrap(), out)
+    };
+    let (o, out) = run(
+        "drop",
+        &["reward.class_prob=0", "rl.drop_zero_advantage=true"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for r in &rows[1..] {
+        assert_eq!(r["rollout/dropped_fraction"], 1.0);
+        assert_eq!(r["actor/skipped_steps"], 1.0);
+    }
+    std::fs::remove_dir_all(&out).ok();
+    let (o, out) = run(
+        "jpeg",
+        &[
+            "reward.class_prob=0",
+            "reward.jpeg_size=-1",
+            "rl.global_std=true",
+            "rl.kl_coef=0.01",
+            "rl.kl_form=\"closed_form\"",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let kb = last["reward/jpeg_kb"].as_f64().unwrap();
+    assert!(kb > 0.2 && kb < 2.0, "{kb}");
+    assert!(last["eval/jpeg_kb"].as_f64().unwrap() > 0.2);
+    assert_eq!(last["rollout/dropped_fraction"], 0.0);
+    let kl = last["actor/kl_loss"].as_f64().unwrap();
+    assert!(kl.is_finite() && kl >= 0.0, "closed-form KL {kl}");
+    std::fs::remove_dir_all(&out).ok();
+    for (set, want) in [
+        ("algorithm=\"loop\"", "rl.global_std"),
+        ("algorithm=\"ram\"", "rl.drop_zero_advantage"),
+    ] {
+        let flag = if set.contains("loop") {
+            "rl.global_std=true"
+        } else {
+            "rl.drop_zero_advantage=true"
+        };
+        let (o, out) = run("bad", &[set, flag]);
+        assert!(!o.status.success(), "{set} {flag} was accepted");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(want), "{set}: {e}");
+        std::fs::remove_dir_all(&out).ok();
+    }
+}

@@ -33,7 +33,9 @@ enum Command {
     Warmup(WarmupArgs),
     /// Compare LoRA, learned-router MoLoRA and ReMix on a mixture of tasks.
     Molora(MoloraArgs),
-    /// Greedy held-out accuracy of an LLM run's final model (or of a checkpoint).
+    /// Greedy held-out accuracy of an LLM run's final model (or of a checkpoint); for an image
+    /// run, the evaluation the run logs (accuracy, p(class), diversity, entropy, JPEG size) of
+    /// its latest checkpoint (or of --checkpoint).
     Eval(EvalArgs),
     /// Complete a prompt with a checkpoint (temperature 0 = greedy).
     Generate(cli_llm::GenerateArgs),
@@ -188,7 +190,8 @@ struct EvalArgs {
     /// Evaluate this checkpoint directory instead of the final model.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
-    /// Held-out problems (default: the recipe's task.eval_size).
+    /// Held-out problems (default: the recipe's task.eval_size); for an image run, samples per
+    /// class (default: the recipe's eval.samples_per_class).
     #[arg(long)]
     eval_size: Option<usize>,
 }
@@ -215,6 +218,13 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(a) => train(a),
         Command::Warmup(a) => warmup(a),
         Command::Molora(a) => molora(a),
+        Command::Eval(a) if is_flow_run(&a.run) => {
+            let e = ember::jobs::flow::evaluate_run(&a.run, a.checkpoint.as_deref(), a.eval_size)?;
+            let mut v = serde_json::to_value(e)?;
+            v["run"] = a.run.display().to_string().into();
+            println!("{v}");
+            Ok(())
+        }
         Command::Eval(a) => {
             let acc = ember::jobs::llm::evaluate_run(&a.run, a.checkpoint.as_deref(), a.eval_size)?;
             println!(
@@ -257,6 +267,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::BenchLlm { args } => ember::bench::run(&args),
         Command::Info { device } => info(&device),
     }
+}
+
+/// The run directory holds an image run (its resolved recipe says `kind = "flow"`).
+fn is_flow_run(run: &Path) -> bool {
+    std::fs::read_to_string(run.join("recipe.resolved.toml"))
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.get("kind").and_then(|k| k.as_str()) == Some("flow"))
 }
 
 fn train(a: TrainArgs) -> Result<()> {

@@ -306,6 +306,27 @@ fn flow_job_takes_the_reference_options() {
     assert_eq!(last["rollout/dropped_fraction"], 0.0);
     let kl = last["actor/kl_loss"].as_f64().unwrap();
     assert!(kl.is_finite() && kl >= 0.0, "closed-form KL {kl}");
+    // `ember eval` of the run (pretrained again, as the run did without the cache, plus the
+    // last checkpoint's adapters) gives the run's final evaluation exactly.
+    let eval = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ember"))
+            .arg("eval")
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = eval(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    for k in ["accuracy", "class_prob", "diversity", "entropy", "jpeg_kb"] {
+        assert_eq!(e[k], summary["after"][k], "{k}");
+    }
+    let o = eval(&["--eval-size", "1"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2..=10000"));
     std::fs::remove_dir_all(&out).ok();
     for (set, want) in [
         ("algorithm=\"loop\"", "rl.global_std"),

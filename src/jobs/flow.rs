@@ -104,13 +104,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     let ad = base.clone().autodiff();
     let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
     let (model, pretrain_seconds) = pretrained(r, &digits, &ad, run.quiet())?;
-    let paths = model.lora_paths(&r.rl.lora.targets);
-    // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
-    // unchanged either way).
-    ad.seed(r.seed ^ 0x4c4f_5241);
-    let mut model = model.no_grad().apply_lora(
-        Lora::new(r.rl.lora.rank, r.rl.lora.alpha).set_param_group(ParamGroup::from_paths(paths)),
-    );
+    let mut model = with_adapters(model, r, &ad);
     let mut optim = OptimizerConfig::default()
         .with_epsilon(r.rl.adam_eps)
         .with_grad_clip(r.rl.grad_clip)
@@ -428,6 +422,57 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         summary.finetune_seconds
     ));
     Ok(summary)
+}
+
+/// The pretrained DiT frozen, with fresh adapters on the recipe's targets.
+fn with_adapters(model: FlowDit, r: &FlowRecipe, ad: &burn::tensor::Device) -> FlowDit {
+    let paths = model.lora_paths(&r.rl.lora.targets);
+    // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
+    // unchanged either way).
+    ad.seed(r.seed ^ 0x4c4f_5241);
+    model.no_grad().apply_lora(
+        Lora::new(r.rl.lora.rank, r.rl.lora.alpha).set_param_group(ParamGroup::from_paths(paths)),
+    )
+}
+
+/// `ember eval` of an image run: the pretrained DiT (from the pretraining cache, or pretrained
+/// again as the run did) with the adapters of the run's latest checkpoint, or of `checkpoint`,
+/// evaluated as the run evaluates (`samples_per_class` replaces the recipe's).
+pub fn evaluate_run(
+    run: &Path,
+    checkpoint_dir: Option<&Path>,
+    samples_per_class: Option<usize>,
+) -> Result<EvalResult> {
+    let rp = run.join("recipe.resolved.toml");
+    let text = std::fs::read_to_string(&rp).with_context(|| format!("reading {}", rp.display()))?;
+    let crate::recipe::AnyRecipe::Flow(mut r) = crate::recipe::parse_any(&text, &[])? else {
+        bail!("{} is not an image run (kind = \"flow\")", run.display());
+    };
+    if let Some(n) = samples_per_class {
+        if !(2..=10_000).contains(&n) {
+            bail!("--eval-size (samples per class) = {n} must be in 2..=10000");
+        }
+        r.eval.samples_per_class = n;
+    }
+    let dir = match checkpoint_dir {
+        Some(d) => d.to_path_buf(),
+        None => checkpoint::latest(&run.join("checkpoints"))?.with_context(|| {
+            format!(
+                "{} has no checkpoint (did the run take a step?)",
+                run.display()
+            )
+        })?,
+    };
+    let digits = Digits::load(&expand_path(&r.data.digits)?)?;
+    let base = crate::device::device(&r.device)?;
+    let ad = base.clone().autodiff();
+    let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
+    let (model, _) = pretrained(&r, &digits, &ad, true)?;
+    let p = dir.join(checkpoint::MODEL);
+    let model = with_adapters(model, &r, &ad)
+        .try_load_record(checkpoint::read_model(&dir, true)?)
+        .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+    Ok(evaluate(&model.valid(), &classifier, &r, &base)?.0)
 }
 
 /// Fills a checkpoint directory: the adapters, the optimizer, the run state and [`FlowState`].

@@ -369,22 +369,7 @@ fn tmp(tag: &str) -> PathBuf {
 }
 
 /// A micro budget of the digits recipe: it runs every stage in seconds, not a learning run.
-const MICRO: [&str; 14] = [
-    "model.d_model=16",
-    "model.layers=1",
-    "model.heads=2",
-    "pretrain.steps=20",
-    "pretrain.batch=32",
-    "pretrain.cache=false",
-    "sampler.steps=4",
-    "sampler.eval_steps=4",
-    "rl.steps=2",
-    "rl.prompts_per_step=2",
-    "rl.group_size=4",
-    "rl.eval_every=1",
-    "eval.samples_per_class=2",
-    "rl.train_timesteps=3",
-];
+const MICRO: [&str; 14] = common::FLOW_MICRO;
 
 fn ember(args: &[&str], extra: &[&str]) -> std::process::Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));

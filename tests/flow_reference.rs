@@ -240,22 +240,11 @@ fn flow_job_takes_the_reference_options() {
         return;
     }
     let recipe = root().join("recipes/digits-flow.toml");
-    let micro = [
-        "model.d_model=16",
-        "model.layers=1",
-        "model.heads=2",
-        "pretrain.steps=20",
-        "pretrain.batch=32",
-        "pretrain.cache=false",
-        "sampler.steps=4",
-        "sampler.eval_steps=4",
-        "rl.steps=2",
-        "rl.prompts_per_step=2",
-        "rl.group_size=4",
-        "rl.eval_every=1",
-        "eval.samples_per_class=2",
-        "algorithm=\"flow-grpo\"",
-    ];
+    let micro: Vec<&str> = FLOW_MICRO
+        .iter()
+        .copied()
+        .chain(["algorithm=\"flow-grpo\""])
+        .collect();
     let run = |tag: &str, extra: &[&str]| {
         let out = std::env::temp_dir().join(format!("ember-flowref-{tag}-{}", std::process::id()));
         let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));

@@ -3,6 +3,25 @@
 
 pub mod assets;
 
+/// A micro budget of the digits recipe (`recipes/digits-flow.toml`): every stage runs in
+/// seconds; not a learning run.
+pub const FLOW_MICRO: [&str; 14] = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "pretrain.steps=20",
+    "pretrain.batch=32",
+    "pretrain.cache=false",
+    "sampler.steps=4",
+    "sampler.eval_steps=4",
+    "rl.steps=2",
+    "rl.prompts_per_step=2",
+    "rl.group_size=4",
+    "rl.eval_every=1",
+    "eval.samples_per_class=2",
+    "rl.train_timesteps=3",
+];
+
 use burn::tensor::{Device, Tensor, TensorData};
 
 /// The CPU test device.

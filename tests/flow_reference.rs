@@ -231,7 +231,8 @@ fn root() -> &'static Path {
 
 /// The options in a run: a reward that is 0 for every sample with zero-advantage filtering
 /// drops every sample and skips the update (`rollout/dropped_fraction` 1,
-/// `actor/skipped_steps` 1); global std and the closed-form KL with the JPEG reward train and
+/// `actor/no_update_steps` 1, for more than the three steps after which non-finite losses
+/// stop a run); global std and the closed-form KL with the JPEG reward train and
 /// log `reward/jpeg_kb`, `eval/jpeg_kb` and `actor/kl_loss`; the refused combinations are
 /// named.
 #[test]
@@ -263,7 +264,11 @@ fn flow_job_takes_the_reference_options() {
     };
     let (o, out) = run(
         "drop",
-        &["reward.class_prob=0", "rl.drop_zero_advantage=true"],
+        &[
+            "reward.class_prob=0",
+            "rl.drop_zero_advantage=true",
+            "rl.steps=4",
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
@@ -273,7 +278,8 @@ fn flow_job_takes_the_reference_options() {
         .collect();
     for r in &rows[1..] {
         assert_eq!(r["rollout/dropped_fraction"], 1.0);
-        assert_eq!(r["actor/skipped_steps"], 1.0);
+        assert_eq!(r["actor/no_update_steps"], 1.0);
+        assert!(r.get("actor/skipped_steps").is_none());
     }
     std::fs::remove_dir_all(&out).ok();
     let (o, out) = run(
@@ -317,15 +323,19 @@ fn flow_job_takes_the_reference_options() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("2..=10000"));
     std::fs::remove_dir_all(&out).ok();
-    for (set, want) in [
-        ("algorithm=\"loop\"", "rl.global_std"),
-        ("algorithm=\"ram\"", "rl.drop_zero_advantage"),
+    for (set, flag, want) in [
+        ("algorithm=\"loop\"", "rl.global_std=true", "rl.global_std"),
+        (
+            "algorithm=\"ram\"",
+            "rl.drop_zero_advantage=true",
+            "rl.drop_zero_advantage",
+        ),
+        (
+            "rl.kl_coef=0",
+            "rl.kl_form=\"closed_form\"",
+            "needs rl.kl_coef > 0",
+        ),
     ] {
-        let flag = if set.contains("loop") {
-            "rl.global_std=true"
-        } else {
-            "rl.drop_zero_advantage=true"
-        };
         let (o, out) = run("bad", &[set, flag]);
         assert!(!o.status.success(), "{set} {flag} was accepted");
         let e = String::from_utf8_lossy(&o.stderr);

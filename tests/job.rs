@@ -601,6 +601,48 @@ fn lora_plop_placement_checkpoints_and_resumes() {
                 .unwrap();
             assert!(!o.status.success());
             assert!(stderr(&o).contains("plop.json"), "{}", stderr(&o));
+            // A new run in the directory scores again; it never takes an earlier run's file.
+            let o = Command::new(env!("CARGO_BIN_EXE_ember"))
+                .args([
+                    "train",
+                    &root()
+                        .join("recipes/smollm2-lora-grpo.toml")
+                        .to_string_lossy(),
+                ])
+                .args(["--quiet", "--overwrite", "--out"])
+                .arg(run)
+                .args([
+                    "--set",
+                    &format!(
+                        "pretrained.path=\"{}\"",
+                        common::assets::smollm2().unwrap().display()
+                    ),
+                ])
+                .args([
+                    "--set",
+                    "pretrained.lora.targets=\"plop\"",
+                    "--set",
+                    "train.steps=1",
+                ])
+                .args([
+                    "--set",
+                    "task.eval_size=2",
+                    "--set",
+                    "rollout.prompts_per_step=2",
+                ])
+                .args([
+                    "--set",
+                    "rollout.samples_per_prompt=2",
+                    "--set",
+                    "rollout.max_new_tokens=4",
+                ])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", stderr(&o));
+            let again: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(run.join("plop.json")).unwrap())
+                    .unwrap();
+            assert_eq!(again["targets"], choice["targets"]);
         },
     );
 }

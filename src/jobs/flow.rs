@@ -274,8 +274,10 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         // The update (none when every group's rewards were equal and all were dropped).
         let all_dropped = row.get("rollout/dropped_fraction") == Some(&1.0);
         match r.algorithm {
+            // (Not `actor/skipped_steps`, which counts non-finite losses and stops a run after
+            // three in a row.)
             FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop if all_dropped => {
-                row.insert("actor/skipped_steps".into(), 1.0);
+                row.insert("actor/no_update_steps".into(), 1.0);
             }
             FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop => {
                 let exp_host = FlowExperience::from_trajectory(

@@ -67,7 +67,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
-    let (placed, plop) = crate::llm::plop::resolve(r, &task, Some(out), &base)?;
+    let resumed = run.resumed().is_some();
+    let (placed, plop) = crate::llm::plop::resolve(r, &task, Some(out), resumed, &base)?;
     if let Some(c) = &plop {
         run.say(c.table().trim_end());
     }

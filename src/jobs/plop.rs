@@ -19,6 +19,10 @@ pub fn plop(r: &Recipe, count: Option<usize>, prompts: Option<usize>) -> Result<
     if prompts == 0 || prompts > 4096 {
         bail!("--prompts must be in 1..=4096");
     }
+    let n = ember_llm::lora::TARGETS.len();
+    if count == 0 || count > n {
+        bail!("--count (or pretrained.lora.plop_count) = {count} must be in 1..={n}");
+    }
     let task = r.task.build()?;
     let device = crate::device::device(&r.device)?;
     score(r, &task, count, prompts, &device)

@@ -179,7 +179,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
     let task = r.task.build()?;
-    let placed = crate::llm::plop::resolve(r, &task, None, &base)?.0;
+    let placed = crate::llm::plop::resolve(r, &task, None, false, &base)?.0;
     let r = &placed;
     let mut policy = build_policy(r, &ad)?;
     let sh = shapes(r, &policy, opts)?;

@@ -443,7 +443,7 @@ pub fn policy_at_start(
         checkpoint.and_then(|d| d.ancestors().take(3).find(|a| a.join(plop::FILE).exists()));
     let placed = match recorded {
         Some(run) => plop::apply_recorded(r, run)?,
-        None => plop::resolve(r, task, None, device)?.0,
+        None => plop::resolve(r, task, None, false, device)?.0,
     };
     let r = &placed;
     let mut policy = build_policy(r, device)?;

@@ -121,13 +121,15 @@ pub fn score(
     Choice::new(&scores, count, examples.len())
 }
 
-/// The recipe with `targets = "plop"` replaced by the choice: `out/plop.json`'s when the run
-/// directory has one (a resumed run), else scored now and written there (when `out` is given).
-/// Recipes with named targets come back unchanged.
+/// The recipe with `targets = "plop"` replaced by the choice: a resumed run's `out/plop.json`
+/// (`resumed`), else scored now and written to `out/plop.json` (replacing a file left by an
+/// earlier run in the directory) when `out` is given. Recipes with named targets come back
+/// unchanged.
 pub fn resolve(
     r: &Recipe,
     task: &TaskSet,
     out: Option<&Path>,
+    resumed: bool,
     device: &Device,
 ) -> Result<(Recipe, Option<Choice>)> {
     let Some(p) = r.pretrained.as_ref().filter(|p| p.lora.is_plop()) else {
@@ -135,7 +137,11 @@ pub fn resolve(
     };
     let (count, prompts) = p.lora.plop();
     let path = out.map(|d| d.join(FILE));
-    let choice = match path.as_deref().filter(|f| f.exists()) {
+    let choice = match path.as_deref().filter(|_| resumed) {
+        Some(f) if !f.exists() => bail!(
+            "the run being resumed chose its adapters with PLoP but {} is missing",
+            f.display()
+        ),
         Some(f) => read(f, count)?,
         None => {
             let c = score(r, task, count, prompts, device)?;

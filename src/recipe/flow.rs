@@ -225,7 +225,9 @@ pub struct RlSpec {
     /// Advantage clip (DDPO `adv_clip_max`).
     pub adv_clip: f32,
     /// Flow-GRPO and RAM: divide by the std of all the step's rewards instead of the group's
-    /// (flow_grpo `PerPromptStatTracker(global_std=True)`: (R − mean_group) / (std_all + 1e-4)).
+    /// (flow_grpo `PerPromptStatTracker(global_std=True)`: (R − mean_group) / (std_all + 1e-4);
+    /// through the engine's pool statistics, std_all is first clamped to ≥ 1e-4, which differs
+    /// only when all the step's rewards are within 1e-4 of each other).
     pub global_std: bool,
     /// Flow-GRPO and LOOP: leave out of the loss the samples whose advantage is zero because
     /// every reward of their group is equal (flow_grpo's training loop drops them).
@@ -473,6 +475,14 @@ impl FlowRecipe {
         if rl.global_std && self.algorithm == FlowAlgorithm::Loop {
             bail!(
                 "rl.global_std scales group-normalised advantages; LOOP's leave-one-out has none"
+            );
+        }
+        if rl.kl_form == KlForm::ClosedForm
+            && (rl.kl_coef == 0.0 || self.algorithm == FlowAlgorithm::Ram)
+        {
+            bail!(
+                "rl.kl_form = \"closed_form\" needs rl.kl_coef > 0 and a policy-gradient \
+                 algorithm (flow-grpo, loop); RAM has no KL term"
             );
         }
         if rl.drop_zero_advantage && self.algorithm == FlowAlgorithm::Ram {

@@ -186,7 +186,8 @@ pub struct OfflineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub responses: Option<usize>,
     /// Pairwise objectives: `"best_worst"` (each prompt's best and worst response, the default)
-    /// or `"all"` (every pair of its responses with different rewards, drawn uniformly).
+    /// or `"all"` (every pair of its responses with different rewards, drawn uniformly over
+    /// pairs, so a prompt with more pairs is drawn more often, as a dataset of pairs would be).
     #[serde(default, skip_serializing_if = "Pairs::is_default")]
     pub pairs: Pairs,
 }

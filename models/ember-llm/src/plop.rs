@@ -14,12 +14,14 @@
 use crate::error::{LlmError, Result};
 use crate::lora::TARGETS;
 use crate::model::Llama;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 
 /// Per-row NFN of a projection with weight `w` `[d_in, d_out]` (burn's layout: y = z·w) on
 /// inputs `z` `[rows, d_in]`: ‖z·w‖ √d_in / (‖w‖_F ‖z‖) (PLoP's NFN with the random input's
 /// expected squared norm). Rows with ‖z‖ = 0 score 0.
 pub fn nfn_rows(w: Tensor<2>, z: Tensor<2>) -> Tensor<1> {
+    // In f32 whatever the model's precision (bf16 activations meet f32 weights here).
+    let (w, z) = (w.cast(FloatDType::F32), z.cast(FloatDType::F32));
     let [rows, d_in] = z.dims();
     let out = z.clone().matmul(w.clone()).square().sum_dim(1).sqrt();
     let zn = z.square().sum_dim(1).sqrt();

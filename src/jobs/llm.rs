@@ -70,12 +70,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     }
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
-    // `targets = "plop"`: chosen now (or read back from the run's plop.json).
-    let resumed = run.resumed().is_some();
-    let (placed, plop) = crate::llm::plop::resolve(r, &task, Some(out), resumed, &base)?;
-    if let Some(c) = &plop {
-        run.say(c.table().trim_end());
-    }
+    // `targets = "plop"`: chosen now, or read back when resuming.
+    let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let r = &placed;
     let mut scorer = Scorer::new(&r.reward)?;
     let max_new = r.rollout.max_new_tokens;

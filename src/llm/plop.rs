@@ -8,6 +8,7 @@
 
 use crate::llm::build_policy;
 use crate::recipe::llm::Recipe;
+use crate::run::Run;
 use crate::tasks::{Rng, TaskSet};
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
@@ -154,6 +155,16 @@ pub fn resolve(
         }
     };
     Ok((with_choice(r, &choice), Some(choice)))
+}
+
+/// [`resolve`] at the start of a run (`ember train`, the offline job): the choice is read back
+/// when the run resumes, else made and written to the run directory, and its table is said.
+pub fn place(r: &Recipe, task: &TaskSet, run: &Run, device: &Device) -> Result<Recipe> {
+    let (placed, choice) = resolve(r, task, Some(run.out()), run.resumed().is_some(), device)?;
+    if let Some(c) = &choice {
+        run.say(c.table().trim_end());
+    }
+    Ok(placed)
 }
 
 /// The recipe of a run directory with its recorded choice applied (`ember eval`).

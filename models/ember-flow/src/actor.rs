@@ -68,15 +68,22 @@ impl FlowExperience {
     /// → `[rows.len(), k]`.
     pub fn closed_form_kl(&self, model: &FlowDit, rows: &[usize]) -> Tensor<2> {
         let (mean, _, per_row) = self.step_means(model, rows, true);
-        let (mean_ref, _, _) = self.step_means(model, rows, false);
-        self.kl_of_means(mean, mean_ref.detach(), per_row(|c| c.noise))
-            .reshape([rows.len(), self.coefs.len()])
+        self.kl_to_reference(model, rows, mean, per_row(|c| c.noise))
     }
 
-    /// mean over pixels of (a − b)² / (2 noise²) per row `[n]`.
-    fn kl_of_means(&self, a: Tensor<2>, b: Tensor<2>, noise: Tensor<2>) -> Tensor<1> {
-        let [n, _] = a.dims();
-        ((a - b).powi_scalar(2).mean_dim(1) / (noise.powi_scalar(2) * 2.0)).reshape([n])
+    /// [`closed_form_kl`](Self::closed_form_kl) given the steps' means with adapters `mean`
+    /// `[rows·k, pixels]` and their noise levels `[rows·k, 1]` (the reference's means are
+    /// computed here, adapters off, without gradient).
+    fn kl_to_reference(
+        &self,
+        model: &FlowDit,
+        rows: &[usize],
+        mean: Tensor<2>,
+        noise: Tensor<2>,
+    ) -> Tensor<2> {
+        let (mean_ref, _, _) = self.step_means(model, rows, false);
+        ((mean - mean_ref.detach()).powi_scalar(2).mean_dim(1) / (noise.powi_scalar(2) * 2.0))
+            .reshape([rows.len(), self.coefs.len()])
     }
 
     /// Each trained step's mean μ `[rows·k, pixels]` under `model` (adapters on or off), the
@@ -133,24 +140,17 @@ impl Actor for FlowDit {
 
     /// The Gaussian policy's entropy does not depend on θ (its variance is fixed by the
     /// schedule), so no entropy is returned.
+    /// With `closed_form_kl`, also flow_grpo's KL, from the same forward pass with adapters.
     fn score(&self, experience: &FlowExperience, rows: &[usize], _with_entropy: bool) -> Scored {
-        if experience.closed_form_kl {
-            let (mean, next, per_row) = experience.step_means(self, rows, true);
-            let (mean_ref, _, _) = experience.step_means(self, rows, false);
-            let (r, k) = (rows.len(), experience.coefs.len());
-            let kl = experience
-                .kl_of_means(mean.clone(), mean_ref.detach(), per_row(|c| c.noise))
-                .reshape([r, k]);
-            return Scored {
-                log_probs: gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k]),
-                entropy: None,
-                kl: Some(kl),
-            };
-        }
+        let (mean, next, per_row) = experience.step_means(self, rows, true);
+        let kl = experience
+            .closed_form_kl
+            .then(|| experience.kl_to_reference(self, rows, mean.clone(), per_row(|c| c.noise)));
+        let [r, k] = [rows.len(), experience.coefs.len()];
         Scored {
-            log_probs: experience.log_probs(self, rows, true),
+            log_probs: gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k]),
             entropy: None,
-            kl: None,
+            kl,
         }
     }
 }

@@ -86,22 +86,24 @@ pub fn nfn_scores(model: &Llama, batches: &[(Tensor<2, Int>, Tensor<2>)]) -> Res
             let r = nfn_rows(lin.weight.base(), z.clone().reshape([b * t, d]));
             parts.push((r * valid.clone()).sum());
         });
-        if parts.len() != layers * 7 {
+        // The token count last, read with the scores.
+        parts.push(valid.sum());
+        if parts.len() != layers * 7 + 1 {
             return Err(LlmError::Input(format!(
                 "PLoP: expected {} projections, saw {}",
                 layers * 7,
-                parts.len()
+                parts.len() - 1
             )));
         }
         let host = Tensor::cat(parts, 0)
             .into_data()
             .try_into_vec_as::<f32>()
             .map_err(|e| LlmError::Input(format!("PLoP: reading the scores: {e:?}")))?;
-        for (k, x) in host.iter().enumerate() {
+        let (scores, n) = host.split_at(layers * 7);
+        for (k, x) in scores.iter().enumerate() {
             sums[k / 7][k % 7] += f64::from(*x);
         }
-        let n: f32 = valid.sum().into_scalar();
-        tokens += n.round() as usize;
+        tokens += n.first().map_or(0, |x| x.round() as usize);
     }
     if tokens == 0 {
         return Err(LlmError::Input("PLoP: no valid tokens to score".into()));

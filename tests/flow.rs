@@ -189,6 +189,7 @@ fn ram_limits() {
     let ones = Tensor::<1>::ones([4], &device);
     let ram = ram_loss(
         &lm,
+        None,
         x0.clone(),
         noise.clone(),
         sigma.clone(),
@@ -228,6 +229,7 @@ fn ram_limits() {
     let zeros = Tensor::<1>::zeros([4], &device);
     let z = ram_loss(
         &lm,
+        None,
         x0.clone(),
         noise.clone(),
         sigma.clone(),
@@ -244,8 +246,53 @@ fn ram_limits() {
         - moved.forward_with(xt, sigma.clone(), y.clone(), false);
     let want = d.powi_scalar(2).mean().into_scalar::<f32>();
     assert!(want > 1e-8, "the perturbation moved the model: {want}");
-    let got = ram_loss(&moved, x0, noise, sigma, y, zeros, 5.0).into_scalar::<f32>();
+    let got = ram_loss(
+        &moved,
+        None,
+        x0.clone(),
+        noise.clone(),
+        sigma.clone(),
+        y.clone(),
+        zeros,
+        5.0,
+    )
+    .into_scalar::<f32>();
     close(got, want, 1e-5 * want, "RAM(A = 0) = ‖v_θ − v_base‖²");
+    // v_old from another copy of the weights (RAM's EMA): the target is v_base + ρA((ε − x₀) −
+    // v_old), computed here by hand on the host, with `lm` (adapters at init) as v_old.
+    let adv = [0.5f32, -1.0, 2.0, 0.0];
+    let got = ram_loss(
+        &moved,
+        Some(&lm),
+        x0.clone(),
+        noise.clone(),
+        sigma.clone(),
+        y.clone(),
+        Tensor::from_floats(adv, &device),
+        3.0,
+    )
+    .into_scalar::<f32>();
+    let host = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+    let s = sigma.clone().unsqueeze_dim::<2>(1);
+    let xt = x0.clone() * (-s.clone() + 1.0) + noise.clone() * s;
+    let v = host(moved.forward(xt.clone(), sigma.clone(), y.clone()));
+    let v_base = host(moved.forward_with(xt.clone(), sigma.clone(), y.clone(), false));
+    let v_old = host(lm.forward(xt, sigma, y));
+    let (x0, noise) = (host(x0), host(noise));
+    let mut want = 0f64;
+    for i in 0..v.len() {
+        let a = f64::from(adv[i / 784]) * 3.0;
+        let target = f64::from(v_base[i])
+            + a * (f64::from(noise[i]) - f64::from(x0[i]) - f64::from(v_old[i]));
+        want += (f64::from(v[i]) - target).powi(2);
+    }
+    want /= v.len() as f64;
+    close(
+        got,
+        want as f32,
+        1e-5 * want as f32,
+        "RAM with v_old = another copy",
+    );
 }
 
 /// Adds N(0, 0.05²) to every LoRA factor.

@@ -93,6 +93,126 @@ fn closed_form_kl_by_hand() {
     }
 }
 
+/// A micro DiT fitted a few flow-matching steps (so its velocity is not adaLN-Zero's 0), with
+/// rank-4 adapters on q, fc1 and fc2 moved off their zero init.
+fn micro_with_moved_adapters(device: &Device) -> ember_flow::FlowDit {
+    device.seed(5);
+    let m = FlowDitConfig::new()
+        .with_d_model(16)
+        .with_layers(1)
+        .with_heads(2)
+        .with_mlp_ratio(2)
+        .init(device)
+        .unwrap();
+    let x = || Tensor::<2>::random([4, 784], Distribution::Normal(0.0, 1.0), device);
+    let labels = Tensor::<1, Int>::from_ints([1, 4, 7, 10], device);
+    let fit = |mut m: ember_flow::FlowDit| {
+        let mut opt: ModuleOptimizer = AdamWConfig::new().init();
+        for _ in 0..3 {
+            let t = Tensor::from_floats([0.2, 0.4, 0.6, 0.8], device);
+            let loss = flow_matching_loss(&m, x(), x(), t, labels.clone());
+            let g = GradientsParams::from_grads(loss.backward(), &m);
+            m = opt.step(5e-2, m, g);
+        }
+        m
+    };
+    let m = fit(m);
+    let paths = m.lora_paths(&["q_proj".into(), "fc1".into(), "fc2".into()]);
+    fit(m
+        .no_grad()
+        .apply_lora(Lora::new(4, 8.0).set_param_group(ParamGroup::from_paths(paths))))
+}
+
+/// The gradient of every adapter factor of Σ f(model), flattened in module order.
+fn adapter_grads(m: &ember_flow::FlowDit, loss: Tensor<1>) -> Vec<f32> {
+    let g = GradientsParams::from_grads(loss.backward(), m);
+    let mut out = Vec::new();
+    for b in &m.blocks {
+        for l in [&b.q_proj, &b.fc1, &b.fc2] {
+            let a = l.weight.adapter().unwrap();
+            out.extend(vals(g.get::<2>(a.a.id).unwrap()));
+            out.extend(vals(g.get::<2>(a.b.id).unwrap()));
+        }
+    }
+    out
+}
+
+/// Guidance w with the unconditional branch detached: d/dθ Σ(sg[v_u] + w(v_c − sg[v_u])) =
+/// w·d/dθ Σv_c; kept, the gradient is w·dΣv_c + (1 − w)·dΣv_u (by linearity), checked against
+/// separate conditional and unconditional passes; the values are equal either way.
+#[test]
+fn unconditional_branch_detached() {
+    let device = Device::flex().autodiff();
+    let m = micro_with_moved_adapters(&device);
+    device.seed(9);
+    let x = Tensor::<2>::random([3, 784], Distribution::Normal(0.0, 1.0), &device);
+    let t = Tensor::<1>::from_floats([0.3, 0.6, 0.9], &device);
+    let y = Tensor::<1, Int>::from_ints([2, 5, 8], &device);
+    let null = Tensor::<1, Int>::full([3], m.null_class() as i64, &device);
+    let w = 3.0f32;
+    let guided = |detach: bool| m.guided_with(x.clone(), t.clone(), y.clone(), w, true, detach);
+    assert_eq!(vals(guided(true)), vals(guided(false)));
+    let g_det = adapter_grads(&m, guided(true).sum());
+    let g_all = adapter_grads(&m, guided(false).sum());
+    let g_c = adapter_grads(&m, m.forward(x.clone(), t.clone(), y.clone()).sum());
+    let g_u = adapter_grads(&m, m.forward(x.clone(), t.clone(), null).sum());
+    let scale = g_c.iter().fold(0f32, |a, &b| a.max(b.abs()));
+    assert!(scale > 1e-3, "the adapters have gradients: {scale}");
+    let mut differ = 0f32;
+    for i in 0..g_c.len() {
+        let want_det = w * g_c[i];
+        let want_all = w * g_c[i] + (1.0 - w) * g_u[i];
+        assert!((g_det[i] - want_det).abs() <= 1e-4 * scale, "detached {i}");
+        assert!((g_all[i] - want_all).abs() <= 1e-4 * scale, "kept {i}");
+        differ = differ.max((g_det[i] - g_all[i]).abs());
+    }
+    assert!(differ > 1e-3 * scale, "the two gradients differ");
+}
+
+/// bf16 products (autocast): the velocity within bf16's rounding of the f32 one (relative
+/// error of the largest component ≤ 3 %, and not bit-equal: the products did run in bf16),
+/// f32 out, the precision kept by `valid()`, and adapter gradients within 5 % in norm.
+#[test]
+fn bf16_products_track_f32() {
+    let device = Device::flex().autodiff();
+    let m = micro_with_moved_adapters(&device);
+    let h = m.clone().with_precision(ember_train::Precision::Bf16);
+    assert_eq!(h.valid().precision(), ember_train::Precision::Bf16);
+    device.seed(11);
+    let x = Tensor::<2>::random([3, 784], Distribution::Normal(0.0, 1.0), &device);
+    let t = Tensor::<1>::from_floats([0.2, 0.5, 0.95], &device);
+    let y = Tensor::<1, Int>::from_ints([0, 6, 10], &device);
+    for adapters in [true, false] {
+        let a = m.forward_with(x.clone(), t.clone(), y.clone(), adapters);
+        let b = h.forward_with(x.clone(), t.clone(), y.clone(), adapters);
+        assert_eq!(b.dtype(), burn::tensor::DType::F32);
+        let (a, b) = (vals(a), vals(b));
+        let scale = a.iter().fold(0f32, |s, &v| s.max(v.abs()));
+        let err = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |s, (p, q)| s.max((p - q).abs()));
+        assert!(scale > 1e-2, "non-trivial velocity {scale}");
+        assert!(err <= 3e-2 * scale, "adapters {adapters}: {err} vs {scale}");
+        assert!(err > 0.0, "bf16 rounding shows");
+    }
+    let ga = adapter_grads(
+        &m,
+        m.forward(x.clone(), t.clone(), y.clone())
+            .powi_scalar(2)
+            .sum(),
+    );
+    let gb = adapter_grads(&h, h.forward(x, t, y).powi_scalar(2).sum());
+    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let diff: Vec<f32> = ga.iter().zip(&gb).map(|(a, b)| a - b).collect();
+    assert!(
+        norm(&diff) <= 0.05 * norm(&ga),
+        "{} vs {}",
+        norm(&diff),
+        norm(&ga)
+    );
+}
+
 /// The engine takes a closed-form KL instead of its estimator: β·token-mean(kl), no reference
 /// log-probs needed (by hand: kl [[0.2, 0.4], [0.6, 0.0]] with the last step masked gives
 /// mean 0.4; with β = 0.5 and zero advantages the loss is 0.2).
@@ -335,11 +455,103 @@ fn flow_job_takes_the_reference_options() {
             "rl.kl_form=\"closed_form\"",
             "needs rl.kl_coef > 0",
         ),
+        (
+            "sampler.guidance=1",
+            "rl.detach_uncond=true",
+            "rl.detach_uncond",
+        ),
+        ("rl.ram_ema=0.9", "rl.steps=2", "rl.ram_ema applies"),
+        ("algorithm=\"ram\"", "rl.ram_ema=1", "rl.ram_ema = 1"),
     ] {
         let (o, out) = run("bad", &[set, flag]);
         assert!(!o.status.success(), "{set} {flag} was accepted");
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(e.contains(want), "{set}: {e}");
         std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+/// RAM with v_old from the adapters' moving average (`rl.ram_ema`): the average is written
+/// into every checkpoint (`ram_ema.bpk`) and read back, so a run stopped after 2 of 3 steps and
+/// resumed logs what the uninterrupted run logs; the loss differs from v_old = the current
+/// weights from the second step on (the average lags); bf16 products run on the CPU too.
+#[test]
+fn ram_ema_checkpoints_and_resumes() {
+    if common::assets::digit_classifier().is_none() || common::assets::mnist_digits().is_none() {
+        return;
+    }
+    let recipe = root().join("recipes/digits-flow.toml");
+    let train = |tag: &str, extra: &[&str], flags: &[&str]| {
+        let out = std::env::temp_dir().join(format!("ember-ramema-{tag}-{}", std::process::id()));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+        c.args(["train", recipe.to_str().unwrap(), "--quiet", "--out"])
+            .arg(&out)
+            .args(flags);
+        for s in FLOW_MICRO
+            .iter()
+            .chain(&["algorithm=\"ram\"", "rl.steps=3"])
+            .chain(extra)
+        {
+            c.args(["--set", s]);
+        }
+        (c.output().unwrap(), out)
+    };
+    let metrics = |out: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let ema = ["rl.ram_ema=0.9"];
+    let (o, full) = train("full", &ema, &["--overwrite"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (o, plain) = train("plain", &[], &["--overwrite"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (o, part) = train("part", &ema, &["--overwrite", "--stop-after", "2"]);
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let ckpt = part.join("checkpoints/step-00000002");
+    assert!(ckpt.join("ram_ema.bpk").is_file());
+    let (o, _) = train("part", &ema, &["--resume"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (a, b, c) = (metrics(&full), metrics(&part), metrics(&plain));
+    assert_eq!(a.len(), 4);
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        for (k, v) in x.as_object().unwrap() {
+            if k.starts_with("perf/") {
+                continue;
+            }
+            let (p, q) = (v.as_f64().unwrap(), y[k].as_f64().unwrap());
+            // (Float noise: means of group-normalised advantages are ~1e-8.)
+            assert!((p - q).abs() <= 1e-6 * p.abs().max(0.1), "{k}: {p} vs {q}");
+        }
+    }
+    let loss = |m: &[serde_json::Value], i: usize| m[i]["actor/ram_loss"].as_f64().unwrap();
+    assert_eq!(
+        loss(&a, 1),
+        loss(&c, 1),
+        "step 1: the average starts at the weights"
+    );
+    assert_ne!(loss(&a, 3), loss(&c, 3), "step 3: the average lags");
+    // A damaged average is named.
+    std::fs::write(ckpt.join("ram_ema.bpk"), b"junk").unwrap();
+    std::fs::write(part.join("checkpoints/latest"), "step-00000002").unwrap();
+    let (o, _) = train("part", &ema, &["--resume"]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("ram_ema.bpk"), "{e}");
+    // bf16 products on the CPU (emulated there; the path GPU runs take).
+    let (o, half) = train("bf16", &["precision=\"bf16\""], &["--overwrite"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let h = metrics(&half);
+    assert!(loss(&h, 1).is_finite() && (loss(&h, 1) - loss(&c, 1)).abs() < 0.05 * loss(&c, 1));
+    for d in [full, plain, part, half] {
+        std::fs::remove_dir_all(d).ok();
     }
 }

@@ -28,7 +28,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::module::{Lora, Module, ParamGroup};
 use burn::store::ModuleRecord;
 use burn::tensor::{Distribution, Tensor, TensorData};
-use ember_flow::{DigitClassifier, FlowDit, FlowExperience, ram_loss, sde_coefs, sigmas};
+use ember_flow::{
+    DigitClassifier, FlowDit, FlowExperience, ema_update, ram_loss, sde_coefs, sigmas,
+};
 use ember_train::{
     LrSchedule, OptimizerConfig, UpdateConfig, UpdateSchedule, accumulated_step, update,
 };
@@ -104,18 +106,32 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     let ad = base.clone().autodiff();
     let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
     let (model, pretrain_seconds) = pretrained(r, &digits, &ad, run.quiet())?;
-    let mut model = with_adapters(model, r, &ad);
+    let mut model = with_adapters(model, r, &ad)?;
     let mut optim = OptimizerConfig::default()
         .with_epsilon(r.rl.adam_eps)
         .with_grad_clip(r.rl.grad_clip)
         .init();
     let mut rng = SplitMix64(r.seed);
+    // RAM's v_old as an exponential moving average of the adapters (`rl.ram_ema`).
+    let mut ema: Option<FlowDit> = None;
     let state = match run.resumed() {
         Some((dir, st)) => {
             let p = dir.join(checkpoint::MODEL);
             model = model
                 .try_load_record(checkpoint::read_model(dir, true)?)
                 .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+            if r.rl.ram_ema > 0.0 {
+                let p = dir.join(RAM_EMA);
+                let rec = ModuleRecord::load(&p)
+                    .map_err(|e| anyhow!("reading {}: {e}", p.display()))?
+                    .allow_partial(true);
+                ema = Some(
+                    model
+                        .clone()
+                        .try_load_record(rec)
+                        .map_err(|e| anyhow!("applying {}: {e}", p.display()))?,
+                );
+            }
             optim = checkpoint::load_optimizer(dir, optim)?;
             rng = SplitMix64(st.rng);
             let p = dir.join(FLOW_STATE);
@@ -139,6 +155,9 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
             }
         }
     };
+    if r.rl.ram_ema > 0.0 && ema.is_none() {
+        ema = Some(model.clone());
+    }
     let before = state.before;
     let mut after = state.after;
     run.say(&format!(
@@ -193,7 +212,8 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 .collect();
             let rows = labels.len();
             base.seed(rng.next_u64());
-            let sampler = model.valid();
+            // RAM with `ram_ema`: the average, which is v_old, draws the clean samples.
+            let sampler = ema.as_ref().unwrap_or(&model).valid();
             let lr = schedule.at(step);
             row.insert("actor/lr".into(), lr);
             let sde = r.algorithm != FlowAlgorithm::Ram;
@@ -267,7 +287,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                 };
                 let ts = run.state(steps_done, rng_at_start, before.accuracy, after.accuracy);
                 return Err(run.checkpoint_after_error(steps_done, e, |d| {
-                    save_state(d, &model, &optim, &ts, &st)
+                    save_state(d, &model, ema.as_ref(), &optim, &ts, &st)
                 }));
             }
         };
@@ -300,6 +320,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                     outputs: exp_host.outputs.to_device(&ad),
                     labels: exp_host.labels.to_device(&ad),
                     closed_form_kl: r.rl.kl_coef > 0.0 && closed_form,
+                    detach_uncond: r.rl.detach_uncond,
                     ..exp_host
                 };
                 let mut order_rng = SplitMix64(rng.next_u64());
@@ -324,6 +345,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                         Tensor::<2>::random([rows, PIXELS], Distribution::Normal(0.0, 1.0), &ad);
                     ram_loss(
                         model,
+                        ema.as_ref(),
                         x0.clone(),
                         noise,
                         Tensor::from_data(TensorData::new(sig, [rows]), &ad),
@@ -333,6 +355,9 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
                     ) / n as f32
                 });
                 model = m;
+                // The decay ramps up by 0.01 a step to `ram_ema` (RAM's code, as read in ports).
+                let decay = r.rl.ram_ema.min(0.01 * (step + 1) as f32);
+                ema = ema.map(|e| ema_update(e, &model, decay));
                 row.insert("actor/ram_loss".into(), loss);
                 row.insert("actor/grad_norm".into(), report.grad_norm);
                 // `accumulated_step` skipped a non-finite step, as `update` counts its own.
@@ -377,7 +402,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         };
         let ts = run.state(done, rng.0, before.accuracy, after.accuracy);
         let stop = run.end_step(end, row, evaluated, &stats, |d| {
-            save_state(d, &model, &optim, &ts, &st)
+            save_state(d, &model, ema.as_ref(), &optim, &ts, &st)
         })?;
         if stop {
             interrupted = true;
@@ -426,15 +451,25 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     Ok(summary)
 }
 
-/// The pretrained DiT frozen, with fresh adapters on the recipe's targets.
-fn with_adapters(model: FlowDit, r: &FlowRecipe, ad: &burn::tensor::Device) -> FlowDit {
+/// The pretrained DiT frozen, with fresh adapters on the recipe's targets, its products in the
+/// recipe's precision (as the backend allows it).
+fn with_adapters(model: FlowDit, r: &FlowRecipe, ad: &burn::tensor::Device) -> Result<FlowDit> {
     let paths = model.lora_paths(&r.rl.lora.targets);
     // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
     // unchanged either way).
     ad.seed(r.seed ^ 0x4c4f_5241);
-    model.no_grad().apply_lora(
-        Lora::new(r.rl.lora.rank, r.rl.lora.alpha).set_param_group(ParamGroup::from_paths(paths)),
-    )
+    let (precision, note) =
+        crate::device::resolve_precision(r.precision, crate::device::kind(&r.device)?);
+    if let Some(note) = note {
+        log::warn!("[{}] {note}", r.name);
+    }
+    Ok(model
+        .no_grad()
+        .apply_lora(
+            Lora::new(r.rl.lora.rank, r.rl.lora.alpha)
+                .set_param_group(ParamGroup::from_paths(paths)),
+        )
+        .with_precision(precision))
 }
 
 /// `ember eval` of an image run: the pretrained DiT (from the pretraining cache, or pretrained
@@ -471,27 +506,36 @@ pub fn evaluate_run(
     let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
     let (model, _) = pretrained(&r, &digits, &ad, true)?;
     let p = dir.join(checkpoint::MODEL);
-    let model = with_adapters(model, &r, &ad)
+    let model = with_adapters(model, &r, &ad)?
         .try_load_record(checkpoint::read_model(&dir, true)?)
         .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
     Ok(evaluate(&model.valid(), &classifier, &r, &base)?.0)
 }
 
-/// Fills a checkpoint directory: the adapters, the optimizer, the run state and [`FlowState`].
+/// Fills a checkpoint directory: the adapters (and RAM's average of them), the optimizer, the
+/// run state and [`FlowState`].
 fn save_state(
     d: &Path,
     model: &FlowDit,
+    ema: Option<&FlowDit>,
     optim: &ember_train::Optimizer,
     ts: &crate::run::TrainState,
     st: &FlowState,
 ) -> Result<()> {
     checkpoint::write_records(d, adapters_record(model), optim, ts)?;
+    if let Some(e) = ema {
+        adapters_record(e)
+            .save(d.join(RAM_EMA))
+            .map_err(|e| anyhow!("writing the RAM average's record: {e}"))?;
+    }
     std::fs::write(d.join(FLOW_STATE), serde_json::to_string_pretty(st)?)?;
     Ok(())
 }
 
 /// The checkpoint file holding [`FlowState`].
 const FLOW_STATE: &str = "flow_state.json";
+/// The checkpoint file holding RAM's moving average of the adapters (`rl.ram_ema`).
+const RAM_EMA: &str = "ram_ema.bpk";
 
 /// Flow-GRPO / DDPO and RAM: per-prompt group normalisation (population std, ε 1e-4, as
 /// flow_grpo's `PerPromptStatTracker`); LOOP: leave-one-out. Advantages clipped (DDPO

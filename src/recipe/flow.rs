@@ -237,6 +237,16 @@ pub struct RlSpec {
     /// How the KL is computed: `"k3"` (the engine's estimator on the per-step log-probs) or
     /// `"closed_form"` (flow_grpo's Gaussian mean difference, [`ember_flow::FlowExperience::closed_form_kl`]).
     pub kl_form: KlForm,
+    /// Flow-GRPO and LOOP with `sampler.guidance` ≠ 1: the unconditional branch of the guided
+    /// velocity carries no gradient in the update (flow_grpo's training step), so the policy
+    /// gradient moves the conditional prediction only.
+    pub detach_uncond: bool,
+    /// RAM: v_old, the velocity inside the target, from an exponential moving average of the
+    /// adapters with this decay, reached by a ramp of 0.01 per step (min(d, 0.01·t) after t
+    /// steps); the average also draws the clean samples. RAM's code (`training_sd3.py`, as
+    /// ports of it describe it) keeps such an average with d = 0.9; 0 = the current weights,
+    /// detached, as the paper's Algorithm 1.
+    pub ram_ema: f32,
     /// RAM: ρ = 1/λ, the reward scale of the target correction.
     pub ram_scale: f32,
     /// RAM: (σ, ε) draws per clean sample.
@@ -272,6 +282,8 @@ impl Default for RlSpec {
             drop_zero_advantage: false,
             kl_coef: 0.0,
             kl_form: KlForm::K3,
+            detach_uncond: false,
+            ram_ema: 0.0,
             ram_scale: 1.0,
             ram_noisings: 4,
             lora: LoraSpec::default(),
@@ -349,6 +361,12 @@ pub struct FlowRecipe {
     /// `cpu`, `cuda`, `wgpu` or `auto`.
     #[serde(default = "auto")]
     pub device: String,
+    /// `f32` (default) or `bf16`: mixed precision of the DiT's products in fine-tuning and
+    /// evaluation (f32 parameters, optimizer state, norms, softmax, modulations, sampler and
+    /// losses); pretraining stays f32 so the pretraining cache is shared; wgpu falls back to
+    /// f32 with a message.
+    #[serde(default)]
+    pub precision: crate::device::Precision,
     /// The fine-tuning algorithm.
     pub algorithm: FlowAlgorithm,
     /// The DiT.
@@ -490,6 +508,21 @@ impl FlowRecipe {
                 "rl.drop_zero_advantage applies to the policy-gradient algorithms (flow-grpo, loop); \
                  RAM regresses every sample"
             );
+        }
+        if rl.detach_uncond && (self.algorithm == FlowAlgorithm::Ram || s.guidance == 1.0) {
+            bail!(
+                "rl.detach_uncond applies to flow-grpo and loop with sampler.guidance != 1 (RAM \
+                 regresses the unguided velocity; without guidance there is no unconditional branch)"
+            );
+        }
+        if !(0.0..1.0).contains(&rl.ram_ema) {
+            bail!(
+                "rl.ram_ema = {} must be in [0, 1) (0 = v_old is the current weights)",
+                rl.ram_ema
+            );
+        }
+        if rl.ram_ema > 0.0 && self.algorithm != FlowAlgorithm::Ram {
+            bail!("rl.ram_ema applies to algorithm = \"ram\" only");
         }
         if self.eval.samples_per_class < 2 {
             bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");

@@ -11,6 +11,7 @@
 pub mod critic;
 pub mod io;
 pub mod optim;
+pub mod precision;
 pub mod schedule;
 pub mod sequential;
 pub mod update;
@@ -19,6 +20,7 @@ pub use critic::{Critic, CriticBatch, critic_update};
 pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
+pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
 pub use sequential::sequential_update;
 pub use update::{

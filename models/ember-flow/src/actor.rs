@@ -23,6 +23,8 @@ pub struct FlowExperience {
     pub guidance: f32,
     /// Score the KL to the adapter-free model in closed form ([`FlowExperience::closed_form_kl`]).
     pub closed_form_kl: bool,
+    /// Under guidance, the unconditional branch carries no gradient ([`FlowDit::guided_with`]).
+    pub detach_uncond: bool,
 }
 
 impl FlowExperience {
@@ -45,6 +47,7 @@ impl FlowExperience {
             labels,
             guidance,
             closed_form_kl: false,
+            detach_uncond: false,
         }
     }
 
@@ -129,7 +132,14 @@ impl FlowExperience {
             .unsqueeze_dim::<2>(1)
             .repeat_dim(1, k)
             .reshape([r * k]);
-        let v = model.guided(x.clone(), t, labels, self.guidance, adapters);
+        let v = model.guided_with(
+            x.clone(),
+            t,
+            labels,
+            self.guidance,
+            adapters,
+            self.detach_uncond,
+        );
         let mean = x * per_row(|c| c.a_x) + v * per_row(|c| c.a_v);
         (mean, next, per_row)
     }

@@ -11,7 +11,8 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, silu, softmax};
-use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Distribution, FloatDType, Int, Tensor, TensorData};
+use ember_train::Precision;
 
 /// The DiT's sizes. The defaults (d 64, 4 blocks, patch 4 on 28×28) give ~0.2M parameters.
 #[derive(Config, Debug, PartialEq)]
@@ -111,6 +112,7 @@ impl FlowDitConfig {
             patch: self.patch,
             heads: self.heads,
             num_classes: self.num_classes,
+            precision: Precision::F32,
         })
     }
 }
@@ -161,6 +163,37 @@ pub struct FlowDit {
     patch: usize,
     heads: usize,
     num_classes: usize,
+    /// Precision of the products (not stored in checkpoints; [`FlowDit::with_precision`]).
+    #[module(skip)]
+    precision: Precision,
+}
+
+/// How one forward pass runs: with the LoRA adapters or the frozen base weights alone, and in
+/// which precision its products run.
+#[derive(Debug, Clone, Copy)]
+struct Pass {
+    adapters: bool,
+    precision: Precision,
+}
+
+impl Pass {
+    /// a·b, under bf16 with both factors cast to bf16 and the product returned in f32
+    /// (autocast: the softmax, norms, modulations and residual stream stay f32).
+    fn matmul<const D: usize>(self, a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+        match self.precision {
+            Precision::F32 => a.matmul(b),
+            Precision::Bf16 => bf16(a).matmul(bf16(b)).cast(FloatDType::F32),
+        }
+    }
+}
+
+/// `x` in bf16 (no-op when it already is).
+fn bf16<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    if x.dtype() == DType::BF16 {
+        x
+    } else {
+        x.cast(FloatDType::BF16)
+    }
 }
 
 /// LayerNorm without affine parameters (ε = 1e-6), over the last dim.
@@ -177,17 +210,27 @@ fn modulate(x: Tensor<3>, shift: Tensor<2>, scale: Tensor<2>) -> Tensor<3> {
 }
 
 /// Applies `l` with its effective weight (LoRA adapter included) or the frozen base weight alone
-/// (`adapters = false`: the reference model of a LoRA run without a second copy).
-fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
-    if adapters {
-        l.forward(x)
-    } else {
-        burn::tensor::module::linear(x, l.weight.base(), l.bias.as_ref().map(|b| b.base()))
+/// (`adapters = false`: the reference model of a LoRA run without a second copy); under bf16
+/// the input, weight and bias are cast to bf16 for the product and the result returned in f32.
+fn lin<const D: usize>(l: &Linear, x: Tensor<D>, pass: Pass) -> Tensor<D> {
+    match (pass.precision, pass.adapters) {
+        (Precision::F32, true) => l.forward(x),
+        (Precision::F32, false) => {
+            burn::tensor::module::linear(x, l.weight.base(), l.bias.as_ref().map(|b| b.base()))
+        }
+        (Precision::Bf16, adapters) => {
+            let (w, b) = if adapters {
+                (l.weight.val(), l.bias.as_ref().map(|b| b.val()))
+            } else {
+                (l.weight.base(), l.bias.as_ref().map(|b| b.base()))
+            };
+            burn::tensor::module::linear(bf16(x), bf16(w), b.map(bf16)).cast(FloatDType::F32)
+        }
     }
 }
 
 impl DitBlock {
-    fn forward(&self, x: Tensor<3>, cond: Tensor<2>, heads: usize, ad: bool) -> Tensor<3> {
+    fn forward(&self, x: Tensor<3>, cond: Tensor<2>, heads: usize, ad: Pass) -> Tensor<3> {
         let [b, n, d] = x.dims();
         let dh = d / heads;
         let m = lin(&self.modulation, silu(cond), ad).chunk(6, 1);
@@ -196,8 +239,8 @@ impl DitBlock {
         let q = split(lin(&self.q_proj, h.clone(), ad));
         let k = split(lin(&self.k_proj, h.clone(), ad));
         let v = split(lin(&self.v_proj, h, ad));
-        let att = softmax(q.matmul(k.swap_dims(2, 3)) / (dh as f64).sqrt(), 3);
-        let o = att.matmul(v).swap_dims(1, 2).reshape([b, n, d]);
+        let att = softmax(ad.matmul(q, k.swap_dims(2, 3)) / (dh as f64).sqrt(), 3);
+        let o = ad.matmul(att, v).swap_dims(1, 2).reshape([b, n, d]);
         let x = x + lin(&self.o_proj, o, ad) * m[2].clone().unsqueeze_dim(1);
         let h = modulate(norm(x.clone()), m[3].clone(), m[4].clone());
         let h = lin(&self.fc2, gelu(lin(&self.fc1, h, ad)), ad);
@@ -206,6 +249,17 @@ impl DitBlock {
 }
 
 impl FlowDit {
+    /// This model with its products in `precision` (parameters stay f32).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The precision of the products.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// Pixels per image (`side²`).
     pub fn pixels(&self) -> usize {
         self.image_size * self.image_size
@@ -259,7 +313,10 @@ impl FlowDit {
         assert_eq!(labels.dims(), [b], "FlowDit: labels must be [batch]");
         let p = self.patch;
         let g = self.image_size / p;
-        let ad = adapters;
+        let ad = Pass {
+            adapters,
+            precision: self.precision,
+        };
         // [b, side²] → [b, g, p, g, p] → [b, g, g, p, p] → [b, g², p²]
         let patches = x
             .reshape([b, g, p, g, p])
@@ -298,6 +355,21 @@ impl FlowDit {
         guidance: f32,
         adapters: bool,
     ) -> Tensor<2> {
+        self.guided_with(x, t, labels, guidance, adapters, false)
+    }
+
+    /// [`guided`](Self::guided), with the unconditional branch v_u optionally detached: the
+    /// gradient of w·v_c + (1 − w)·sg[v_u] flows through the conditional branch alone, as
+    /// flow_grpo's training step computes the unconditional prediction without gradient.
+    pub fn guided_with(
+        &self,
+        x: Tensor<2>,
+        t: Tensor<1>,
+        labels: Tensor<1, Int>,
+        guidance: f32,
+        adapters: bool,
+        detach_uncond: bool,
+    ) -> Tensor<2> {
         if guidance == 1.0 {
             return self.forward_with(x, t, labels, adapters);
         }
@@ -311,6 +383,7 @@ impl FlowDit {
         );
         let vc = v.clone().narrow(0, 0, b);
         let vu = v.narrow(0, b, b);
+        let vu = if detach_uncond { vu.detach() } else { vu };
         vu.clone() + (vc - vu) * guidance
     }
 

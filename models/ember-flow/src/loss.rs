@@ -35,15 +35,18 @@ pub fn flow_matching_loss(
 /// ```
 ///
 /// ρ = 1/λ is the reward scale, A the (baselined) reward, v_base the frozen pretrained model
-/// (adapters off), v_old the model that drew x₀ (here the current weights, detached; the paper's
-/// Algorithm 1). Limits: A = 0 gives ‖v_θ − v_base‖², which holds the pretrained velocity field
+/// (adapters off), v_old the model that drew x₀: `old`, or when `None` the current weights,
+/// detached (the paper's Algorithm 1; `old` is for an exponential moving average of the weights,
+/// as RAM's code keeps). Limits: A = 0 gives ‖v_θ − v_base‖², which holds the pretrained velocity field
 /// (the KL-regularised optimum for a constant reward); ρA = 1 with v_old = v_base gives the
 /// flow-matching target ε − x₀ exactly, i.e. [`flow_matching_loss`] on the model's own samples.
 ///
 /// # Shapes
 /// `x0`, `noise` `[b, pixels]`, `sigma`, `advantages` `[b]`, `labels [b]` → `[1]`.
+#[allow(clippy::too_many_arguments)]
 pub fn ram_loss(
     model: &FlowDit,
+    old: Option<&FlowDit>,
     x0: Tensor<2>,
     noise: Tensor<2>,
     sigma: Tensor<1>,
@@ -54,8 +57,13 @@ pub fn ram_loss(
     let s = sigma.clone().unsqueeze_dim::<2>(1);
     let xt = x0.clone() * (-s.clone() + 1.0) + noise.clone() * s;
     let v = model.forward(xt.clone(), sigma.clone(), labels.clone());
+    let v_old = match old {
+        Some(old) => old
+            .forward(xt.clone(), sigma.clone(), labels.clone())
+            .detach(),
+        None => v.clone().detach(),
+    };
     let v_base = model.forward_with(xt, sigma, labels, false).detach();
-    let v_old = v.clone().detach();
     let w = (advantages * reward_scale).unsqueeze_dim::<2>(1);
     let target = (v_base + w * (noise - x0 - v_old)).detach();
     (v - target).powi_scalar(2).mean()

@@ -12,35 +12,8 @@ use burn::tensor::activation::{silu, softmax};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use ember_molora::{MoLora, RouteCtx};
-use serde::{Deserialize, Serialize};
 
-/// The precision of the model's matrix products.
-///
-/// `Bf16` is automatic mixed precision in the manner of PyTorch's `torch.autocast`: parameters
-/// (and so gradients and optimizer state) stay f32, each projection casts its weight and input
-/// to bf16 for the product, and the numerically sensitive steps run in f32: RMSNorm (as HF's
-/// `LlamaRMSNorm` upcasts), the attention softmax, the logits and everything after them
-/// (log-softmax, sampling, losses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// f32 throughout (the default, and the only choice on the CPU and wgpu backends' f32
-    /// kernels).
-    #[default]
-    F32,
-    /// bf16 products with f32 parameters, normalisation, softmax and logits.
-    Bf16,
-}
-
-impl Precision {
-    /// The dtype of activations between projections.
-    pub fn activation_dtype(self) -> DType {
-        match self {
-            Self::F32 => DType::F32,
-            Self::Bf16 => DType::BF16,
-        }
-    }
-}
+pub use ember_train::Precision;
 
 /// `x` in dtype `dt` (no-op when it already is).
 fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {

@@ -7,7 +7,7 @@
 #   digit-recognizer-py==0.1.0.
 #   A Python virtual environment ($cache/py) with the PyPI packages the tests drive: tbparse and
 #   tensorboard (read Ember's TensorBoard event files back), math-verify (the Python reward
-#   example). Ember itself needs no Python.
+#   example), openai (the official client, against `ember serve`). Ember itself needs no Python.
 set -euo pipefail
 cache=${EMBER_CACHE:-$HOME/.cache/ember}
 mkdir -p "$cache"
@@ -61,7 +61,7 @@ PY
   rm -rf "$tmp"
 fi
 py="$cache/py"
-want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0"
+want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0"
 if [ "$(cat "$py/.ember-packages" 2>/dev/null)" != "$want" ]; then
   rm -rf "$py"
   python3 -m venv "$py"

@@ -27,6 +27,7 @@ pub mod process;
 pub mod recipe;
 pub mod reward;
 pub mod run;
+pub mod serve;
 pub mod tasks;
 
 /// The tokenizer of a checkpoint: `tokenizer.json` in a directory, or GGUF metadata.

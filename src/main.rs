@@ -39,6 +39,10 @@ enum Command {
     Eval(EvalArgs),
     /// Complete a prompt with a checkpoint (temperature 0 = greedy).
     Generate(cli_llm::GenerateArgs),
+    /// An OpenAI-compatible HTTP server (completions, chat completions, vLLM's LoRA endpoints)
+    /// for a Hugging Face directory or GGUF file and its PEFT adapters; SIGINT/SIGTERM stop it
+    /// after the requests already taken are answered.
+    Serve(ember::serve::ServeArgs),
     /// Write a checkpoint (plus an optional adapter, merged) as Hugging Face safetensors +
     /// config.json.
     Export(cli_llm::ExportArgs),
@@ -216,6 +220,7 @@ fn run(cli: Cli) -> Result<()> {
     ember::kernel_cache::configure(&cache)?;
     match cli.command {
         Command::Train(a) => train(a),
+        Command::Serve(a) => ember::serve::serve(a),
         Command::Warmup(a) => warmup(a),
         Command::Molora(a) => molora(a),
         Command::Eval(a) if is_flow_run(&a.run) => {

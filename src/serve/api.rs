@@ -1,0 +1,395 @@
+//! The OpenAI API's request and response shapes that `ember serve` speaks (the Completions and
+//! Chat Completions APIs, and vLLM's LoRA endpoints), their checks, and OpenAI-style errors.
+//!
+//! Fields the server does not implement are refused by name (never silently ignored) when they
+//! would change the answer: `stream`, `echo`, `best_of`, penalties, `logit_bias`, top
+//! alternatives in `logprobs`, tools. Fields that only label a request (`user`) are accepted.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+/// An error as the OpenAI API returns it: `{"error": {"message", "type", "param", "code"}}`
+/// with an HTTP status.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message naming the problem.
+    pub message: String,
+    /// OpenAI's error type (`invalid_request_error`, `not_found_error`, …).
+    pub kind: &'static str,
+    /// The request field at fault, when one is.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    /// 400 `invalid_request_error`, naming `param`.
+    pub fn bad(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_string()),
+        }
+    }
+
+    /// An error with no field at fault.
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+        }
+    }
+
+    /// 404 for a `model` that is neither the base model nor a loaded adapter.
+    pub fn no_model(name: &str, served: &[String]) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "the model `{name}` does not exist; served: {}",
+                served.join(", ")
+            ),
+            kind: "not_found_error",
+            param: Some("model".into()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings, checked (at most 4, as OpenAI allows, none empty).
+    pub fn strings(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+        let v = match stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        if v.len() > 4 || v.iter().any(String::is_empty) {
+            return Err(ApiError::bad(
+                "stop",
+                "stop takes at most 4 non-empty strings",
+            ));
+        }
+        Ok(v)
+    }
+}
+
+/// `prompt` of a completion request: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text.
+    Text(String),
+    /// Several texts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Ids(Vec<u32>),
+    /// Several prompts as token ids.
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// Sampling fields shared by both endpoints (OpenAI's, plus vLLM's `top_k`, `min_p`,
+/// `return_token_ids`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Sampling {
+    /// Softmax temperature, 0 to 2 (0 = greedy); default 1.
+    pub temperature: Option<f32>,
+    /// Nucleus mass in (0, 1]; default 1.
+    pub top_p: Option<f32>,
+    /// vLLM: keep the k most likely tokens (0 or −1 = off).
+    pub top_k: Option<i64>,
+    /// vLLM: drop tokens below this fraction of the most likely one's probability.
+    pub min_p: Option<f32>,
+    /// Choices per prompt; default 1.
+    pub n: Option<usize>,
+    /// Stop strings (not included in the text).
+    pub stop: Option<Stop>,
+    /// Makes the answer reproducible: the request is sampled in a batch of its own, seeded.
+    pub seed: Option<i64>,
+    /// vLLM: also return each choice's token ids (and the prompt's).
+    #[serde(default)]
+    pub return_token_ids: bool,
+    /// Must be false or absent.
+    #[serde(default)]
+    pub stream: bool,
+    /// Must be 0 or absent.
+    pub presence_penalty: Option<f32>,
+    /// Must be 0 or absent.
+    pub frequency_penalty: Option<f32>,
+    /// Must be absent or empty.
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Accepted, unused (labels the request).
+    pub user: Option<String>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The base model's name or a loaded adapter's.
+    pub model: String,
+    /// The prompt(s).
+    pub prompt: Prompt,
+    /// New tokens at most; default 16 (OpenAI's).
+    pub max_tokens: Option<usize>,
+    /// Log-probs of the sampled tokens when set (0 or 1; top alternatives are not returned).
+    pub logprobs: Option<u32>,
+    /// Must be false or absent.
+    #[serde(default)]
+    pub echo: bool,
+    /// Must be absent or equal to n.
+    pub best_of: Option<usize>,
+    /// Must be absent.
+    pub suffix: Option<String>,
+    /// The sampling fields.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// One chat message; `content` is text or a list of `{"type": "text", "text": …}` parts.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` (or `developer`, read as `system`).
+    pub role: String,
+    /// The text.
+    pub content: Option<Content>,
+}
+
+/// Message content.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts (text only).
+    Parts(Vec<serde_json::Value>),
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The base model's name or a loaded adapter's.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+    /// New tokens at most (default: the rest of the context).
+    pub max_tokens: Option<usize>,
+    /// The newer name of `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+    /// Return the sampled tokens' log-probs.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// Must be 0 or absent (top alternatives are not returned).
+    pub top_logprobs: Option<u32>,
+    /// Must be absent or empty.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Must be absent or `{"type": "text"}`.
+    pub response_format: Option<serde_json::Value>,
+    /// The sampling fields.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// vLLM's `POST /v1/load_lora_adapter`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LoadLora {
+    /// The name requests select it by (`model`).
+    pub lora_name: String,
+    /// A PEFT directory (`adapter_config.json` + `adapter_model.safetensors`).
+    pub lora_path: String,
+    /// Replace an adapter already loaded under this name (vLLM's `load_inplace`).
+    #[serde(default)]
+    pub load_inplace: bool,
+}
+
+/// vLLM's `POST /v1/unload_lora_adapter`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct UnloadLora {
+    /// The adapter's name.
+    pub lora_name: String,
+}
+
+/// The checked sampling settings of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// Temperature (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Top-k (0 = off).
+    pub top_k: usize,
+    /// Min-p (0 = off).
+    pub min_p: f32,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Seed, when the request gives one.
+    pub seed: Option<u64>,
+}
+
+/// The most choices one request may ask for per prompt.
+pub const MAX_N: usize = 128;
+
+impl Sampling {
+    /// Checks the fields, refusing what the server does not implement.
+    pub fn params(&self) -> Result<Params, ApiError> {
+        if self.stream {
+            return Err(ApiError::bad(
+                "stream",
+                "streaming is not supported by ember serve; send stream=false",
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if v.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::bad(
+                    name,
+                    format!("{name} is not supported (0 only)"),
+                ));
+            }
+        }
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::bad("logit_bias", "logit_bias is not supported"));
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::bad(
+                "temperature",
+                format!("temperature {temperature} must be in [0, 2]"),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::bad(
+                "top_p",
+                format!("top_p {top_p} must be in (0, 1]"),
+            ));
+        }
+        let top_k = match self.top_k.unwrap_or(0) {
+            -1 | 0 => 0,
+            k if k > 0 => k as usize,
+            k => return Err(ApiError::bad("top_k", format!("top_k {k} must be >= -1"))),
+        };
+        let min_p = self.min_p.unwrap_or(0.0);
+        if !(0.0..1.0).contains(&min_p) {
+            return Err(ApiError::bad(
+                "min_p",
+                format!("min_p {min_p} must be in [0, 1)"),
+            ));
+        }
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(ApiError::bad("n", format!("n {n} must be in 1..={MAX_N}")));
+        }
+        Ok(Params {
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            n,
+            // Any i64 is a seed; its bits are the RNG's.
+            seed: self.seed.map(|s| s as u64),
+        })
+    }
+}
+
+impl ChatMessage {
+    /// The message's text (text parts joined), checked.
+    pub fn text(&self, i: usize) -> Result<String, ApiError> {
+        let param = format!("messages[{i}].content");
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(t)) => Ok(t.clone()),
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(|t| t.as_str()), p.get("text")) {
+                        (Some("text"), Some(serde_json::Value::String(t))) => out.push_str(t),
+                        _ => {
+                            return Err(ApiError::bad(
+                                &param,
+                                "only text content parts ({\"type\": \"text\", \"text\": …}) are \
+                                 supported",
+                            ));
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// `usage` of a response.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    /// Prompt tokens (each prompt counted once).
+    pub prompt_tokens: usize,
+    /// Generated tokens over all choices.
+    pub completion_tokens: usize,
+    /// The sum.
+    pub total_tokens: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampling(v: serde_json::Value) -> Sampling {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_implement() {
+        for (v, param) in [
+            (serde_json::json!({"stream": true}), "stream"),
+            (
+                serde_json::json!({"presence_penalty": 0.5}),
+                "presence_penalty",
+            ),
+            (serde_json::json!({"temperature": 2.5}), "temperature"),
+            (serde_json::json!({"top_p": 0}), "top_p"),
+            (serde_json::json!({"n": 0}), "n"),
+            (serde_json::json!({"n": 1000}), "n"),
+            (serde_json::json!({"top_k": -2}), "top_k"),
+            (serde_json::json!({"logit_bias": {"5": 1}}), "logit_bias"),
+        ] {
+            let e = sampling(v).params().unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param));
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        }
+        let p = sampling(serde_json::json!({"top_k": -1, "seed": -3, "n": 4}))
+            .params()
+            .unwrap();
+        assert_eq!((p.top_k, p.n, p.seed), (0, 4, Some((-3i64) as u64)));
+        assert!(Stop::strings(Some(Stop::Many(vec!["a".into(); 5]))).is_err());
+        assert!(Stop::strings(Some(Stop::One(String::new()))).is_err());
+    }
+}

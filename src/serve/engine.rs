@@ -1,0 +1,353 @@
+//! The generation engine of `ember serve`: one thread that owns the model and its LoRA adapters
+//! and answers queued requests in batches.
+//!
+//! Requests waiting in the queue when the engine is free are taken together (up to `max_rows`
+//! sampled rows) and grouped by what one call of the KV-cache sampler can share: the model (base
+//! or adapter), the sampling settings and `n`. Each group runs as one batched
+//! [`ember_llm::generate`] call to the largest `max_tokens` of its requests; each request's
+//! choices are then cut to its own `max_tokens`. A request with a `seed` runs in a batch of its
+//! own, so its answer does not depend on what else was queued. Adapter loads and unloads are
+//! queued too, and take effect between batches, in arrival order.
+
+use super::api::{ApiError, LoadLora, Params};
+use axum::http::StatusCode;
+use burn::tensor::Device;
+use ember_engine::SplitMix64;
+use ember_llm::{Llama, SamplingConfig, generate, load_peft};
+use std::collections::{BTreeMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use tokio::sync::{mpsc, oneshot};
+
+/// One generated choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// Index of its prompt in the request.
+    pub prompt: usize,
+    /// Generated token ids (the end-of-sequence token included when one ended it).
+    pub tokens: Vec<u32>,
+    /// Log-prob of each token under the temperature-scaled distribution (before top-k/top-p),
+    /// as the sampler drew it (temperature 0: the model's own distribution).
+    pub log_probs: Vec<f32>,
+    /// Ended by an end-of-sequence token (else by `max_tokens`).
+    pub eos: bool,
+}
+
+/// A generation request, checked by the HTTP side.
+#[derive(Debug)]
+pub struct Job {
+    /// The base model's name or an adapter's.
+    pub model: String,
+    /// Prompts as token ids (each non-empty, within the vocabulary and the context).
+    pub prompts: Vec<Vec<u32>>,
+    /// Sampling settings.
+    pub params: Params,
+    /// New tokens at most.
+    pub max_tokens: usize,
+    /// Where the answer goes: `n` choices per prompt, prompt-major.
+    pub reply: oneshot::Sender<Result<Vec<Choice>, ApiError>>,
+}
+
+impl Job {
+    fn rows(&self) -> usize {
+        self.prompts.len() * self.params.n
+    }
+}
+
+/// What the queue carries.
+#[derive(Debug)]
+pub enum Msg {
+    /// Generate.
+    Generate(Job),
+    /// Load a PEFT adapter under a name.
+    Load(LoadLora, oneshot::Sender<Result<(), ApiError>>),
+    /// Unload an adapter.
+    Unload(String, oneshot::Sender<Result<(), ApiError>>),
+}
+
+/// The names requests may use: the base model first, then the adapters (shared with the HTTP
+/// side, which answers 404 for other names and lists these in `/v1/models`).
+pub type Names = Arc<RwLock<Vec<String>>>;
+
+/// The engine's state (lives on its thread).
+pub struct Engine {
+    base_name: String,
+    base: Llama,
+    adapters: BTreeMap<String, Llama>,
+    names: Names,
+    stop_tokens: Vec<u32>,
+    device: Device,
+    max_rows: usize,
+    rng: SplitMix64,
+}
+
+impl Engine {
+    /// An engine over `base` (served as `base_name`), stopping on `stop_tokens`, batching up to
+    /// `max_rows` sampled rows per call.
+    pub fn new(
+        base_name: String,
+        base: Llama,
+        stop_tokens: Vec<u32>,
+        device: Device,
+        max_rows: usize,
+        names: Names,
+    ) -> Self {
+        if let Ok(mut n) = names.write() {
+            *n = vec![base_name.clone()];
+        }
+        Self {
+            base_name,
+            base,
+            adapters: BTreeMap::new(),
+            names,
+            stop_tokens,
+            device,
+            max_rows: max_rows.max(1),
+            rng: SplitMix64(0x5e7e_d5ee_d000_0001),
+        }
+    }
+
+    fn publish_names(&self) {
+        if let Ok(mut n) = self.names.write() {
+            *n = std::iter::once(self.base_name.clone())
+                .chain(self.adapters.keys().cloned())
+                .collect();
+        }
+    }
+
+    /// Loads a PEFT adapter directory under `name` (the checks of vLLM's endpoint: a name not
+    /// the base model's, not already loaded unless `load_inplace`).
+    pub fn load(&mut self, req: &LoadLora) -> Result<(), ApiError> {
+        let name = req.lora_name.trim();
+        if name.is_empty() || name == self.base_name {
+            return Err(ApiError::bad(
+                "lora_name",
+                format!("lora_name `{name}` must be non-empty and not the base model's name"),
+            ));
+        }
+        if self.adapters.contains_key(name) && !req.load_inplace {
+            return Err(ApiError::bad(
+                "lora_name",
+                format!(
+                    "the LoRA adapter `{name}` has already been loaded (unload it first, or \
+                     send load_inplace = true)"
+                ),
+            ));
+        }
+        let path = Path::new(&req.lora_path);
+        if !path.join("adapter_config.json").is_file() {
+            return Err(ApiError::bad(
+                "lora_path",
+                format!(
+                    "{} is not a PEFT adapter directory (no adapter_config.json)",
+                    req.lora_path
+                ),
+            ));
+        }
+        let loaded = catch_unwind(AssertUnwindSafe(|| {
+            load_peft(self.base.clone(), path, &self.device)
+        }));
+        match loaded {
+            Ok(Ok((model, _))) => {
+                self.adapters.insert(name.to_string(), model);
+                self.publish_names();
+                log::info!("loaded LoRA adapter `{name}` from {}", req.lora_path);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(ApiError::bad(
+                "lora_path",
+                format!("loading {}: {e}", req.lora_path),
+            )),
+            Err(_) => Err(ApiError::bad(
+                "lora_path",
+                format!("loading {} failed (the loader panicked)", req.lora_path),
+            )),
+        }
+    }
+
+    /// Unloads the adapter `name`.
+    pub fn unload(&mut self, name: &str) -> Result<(), ApiError> {
+        if self.adapters.remove(name).is_none() {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("no LoRA adapter named `{name}` is loaded"),
+                kind: "not_found_error",
+                param: Some("lora_name".into()),
+            });
+        }
+        self.publish_names();
+        log::info!("unloaded LoRA adapter `{name}`");
+        Ok(())
+    }
+
+    /// Serves the queue until every sender is gone (the server shut down) and the queue is
+    /// empty.
+    pub fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        let mut pending: VecDeque<Msg> = VecDeque::new();
+        loop {
+            if pending.is_empty() {
+                match rx.blocking_recv() {
+                    Some(m) => pending.push_back(m),
+                    None => return,
+                }
+            }
+            // Whatever else is waiting joins this round.
+            while let Ok(m) = rx.try_recv() {
+                pending.push_back(m);
+            }
+            // The generation requests before the first control message, up to `max_rows` rows
+            // (at least one request), make this round; a control message runs after them.
+            let mut jobs = Vec::new();
+            let mut rows = 0;
+            while let Some(m) = pending.pop_front() {
+                match m {
+                    Msg::Generate(j) => {
+                        if !jobs.is_empty() && rows + j.rows() > self.max_rows {
+                            pending.push_front(Msg::Generate(j));
+                            break;
+                        }
+                        rows += j.rows();
+                        jobs.push(j);
+                    }
+                    control if jobs.is_empty() => {
+                        self.control(control);
+                    }
+                    control => {
+                        pending.push_front(control);
+                        break;
+                    }
+                }
+            }
+            self.answer(jobs);
+        }
+    }
+
+    fn control(&mut self, m: Msg) {
+        match m {
+            Msg::Load(req, reply) => {
+                let _ = reply.send(self.load(&req));
+            }
+            Msg::Unload(name, reply) => {
+                let _ = reply.send(self.unload(&name));
+            }
+            Msg::Generate(_) => {}
+        }
+    }
+
+    /// Groups `jobs` into sampler calls and answers each.
+    fn answer(&mut self, jobs: Vec<Job>) {
+        // (model, settings, n, seed or a unique index for seeded requests) → jobs
+        let mut groups: Vec<(String, Vec<Job>)> = Vec::new();
+        for (i, j) in jobs.into_iter().enumerate() {
+            let p = &j.params;
+            let key = format!(
+                "{}|{:08x}|{:08x}|{}|{:08x}|{}|{}",
+                j.model,
+                p.temperature.to_bits(),
+                p.top_p.to_bits(),
+                p.top_k,
+                p.min_p.to_bits(),
+                p.n,
+                match p.seed {
+                    Some(s) => format!("seed{s}#{i}"),
+                    None => "-".into(),
+                }
+            );
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(j),
+                None => groups.push((key, vec![j])),
+            }
+        }
+        for (_, group) in groups {
+            self.run_group(group);
+        }
+    }
+
+    fn run_group(&mut self, group: Vec<Job>) {
+        let first = &group[0];
+        let model = if first.model == self.base_name {
+            Some(&self.base)
+        } else {
+            self.adapters.get(&first.model)
+        };
+        let Some(model) = model else {
+            // Unloaded while the request waited.
+            let served = self.names.read().map(|n| n.clone()).unwrap_or_default();
+            for j in group {
+                let _ = j.reply.send(Err(ApiError::no_model(&j.model, &served)));
+            }
+            return;
+        };
+        let p = first.params.clone();
+        let seed = p.seed.unwrap_or_else(|| self.rng.next_u64());
+        let cfg = SamplingConfig {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            max_new_tokens: group.iter().map(|j| j.max_tokens).max().unwrap_or(1),
+            stop_tokens: self.stop_tokens.clone(),
+            n: p.n,
+            seed,
+            ..SamplingConfig::default()
+        };
+        let prompts: Vec<Vec<u32>> = group.iter().flat_map(|j| j.prompts.clone()).collect();
+        let device = self.device.clone();
+        let out = catch_unwind(AssertUnwindSafe(|| {
+            let g = generate(model, &prompts, &cfg, &device)?;
+            let ids = g.response_ids();
+            let lps = g.log_probs.clone().try_into_vec_as::<f32>().map_err(|e| {
+                ember_llm::LlmError::Input(format!("reading log-probs back: {e:?}"))
+            })?;
+            Ok::<_, ember_llm::LlmError>((ids, lps, g.log_probs.dims()[1]))
+        }));
+        let (ids, lps, width) = match out {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                for j in group {
+                    let _ = j.reply.send(Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        format!("generation failed: {e}"),
+                    )));
+                }
+                return;
+            }
+            Err(_) => {
+                log::error!("generation panicked; the server goes on");
+                for j in group {
+                    let _ = j.reply.send(Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "generation failed (a panic in the sampler; the server goes on)",
+                    )));
+                }
+                return;
+            }
+        };
+        let mut row = 0;
+        for j in group {
+            let mut choices = Vec::with_capacity(j.rows());
+            for prompt in 0..j.prompts.len() {
+                for _ in 0..p.n {
+                    let all = &ids[row];
+                    let keep = all.len().min(j.max_tokens);
+                    let tokens = all[..keep].to_vec();
+                    let eos = tokens
+                        .last()
+                        .is_some_and(|t| self.stop_tokens.contains(t) && keep == all.len());
+                    let log_probs = lps[row * width..row * width + keep].to_vec();
+                    choices.push(Choice {
+                        prompt,
+                        tokens,
+                        log_probs,
+                        eos,
+                    });
+                    row += 1;
+                }
+            }
+            let _ = j.reply.send(Ok(choices));
+        }
+    }
+}

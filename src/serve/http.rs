@@ -1,0 +1,564 @@
+//! The routes of `ember serve` and the text side of each request: the chat template, token ids
+//! in, text, stop strings and log-probs out.
+
+use super::ModelInfo;
+use super::api::{
+    ApiError, ChatRequest, CompletionRequest, LoadLora, Params, Prompt, Stop, UnloadLora, Usage,
+};
+use super::engine::{Choice, Job, Msg, Names};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use ember_llm::{Message, Tokenizer};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+
+/// What every handler shares.
+pub struct AppState {
+    /// The model.
+    pub info: ModelInfo,
+    tok: Arc<Tokenizer>,
+    names: Names,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    max_rows: usize,
+    closing: AtomicBool,
+    ids: AtomicU64,
+    created: u64,
+}
+
+impl AppState {
+    /// The state of a server over `info`.
+    pub fn new(
+        info: ModelInfo,
+        tok: Arc<Tokenizer>,
+        names: Names,
+        tx: mpsc::Sender<Msg>,
+        max_rows: usize,
+    ) -> Self {
+        Self {
+            info,
+            tok,
+            names,
+            tx: Mutex::new(Some(tx)),
+            max_rows,
+            closing: AtomicBool::new(false),
+            ids: AtomicU64::new(0),
+            created: now(),
+        }
+    }
+
+    /// New requests get 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Drops the queue's sender, so the engine ends once it has answered what is queued.
+    pub fn close_queue(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            *tx = None;
+        }
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<Msg>, ApiError> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(shutting_down());
+        }
+        self.tx
+            .lock()
+            .ok()
+            .and_then(|t| t.clone())
+            .ok_or_else(shutting_down)
+    }
+
+    fn served(&self) -> Vec<String> {
+        self.names.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    fn next_id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}-{:x}{:06x}",
+            self.created,
+            self.ids.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// 503 while the server shuts down.
+pub fn shutting_down() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "the server is shutting down",
+    )
+}
+
+/// The routes, with request bodies capped at `max_body` bytes.
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/load_lora_adapter", post(load_lora))
+        .route("/v1/unload_lora_adapter", post(unload_lora))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method not allowed on this route",
+            )
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// The JSON body as `T`, or the error a client can act on (413 past the limit, 400 naming
+/// the JSON problem).
+fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        let status = e.status();
+        ApiError::new(
+            status,
+            "invalid_request_error",
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the request body is too large: {}", e.body_text())
+            } else {
+                format!("reading the request body: {}", e.body_text())
+            },
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("the request body is not a valid request: {e}"),
+        )
+    })
+}
+
+fn reply(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let base = st.info.base_name.clone();
+    let data: Vec<Value> = st
+        .served()
+        .into_iter()
+        .map(|id| {
+            let adapter = id != base;
+            json!({
+                "id": id,
+                "object": "model",
+                "created": st.created,
+                "owned_by": "ember",
+                "root": if adapter { Value::Null } else { base.clone().into() },
+                "parent": if adapter { base.clone().into() } else { Value::Null },
+                "max_model_len": st.info.context,
+            })
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn load_lora(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = async {
+        let req: LoadLora = parse(body)?;
+        let name = req.lora_name.clone();
+        let tx = st.sender()?;
+        super::control(&tx, |r| Msg::Load(req, r)).await?;
+        Ok::<_, ApiError>(format!(
+            "Success: LoRA adapter '{name}' added successfully."
+        ))
+    };
+    match run.await {
+        Ok(text) => (StatusCode::OK, text).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn unload_lora(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = async {
+        let req: UnloadLora = parse(body)?;
+        let name = req.lora_name.clone();
+        let tx = st.sender()?;
+        super::control(&tx, |r| Msg::Unload(req.lora_name, r)).await?;
+        Ok::<_, ApiError>(format!(
+            "Success: LoRA adapter '{name}' removed successfully."
+        ))
+    };
+    match run.await {
+        Ok(text) => (StatusCode::OK, text).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Queues a job and waits for its choices (429 when the queue is full).
+async fn submit(
+    st: &AppState,
+    model: &str,
+    prompts: Vec<Vec<u32>>,
+    params: Params,
+    max_tokens: usize,
+) -> Result<Vec<Choice>, ApiError> {
+    if !st.served().iter().any(|n| n == model) {
+        return Err(ApiError::no_model(model, &st.served()));
+    }
+    let rows = prompts.len() * params.n;
+    if rows > st.max_rows {
+        return Err(ApiError::bad(
+            "n",
+            format!(
+                "prompts × n = {rows} exceeds the server's --max-batch of {} rows",
+                st.max_rows
+            ),
+        ));
+    }
+    let (reply, rx) = oneshot::channel();
+    let job = Job {
+        model: model.to_string(),
+        prompts,
+        params,
+        max_tokens,
+        reply,
+    };
+    match st.sender()?.try_send(Msg::Generate(job)) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "the server's queue is full; retry later",
+            ));
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => return Err(shutting_down()),
+    }
+    rx.await.map_err(|_| shutting_down())?
+}
+
+/// Checks prompt ids and fixes `max_tokens` (`default` when absent: a number, or the rest of
+/// the context).
+fn check_lengths(
+    st: &AppState,
+    prompts: &[Vec<u32>],
+    max_tokens: Option<usize>,
+    default: Option<usize>,
+) -> Result<usize, ApiError> {
+    let vocab = st.info.vocab;
+    let context = st.info.context;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::bad(
+            "prompt",
+            "every prompt must have at least one token",
+        ));
+    }
+    if let Some(t) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad(
+            "prompt",
+            format!("token id {t} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    if longest >= context {
+        return Err(ApiError::bad(
+            "messages",
+            format!("the prompt has {longest} tokens; this model's context is {context}"),
+        ));
+    }
+    let max = match max_tokens.or(default) {
+        Some(m) => m,
+        None => context - longest,
+    };
+    if max == 0 {
+        return Err(ApiError::bad("max_tokens", "max_tokens must be >= 1"));
+    }
+    if longest.checked_add(max).is_none_or(|n| n > context) {
+        return Err(ApiError::bad(
+            "max_tokens",
+            format!(
+                "this model's context is {context} tokens; the prompt has {longest} and \
+                 max_tokens is {max}"
+            ),
+        ));
+    }
+    Ok(max)
+}
+
+/// A choice's text, cut before the first stop string; and the number of its tokens kept (the
+/// shortest prefix whose text holds the stop string, or all).
+fn cut(tok: &Tokenizer, c: &Choice, stops: &[String]) -> Result<(String, usize, bool), ApiError> {
+    let decode = |ids: &[u32]| {
+        tok.decode(ids, true).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("decoding: {e}"),
+            )
+        })
+    };
+    let text = decode(&c.tokens)?;
+    let first = |t: &str| stops.iter().filter_map(|s| t.find(s.as_str())).min();
+    let Some(at) = first(&text) else {
+        return Ok((text, c.tokens.len(), false));
+    };
+    // The text of a longer prefix holds a stop string if a shorter one does: bisect.
+    let (mut lo, mut hi) = (0, c.tokens.len());
+    while lo + 1 < hi {
+        let mid = (lo + hi) / 2;
+        if first(&decode(&c.tokens[..mid])?).is_some() {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok((text[..at].to_string(), hi, true))
+}
+
+fn token_text(tok: &Tokenizer, id: u32, as_ids: bool) -> String {
+    if as_ids {
+        format!("token_id:{id}")
+    } else {
+        tok.decode(&[id], false).unwrap_or_default()
+    }
+}
+
+fn finish(eos: bool, stopped: bool) -> &'static str {
+    if eos || stopped { "stop" } else { "length" }
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    reply(completions_inner(&st, body).await)
+}
+
+async fn completions_inner(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Value, ApiError> {
+    let req: CompletionRequest = parse(body)?;
+    let params = req.sampling.params()?;
+    let stops = Stop::strings(req.sampling.stop.clone())?;
+    if req.echo {
+        return Err(ApiError::bad("echo", "echo is not supported"));
+    }
+    if req.suffix.is_some() {
+        return Err(ApiError::bad("suffix", "suffix is not supported"));
+    }
+    if req.best_of.is_some_and(|b| b != params.n) {
+        return Err(ApiError::bad(
+            "best_of",
+            "best_of other than n is not supported",
+        ));
+    }
+    if req.logprobs.is_some_and(|k| k > 1) {
+        return Err(ApiError::bad(
+            "logprobs",
+            "only the sampled tokens' log-probs are returned: logprobs must be 0 or 1",
+        ));
+    }
+    let tok = &st.tok;
+    let encode = |t: &str| {
+        tok.encode(t)
+            .map_err(|e| ApiError::bad("prompt", format!("tokenizing: {e}")))
+    };
+    let prompts: Vec<Vec<u32>> = match &req.prompt {
+        Prompt::Text(t) => vec![encode(t)?],
+        Prompt::Texts(v) => v.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
+        Prompt::Ids(ids) => vec![ids.clone()],
+        Prompt::IdLists(v) => v.clone(),
+    };
+    let max_tokens = check_lengths(st, &prompts, req.max_tokens, Some(16))?;
+    let as_ids = req.sampling.return_token_ids;
+    let n = params.n;
+    let choices = submit(st, &req.model, prompts.clone(), params, max_tokens).await?;
+    let mut out = Vec::with_capacity(choices.len());
+    let mut completion_tokens = 0;
+    for (i, c) in choices.iter().enumerate() {
+        let (text, keep, stopped) = cut(tok, c, &stops)?;
+        completion_tokens += keep;
+        let logprobs = req.logprobs.map(|_| {
+            let tokens: Vec<String> = c.tokens[..keep]
+                .iter()
+                .map(|&t| token_text(tok, t, false))
+                .collect();
+            let mut offset = 0;
+            let offsets: Vec<usize> = tokens
+                .iter()
+                .map(|t| {
+                    let o = offset;
+                    offset += t.len();
+                    o
+                })
+                .collect();
+            json!({
+                "tokens": tokens,
+                "token_logprobs": &c.log_probs[..keep],
+                "top_logprobs": Value::Null,
+                "text_offset": offsets,
+            })
+        });
+        let mut choice = json!({
+            "index": i,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish(c.eos && !stopped, stopped),
+        });
+        if as_ids {
+            choice["token_ids"] = json!(&c.tokens[..keep]);
+            choice["prompt_token_ids"] = json!(&prompts[i / n]);
+        }
+        out.push(choice);
+    }
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    Ok(json!({
+        "id": st.next_id("cmpl"),
+        "object": "text_completion",
+        "created": now(),
+        "model": req.model,
+        "choices": out,
+        "usage": Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        },
+    }))
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    reply(chat_inner(&st, body).await)
+}
+
+async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let req: ChatRequest = parse(body)?;
+    let params = req.sampling.params()?;
+    let stops = Stop::strings(req.sampling.stop.clone())?;
+    if req.top_logprobs.is_some_and(|k| k > 0) {
+        return Err(ApiError::bad(
+            "top_logprobs",
+            "top alternatives are not returned: top_logprobs must be 0 (logprobs = true gives \
+             the sampled tokens' log-probs)",
+        ));
+    }
+    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::bad("tools", "tools are not supported"));
+    }
+    if let Some(f) = &req.response_format
+        && f.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return Err(ApiError::bad(
+            "response_format",
+            "only response_format {\"type\": \"text\"} is supported",
+        ));
+    }
+    if req.messages.is_empty() {
+        return Err(ApiError::bad("messages", "messages must not be empty"));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant") => r,
+            r => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!("role `{r}`: expected system, developer, user or assistant"),
+                ));
+            }
+        };
+        messages.push(Message::new(role, &m.text(i)?));
+    }
+    let tok = &st.tok;
+    let text = tok
+        .apply_chat_template(&messages, true)
+        .map_err(|e| ApiError::bad("messages", format!("the chat template: {e}")))?;
+    let prompt = tok
+        .encode(&text)
+        .map_err(|e| ApiError::bad("messages", format!("tokenizing: {e}")))?;
+    let prompts = vec![prompt];
+    let max_tokens = check_lengths(
+        st,
+        &prompts,
+        req.max_completion_tokens.or(req.max_tokens),
+        None,
+    )?;
+    let as_ids = req.sampling.return_token_ids;
+    let choices = submit(st, &req.model, prompts.clone(), params, max_tokens).await?;
+    let mut out = Vec::with_capacity(choices.len());
+    let mut completion_tokens = 0;
+    for (i, c) in choices.iter().enumerate() {
+        let (text, keep, stopped) = cut(tok, c, &stops)?;
+        completion_tokens += keep;
+        let logprobs = req.logprobs.then(|| {
+            let content: Vec<Value> = c.tokens[..keep]
+                .iter()
+                .zip(&c.log_probs[..keep])
+                .map(|(&t, &lp)| {
+                    let piece = token_text(tok, t, false);
+                    json!({
+                        "token": token_text(tok, t, as_ids),
+                        "logprob": lp,
+                        "bytes": piece.as_bytes(),
+                        "top_logprobs": [],
+                    })
+                })
+                .collect();
+            json!({ "content": content })
+        });
+        let mut choice = json!({
+            "index": i,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
+            "finish_reason": finish(c.eos && !stopped, stopped),
+        });
+        if as_ids {
+            choice["token_ids"] = json!(&c.tokens[..keep]);
+        }
+        out.push(choice);
+    }
+    let prompt_tokens = prompts[0].len();
+    let mut v = json!({
+        "id": st.next_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": now(),
+        "model": req.model,
+        "choices": out,
+        "usage": Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        },
+    });
+    if as_ids {
+        v["prompt_token_ids"] = json!(&prompts[0]);
+    }
+    Ok(v)
+}

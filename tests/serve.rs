@@ -1,0 +1,215 @@
+//! `ember serve` on the real SmolLM2 GGUF: the PyPI `openai` client against it
+//! (`tests/serve_openai_client.py`: chat and completions, n > 1, seeds, log-probs, stop strings,
+//! a LoRA adapter loaded and unloaded at run time, 4xx JSON errors, concurrent requests), the
+//! bounded queue's 429, and graceful shutdown on SIGTERM with a request in flight.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `ember serve` and its port.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["serve", "--model"])
+            .arg(model)
+            .args([
+                "--served-model-name",
+                "smol",
+                "--port",
+                "0",
+                "--device",
+                "cpu",
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 POST with a JSON body; the status and body.
+fn post(port: u16, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// A PEFT adapter for SmolLM2 (rank 4 on q and v) whose B factors are random, so that it
+/// changes the model's answers.
+fn random_adapter(model: &Path, dir: &Path) {
+    let device = burn::tensor::Device::flex();
+    let loaded = ember_llm::load(model, &device).unwrap();
+    let settings = ember_llm::LoraSettings {
+        rank: 4,
+        alpha: 8.0,
+        targets: vec!["q_proj".into(), "v_proj".into()],
+    };
+    let m = ember_llm::apply_lora(loaded.model, &settings).unwrap();
+    ember_llm::save_peft(&m, &settings, "smol", dir).unwrap();
+    let file = dir.join("adapter_model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut seed = 12345u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4
+    };
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        assert_eq!(view.dtype(), safetensors::Dtype::F32);
+        let data = if name.contains("lora_B") {
+            let n: usize = view.shape().iter().product();
+            (0..n).flat_map(|_| next().to_le_bytes()).collect()
+        } else {
+            view.data().to_vec()
+        };
+        tensors.push((name, view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &file).unwrap();
+}
+
+fn temp(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ember-serve-{tag}-{}", std::process::id()))
+}
+
+#[test]
+fn openai_client_against_ember_serve() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let Some(python) = common::assets::cached("py/bin/python") else {
+        return;
+    };
+    let adapter = temp("adapter");
+    random_adapter(&model, &adapter);
+    let server = Server::start(
+        &model,
+        &["--max-batch", "48", "--max-body-bytes", "1000000"],
+    );
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai_client.py");
+    let o = Command::new(python)
+        .arg(script)
+        .args([&base, "smol"])
+        .arg(&adapter)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let found: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(found["concurrent"], 12);
+    eprintln!("{found}");
+    std::fs::remove_dir_all(&adapter).ok();
+}
+
+/// A full queue answers 429 with an OpenAI error body; the requests it took are answered.
+#[test]
+fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let server = Server::start(&model, &["--max-queue", "1", "--max-batch", "1"]);
+    let port = server.port;
+    let body =
+        r#"{"model": "smol", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}"#;
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| post(port, "/v1/completions", body)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = answers.iter().filter(|(c, _)| *c == 200).count();
+    let busy: Vec<&String> = answers
+        .iter()
+        .filter(|(c, _)| *c == 429)
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(ok + busy.len(), 8, "{answers:?}");
+    assert!(ok >= 1 && !busy.is_empty(), "ok {ok}, 429 {}", busy.len());
+    let e: serde_json::Value = serde_json::from_str(busy[0]).unwrap();
+    assert_eq!(e["error"]["type"], "rate_limit_error");
+
+    // SIGTERM while a request is generating: it is answered, then the server exits 0 and
+    // refuses new connections.
+    let mut server = server;
+    let answer = std::thread::scope(|s| {
+        let h = s.spawn(|| post(port, "/v1/completions", body));
+        std::thread::sleep(Duration::from_millis(300));
+        server.signal("-TERM");
+        h.join().unwrap()
+    });
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let v: serde_json::Value = serde_json::from_str(&answer.1).unwrap();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}

@@ -1,0 +1,137 @@
+"""The PyPI `openai` client, unmodified, against `ember serve` (run by tests/serve.rs).
+
+Usage: python tests/serve_openai_client.py BASE_URL MODEL ADAPTER_DIR
+Prints one JSON line of findings; exits non-zero (with the failed check) when a check fails.
+"""
+
+import concurrent.futures
+import json
+import sys
+import urllib.error
+import urllib.request
+
+import openai
+
+base_url, model, adapter_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+found = {}
+
+
+class Reply:
+    """Status and body of a plain POST (vLLM's adapter endpoints have no client method)."""
+
+    def __init__(self, status_code, text):
+        self.status_code, self.text = status_code, text
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def post(path, body):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(base_url + path, data=data,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return Reply(r.status, r.read().decode())
+    except urllib.error.HTTPError as e:
+        return Reply(e.code, e.read().decode())
+
+
+# The model list.
+ids = [m.id for m in client.models.list().data]
+assert ids == [model], ids
+
+# Chat, greedy, with the sampled tokens' log-probs.
+messages = [{"role": "user", "content": "What is 2+3? Answer with the number."}]
+chat = client.chat.completions.create(
+    model=model, messages=messages, temperature=0, max_tokens=24, logprobs=True
+)
+c = chat.choices[0]
+assert c.message.role == "assistant" and c.message.content, chat
+assert c.finish_reason in ("stop", "length"), c.finish_reason
+lps = [t.logprob for t in c.logprobs.content]
+assert len(lps) == chat.usage.completion_tokens > 0, (len(lps), chat.usage)
+assert all(lp <= 0.0 for lp in lps), lps
+assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+found["chat"] = c.message.content
+found["chat_logprob_sum"] = sum(lps)
+
+# Completion, greedy: the model continues a count.
+comp = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=6, temperature=0,
+                                 logprobs=1)
+text = comp.choices[0].text
+assert text.startswith(" 4"), text
+assert len(comp.choices[0].logprobs.token_logprobs) == comp.usage.completion_tokens
+found["completion"] = text
+
+# n > 1 with a seed: n choices, and the same seed gives the same choices.
+def sample(seed):
+    r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12,
+                                  temperature=1.0, n=3, seed=seed)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    return [ch.text for ch in r.choices]
+
+a, b = sample(7), sample(7)
+assert a == b, (a, b)
+assert len(set(a)) > 1, a
+found["n3_distinct"] = len(set(a))
+
+# Stop strings are cut from the text.
+r = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=12, temperature=0,
+                              stop=[", 6"])
+assert r.choices[0].finish_reason == "stop" and ", 6" not in r.choices[0].text, r.choices[0]
+
+# A LoRA adapter loaded at run time (vLLM's endpoint) is listed, selected by name, and changes
+# the greedy answer; unloaded, it is gone.
+h = post("/v1/load_lora_adapter", {"lora_name": "tuned", "lora_path": adapter_dir})
+assert h.status_code == 200, h.text
+assert [m.id for m in client.models.list().data] == [model, "tuned"]
+tuned = client.chat.completions.create(model="tuned", messages=messages, temperature=0,
+                                       max_tokens=24)
+assert tuned.choices[0].message.content != c.message.content, tuned
+found["tuned"] = tuned.choices[0].message.content
+h = post("/v1/load_lora_adapter", {"lora_name": "tuned", "lora_path": adapter_dir})
+assert h.status_code == 400 and "already been loaded" in h.json()["error"]["message"], h.text
+h = post("/v1/unload_lora_adapter", {"lora_name": "tuned"})
+assert h.status_code == 200, h.text
+h = post("/v1/unload_lora_adapter", {"lora_name": "tuned"})
+assert h.status_code == 404, h.text
+
+# Errors: the client raises the right class, with the server's JSON message.
+def error_of(f):
+    try:
+        f()
+    except openai.APIStatusError as e:
+        return e.status_code, e.body
+    raise AssertionError("no error")
+
+status, body = error_of(lambda: client.chat.completions.create(
+    model="tuned", messages=messages, max_tokens=4))
+assert status == 404 and "does not exist" in body["message"], (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt="x", max_tokens=4, temperature=5))
+assert status == 400 and body["param"] == "temperature", (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt="x", max_tokens=100000))
+assert status == 400 and body["param"] == "max_tokens", (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt="x " * 3_000_000, max_tokens=4))
+assert status == 413, (status, body)
+h = post("/v1/chat/completions", b"{not json")
+assert h.status_code == 400 and "error" in h.json(), h.text
+found["errors"] = "ok"
+
+# Concurrent requests are all answered (and batched together by the engine).
+def one(i):
+    r = client.completions.create(model=model, prompt=f"{i} + {i} =", max_tokens=8,
+                                  temperature=0)
+    return r.choices[0].text
+
+with concurrent.futures.ThreadPoolExecutor(12) as pool:
+    answers = list(pool.map(one, range(12)))
+assert len(answers) == 12 and all(isinstance(t, str) and t for t in answers), answers
+# Greedy answers do not depend on what they were batched with.
+assert answers[3] == one(3), (answers[3], one(3))
+found["concurrent"] = len(answers)
+print(json.dumps(found))

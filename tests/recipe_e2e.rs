@@ -283,3 +283,56 @@ fn lora_targets_plop_or_names() {
         assert!(e.contains(needle), "{sets:?}: {e}");
     }
 }
+
+/// `rollout.backend = "openai"`: its settings resolve (the mismatch correction comes on by
+/// default, as with replay) and serialise back; the local backend's resolved recipe has none of
+/// its keys (so runs started before it resume unchanged); bad settings are named.
+#[test]
+fn openai_rollout_backend_settings() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("recipes/smollm2-lora-grpo.toml")).unwrap();
+    let ok: Vec<String> = [
+        "rollout.backend=\"openai\"",
+        "rollout.base_urls=[\"http://127.0.0.1:8000\", \"http://10.0.0.2:8000/\"]",
+        "rollout.model=\"smol\"",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let r = parse(&text, &ok).unwrap();
+    assert!(r.algorithm_parts().loss.mismatch.is_some());
+    assert_eq!(parse(&toml::to_string(&r).unwrap(), &[]).unwrap(), r);
+    let local = parse(&text, &[]).unwrap();
+    assert!(local.algorithm_parts().loss.mismatch.is_none());
+    let resolved = toml::to_string(&local).unwrap();
+    for k in ["backend", "base_urls", "request_retries"] {
+        assert!(!resolved.contains(k), "{k} in {resolved}");
+    }
+    for (extra, needle) in [
+        (vec!["rollout.base_urls=[]"], "needs rollout.base_urls"),
+        (
+            vec!["rollout.base_urls=[\"https://x:1\"]"],
+            "must be an http:// URL",
+        ),
+        (vec!["rollout.model=\"\""], "needs rollout.model"),
+        (vec!["rollout.request_retries=11"], "at most 10"),
+        (vec!["rollout.request_timeout_s=0"], "request_timeout_s"),
+        (vec!["algorithm=\"reinforce-ada\""], "Reinforce-Ada"),
+    ] {
+        let sets: Vec<String> = ok
+            .iter()
+            .cloned()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect();
+        let e = format!("{:#}", parse(&text, &sets).unwrap_err());
+        assert!(e.contains(needle), "{extra:?}: {e}");
+    }
+    let e = format!(
+        "{:#}",
+        parse(&text, &["rollout.model=\"smol\"".to_string()]).unwrap_err()
+    );
+    assert!(e.contains("apply to rollout.backend"), "{e}");
+    let tiny = std::fs::read_to_string(root.join("recipes/arithmetic-cpu.toml")).unwrap();
+    let e = format!("{:#}", parse(&tiny, &ok).unwrap_err());
+    assert!(e.contains("needs a [pretrained] model"), "{e}");
+}

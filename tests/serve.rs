@@ -1,7 +1,8 @@
 //! `ember serve` on the real SmolLM2 GGUF: the PyPI `openai` client against it
 //! (`tests/serve_openai_client.py`: chat and completions, n > 1, seeds, log-probs, stop strings,
 //! a LoRA adapter loaded and unloaded at run time, 4xx JSON errors, concurrent requests), the
-//! bounded queue's 429, and graceful shutdown on SIGTERM with a request in flight.
+//! bounded queue's 429, graceful shutdown on SIGTERM with a request in flight, and the
+//! `openai` rollout backend training against two servers.
 
 mod common;
 
@@ -212,4 +213,121 @@ fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
+/// The SmolLM2 LoRA recipe with `rollout.backend = "openai"` against two `ember serve`
+/// processes: it trains, the adapter of every step reaches both servers (the servers' log-probs
+/// equal the trainer's own to float noise: importance weights 1 ± 1e-3, so no stale weights
+/// answered), and the mismatch metrics are logged; with a server that does not answer the
+/// step fails naming it (after its retries); a server without the model is refused at the
+/// start, naming what it serves.
+#[test]
+fn openai_rollout_backend_trains_against_two_servers() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/smollm2-lora-grpo.toml");
+    let a = Server::start(&model, &[]);
+    let b = Server::start(&model, &[]);
+    let train = |out: &Path, urls: &[u16], model_name: &str, extra: &[&str]| {
+        let urls: Vec<String> = urls
+            .iter()
+            .map(|p| format!("\"http://127.0.0.1:{p}\""))
+            .collect();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+        c.arg("train")
+            .arg(&recipe)
+            .args(["--quiet", "--overwrite", "--out"])
+            .arg(out);
+        for s in [
+            "rollout.backend=\"openai\"".to_string(),
+            format!("rollout.base_urls=[{}]", urls.join(",")),
+            format!("rollout.model=\"{model_name}\""),
+            "rollout.prompts_per_step=4".into(),
+            "rollout.samples_per_prompt=2".into(),
+            "rollout.max_new_tokens=8".into(),
+            "task.eval_size=8".into(),
+            "train.steps=3".into(),
+            "train.eval_every=3".into(),
+            "train.checkpoint_every=1".into(),
+        ]
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        {
+            c.args(["--set", s]);
+        }
+        c.output().unwrap()
+    };
+    let out = temp("remote-run");
+    let o = train(&out, &[a.port, b.port], "smol", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4, "step 0 plus three steps");
+    for r in &rows[1..] {
+        let w = r["mismatch/is_weight_mean"].as_f64().unwrap();
+        let max = r["mismatch/is_ratio_max"].as_f64().unwrap();
+        assert!(
+            (w - 1.0).abs() < 1e-3 && max < 1.01,
+            "step {}: {w} {max}",
+            r["step"]
+        );
+        assert!(r["timing_s/sync"].as_f64().unwrap() > 0.0);
+    }
+    // The servers have the last pushed adapter and it is the only one.
+    let (code, body) = get(a.port, "/v1/models");
+    assert_eq!(code, 200);
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<&str> = served["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids[1].ends_with("-step2"), "{ids:?}");
+    // A server that does not answer (port 1): the first step fails naming it.
+    drop(b);
+    let o = train(
+        &out,
+        &[a.port, 1],
+        "smol",
+        &["rollout.request_retries=1", "train.steps=2"],
+    );
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("127.0.0.1:1"), "{e}");
+    let o = train(&out, &[a.port], "nope", &[]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("does not serve the model `nope`") && e.contains("smol"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// One HTTP/1.1 GET; the status and body.
+fn get(port: u16, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+    )
 }

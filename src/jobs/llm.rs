@@ -7,6 +7,7 @@
 use crate::engine::*;
 use crate::llm::adaptive::ada_rollout;
 use crate::llm::critic::{Critic, update_step};
+use crate::llm::remote::Remote;
 use crate::llm::replay::{Limits, Replay};
 use crate::llm::score::{Scorer, completions, json_number, shown_samples, valid_mean};
 use crate::llm::step::{
@@ -17,7 +18,7 @@ use crate::llm::{
     Policy, build_policy, build_policy_with, evaluate, evaluate_sampled, load_checkpoint,
     model_record, read_reference, warm_up, write_final,
 };
-use crate::recipe::llm::Recipe;
+use crate::recipe::llm::{Recipe, RolloutBackend};
 use crate::run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
 use crate::tasks::{Example, Rng};
 use anyhow::{Context, Result, anyhow, bail};
@@ -146,6 +147,18 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         replay = replay.map(|rp| rp.load(dir, &limits)).transpose()?;
     }
     let schedule = r.train.schedule.schedule(r.train.run.steps);
+    // `backend = "openai"`: the servers that sample the rollouts.
+    let mut remote = match r.rollout.backend {
+        RolloutBackend::Local => None,
+        RolloutBackend::Openai => Some(Remote::connect(
+            &r.rollout.base_urls,
+            r.rollout.model.as_deref().unwrap_or_default(),
+            r.rollout.request_timeout_s.unwrap_or(600.0),
+            r.rollout.request_retries.unwrap_or(3),
+            &format!("{}-{}", r.name, std::process::id()),
+            &out.join("serving"),
+        )?),
+    };
 
     // ---- The RL steps.
     let mut steps_done = run.first_step();
@@ -166,8 +179,17 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 .collect::<Result<Vec<_>>>()?;
             let sampler = policy.model.valid();
             let sc = rollout_sampling(r, &policy.stop, rng.next_u64());
-            // Reinforce-Ada draws in rounds, scoring each as it comes; otherwise one draw.
+            // Reinforce-Ada draws in rounds, scoring each as it comes; otherwise one draw, here
+            // or on the servers (which get this step's adapter first).
             let (g, scored, pool_stats) = match &parts.adaptive {
+                None if remote.is_some() => {
+                    let rm = remote.as_mut().context("the openai backend")?;
+                    let t_sync = Instant::now();
+                    rm.sync(&policy, step)?;
+                    row.insert("timing_s/sync".into(), t_sync.elapsed().as_secs_f64());
+                    let vocab = policy.model.vocab_size();
+                    (rm.generate(&prompts, &sc, vocab, &base)?, None, None)
+                }
                 None => (generate(&sampler, &prompts, &sc, &base)?, None, None),
                 Some(ada) => {
                     let a = ada_rollout(
@@ -233,8 +255,10 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
                 o.apply(&mut batch)?;
             }
             let t_ref = Instant::now();
-            // Replayed rows were sampled by an older policy: π_old is recomputed.
-            let recompute = r.train.run.recompute_old_log_probs || replay.is_some();
+            // Replayed rows were sampled by an older policy, and servers compute their own
+            // numbers: π_old is recomputed.
+            let recompute =
+                r.train.run.recompute_old_log_probs || replay.is_some() || remote.is_some();
             batch = rescore(batch, &host_exp, &sampler, recompute, kl_reference, &ad)?;
             if recompute || kl_reference.is_some() {
                 let _ = base.sync();

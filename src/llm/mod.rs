@@ -8,6 +8,7 @@ pub mod agent;
 pub mod critic;
 pub mod offline;
 pub mod plop;
+pub mod remote;
 pub mod replay;
 pub mod score;
 pub mod step;

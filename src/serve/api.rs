@@ -136,6 +136,8 @@ pub struct Sampling {
     /// vLLM: also return each choice's token ids (and the prompt's).
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM: token ids that also end a choice (kept in it, as the end-of-sequence token is).
+    pub stop_token_ids: Option<Vec<u32>>,
     /// Must be false or absent.
     #[serde(default)]
     pub stream: bool,
@@ -250,6 +252,8 @@ pub struct Params {
     pub n: usize,
     /// Seed, when the request gives one.
     pub seed: Option<u64>,
+    /// Stop tokens besides the model's end-of-sequence ids (sorted, deduplicated).
+    pub stop_tokens: Vec<u32>,
 }
 
 /// The most choices one request may ask for per prompt.
@@ -308,7 +312,14 @@ impl Sampling {
         if !(1..=MAX_N).contains(&n) {
             return Err(ApiError::bad("n", format!("n {n} must be in 1..={MAX_N}")));
         }
+        let mut stop_tokens = self.stop_token_ids.clone().unwrap_or_default();
+        if stop_tokens.len() > 64 {
+            return Err(ApiError::bad("stop_token_ids", "at most 64 stop token ids"));
+        }
+        stop_tokens.sort_unstable();
+        stop_tokens.dedup();
         Ok(Params {
+            stop_tokens,
             temperature,
             top_p,
             top_k,

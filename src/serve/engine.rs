@@ -242,13 +242,14 @@ impl Engine {
         for (i, j) in jobs.into_iter().enumerate() {
             let p = &j.params;
             let key = format!(
-                "{}|{:08x}|{:08x}|{}|{:08x}|{}|{}",
+                "{}|{:08x}|{:08x}|{}|{:08x}|{}|{:?}|{}",
                 j.model,
                 p.temperature.to_bits(),
                 p.top_p.to_bits(),
                 p.top_k,
                 p.min_p.to_bits(),
                 p.n,
+                p.stop_tokens,
                 match p.seed {
                     Some(s) => format!("seed{s}#{i}"),
                     None => "-".into(),
@@ -281,13 +282,17 @@ impl Engine {
         };
         let p = first.params.clone();
         let seed = p.seed.unwrap_or_else(|| self.rng.next_u64());
+        let mut stop = self.stop_tokens.clone();
+        stop.extend(&p.stop_tokens);
+        stop.sort_unstable();
+        stop.dedup();
         let cfg = SamplingConfig {
             temperature: p.temperature,
             top_k: p.top_k,
             top_p: p.top_p,
             min_p: p.min_p,
             max_new_tokens: group.iter().map(|j| j.max_tokens).max().unwrap_or(1),
-            stop_tokens: self.stop_tokens.clone(),
+            stop_tokens: stop.clone(),
             n: p.n,
             seed,
             ..SamplingConfig::default()
@@ -336,7 +341,7 @@ impl Engine {
                     let tokens = all[..keep].to_vec();
                     let eos = tokens
                         .last()
-                        .is_some_and(|t| self.stop_tokens.contains(t) && keep == all.len());
+                        .is_some_and(|t| stop.contains(t) && keep == all.len());
                     let log_probs = lps[row * width..row * width + keep].to_vec();
                     choices.push(Choice {
                         prompt,

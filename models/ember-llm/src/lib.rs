@@ -22,6 +22,6 @@ pub use load::{Loaded, load, save_hf};
 pub use lora::{LoraSettings, apply_lora, load_peft, merge, save_peft};
 pub use mixture::{apply_mixture, mixtures};
 pub use model::{Llama, Precision};
-pub use sample::{Generation, SamplingConfig, generate};
+pub use sample::{Generation, SamplingConfig, generate, left_pad_to};
 pub use tokenizer::{Message, Tokenizer};
 pub use value::ValueModel;

@@ -1,0 +1,352 @@
+//! The `openai` rollout backend: a step's prompts sampled by OpenAI-compatible servers
+//! (`ember serve`, vLLM, SGLang) instead of the trainer's own sampler, and the trained LoRA
+//! adapter pushed to them after every update.
+//!
+//! - **Rollouts**: the step's prompts (token ids, the chat template already applied) are split
+//!   into equal contiguous shares, one per server, sent at once as `/v1/completions` requests
+//!   with `n` = samples per prompt, `logprobs`, vLLM's `return_token_ids` and
+//!   `stop_token_ids`; the answers become one [`Generation`] whose log-probs are the servers'.
+//!   The trainer rescores the tokens with its own model (π_old) and the engine's mismatch
+//!   correction weighs the difference (on by default for this backend; `mismatch/*` metrics).
+//! - **Weights**: after each update the adapter is written in PEFT layout and loaded on every
+//!   server under a new name (`<run>-step<k>`), the previous one unloaded; rollouts name the new
+//!   one, so a server cannot answer with stale weights (it would answer 404, an error here).
+//! - **Faults**: a request that fails (unreachable, timeout, 429, 5xx) is retried with backoff
+//!   1, 2, 4 … s, then the step fails with the server and the last error named; the job then
+//!   writes the last completed step's checkpoint (the run kit's error path).
+
+use super::Policy;
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::Module;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_llm::{Generation, SamplingConfig};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The servers and the adapter they serve.
+pub struct Remote {
+    urls: Vec<String>,
+    base_model: String,
+    agent: ureq::Agent,
+    retries: u32,
+    run_tag: String,
+    adapters_dir: PathBuf,
+    /// The adapter name rollouts use (none before the first push).
+    current: Option<String>,
+    /// The step whose weights the servers have.
+    pushed: Option<usize>,
+}
+
+/// One server's answer to one request, parsed.
+struct Choice {
+    tokens: Vec<u32>,
+    log_probs: Vec<f32>,
+    truncated: bool,
+}
+
+impl Remote {
+    /// The backend of a recipe with `backend = "openai"`; adapters are written under
+    /// `adapters_dir`; `run_tag` names them on the servers. Checks every server lists the base
+    /// model.
+    pub fn connect(
+        urls: &[String],
+        base_model: &str,
+        timeout_s: f64,
+        retries: u32,
+        run_tag: &str,
+        adapters_dir: &Path,
+    ) -> Result<Self> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs_f64(timeout_s)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let remote = Self {
+            urls: urls
+                .iter()
+                .map(|u| u.trim_end_matches('/').to_string())
+                .collect(),
+            base_model: base_model.to_string(),
+            agent,
+            retries,
+            run_tag: run_tag
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect(),
+            adapters_dir: adapters_dir.to_path_buf(),
+            current: None,
+            pushed: None,
+        };
+        for url in &remote.urls {
+            let v = remote.request(url, "/v1/models", None)?;
+            let ids: Vec<&str> = v["data"]
+                .as_array()
+                .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
+                .unwrap_or_default();
+            if !ids.contains(&base_model) {
+                bail!(
+                    "{url} does not serve the model `{base_model}` (rollout.model); it serves: {}",
+                    ids.join(", ")
+                );
+            }
+        }
+        Ok(remote)
+    }
+
+    /// One JSON request with retries and backoff; 4xx other than 429 fails at once.
+    /// A GET without `body`, else a POST of it.
+    fn request(&self, url: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let full = format!("{url}{path}");
+        let mut last = String::new();
+        for attempt in 0..=self.retries {
+            if attempt > 0 {
+                let wait = Duration::from_secs(1u64 << (attempt - 1).min(6));
+                log::warn!(
+                    "{full}: {last}; retry {attempt}/{} in {wait:?}",
+                    self.retries
+                );
+                std::thread::sleep(wait);
+            }
+            let sent = match body {
+                Some(b) => self.agent.post(&full).send_json(b),
+                None => self.agent.get(&full).call(),
+            };
+            let mut resp = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("no answer ({e})");
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            let text = resp
+                .body_mut()
+                .with_config()
+                .limit(1 << 30)
+                .read_to_string()
+                .unwrap_or_default();
+            if status == 200 {
+                // The adapter endpoints answer plain text, as vLLM's do.
+                return Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)));
+            }
+            let message = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            last = format!("HTTP {status}: {message}");
+            if (400..500).contains(&status) && status != 429 && status != 408 {
+                break;
+            }
+        }
+        bail!("{full}: {last}")
+    }
+
+    /// Samples `sc.n` responses of each prompt on the servers, as [`ember_llm::generate`] would
+    /// (same shapes and row order), with the servers' log-probs.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        sc: &SamplingConfig,
+        vocab: usize,
+        device: &Device,
+    ) -> Result<Generation> {
+        let model = self
+            .current
+            .clone()
+            .ok_or_else(|| anyhow!("no adapter was pushed to the servers before the rollout"))?;
+        let shares = self.urls.len().min(prompts.len()).max(1);
+        let per = prompts.len().div_ceil(shares);
+        let chunks: Vec<(usize, &[Vec<u32>])> = prompts.chunks(per).enumerate().collect();
+        let answers: Vec<Result<Vec<Choice>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = chunks
+                .iter()
+                .map(|(i, chunk)| {
+                    let url = &self.urls[*i % self.urls.len()];
+                    let body = json!({
+                        "model": model,
+                        "prompt": chunk,
+                        "n": sc.n,
+                        "max_tokens": sc.max_new_tokens,
+                        "temperature": sc.temperature,
+                        "top_p": sc.top_p,
+                        "top_k": sc.top_k,
+                        "min_p": sc.min_p,
+                        "seed": sc.seed.wrapping_add(*i as u64) as i64,
+                        "logprobs": 1,
+                        "return_token_ids": true,
+                        "stop_token_ids": sc.stop_tokens,
+                    });
+                    s.spawn(move || {
+                        let v = self.request(url, "/v1/completions", Some(&body))?;
+                        parse_choices(&v, chunk.len() * sc.n, sc.max_new_tokens, vocab)
+                            .with_context(|| format!("the answer of {url}"))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("a request thread panicked")))
+                })
+                .collect()
+        });
+        let mut choices = Vec::with_capacity(prompts.len() * sc.n);
+        for a in answers {
+            choices.extend(a?);
+        }
+        Ok(to_generation(prompts, choices, sc, device))
+    }
+
+    /// Before the rollout of `step`: the policy's adapter on every server, unless it was pushed
+    /// for this step already.
+    pub fn sync(&mut self, policy: &Policy, step: usize) -> Result<()> {
+        if self.pushed == Some(step) {
+            return Ok(());
+        }
+        self.push_adapter(policy, step)?;
+        self.pushed = Some(step);
+        Ok(())
+    }
+
+    /// Writes the policy's adapter and loads it on every server under a fresh name, then
+    /// unloads the previous one; rollouts use the new name from now on.
+    pub fn push_adapter(&mut self, policy: &Policy, step: usize) -> Result<()> {
+        let settings = policy
+            .lora
+            .as_ref()
+            .ok_or_else(|| anyhow!("the openai backend needs a LoRA policy"))?;
+        let name = format!("{}-step{step}", self.run_tag);
+        let dir = self.adapters_dir.join(format!("step-{step:08}"));
+        let tmp = self.adapters_dir.join(format!(".step-{step:08}.tmp"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        ember_llm::save_peft(&policy.model.valid(), settings, &self.base_model, &tmp)?;
+        ember_train::io::publish_dir(&tmp, &dir)
+            .with_context(|| format!("writing {}", dir.display()))?;
+        let path = std::fs::canonicalize(&dir)?.display().to_string();
+        for url in &self.urls {
+            let body = json!({"lora_name": name, "lora_path": path, "load_inplace": true});
+            self.request(url, "/v1/load_lora_adapter", Some(&body))
+                .with_context(|| format!("loading the step-{step} adapter on {url}"))?;
+        }
+        if let Some(old) = self.current.replace(name) {
+            for url in &self.urls {
+                // A failed unload costs memory on that server, not correctness.
+                if let Err(e) = self.request(
+                    url,
+                    "/v1/unload_lora_adapter",
+                    Some(&json!({"lora_name": old})),
+                ) {
+                    log::warn!("unloading {old} on {url}: {e:#}");
+                }
+            }
+            let prev = self
+                .adapters_dir
+                .join(format!("step-{:08}", step.saturating_sub(1)));
+            if prev != dir && prev.exists() {
+                std::fs::remove_dir_all(&prev).ok();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `rows` choices of one answer, checked: as many as asked, tokens within the vocabulary,
+/// one finite log-prob ≤ 0 per token, at most `max_new` tokens.
+fn parse_choices(v: &Value, rows: usize, max_new: usize, vocab: usize) -> Result<Vec<Choice>> {
+    let choices = v["choices"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no `choices` list"))?;
+    if choices.len() != rows {
+        bail!("{} choices, expected {rows}", choices.len());
+    }
+    let mut out = Vec::with_capacity(rows);
+    for (i, c) in choices.iter().enumerate() {
+        if c["index"].as_u64() != Some(i as u64) {
+            bail!("choice {i} has index {}", c["index"]);
+        }
+        let tokens: Vec<u32> = c["token_ids"]
+            .as_array()
+            .ok_or_else(|| {
+                anyhow!("choice {i} has no `token_ids` (the server must support return_token_ids)")
+            })?
+            .iter()
+            .map(|t| {
+                t.as_u64()
+                    .filter(|&t| (t as usize) < vocab)
+                    .map(|t| t as u32)
+                    .ok_or_else(|| anyhow!("choice {i}: token {t} is not in the vocabulary"))
+            })
+            .collect::<Result<_>>()?;
+        let log_probs: Vec<f32> = c["logprobs"]["token_logprobs"]
+            .as_array()
+            .ok_or_else(|| anyhow!("choice {i} has no logprobs.token_logprobs"))?
+            .iter()
+            .map(|x| {
+                x.as_f64()
+                    .filter(|x| x.is_finite() && *x <= 1e-3)
+                    .map(|x| x as f32)
+                    .ok_or_else(|| anyhow!("choice {i}: log-prob {x} is not a finite value <= 0"))
+            })
+            .collect::<Result<_>>()?;
+        if log_probs.len() != tokens.len() || tokens.len() > max_new {
+            bail!(
+                "choice {i}: {} tokens, {} log-probs (max_tokens {max_new})",
+                tokens.len(),
+                log_probs.len()
+            );
+        }
+        out.push(Choice {
+            tokens,
+            log_probs,
+            truncated: c["finish_reason"].as_str() == Some("length"),
+        });
+    }
+    Ok(out)
+}
+
+/// The choices (prompt-major, `sc.n` per prompt) as a [`Generation`]: prompts left-padded,
+/// responses right-padded with masked zeros.
+fn to_generation(
+    prompts: &[Vec<u32>],
+    choices: Vec<Choice>,
+    sc: &SamplingConfig,
+    device: &Device,
+) -> Generation {
+    let rows: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), sc.n))
+        .collect();
+    let group_ids: Vec<usize> = (0..prompts.len())
+        .flat_map(|i| std::iter::repeat_n(i, sc.n))
+        .collect();
+    let (prompt_tokens, prompt_mask) = ember_llm::left_pad_to(&rows, sc.prompt_bucket, device);
+    let b = choices.len();
+    let t = choices
+        .iter()
+        .map(|c| c.tokens.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut toks = vec![0i64; b * t];
+    let mut lps = vec![0f32; b * t];
+    let mut mask = vec![0f32; b * t];
+    for (r, c) in choices.iter().enumerate() {
+        for (j, (&tok, &lp)) in c.tokens.iter().zip(&c.log_probs).enumerate() {
+            toks[r * t + j] = i64::from(tok);
+            lps[r * t + j] = lp;
+            mask[r * t + j] = 1.0;
+        }
+    }
+    Generation {
+        prompt_tokens,
+        prompt_mask,
+        tokens: Tensor::<2, Int>::from_data(TensorData::new(toks, [b, t]), device),
+        log_probs: Tensor::<2>::from_data(TensorData::new(lps, [b, t]), device),
+        mask: Tensor::<2>::from_data(TensorData::new(mask, [b, t]), device),
+        group_ids,
+        truncated: choices.iter().map(|c| c.truncated).collect(),
+    }
+}

@@ -116,6 +116,24 @@ status, body = error_of(lambda: client.completions.create(
     model=model, prompt="x", max_tokens=100000))
 assert status == 400 and body["param"] == "max_tokens", (status, body)
 status, body = error_of(lambda: client.completions.create(
+    model=model, prompt="x", max_tokens=2000, n=48))
+assert status == 400 and "--max-batch-tokens" in body["message"], (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt="x", max_tokens=4, n=49))
+assert status == 400 and "--max-batch" in body["message"], (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt=[], max_tokens=4))
+assert status == 400, (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt=[[5, 10**7]], max_tokens=4))
+assert status == 400 and "vocabulary" in body["message"], (status, body)
+status, body = error_of(lambda: client.chat.completions.create(
+    model=model, messages=[{"role": "wizard", "content": "hi"}], max_tokens=4))
+assert status == 400 and "role" in body["message"], (status, body)
+status, body = error_of(lambda: client.completions.create(
+    model=model, prompt="x", max_tokens=4, stream=True))
+assert status == 400 and body["param"] == "stream", (status, body)
+status, body = error_of(lambda: client.completions.create(
     model=model, prompt="x " * 3_000_000, max_tokens=4))
 assert status == 413, (status, body)
 h = post("/v1/chat/completions", b"{not json")

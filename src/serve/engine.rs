@@ -53,6 +53,11 @@ impl Job {
     fn rows(&self) -> usize {
         self.prompts.len() * self.params.n
     }
+
+    /// KV-cache positions one row of this job needs.
+    fn positions(&self) -> usize {
+        self.prompts.iter().map(Vec::len).max().unwrap_or(0) + self.max_tokens
+    }
 }
 
 /// What the queue carries.
@@ -79,18 +84,19 @@ pub struct Engine {
     stop_tokens: Vec<u32>,
     device: Device,
     max_rows: usize,
+    max_cells: usize,
     rng: SplitMix64,
 }
 
 impl Engine {
     /// An engine over `base` (served as `base_name`), stopping on `stop_tokens`, batching up to
-    /// `max_rows` sampled rows per call.
+    /// `max_rows` sampled rows and `max_cells` rows × KV-cache positions per call.
     pub fn new(
         base_name: String,
         base: Llama,
         stop_tokens: Vec<u32>,
         device: Device,
-        max_rows: usize,
+        (max_rows, max_cells): (usize, usize),
         names: Names,
     ) -> Self {
         if let Ok(mut n) = names.write() {
@@ -104,6 +110,7 @@ impl Engine {
             stop_tokens,
             device,
             max_rows: max_rows.max(1),
+            max_cells: max_cells.max(1),
             rng: SplitMix64(0x5e7e_d5ee_d000_0001),
         }
     }
@@ -260,8 +267,24 @@ impl Engine {
                 None => groups.push((key, vec![j])),
             }
         }
+        // Each group in sampler calls within the row and KV-cache budgets (a call pads every
+        // row to its longest prompt plus its largest max_tokens).
         for (_, group) in groups {
-            self.run_group(group);
+            let mut call: Vec<Job> = Vec::new();
+            let (mut rows, mut widest) = (0, 0);
+            for j in group {
+                let (r, w) = (rows + j.rows(), widest.max(j.positions()));
+                if !call.is_empty() && (r > self.max_rows || r * w > self.max_cells) {
+                    self.run_group(std::mem::take(&mut call));
+                    (rows, widest) = (j.rows(), j.positions());
+                } else {
+                    (rows, widest) = (r, w);
+                }
+                call.push(j);
+            }
+            if !call.is_empty() {
+                self.run_group(call);
+            }
         }
     }
 

@@ -29,6 +29,7 @@ pub struct AppState {
     names: Names,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
     max_rows: usize,
+    max_cells: usize,
     closing: AtomicBool,
     ids: AtomicU64,
     created: u64,
@@ -41,7 +42,7 @@ impl AppState {
         tok: Arc<Tokenizer>,
         names: Names,
         tx: mpsc::Sender<Msg>,
-        max_rows: usize,
+        (max_rows, max_cells): (usize, usize),
     ) -> Self {
         Self {
             info,
@@ -49,6 +50,7 @@ impl AppState {
             names,
             tx: Mutex::new(Some(tx)),
             max_rows,
+            max_cells,
             closing: AtomicBool::new(false),
             ids: AtomicU64::new(0),
             created: now(),
@@ -238,6 +240,18 @@ async fn submit(
             format!(
                 "prompts × n = {rows} exceeds the server's --max-batch of {} rows",
                 st.max_rows
+            ),
+        ));
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let cells = rows.saturating_mul(longest.saturating_add(max_tokens));
+    if cells > st.max_cells {
+        return Err(ApiError::bad(
+            "max_tokens",
+            format!(
+                "prompts × n × (prompt + max_tokens) = {cells} KV-cache positions exceeds the \
+                 server's --max-batch-tokens of {}; lower max_tokens or n",
+                st.max_cells
             ),
         ));
     }

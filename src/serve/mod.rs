@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// Sampled rows (prompts × n) one batched call may take; also the most one request may ask.
     #[arg(long, default_value_t = 64)]
     pub max_batch: usize,
+    /// Rows × KV-cache positions (prompt + max_tokens) one batched call may hold, which bounds
+    /// its memory; a request asking for more gets 400.
+    #[arg(long, default_value_t = 65_536)]
+    pub max_batch_tokens: usize,
     /// Requests that may wait for the engine; more get 429.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
@@ -70,8 +74,8 @@ pub struct ModelInfo {
 
 /// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
 pub fn serve(a: ServeArgs) -> Result<()> {
-    if a.max_batch == 0 || a.max_queue == 0 || a.max_body_bytes == 0 {
-        bail!("--max-batch, --max-queue and --max-body-bytes must be >= 1");
+    if a.max_batch == 0 || a.max_queue == 0 || a.max_body_bytes == 0 || a.max_batch_tokens == 0 {
+        bail!("--max-batch, --max-batch-tokens, --max-queue and --max-body-bytes must be >= 1");
     }
     let mut adapters = Vec::new();
     for spec in &a.adapters {
@@ -118,8 +122,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                         bail!("--max-model-len {context} must be in 1..={positions}");
                     }
                     let vocab = loaded.model.vocab_size();
+                    let budget = (a.max_batch, a.max_batch_tokens);
                     let mut engine =
-                        Engine::new(base_name, loaded.model, stop, device, a.max_batch, names);
+                        Engine::new(base_name, loaded.model, stop, device, budget, names);
                     for req in &adapters {
                         engine.load(req).map_err(|e| {
                             anyhow::anyhow!("--adapter {}: {}", req.lora_name, e.message)
@@ -161,7 +166,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr()?;
-        let state = Arc::new(http::AppState::new(info, tok, names, tx, a.max_batch));
+        let limits = (a.max_batch, a.max_batch_tokens);
+        let state = Arc::new(http::AppState::new(info, tok, names, tx, limits));
         let app = http::router(state.clone(), a.max_body_bytes);
         // Printed on stdout, flushed: scripts and tests wait for this line.
         println!(

@@ -38,6 +38,9 @@ pub struct Remote {
     pushed: Option<usize>,
 }
 
+/// The most rows (prompts × n) one request asks for: `ember serve`'s default `--max-batch`.
+const REQUEST_ROWS: usize = 64;
+
 /// One server's answer to one request, parsed.
 struct Choice {
     tokens: Vec<u32>,
@@ -63,9 +66,13 @@ impl Remote {
             .build()
             .into();
         let remote = Self {
+            // (`http://host:port`; a trailing `/v1` as OpenAI clients take it is dropped.)
             urls: urls
                 .iter()
-                .map(|u| u.trim_end_matches('/').to_string())
+                .map(|u| {
+                    let u = u.trim_end_matches('/');
+                    u.strip_suffix("/v1").unwrap_or(u).to_string()
+                })
                 .collect(),
             base_model: base_model.to_string(),
             agent,
@@ -78,6 +85,11 @@ impl Remote {
             current: None,
             pushed: None,
         };
+        // Adapters of an earlier process of this run (a resume) are not this one's.
+        if remote.adapters_dir.exists() {
+            std::fs::remove_dir_all(&remote.adapters_dir)
+                .with_context(|| format!("clearing {}", remote.adapters_dir.display()))?;
+        }
         for url in &remote.urls {
             let v = remote.request(url, "/v1/models", None)?;
             let ids: Vec<&str> = v["data"]
@@ -120,12 +132,18 @@ impl Remote {
                 }
             };
             let status = resp.status().as_u16();
-            let text = resp
+            let text = match resp
                 .body_mut()
                 .with_config()
                 .limit(1 << 30)
                 .read_to_string()
-                .unwrap_or_default();
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    last = format!("HTTP {status}, reading the answer failed ({e})");
+                    continue;
+                }
+            };
             if status == 200 {
                 // The adapter endpoints answer plain text, as vLLM's do.
                 return Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)));
@@ -155,13 +173,21 @@ impl Remote {
             .current
             .clone()
             .ok_or_else(|| anyhow!("no adapter was pushed to the servers before the rollout"))?;
+        // Equal contiguous shares, one per server, each sent as requests of at most
+        // REQUEST_ROWS rows (`ember serve`'s default --max-batch), all at once.
         let shares = self.urls.len().min(prompts.len()).max(1);
         let per = prompts.len().div_ceil(shares);
-        let chunks: Vec<(usize, &[Vec<u32>])> = prompts.chunks(per).enumerate().collect();
+        let per_request = (REQUEST_ROWS / sc.n.max(1)).max(1);
+        let chunks: Vec<(usize, &[Vec<u32>])> = prompts
+            .chunks(per)
+            .enumerate()
+            .flat_map(|(server, share)| share.chunks(per_request).map(move |c| (server, c)))
+            .collect();
         let answers: Vec<Result<Vec<Choice>>> = std::thread::scope(|s| {
             let hs: Vec<_> = chunks
                 .iter()
-                .map(|(i, chunk)| {
+                .enumerate()
+                .map(|(k, (i, chunk))| {
                     let url = &self.urls[*i % self.urls.len()];
                     let body = json!({
                         "model": model,
@@ -170,9 +196,10 @@ impl Remote {
                         "max_tokens": sc.max_new_tokens,
                         "temperature": sc.temperature,
                         "top_p": sc.top_p,
-                        "top_k": sc.top_k,
+                        // (−1 = off: older vLLM refuses 0.)
+                        "top_k": if sc.top_k == 0 { -1 } else { sc.top_k as i64 },
                         "min_p": sc.min_p,
-                        "seed": sc.seed.wrapping_add(*i as u64) as i64,
+                        "seed": sc.seed.wrapping_add(k as u64) as i64,
                         "logprobs": 1,
                         "return_token_ids": true,
                         "stop_token_ids": sc.stop_tokens,
@@ -231,6 +258,7 @@ impl Remote {
             self.request(url, "/v1/load_lora_adapter", Some(&body))
                 .with_context(|| format!("loading the step-{step} adapter on {url}"))?;
         }
+        let previous = self.pushed;
         if let Some(old) = self.current.replace(name) {
             for url in &self.urls {
                 // A failed unload costs memory on that server, not correctness.
@@ -242,11 +270,8 @@ impl Remote {
                     log::warn!("unloading {old} on {url}: {e:#}");
                 }
             }
-            let prev = self
-                .adapters_dir
-                .join(format!("step-{:08}", step.saturating_sub(1)));
-            if prev != dir && prev.exists() {
-                std::fs::remove_dir_all(&prev).ok();
+            if let Some(p) = previous.filter(|&p| p != step) {
+                std::fs::remove_dir_all(self.adapters_dir.join(format!("step-{p:08}"))).ok();
             }
         }
         Ok(())

@@ -136,6 +136,9 @@ pub struct Sampling {
     /// vLLM: also return each choice's token ids (and the prompt's).
     #[serde(default)]
     pub return_token_ids: bool,
+    /// vLLM: tokens in `logprobs` as `token_id:<id>` instead of their text.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: bool,
     /// vLLM: token ids that also end a choice (kept in it, as the end-of-sequence token is).
     pub stop_token_ids: Option<Vec<u32>>,
     /// Must be false or absent.
@@ -282,12 +285,16 @@ impl Sampling {
         if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
             return Err(ApiError::bad("logit_bias", "logit_bias is not supported"));
         }
-        let temperature = self.temperature.unwrap_or(1.0);
+        let mut temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::bad(
                 "temperature",
                 format!("temperature {temperature} must be in [0, 2]"),
             ));
+        }
+        // (A tiny temperature would overflow the scaled logits: it is greedy decoding.)
+        if temperature < 1e-5 {
+            temperature = 0.0;
         }
         let top_p = self.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {

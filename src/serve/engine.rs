@@ -54,9 +54,9 @@ impl Job {
         self.prompts.len() * self.params.n
     }
 
-    /// KV-cache positions one row of this job needs.
-    fn positions(&self) -> usize {
-        self.prompts.iter().map(Vec::len).max().unwrap_or(0) + self.max_tokens
+    /// Its longest prompt.
+    fn longest(&self) -> usize {
+        self.prompts.iter().map(Vec::len).max().unwrap_or(0)
     }
 }
 
@@ -85,6 +85,7 @@ pub struct Engine {
     device: Device,
     max_rows: usize,
     max_cells: usize,
+    context: usize,
     rng: SplitMix64,
 }
 
@@ -102,6 +103,7 @@ impl Engine {
         if let Ok(mut n) = names.write() {
             *n = vec![base_name.clone()];
         }
+        let context = base.max_positions();
         Self {
             base_name,
             base,
@@ -111,6 +113,7 @@ impl Engine {
             device,
             max_rows: max_rows.max(1),
             max_cells: max_cells.max(1),
+            context,
             rng: SplitMix64(0x5e7e_d5ee_d000_0001),
         }
     }
@@ -175,6 +178,7 @@ impl Engine {
 
     /// Unloads the adapter `name`.
     pub fn unload(&mut self, name: &str) -> Result<(), ApiError> {
+        let name = name.trim();
         if self.adapters.remove(name).is_none() {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -199,8 +203,20 @@ impl Engine {
                     None => return,
                 }
             }
-            // Whatever else is waiting joins this round.
-            while let Ok(m) = rx.try_recv() {
+            // What else is waiting joins this round, up to a round's rows: the rest stays in
+            // the bounded channel, so `--max-queue` keeps meaning what it says.
+            let mut waiting: usize = pending
+                .iter()
+                .map(|m| match m {
+                    Msg::Generate(j) => j.rows(),
+                    _ => 0,
+                })
+                .sum();
+            while waiting < self.max_rows {
+                let Ok(m) = rx.try_recv() else { break };
+                if let Msg::Generate(j) = &m {
+                    waiting += j.rows();
+                }
                 pending.push_back(m);
             }
             // The generation requests before the first control message, up to `max_rows` rows
@@ -267,18 +283,25 @@ impl Engine {
                 None => groups.push((key, vec![j])),
             }
         }
-        // Each group in sampler calls within the row and KV-cache budgets (a call pads every
-        // row to its longest prompt plus its largest max_tokens).
+        // Each group in sampler calls within the row, KV-cache and context budgets: a call
+        // runs every row to its longest prompt plus its largest max_tokens. Requests whose
+        // client has gone (a timeout, a closed connection) are not generated.
         for (_, group) in groups {
             let mut call: Vec<Job> = Vec::new();
-            let (mut rows, mut widest) = (0, 0);
-            for j in group {
-                let (r, w) = (rows + j.rows(), widest.max(j.positions()));
-                if !call.is_empty() && (r > self.max_rows || r * w > self.max_cells) {
+            let (mut rows, mut prompt, mut new) = (0, 0, 0);
+            for j in group.into_iter().filter(|j| !j.reply.is_closed()) {
+                let (r, p, n) = (
+                    rows + j.rows(),
+                    prompt.max(j.longest()),
+                    new.max(j.max_tokens),
+                );
+                let fits =
+                    r <= self.max_rows && r * (p + n) <= self.max_cells && p + n <= self.context;
+                if !call.is_empty() && !fits {
                     self.run_group(std::mem::take(&mut call));
-                    (rows, widest) = (j.rows(), j.positions());
+                    (rows, prompt, new) = (j.rows(), j.longest(), j.max_tokens);
                 } else {
-                    (rows, widest) = (r, w);
+                    (rows, prompt, new) = (r, p, n);
                 }
                 call.push(j);
             }

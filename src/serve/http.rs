@@ -112,7 +112,7 @@ pub fn shutting_down() -> ApiError {
 /// The routes, with request bodies capped at `max_body` bytes.
 pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
     Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
@@ -160,6 +160,14 @@ fn reply(r: Result<Value, ApiError>) -> Response {
     match r {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// 200 while the engine thread takes requests, 503 once it has ended or shutdown began.
+async fn health(State(st): State<Arc<AppState>>) -> StatusCode {
+    match st.sender() {
+        Ok(tx) if !tx.is_closed() => StatusCode::OK,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -277,38 +285,42 @@ async fn submit(
     rx.await.map_err(|_| shutting_down())?
 }
 
-/// Checks prompt ids and fixes `max_tokens` (`default` when absent: a number, or the rest of
-/// the context).
+/// Checks prompt ids (`param` names them in errors) and fixes `max_tokens` (`default` when
+/// absent: a number, or the rest of the context within the server's KV-cache budget for
+/// `rows` rows).
 fn check_lengths(
     st: &AppState,
-    prompts: &[Vec<u32>],
+    (prompts, param): (&[Vec<u32>], &str),
     max_tokens: Option<usize>,
     default: Option<usize>,
+    rows: usize,
 ) -> Result<usize, ApiError> {
     let vocab = st.info.vocab;
     let context = st.info.context;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::bad(
-            "prompt",
+            param,
             "every prompt must have at least one token",
         ));
     }
     if let Some(t) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::bad(
-            "prompt",
+            param,
             format!("token id {t} is outside the vocabulary of {vocab}"),
         ));
     }
     if longest >= context {
         return Err(ApiError::bad(
-            "messages",
+            param,
             format!("the prompt has {longest} tokens; this model's context is {context}"),
         ));
     }
     let max = match max_tokens.or(default) {
         Some(m) => m,
-        None => context - longest,
+        None => (context - longest)
+            .min((st.max_cells / rows.max(1)).saturating_sub(longest))
+            .max(1),
     };
     if max == 0 {
         return Err(ApiError::bad("max_tokens", "max_tokens must be >= 1"));
@@ -410,8 +422,12 @@ async fn completions_inner(
         Prompt::Ids(ids) => vec![ids.clone()],
         Prompt::IdLists(v) => v.clone(),
     };
-    let max_tokens = check_lengths(st, &prompts, req.max_tokens, Some(16))?;
-    let as_ids = req.sampling.return_token_ids;
+    let rows = prompts.len() * params.n;
+    let max_tokens = check_lengths(st, (&prompts, "prompt"), req.max_tokens, Some(16), rows)?;
+    let (with_ids, as_ids) = (
+        req.sampling.return_token_ids,
+        req.sampling.return_tokens_as_token_ids,
+    );
     let n = params.n;
     let choices = submit(st, &req.model, prompts.clone(), params, max_tokens).await?;
     let mut out = Vec::with_capacity(choices.len());
@@ -422,7 +438,7 @@ async fn completions_inner(
         let logprobs = req.logprobs.map(|_| {
             let tokens: Vec<String> = c.tokens[..keep]
                 .iter()
-                .map(|&t| token_text(tok, t, false))
+                .map(|&t| token_text(tok, t, as_ids))
                 .collect();
             let mut offset = 0;
             let offsets: Vec<usize> = tokens
@@ -446,7 +462,7 @@ async fn completions_inner(
             "logprobs": logprobs,
             "finish_reason": finish(c.eos && !stopped, stopped),
         });
-        if as_ids {
+        if with_ids {
             choice["token_ids"] = json!(&c.tokens[..keep]);
             choice["prompt_token_ids"] = json!(&prompts[i / n]);
         }
@@ -518,13 +534,13 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
         .encode(&text)
         .map_err(|e| ApiError::bad("messages", format!("tokenizing: {e}")))?;
     let prompts = vec![prompt];
-    let max_tokens = check_lengths(
-        st,
-        &prompts,
-        req.max_completion_tokens.or(req.max_tokens),
-        None,
-    )?;
-    let as_ids = req.sampling.return_token_ids;
+    let asked = req.max_completion_tokens.or(req.max_tokens);
+    let rows = params.n;
+    let max_tokens = check_lengths(st, (&prompts, "messages"), asked, None, rows)?;
+    let (with_ids, as_ids) = (
+        req.sampling.return_token_ids,
+        req.sampling.return_tokens_as_token_ids,
+    );
     let choices = submit(st, &req.model, prompts.clone(), params, max_tokens).await?;
     let mut out = Vec::with_capacity(choices.len());
     let mut completion_tokens = 0;
@@ -553,7 +569,7 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
             "logprobs": logprobs,
             "finish_reason": finish(c.eos && !stopped, stopped),
         });
-        if as_ids {
+        if with_ids {
             choice["token_ids"] = json!(&c.tokens[..keep]);
         }
         out.push(choice);
@@ -571,7 +587,7 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
             total_tokens: prompt_tokens + completion_tokens,
         },
     });
-    if as_ids {
+    if with_ids {
         v["prompt_token_ids"] = json!(&prompts[0]);
     }
     Ok(v)

@@ -196,32 +196,34 @@ async fn load_lora(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let run = async {
-        let req: LoadLora = parse(body)?;
-        let name = req.lora_name.clone();
-        let tx = st.sender()?;
-        super::control(&tx, |r| Msg::Load(req, r)).await?;
-        Ok::<_, ApiError>(format!(
-            "Success: LoRA adapter '{name}' added successfully."
-        ))
-    };
-    match run.await {
-        Ok(text) => (StatusCode::OK, text).into_response(),
-        Err(e) => e.into_response(),
-    }
+    let name = |r: &LoadLora| r.lora_name.clone();
+    adapter_call(&st, body, name, Msg::Load, "added").await
 }
 
 async fn unload_lora(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let name = |r: &UnloadLora| r.lora_name.clone();
+    let msg = |r: UnloadLora, reply| Msg::Unload(r.lora_name, reply);
+    adapter_call(&st, body, name, msg, "removed").await
+}
+
+/// vLLM's adapter endpoints: the request queued as a control message; its plain-text answer.
+async fn adapter_call<T: DeserializeOwned>(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    name: impl Fn(&T) -> String,
+    msg: impl FnOnce(T, oneshot::Sender<Result<(), ApiError>>) -> Msg,
+    done: &str,
+) -> Response {
     let run = async {
-        let req: UnloadLora = parse(body)?;
-        let name = req.lora_name.clone();
+        let req: T = parse(body)?;
+        let name = name(&req);
         let tx = st.sender()?;
-        super::control(&tx, |r| Msg::Unload(req.lora_name, r)).await?;
+        super::control(&tx, |r| msg(req, r)).await?;
         Ok::<_, ApiError>(format!(
-            "Success: LoRA adapter '{name}' removed successfully."
+            "Success: LoRA adapter '{name}' {done} successfully."
         ))
     };
     match run.await {

@@ -9,6 +9,7 @@ pub mod llm;
 pub mod molora;
 pub mod offline;
 pub mod policy;
+pub mod rollout;
 pub mod task;
 
 pub use llm::{Recipe, parse};

@@ -68,14 +68,28 @@ impl Drop for Server {
 
 /// One HTTP/1.1 POST with a JSON body; the status and body.
 fn post(port: u16, path: &str, body: &str) -> (u16, String) {
+    exchange(
+        port,
+        &format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// One HTTP/1.1 GET; the status and body.
+fn get(port: u16, path: &str) -> (u16, String) {
+    exchange(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+    )
+}
+
+/// Sends `request` and reads the answer to the end; its status and body.
+fn exchange(port: u16, request: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    s.write_all(request.as_bytes()).unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     let status = out
@@ -309,25 +323,4 @@ fn openai_rollout_backend_trains_against_two_servers() {
         "{e}"
     );
     std::fs::remove_dir_all(&out).ok();
-}
-
-/// One HTTP/1.1 GET; the status and body.
-fn get(port: u16, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        out.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
-    )
 }

@@ -471,18 +471,36 @@ async fn completions_inner(
         out.push(choice);
     }
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    Ok(json!({
-        "id": st.next_id("cmpl"),
-        "object": "text_completion",
+    let kind = ("cmpl", "text_completion");
+    Ok(envelope(
+        st,
+        kind,
+        &req.model,
+        out,
+        (prompt_tokens, completion_tokens),
+    ))
+}
+
+/// A response: id, object, creation time, model, choices and usage.
+fn envelope(
+    st: &AppState,
+    (prefix, object): (&str, &str),
+    model: &str,
+    choices: Vec<Value>,
+    (prompt_tokens, completion_tokens): (usize, usize),
+) -> Value {
+    json!({
+        "id": st.next_id(prefix),
+        "object": object,
         "created": now(),
-        "model": req.model,
-        "choices": out,
+        "model": model,
+        "choices": choices,
         "usage": Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
         },
-    }))
+    })
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -576,19 +594,14 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
         }
         out.push(choice);
     }
-    let prompt_tokens = prompts[0].len();
-    let mut v = json!({
-        "id": st.next_id("chatcmpl"),
-        "object": "chat.completion",
-        "created": now(),
-        "model": req.model,
-        "choices": out,
-        "usage": Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-        },
-    });
+    let kind = ("chatcmpl", "chat.completion");
+    let mut v = envelope(
+        st,
+        kind,
+        &req.model,
+        out,
+        (prompts[0].len(), completion_tokens),
+    );
     if with_ids {
         v["prompt_token_ids"] = json!(&prompts[0]);
     }

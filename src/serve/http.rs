@@ -1,11 +1,12 @@
 //! The routes of `ember serve` and the text side of each request: the chat template, token ids
 //! in, text, stop strings and log-probs out.
 
-use super::ModelInfo;
 use super::api::{
     ApiError, ChatRequest, CompletionRequest, LoadLora, Params, Prompt, Stop, UnloadLora, Usage,
 };
-use super::engine::{Choice, Job, Msg, Names};
+use super::engine::{Choice, Job, Msg};
+use super::state::now;
+pub use super::state::{AppState, shutting_down};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -16,98 +17,8 @@ use axum::routing::{get, post};
 use ember_llm::{Message, Tokenizer};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
-
-/// What every handler shares.
-pub struct AppState {
-    /// The model.
-    pub info: ModelInfo,
-    tok: Arc<Tokenizer>,
-    names: Names,
-    tx: Mutex<Option<mpsc::Sender<Msg>>>,
-    max_rows: usize,
-    max_cells: usize,
-    closing: AtomicBool,
-    ids: AtomicU64,
-    created: u64,
-}
-
-impl AppState {
-    /// The state of a server over `info`.
-    pub fn new(
-        info: ModelInfo,
-        tok: Arc<Tokenizer>,
-        names: Names,
-        tx: mpsc::Sender<Msg>,
-        (max_rows, max_cells): (usize, usize),
-    ) -> Self {
-        Self {
-            info,
-            tok,
-            names,
-            tx: Mutex::new(Some(tx)),
-            max_rows,
-            max_cells,
-            closing: AtomicBool::new(false),
-            ids: AtomicU64::new(0),
-            created: now(),
-        }
-    }
-
-    /// New requests get 503 from now on.
-    pub fn begin_shutdown(&self) {
-        self.closing.store(true, Ordering::SeqCst);
-    }
-
-    /// Drops the queue's sender, so the engine ends once it has answered what is queued.
-    pub fn close_queue(&self) {
-        if let Ok(mut tx) = self.tx.lock() {
-            *tx = None;
-        }
-    }
-
-    fn sender(&self) -> Result<mpsc::Sender<Msg>, ApiError> {
-        if self.closing.load(Ordering::SeqCst) {
-            return Err(shutting_down());
-        }
-        self.tx
-            .lock()
-            .ok()
-            .and_then(|t| t.clone())
-            .ok_or_else(shutting_down)
-    }
-
-    fn served(&self) -> Vec<String> {
-        self.names.read().map(|n| n.clone()).unwrap_or_default()
-    }
-
-    fn next_id(&self, prefix: &str) -> String {
-        format!(
-            "{prefix}-{:x}{:06x}",
-            self.created,
-            self.ids.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// 503 while the server shuts down.
-pub fn shutting_down() -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "service_unavailable",
-        "the server is shutting down",
-    )
-}
 
 /// The routes, with request bodies capped at `max_body` bytes.
 pub fn router(state: Arc<AppState>, max_body: usize) -> Router {

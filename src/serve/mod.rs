@@ -7,7 +7,8 @@
 //! - `engine.rs`: the thread that owns the model and adapters and batches queued requests into
 //!   the KV-cache sampler;
 //! - `http.rs`: the routes (axum), the bounded queue (429 when full, 503 while shutting down),
-//!   the token-to-text side (chat template, decoding, stop strings, log-probs).
+//!   the token-to-text side (chat template, decoding, stop strings, log-probs);
+//! - `state.rs`: what the handlers share.
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once.
@@ -15,6 +16,7 @@
 pub mod api;
 pub mod engine;
 pub mod http;
+pub mod state;
 
 use anyhow::{Context, Result, bail};
 use engine::{Engine, Msg, Names};

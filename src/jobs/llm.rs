@@ -71,6 +71,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     }
     let base = crate::device::device(&r.device)?;
     let ad = base.clone().autodiff();
+    // `[data_parallel]`: checked before the warm-up and the first evaluation.
+    let group = crate::device::data_parallel(&r.device, r.data_parallel)?;
     // `targets = "plop"`: chosen now, or read back when resuming.
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let r = &placed;
@@ -130,6 +132,15 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let mut optim = optimizer(r);
     // PPO's critic starts from the policy as the warm-up left it.
     let mut critic = Critic::new(r, &policy, &ad);
+    if let Some(g) = group {
+        run.say(&format!(
+            "data-parallel update: {} devices, {} reduction",
+            g.devices().len(),
+            g.reduce()
+        ));
+        optim = optim.with_data_parallel(g.clone());
+        critic = critic.map(|c| c.with_data_parallel(g));
+    }
     let mut replay = parts.replay.map(|cfg| Replay {
         cfg,
         buffer: ReplayBuffer::default(),

@@ -57,6 +57,15 @@ impl Critic {
         })
     }
 
+    /// The critic's updates run data-parallel over `group` (as the policy's do).
+    #[must_use]
+    pub fn with_data_parallel(self, group: std::sync::Arc<ember_train::DataParallel>) -> Self {
+        Self {
+            optim: self.optim.with_data_parallel(group),
+            ..self
+        }
+    }
+
     fn record(&self) -> ModuleRecord {
         if self.lora {
             self.model

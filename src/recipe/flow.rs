@@ -367,6 +367,12 @@ pub struct FlowRecipe {
     /// f32 with a message.
     #[serde(default)]
     pub precision: crate::device::Precision,
+    /// `[data_parallel]`: the update sharded over several devices (`devices`, `reduce`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::device::DataParallelSpec::is_default"
+    )]
+    pub data_parallel: crate::device::DataParallelSpec,
     /// The fine-tuning algorithm.
     pub algorithm: FlowAlgorithm,
     /// The DiT.

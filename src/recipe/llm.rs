@@ -150,6 +150,12 @@ pub struct Recipe {
     /// optimizer state, norms, softmax and losses); wgpu falls back to f32 with a message.
     #[serde(default)]
     pub precision: crate::device::Precision,
+    /// `[data_parallel]`: the update sharded over several devices (`devices`, `reduce`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::device::DataParallelSpec::is_default"
+    )]
+    pub data_parallel: crate::device::DataParallelSpec,
     /// Run multi-token passes (prefill, rescoring) through burn's fused attention op; decode
     /// steps keep the explicit path that every backend runs.
     #[serde(default)]

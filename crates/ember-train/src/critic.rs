@@ -3,7 +3,7 @@
 //! the actor's, with the critic's own optimizer (verl `dp_critic.update_critic`).
 
 use crate::optim::Optimizer;
-use crate::update::{Steps, UpdateSchedule, UpdateStats, select2};
+use crate::update::{Replicate, Steps, UpdateSchedule, UpdateStats, select2};
 use burn::module::Module;
 use burn::tensor::Tensor;
 use ember_engine::{CriticConfig, EngineError, ValueLossInput, value_loss};
@@ -11,7 +11,7 @@ use ember_engine::{CriticConfig, EngineError, ValueLossInput, value_loss};
 /// A value model over the steps of an experience batch.
 pub trait Critic: Module + Clone {
     /// What the model reads (the same experience as the actor's).
-    type Experience;
+    type Experience: Replicate;
 
     /// V(s_t) `[rows, steps]` of `rows` of `experience` (rows in the given order).
     fn values(&self, experience: &Self::Experience, rows: &[usize]) -> Tensor<2>;
@@ -53,13 +53,21 @@ pub fn critic_update<C: Critic>(
         loss_key: "critic/vf_loss",
         lr,
     };
-    steps.run(critic, optim, order, |critic, chunk, idx, norm| {
+    let copies = optim
+        .data_parallel()
+        .map(|dp| dp.replicate(experience))
+        .unwrap_or_default();
+    steps.run(critic, optim, order, |critic, replica, chunk, idx, norm| {
+        let exp = copies.get(replica).and_then(Option::as_ref);
+        let vpreds = critic.values(exp.unwrap_or(experience), chunk);
+        let d = vpreds.device();
+        let pick = |t: &Tensor<2>| select2(t, idx).to_device(&d);
         let input = ValueLossInput {
-            vpreds: critic.values(experience, chunk),
-            values: select2(&batch.values, idx),
-            returns: select2(&batch.returns, idx),
-            mask: select2(&batch.mask, idx),
-            weights: batch.weights.as_ref().map(|w| select2(w, idx)),
+            vpreds,
+            values: pick(&batch.values),
+            returns: pick(&batch.returns),
+            mask: pick(&batch.mask),
+            weights: batch.weights.as_ref().map(pick),
         };
         value_loss(cfg, &input, norm)
     })

@@ -11,6 +11,7 @@
 pub mod critic;
 pub mod io;
 pub mod optim;
+pub mod parallel;
 pub mod precision;
 pub mod schedule;
 pub mod sequential;
@@ -20,9 +21,10 @@ pub use critic::{Critic, CriticBatch, critic_update};
 pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
+pub use parallel::{DataParallel, ParallelError, Reduce};
 pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
 pub use sequential::sequential_update;
 pub use update::{
-    Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
+    Actor, Replicate, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
 };

@@ -3,11 +3,13 @@
 //! flow_grpo) or, on request, per parameter (burn's `GradientClippingConfig::Norm`). Every step
 //! measures the global gradient norm before clipping and skips a step whose norm is not finite.
 
+use crate::parallel::DataParallel;
 use burn::grad_clipping::GradientClippingConfig;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, OptimizerRecord};
 use burn::tensor::{DType, FloatDType, Tensor};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 fn burn_epsilon() -> f32 {
     1e-5
@@ -99,6 +101,7 @@ impl OptimizerConfig {
             adamw: c.init(),
             global_clip: (clip && self.grad_clip_mode == ClipMode::Global)
                 .then_some(self.grad_clip),
+            parallel: None,
         }
     }
 }
@@ -117,6 +120,7 @@ pub struct StepReport {
 pub struct Optimizer {
     adamw: ModuleOptimizer,
     global_clip: Option<f32>,
+    parallel: Option<Arc<DataParallel>>,
 }
 
 impl Optimizer {
@@ -155,6 +159,22 @@ impl Optimizer {
     }
 
     /// The AdamW state, for a checkpoint.
+    /// Updates through this optimizer run data-parallel over `group`'s devices (the model
+    /// stays on the first); like Horovod's `DistributedOptimizer`, the optimizer is what knows
+    /// the group. Steps taken with [`step`](Self::step) directly are unaffected.
+    #[must_use]
+    pub fn with_data_parallel(self, group: Arc<DataParallel>) -> Self {
+        Self {
+            parallel: Some(group),
+            ..self
+        }
+    }
+
+    /// The data-parallel group, if any.
+    pub fn data_parallel(&self) -> Option<&Arc<DataParallel>> {
+        self.parallel.as_ref()
+    }
+
     pub fn to_record(&self) -> OptimizerRecord {
         self.adamw.to_record()
     }

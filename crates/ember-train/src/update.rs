@@ -4,9 +4,10 @@
 //! (verl `dp_actor.update_policy`).
 
 use crate::optim::{Optimizer, StepReport};
+use crate::parallel::index;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor};
 use ember_engine::{
     ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, Metrics, PolicyLossInput,
     RolloutBatch, actor_loss,
@@ -26,10 +27,29 @@ pub struct Scored {
     pub kl: Option<Tensor<2>>,
 }
 
+/// Experience a data-parallel replica on another device can read: a copy of its tensors there.
+pub trait Replicate: Sync + Sized {
+    /// The same experience on `device`.
+    #[must_use]
+    fn to_device(&self, device: &Device) -> Self;
+}
+
+impl<const D: usize> Replicate for Tensor<D> {
+    fn to_device(&self, device: &Device) -> Self {
+        self.clone().to_device(device)
+    }
+}
+
+impl<const D: usize> Replicate for Tensor<D, Int> {
+    fn to_device(&self, device: &Device) -> Self {
+        self.clone().to_device(device)
+    }
+}
+
 /// A trainable policy over the steps of an experience batch.
 pub trait Actor: Module + Clone {
     /// What the model needs to score steps (tokens for an LLM, latents for a flow model).
-    type Experience;
+    type Experience: Replicate;
 
     /// Scores the steps of `rows` of `experience` (rows in the given order).
     fn score(&self, experience: &Self::Experience, rows: &[usize], with_entropy: bool) -> Scored;
@@ -128,23 +148,40 @@ pub fn update<A: Actor>(
         loss_key: "actor/loss",
         lr,
     };
-    steps.run(actor, optim, order, |actor, chunk, idx, norm| {
-        let scored = actor.score(experience, chunk, with_entropy);
+    let copies = optim
+        .data_parallel()
+        .map(|dp| dp.replicate(experience))
+        .unwrap_or_default();
+    steps.run(actor, optim, order, |actor, replica, chunk, idx, norm| {
+        let exp = copies.get(replica).and_then(Option::as_ref);
+        let scored = actor.score(exp.unwrap_or(experience), chunk, with_entropy);
+        let d = scored.log_probs.device();
+        let pick = |t: &Tensor<2>| select2(t, idx).to_device(&d);
         let input = ActorInput {
             policy: PolicyLossInput {
                 log_probs: scored.log_probs,
-                old_log_probs: select2(&old, idx),
-                advantages: select2(&adv.advantages, idx),
-                mask: select2(&adv.mask, idx),
-                ref_log_probs: batch.ref_log_probs.as_ref().map(|r| select2(r, idx)),
+                old_log_probs: pick(&old),
+                advantages: pick(&adv.advantages),
+                mask: pick(&adv.mask),
+                ref_log_probs: batch.ref_log_probs.as_ref().map(pick),
             },
             entropy: scored.entropy,
-            rollout_log_probs: batch.rollout_log_probs.as_ref().map(|r| select2(r, idx)),
+            rollout_log_probs: batch.rollout_log_probs.as_ref().map(pick),
             kl: scored.kl,
         };
         actor_loss(&cfg.loss, &input, norm)
     })
 }
+
+/// The metrics that are sums over the steps of a micro-batch divided by the mini-batch's
+/// normaliser ([`AggNorm`]): parts of the mini-batch's value.
+const PARTIAL: [&str; 5] = [
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/loss",
+    "critic/vf_loss",
+];
 
 /// Epochs × mini-batches × micro-batches of one model's update (the actor's or the critic's):
 /// the loss normalisers are the mini-batch's, a mini-batch without a valid step takes no step,
@@ -161,25 +198,31 @@ pub(crate) struct Steps<'a> {
 }
 
 impl Steps<'_> {
-    /// Runs the schedule; `loss(model, rows, rows as an index tensor, norm)` builds one
-    /// micro-batch's scalar loss and metrics (`loss_key` is checked for finiteness).
-    pub(crate) fn run<M: Module + Clone>(
+    /// Runs the schedule; `loss(model, replica, rows, rows as an index tensor, norm)` builds one
+    /// micro-batch's scalar loss and metrics (`loss_key` is checked for finiteness) on `model`'s
+    /// device; `replica` is the data-parallel replica's position (0 without a group), the index
+    /// tensor is on the mask's device. With the optimizer's data-parallel group each mini-batch
+    /// is cut into one shard per device, run in one thread each, and the gradients summed.
+    pub(crate) fn run<M: Module + Clone + Send>(
         &self,
         mut model: M,
         optim: &mut Optimizer,
         order: &mut dyn FnMut(usize) -> Vec<usize>,
-        mut loss: impl FnMut(
+        loss: impl Fn(
             &M,
+            usize,
             &[usize],
             &Tensor<1, Int>,
             AggNorm,
-        ) -> Result<(Tensor<1>, Metrics), EngineError>,
+        ) -> Result<(Tensor<1>, Metrics), EngineError>
+        + Sync,
     ) -> Result<(M, UpdateStats), EngineError> {
         let [rows, _] = self.mask.dims();
         let device = self.mask.device();
         let mut sums = Means::default();
         let mut stats = UpdateStats::default();
         let mini = self.schedule.mini_batches.clamp(1, rows.max(1));
+        let group = optim.data_parallel().cloned();
         for _ in 0..self.schedule.epochs.max(1) {
             let perm = order(rows);
             for m in 0..mini {
@@ -187,11 +230,7 @@ impl Steps<'_> {
                 if part.is_empty() {
                     continue;
                 }
-                let idx_of = |r: &[usize]| {
-                    let v: Vec<i64> = r.iter().map(|x| *x as i64).collect();
-                    Tensor::<1, Int>::from_data(TensorData::new(v, [r.len()]), &device)
-                };
-                let norm = AggNorm::of_mask(&select2(self.mask, &idx_of(&part)));
+                let norm = AggNorm::of_mask(&select2(self.mask, &index(&part, &device)));
                 // A mini-batch without a valid step has no gradient; AdamW would still move
                 // the weights by its momentum, so it takes no step (SeeUPO's turn updates,
                 // whose masks keep one turn, meet this with several mini-batches).
@@ -203,23 +242,72 @@ impl Steps<'_> {
                 } else {
                     self.schedule.micro_batch_rows
                 };
-                let mut acc = GradientsAccumulator::<M>::new();
+                let shard = |replica: &M, k: usize, rows: &[usize]| {
+                    let mut acc = GradientsAccumulator::<M>::new();
+                    let mut host = Vec::new();
+                    for chunk in rows.chunks(micro) {
+                        let (l, metrics) = loss(replica, k, chunk, &index(chunk, &device), norm)?;
+                        acc.accumulate(replica, GradientsParams::from_grads(l.backward(), replica));
+                        host.extend(metrics.to_host());
+                    }
+                    Ok::<_, EngineError>((acc.grads(), host))
+                };
+                let results = match &group {
+                    None => vec![shard(&model, 0, &part)],
+                    Some(dp) => {
+                        let shards = dp.shards(&part);
+                        std::thread::scope(|s| {
+                            let handles: Vec<_> = shards
+                                .iter()
+                                .enumerate()
+                                .map(|(k, rows)| {
+                                    let replica = if k == 0 {
+                                        model.clone()
+                                    } else {
+                                        model.clone().fork(&dp.devices()[k])
+                                    };
+                                    let shard = &shard;
+                                    s.spawn(move || shard(&replica, k, rows))
+                                })
+                                .collect();
+                            handles
+                                .into_iter()
+                                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                                .collect()
+                        })
+                    }
+                };
+                let mut grads = Vec::with_capacity(results.len());
                 let mut finite = true;
-                for chunk in part.chunks(micro) {
-                    let (l, metrics) = loss(&model, chunk, &idx_of(chunk), norm)?;
-                    let grads = GradientsParams::from_grads(l.backward(), &model);
-                    acc.accumulate(&model, grads);
-                    for (k, v) in metrics.to_host() {
+                // Loss terms are divided by the whole mini-batch's normaliser, so a micro-batch's
+                // (or a shard's) value is a part of the mini-batch's: those add up within the
+                // mini-batch, the other metrics (fractions, means) are averaged.
+                let mut parts: BTreeMap<String, f64> = BTreeMap::new();
+                for r in results {
+                    let (g, host) = r?;
+                    grads.push(g);
+                    for (k, v) in host {
                         if k == self.loss_key && !v.is_finite() {
                             finite = false;
                         }
-                        sums.add(k, v);
+                        if PARTIAL.contains(&k.as_str()) {
+                            *parts.entry(k).or_insert(0.0) += v;
+                        } else {
+                            sums.add(k, v);
+                        }
                     }
                 }
+                for (k, v) in parts {
+                    sums.add(k, v);
+                }
+                let grads = match &group {
+                    Some(dp) => dp.sum(&model, grads),
+                    None => grads.pop().unwrap_or_default(),
+                };
                 // A non-finite loss or gradient norm would make every weight NaN: the
                 // mini-batch's step is skipped and counted instead.
                 let applied = finite && {
-                    let (next, report) = optim.step(self.lr, model, acc.grads());
+                    let (next, report) = optim.step(self.lr, model, grads);
                     model = next;
                     sums.add(format!("{}/grad_norm", self.area), report.grad_norm);
                     report.applied

@@ -5,8 +5,8 @@
 
 use crate::dit::FlowDit;
 use crate::sde::{SdeCoef, gaussian_log_prob};
-use burn::tensor::{Int, Tensor, TensorData};
-use ember_train::{Actor, Scored};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_train::{Actor, Replicate, Scored};
 
 /// The trained steps of a batch of trajectories.
 #[derive(Debug, Clone)]
@@ -142,6 +142,17 @@ impl FlowExperience {
         );
         let mean = x * per_row(|c| c.a_x) + v * per_row(|c| c.a_v);
         (mean, next, per_row)
+    }
+}
+
+impl Replicate for FlowExperience {
+    fn to_device(&self, device: &Device) -> Self {
+        Self {
+            inputs: self.inputs.clone().to_device(device),
+            outputs: self.outputs.clone().to_device(device),
+            labels: self.labels.clone().to_device(device),
+            ..self.clone()
+        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! The LLM as an [`Actor`] of the trainer: its steps are response tokens.
 
 use crate::model::Llama;
-use burn::tensor::{Int, Tensor, TensorData};
-use ember_train::{Actor, Scored};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_train::{Actor, Replicate, Scored};
 
 /// Sequences (prompt + response) of one RL step, on the training device.
 #[derive(Debug, Clone)]
@@ -40,6 +40,16 @@ impl LlmExperience {
                 .collect(),
             0,
         )
+    }
+}
+
+impl Replicate for LlmExperience {
+    fn to_device(&self, device: &Device) -> Self {
+        Self {
+            tokens: self.tokens.clone().to_device(device),
+            mask: self.mask.clone().to_device(device),
+            ..self.clone()
+        }
     }
 }
 

@@ -1,0 +1,225 @@
+//! Data-parallel updates on several devices of one process: each mini-batch is cut into one
+//! shard of rows per device, every replica runs the forward and backward passes of its shard
+//! (in its own thread) with the *mini-batch's* loss normalisers, the replicas' gradients are
+//! summed, and one optimizer step is taken on the first device. Because every shard's loss is
+//! already divided by the whole mini-batch's token count (or sequence count), the sum of the
+//! shards' gradients is the gradient of the whole mini-batch: the update equals one device's
+//! (verl's `dp_actor` with `loss_agg_mode` normalisers all-reduced over the data-parallel group;
+//! PyTorch DDP with a summing reduction).
+//!
+//! Two reductions: [`Reduce::AllReduce`] uses burn's collective (`burn::tensor::distributed`,
+//! NCCL on CUDA, the only backend burn 0.22 provides it on), [`Reduce::Gather`] copies each
+//! replica's gradients to the first device and adds them there (any backend; on the CPU the
+//! replicas share the one device and the point is checking the arithmetic, not speed).
+
+use crate::update::Replicate;
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::distributed::{
+    CollectiveTensor, DistributedConfig, DistributedContext, ReduceOperation, all_reduce,
+};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// How the replicas' gradients are summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reduce {
+    /// burn's `all_reduce` where the backend has a collective (CUDA), else `gather`.
+    #[default]
+    Auto,
+    /// Copy every replica's gradients to the first device and add them there.
+    Gather,
+    /// burn's collective `all_reduce` (sum) over the devices (NCCL on CUDA).
+    AllReduce,
+}
+
+impl fmt::Display for Reduce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Gather => "gather",
+            Self::AllReduce => "all_reduce",
+        })
+    }
+}
+
+/// A data-parallel group that cannot be formed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParallelError {
+    /// No device was given.
+    #[error("data-parallel training needs at least one device")]
+    NoDevices,
+    /// `all_reduce` over a device listed twice (NCCL puts one rank per device).
+    #[error(
+        "`all_reduce` needs distinct devices (one NCCL rank each), but device {index} repeats an \
+         earlier one; use `gather` to run several replicas on one device"
+    )]
+    RepeatedDevice {
+        /// The repeated device's position.
+        index: usize,
+    },
+}
+
+/// The devices of a data-parallel update and how their gradients are summed. The first device
+/// holds the model and the optimizer; the others hold a replica during each mini-batch.
+pub struct DataParallel {
+    devices: Vec<Device>,
+    reduce: Reduce,
+    /// Keeps burn's communication server alive while the group exists (`all_reduce` only).
+    _context: Option<DistributedContext>,
+}
+
+impl fmt::Debug for DataParallel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataParallel")
+            .field("devices", &self.devices.len())
+            .field("reduce", &self.reduce)
+            .finish()
+    }
+}
+
+impl DataParallel {
+    /// A group over `devices` (autodiff devices; the first is the model's). `reduce` must be
+    /// resolved: `Auto` is taken as `Gather` here (the caller knows the backend).
+    ///
+    /// # Errors
+    /// No device, or `AllReduce` over a repeated device.
+    pub fn new(devices: Vec<Device>, reduce: Reduce) -> Result<Self, ParallelError> {
+        if devices.is_empty() {
+            return Err(ParallelError::NoDevices);
+        }
+        let reduce = match reduce {
+            Reduce::Auto => Reduce::Gather,
+            r => r,
+        };
+        let context = if reduce == Reduce::AllReduce {
+            for (i, d) in devices.iter().enumerate() {
+                if devices[..i].contains(d) {
+                    return Err(ParallelError::RepeatedDevice { index: i });
+                }
+            }
+            Some(DistributedContext::init(
+                inner(&devices),
+                DistributedConfig {
+                    all_reduce_op: ReduceOperation::Sum,
+                },
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            devices,
+            reduce,
+            _context: context,
+        })
+    }
+
+    /// The devices, the model's first.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The reduction in use (`Gather` or `AllReduce`).
+    pub fn reduce(&self) -> Reduce {
+        self.reduce
+    }
+
+    /// `rows` cut into one contiguous shard per device, sizes differing by at most one (the
+    /// first shards take the remainder; a shard is empty when there are fewer rows than devices).
+    pub fn shards<'a>(&self, rows: &'a [usize]) -> Vec<&'a [usize]> {
+        let n = self.devices.len();
+        (0..n)
+            .map(|k| &rows[k * rows.len() / n..(k + 1) * rows.len() / n])
+            .collect()
+    }
+
+    /// The experience on each replica's device: `None` where the replica shares the model's
+    /// device (it reads the original).
+    pub(crate) fn replicate<E: Replicate>(&self, experience: &E) -> Vec<Option<E>> {
+        self.devices
+            .iter()
+            .map(|d| (*d != self.devices[0]).then(|| experience.to_device(d)))
+            .collect()
+    }
+
+    /// The sum of the replicas' gradients (`grads[k]` on device k; missing parameters count as
+    /// zero), on the first device.
+    pub(crate) fn sum<M: Module>(&self, model: &M, grads: Vec<GradientsParams>) -> GradientsParams {
+        match self.reduce {
+            Reduce::AllReduce => {
+                let mut v = AllReduceVisitor {
+                    grads,
+                    devices: inner(&self.devices),
+                    out: GradientsParams::new(),
+                    seen: Vec::new(),
+                };
+                model.visit(&mut v);
+                v.out
+            }
+            _ => {
+                let mut acc = GradientsAccumulator::<M>::new();
+                for (k, g) in grads.into_iter().enumerate() {
+                    let g = if k == 0 {
+                        g
+                    } else {
+                        g.to_device(&self.devices[0], model)
+                    };
+                    acc.accumulate(model, g);
+                }
+                acc.grads()
+            }
+        }
+    }
+}
+
+fn inner(devices: &[Device]) -> Vec<Device> {
+    devices.iter().map(|d| d.clone().inner()).collect()
+}
+
+/// Every parameter's gradients all-reduced (sum) across the replicas, in the model's parameter
+/// order on every device (the order a collective needs); a replica without a gradient for a
+/// parameter (its shard was empty, or did not reach it) contributes zeros.
+struct AllReduceVisitor {
+    grads: Vec<GradientsParams>,
+    devices: Vec<Device>,
+    out: GradientsParams,
+    seen: Vec<ParamId>,
+}
+
+impl ModuleVisitor for AllReduceVisitor {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.seen.contains(&param.id) {
+            return;
+        }
+        self.seen.push(param.id);
+        let parts: Vec<Option<Tensor<D>>> = self
+            .grads
+            .iter_mut()
+            .map(|g| g.remove::<D>(param.id))
+            .collect();
+        let Some(shape) = parts.iter().flatten().next().map(Tensor::shape) else {
+            return; // no replica has a gradient: not a trained parameter
+        };
+        let collectives: Vec<CollectiveTensor<D>> = parts
+            .into_iter()
+            .zip(&self.devices)
+            .map(|(g, d)| {
+                let g = g.unwrap_or_else(|| Tensor::zeros(shape.clone(), d));
+                all_reduce(g, ReduceOperation::Sum, self.devices.clone())
+            })
+            .collect();
+        let mut reduced = collectives.into_iter().map(CollectiveTensor::resolve);
+        if let Some(first) = reduced.next() {
+            self.out.register(param.id, first);
+        }
+        reduced.for_each(drop);
+    }
+}
+
+/// `rows` as an index tensor on `device`.
+pub(crate) fn index(rows: &[usize], device: &Device) -> Tensor<1, Int> {
+    let v: Vec<i64> = rows.iter().map(|x| *x as i64).collect();
+    Tensor::<1, Int>::from_data(TensorData::new(v, [rows.len()]), device)
+}

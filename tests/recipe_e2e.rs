@@ -332,7 +332,8 @@ fn openai_rollout_backend_settings() {
         parse(&text, &["rollout.model=\"smol\"".to_string()]).unwrap_err()
     );
     assert!(e.contains("apply to rollout.backend"), "{e}");
+    // The tiny model trains every weight: its weights go to the servers whole
+    // (`update_weights_from_disk`), so the main job takes the backend too.
     let tiny = std::fs::read_to_string(root.join("recipes/arithmetic-cpu.toml")).unwrap();
-    let e = format!("{:#}", parse(&tiny, &ok).unwrap_err());
-    assert!(e.contains("needs a [pretrained] model"), "{e}");
+    assert!(parse(&tiny, &ok).is_ok());
 }

@@ -2,7 +2,8 @@
 //! (`tests/serve_openai_client.py`: chat and completions, n > 1, seeds, log-probs, stop strings,
 //! a LoRA adapter loaded and unloaded at run time, 4xx JSON errors, concurrent requests), the
 //! bounded queue's 429, graceful shutdown on SIGTERM with a request in flight, and the
-//! `openai` rollout backend training against two servers.
+//! `openai` rollout backend training against two servers; the main job's tiny model, which
+//! trains every weight, against one and two servers with `update_weights_from_disk`.
 
 mod common;
 
@@ -20,12 +21,16 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
+        Self::named(model, "smol", extra)
+    }
+
+    fn named(model: &Path, name: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
             .args(["serve", "--model"])
             .arg(model)
             .args([
                 "--served-model-name",
-                "smol",
+                name,
                 "--port",
                 "0",
                 "--device",
@@ -323,4 +328,140 @@ fn openai_rollout_backend_trains_against_two_servers() {
         "{e}"
     );
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// `ember train` of the main job at a small budget (a 100-step warm-up, `task.eval_size` 20),
+/// with extra `--set` values.
+fn tiny_train(out: &Path, sets: &[String]) -> std::process::Output {
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/arithmetic-cpu.toml");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    c.arg("train")
+        .arg(&recipe)
+        .args(["--quiet", "--overwrite", "--out"])
+        .arg(out);
+    // (8 prompts × 8 samples: one request of 64 rows per server, so one server draws with the
+    // trainer's own seed.)
+    for s in [
+        "warmup.steps=100",
+        "task.eval_size=20",
+        "train.eval_every=1000",
+        "rollout.prompts_per_step=8",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(sets.iter().cloned())
+    {
+        c.args(["--set", &s]);
+    }
+    c.output().unwrap()
+}
+
+fn metric_rows(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The main job (the tiny model trains every weight) with `backend = "openai"`: before each
+/// rollout the trainer writes its weights as a Hugging Face directory and loads them on the
+/// servers with `update_weights_from_disk`. Against one server the run is the in-process run
+/// (the same rewards step by step, importance weights 1 to float rounding); against two it
+/// trains, and the servers end with the last step's weights. The endpoint's errors are named.
+#[test]
+fn main_job_pushes_its_weights_to_the_servers() {
+    let base = temp("tiny-remote");
+    // The servers start from an export of the same architecture (a run of zero RL steps).
+    let seed = base.join("seed");
+    let o = tiny_train(&seed, &["train.steps=0".into()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let a = Server::named(&seed.join("final"), "tiny", &[]);
+    let b = Server::named(&seed.join("final"), "tiny", &[]);
+    let remote = |ports: &[u16]| -> Vec<String> {
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("\"http://127.0.0.1:{p}\""))
+            .collect();
+        vec![
+            "train.steps=3".into(),
+            "rollout.backend=\"openai\"".into(),
+            format!("rollout.base_urls=[{}]", urls.join(",")),
+            "rollout.model=\"tiny\"".into(),
+        ]
+    };
+    let (local, one, two) = (base.join("local"), base.join("one"), base.join("two"));
+    assert!(
+        tiny_train(&local, &["train.steps=3".into()])
+            .status
+            .success()
+    );
+    let o = tiny_train(&one, &remote(&[a.port]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (l, r) = (metric_rows(&local), metric_rows(&one));
+    assert_eq!(l.len(), r.len());
+    for (x, y) in l.iter().zip(&r).skip(1) {
+        assert_eq!(
+            x["rollout/reward_mean"], y["rollout/reward_mean"],
+            "step {}",
+            x["step"]
+        );
+        let max = y["mismatch/is_ratio_max"].as_f64().unwrap();
+        assert!((max - 1.0).abs() < 1e-3, "step {}: {max}", y["step"]);
+        let (g1, g2) = (
+            x["actor/grad_norm"].as_f64().unwrap(),
+            y["actor/grad_norm"].as_f64().unwrap(),
+        );
+        assert!(
+            (g1 - g2).abs() <= 1e-3 * g1.abs(),
+            "step {}: {g1} vs {g2}",
+            x["step"]
+        );
+    }
+    let o = tiny_train(&two, &remote(&[a.port, b.port]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(metric_rows(&two).len(), 4);
+    for s in [&a, &b] {
+        let (code, body) = get(s.port, "/v1/models");
+        assert_eq!(code, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let root = v["data"][0]["root"].as_str().unwrap();
+        assert!(root.ends_with("serving/step-00000002"), "{root}");
+        assert!(
+            v["data"][0]["weight_version"]
+                .as_str()
+                .unwrap()
+                .ends_with("-step2")
+        );
+    }
+    // Errors: no such path; another architecture; an unsupported format; an unknown field.
+    let other = base.join("other");
+    let o = tiny_train(
+        &other,
+        &[
+            "train.steps=0".into(),
+            "model.d_model=64".into(),
+            "warmup.steps=1".into(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let other_final = other.join("final").display().to_string();
+    for (body, says) in [
+        (json_path("/nonexistent/dir"), "no such file"),
+        (json_path(&other_final), "another architecture"),
+        (
+            r#"{"model_path": "x", "load_format": "dummy"}"#.to_string(),
+            "load_format `dummy`",
+        ),
+        (r#"{"model_path": "x", "nope": 1}"#.to_string(), "nope"),
+    ] {
+        let (code, text) = post(a.port, "/update_weights_from_disk", &body);
+        assert_eq!(code, 400, "{body}: {text}");
+        assert!(text.contains(says), "{body}: {text}");
+    }
+    std::fs::remove_dir_all(&base).ok();
+}
+
+fn json_path(p: &str) -> String {
+    serde_json::json!({ "model_path": p }).to_string()
 }

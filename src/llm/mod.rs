@@ -458,6 +458,13 @@ pub fn policy_at_start(
     Ok(policy)
 }
 
+/// The tiny model as a complete Hugging Face directory in `dir`: safetensors, `config.json`
+/// and the character vocabulary as `tokenizer.json` (so `ember serve` can serve it).
+pub fn save_tiny(policy: &Policy, dir: &Path) -> Result<()> {
+    ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, dir)?;
+    chartok::write_hf_tokenizer(dir).with_context(|| format!("writing {}", dir.display()))
+}
+
 /// `final/`: the tiny model as Hugging Face safetensors, or the LoRA adapter in PEFT layout.
 pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
     let final_dir = out.join("final");
@@ -472,9 +479,7 @@ pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
                 .map_or("base".into(), |s| s.to_string_lossy().to_string());
             ember_llm::save_peft(&policy.model.valid(), settings, &name, &tmp)?;
         }
-        _ => {
-            ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, &tmp)?;
-        }
+        _ => save_tiny(policy, &tmp)?,
     }
     ember_train::io::publish_dir(&tmp, &final_dir)
         .with_context(|| format!("writing {}", final_dir.display()))

@@ -11,6 +11,9 @@
 //! - **Weights**: after each update the adapter is written in PEFT layout and loaded on every
 //!   server under a new name (`<run>-step<k>`), the previous one unloaded; rollouts name the new
 //!   one, so a server cannot answer with stale weights (it would answer 404, an error here).
+//!   A policy that trains every weight (the tiny model) is written as a Hugging Face directory
+//!   and loaded with SGLang's `update_weights_from_disk`; each server's `/v1/models` must then
+//!   name that directory as the base model's `root` before the rollout.
 //! - **Faults**: a request that fails (unreachable, timeout, 429, 5xx) is retried with backoff
 //!   1, 2, 4 … s, then the step fails with the server and the last error named; the job then
 //!   writes the last completed step's checkpoint (the run kit's error path).
@@ -231,8 +234,56 @@ impl Remote {
         if self.pushed == Some(step) {
             return Ok(());
         }
-        self.push_adapter(policy, step)?;
+        if policy.lora.is_some() {
+            self.push_adapter(policy, step)?;
+        } else {
+            self.push_weights(policy, step)?;
+        }
         self.pushed = Some(step);
+        Ok(())
+    }
+
+    /// A policy that trains every weight: the model written as a Hugging Face directory and
+    /// loaded on every server with SGLang's `update_weights_from_disk` (which `ember serve`
+    /// answers too), then checked: each server's `/v1/models` must give the new directory as
+    /// the base model's `root` before the rollout goes out.
+    pub fn push_weights(&mut self, policy: &Policy, step: usize) -> Result<()> {
+        let dir = self.adapters_dir.join(format!("step-{step:08}"));
+        let tmp = self.adapters_dir.join(format!(".step-{step:08}.tmp"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        match policy.tok {
+            super::Tok::Char => super::save_tiny(policy, &tmp)?,
+            super::Tok::Real { .. } => {
+                ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, &tmp)?;
+            }
+        }
+        ember_train::io::publish_dir(&tmp, &dir)
+            .with_context(|| format!("writing {}", dir.display()))?;
+        let path = std::fs::canonicalize(&dir)?.display().to_string();
+        let version = format!("{}-step{step}", self.run_tag);
+        for url in &self.urls {
+            let body = json!({"model_path": path, "weight_version": version});
+            self.request(url, "/update_weights_from_disk", Some(&body))
+                .with_context(|| format!("loading the step-{step} weights on {url}"))?;
+            let models = self.request(url, "/v1/models", None)?;
+            let root = models["data"].as_array().and_then(|d| {
+                d.iter()
+                    .find(|m| m["id"].as_str() == Some(self.base_model.as_str()))
+                    .and_then(|m| m["root"].as_str())
+            });
+            if root != Some(path.as_str()) {
+                bail!(
+                    "{url} answered the weight update but serves `{}` from {root:?}, not {path}",
+                    self.base_model
+                );
+            }
+        }
+        if let Some(p) = self.pushed.filter(|&p| p != step) {
+            std::fs::remove_dir_all(self.adapters_dir.join(format!("step-{p:08}"))).ok();
+        }
+        self.current = Some(self.base_model.clone());
         Ok(())
     }
 

@@ -481,8 +481,7 @@ impl Recipe {
         if self.train.run.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }
-        self.rollout
-            .validate_backend(self.pretrained.is_some(), parts.adaptive.is_some())
+        self.rollout.validate_backend(parts.adaptive.is_some())
     }
 
     /// Estimator, actor loss and dynamic sampling after the preset and the recipe's

@@ -64,9 +64,9 @@ impl RolloutBackend {
 }
 
 impl RolloutSpec {
-    /// The `"openai"` backend's settings, for a recipe with (`pretrained`) or without a
-    /// pretrained model and with or without Reinforce-Ada's rounds (`adaptive`).
-    pub fn validate_backend(&self, pretrained: bool, adaptive: bool) -> Result<()> {
+    /// The `"openai"` backend's settings, for a recipe with or without Reinforce-Ada's rounds
+    /// (`adaptive`).
+    pub fn validate_backend(&self, adaptive: bool) -> Result<()> {
         let ro = self;
         if ro.backend.is_local() {
             if !ro.base_urls.is_empty()
@@ -104,14 +104,6 @@ impl RolloutSpec {
         }
         if ro.request_retries.is_some_and(|r| r > 10) {
             bail!("rollout.request_retries must be at most 10");
-        }
-        if !pretrained {
-            bail!(
-                "rollout.backend = \"openai\" pushes the trained LoRA adapter to the servers after \
-                 every update: it needs a [pretrained] model (trained through LoRA); the tiny model \
-                 trains every weight, which would need a weight transfer the OpenAI API does not \
-                 have"
-            );
         }
         if adaptive {
             bail!("rollout.backend = \"openai\" does not combine with Reinforce-Ada's rounds");

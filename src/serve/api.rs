@@ -233,6 +233,28 @@ pub struct LoadLora {
     pub load_inplace: bool,
 }
 
+/// SGLang's `POST /update_weights_from_disk`: the base model's weights replaced by those of a
+/// Hugging Face directory (or GGUF file) of the same architecture, between batches.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateWeights {
+    /// The directory (or file) to read.
+    pub model_path: String,
+    /// Only `auto` (or absent): the format is read from the path.
+    #[serde(default)]
+    pub load_format: Option<String>,
+    /// A label for these weights, reported back (SGLang's `weight_version`).
+    #[serde(default)]
+    pub weight_version: Option<String>,
+    /// SGLang's flags for requests in flight: here requests queued before the update are
+    /// answered with the old weights, the later ones with the new, whatever these say.
+    #[serde(default)]
+    pub abort_all_requests: Option<bool>,
+    /// As above.
+    #[serde(default)]
+    pub flush_cache: Option<bool>,
+}
+
 /// vLLM's `POST /v1/unload_lora_adapter`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct UnloadLora {

@@ -13,7 +13,7 @@ use super::api::{ApiError, LoadLora, Params};
 use axum::http::StatusCode;
 use burn::tensor::Device;
 use ember_engine::SplitMix64;
-use ember_llm::{Llama, SamplingConfig, generate, load_peft};
+use ember_llm::{Llama, LlamaConfig, SamplingConfig, generate, load_peft};
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -69,6 +69,8 @@ pub enum Msg {
     Load(LoadLora, oneshot::Sender<Result<(), ApiError>>),
     /// Unload an adapter.
     Unload(String, oneshot::Sender<Result<(), ApiError>>),
+    /// Replace the base model's weights with those at a path.
+    UpdateWeights(String, oneshot::Sender<Result<(), ApiError>>),
 }
 
 /// The names requests may use: the base model first, then the adapters (shared with the HTTP
@@ -79,6 +81,7 @@ pub type Names = Arc<RwLock<Vec<String>>>;
 pub struct Engine {
     base_name: String,
     base: Llama,
+    config: LlamaConfig,
     adapters: BTreeMap<String, Llama>,
     names: Names,
     stop_tokens: Vec<u32>,
@@ -94,7 +97,7 @@ impl Engine {
     /// `max_rows` sampled rows and `max_cells` rows × KV-cache positions per call.
     pub fn new(
         base_name: String,
-        base: Llama,
+        (base, config): (Llama, LlamaConfig),
         stop_tokens: Vec<u32>,
         device: Device,
         (max_rows, max_cells): (usize, usize),
@@ -107,6 +110,7 @@ impl Engine {
         Self {
             base_name,
             base,
+            config,
             adapters: BTreeMap::new(),
             names,
             stop_tokens,
@@ -172,6 +176,47 @@ impl Engine {
             Err(_) => Err(ApiError::bad(
                 "lora_path",
                 format!("loading {} failed (the loader panicked)", req.lora_path),
+            )),
+        }
+    }
+
+    /// Replaces the base model's weights with those at `path` (SGLang's
+    /// `update_weights_from_disk`): the same architecture (`config.json` equal in every
+    /// dimension), and no adapter loaded, since adapters hold the base weights they were loaded
+    /// over and would silently keep the old ones.
+    pub fn update_weights(&mut self, path: &str) -> Result<(), ApiError> {
+        if !self.adapters.is_empty() {
+            let names: Vec<&str> = self.adapters.keys().map(String::as_str).collect();
+            return Err(ApiError::bad(
+                "model_path",
+                format!(
+                    "unload the LoRA adapters first ({}): they were loaded over the current base \
+                     weights",
+                    names.join(", ")
+                ),
+            ));
+        }
+        let loaded = catch_unwind(AssertUnwindSafe(|| {
+            ember_llm::load(Path::new(path), &self.device)
+        }));
+        match loaded {
+            Ok(Ok(l)) if l.config == self.config => {
+                self.base = l.model;
+                log::info!("base weights updated from {path}");
+                Ok(())
+            }
+            Ok(Ok(l)) => Err(ApiError::bad(
+                "model_path",
+                format!(
+                    "{path} has another architecture than the served model (its config: {:?}; \
+                     served: {:?})",
+                    l.config, self.config
+                ),
+            )),
+            Ok(Err(e)) => Err(ApiError::bad("model_path", format!("loading {path}: {e}"))),
+            Err(_) => Err(ApiError::bad(
+                "model_path",
+                format!("loading {path} failed (the loader panicked)"),
             )),
         }
     }
@@ -253,6 +298,9 @@ impl Engine {
             }
             Msg::Unload(name, reply) => {
                 let _ = reply.send(self.unload(&name));
+            }
+            Msg::UpdateWeights(path, reply) => {
+                let _ = reply.send(self.update_weights(&path));
             }
             Msg::Generate(_) => {}
         }

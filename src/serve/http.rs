@@ -2,7 +2,8 @@
 //! in, text, stop strings and log-probs out.
 
 use super::api::{
-    ApiError, ChatRequest, CompletionRequest, LoadLora, Params, Prompt, Stop, UnloadLora, Usage,
+    ApiError, ChatRequest, CompletionRequest, LoadLora, Params, Prompt, Stop, UnloadLora,
+    UpdateWeights, Usage,
 };
 use super::engine::{Choice, Job, Msg};
 use super::state::now;
@@ -29,6 +30,7 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/load_lora_adapter", post(load_lora))
         .route("/v1/unload_lora_adapter", post(unload_lora))
+        .route("/update_weights_from_disk", post(update_weights))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
         })
@@ -84,6 +86,7 @@ async fn health(State(st): State<Arc<AppState>>) -> StatusCode {
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
     let base = st.info.base_name.clone();
+    let weights = st.weights();
     let data: Vec<Value> = st
         .served()
         .into_iter()
@@ -94,7 +97,8 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
                 "object": "model",
                 "created": st.created,
                 "owned_by": "ember",
-                "root": if adapter { Value::Null } else { base.clone().into() },
+                "root": if adapter { Value::Null } else { weights.0.clone().into() },
+                "weight_version": if adapter { Value::Null } else { weights.1.clone().into() },
                 "parent": if adapter { base.clone().into() } else { Value::Null },
                 "max_model_len": st.info.context,
             })
@@ -118,6 +122,36 @@ async fn unload_lora(
     let name = |r: &UnloadLora| r.lora_name.clone();
     let msg = |r: UnloadLora, reply| Msg::Unload(r.lora_name, reply);
     adapter_call(&st, body, name, msg, "removed").await
+}
+
+/// SGLang's `update_weights_from_disk`: queued as a control message (requests queued before it
+/// are answered with the old weights); SGLang's answer shape, OpenAI-style errors.
+async fn update_weights(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let run = async {
+        let req: UpdateWeights = parse(body)?;
+        if let Some(f) = req.load_format.as_deref().filter(|f| *f != "auto") {
+            return Err(ApiError::bad(
+                "load_format",
+                format!("load_format `{f}` is not supported (only `auto`: read from the path)"),
+            ));
+        }
+        let tx = st.sender()?;
+        let path = req.model_path.clone();
+        super::control(&tx, |r| Msg::UpdateWeights(path, r)).await?;
+        st.set_weights(req.model_path, req.weight_version);
+        Ok::<_, ApiError>(axum::Json(json!({
+            "success": true,
+            "message": "Succeeded to update model weights.",
+            "num_paused_requests": 0,
+        })))
+    };
+    match run.await {
+        Ok(v) => v.into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// vLLM's adapter endpoints: the request queued as a control message; its plain-text answer.

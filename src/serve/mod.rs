@@ -72,6 +72,8 @@ pub struct ModelInfo {
     pub context: usize,
     /// Vocabulary size.
     pub vocab: usize,
+    /// Where the base weights were read from (`--model`; `root` in `/v1/models`).
+    pub root: String,
 }
 
 /// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
@@ -125,8 +127,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                     }
                     let vocab = loaded.model.vocab_size();
                     let budget = (a.max_batch, a.max_batch_tokens);
-                    let mut engine =
-                        Engine::new(base_name, loaded.model, stop, device, budget, names);
+                    let mut engine = Engine::new(
+                        base_name,
+                        (loaded.model, loaded.config),
+                        stop,
+                        device,
+                        budget,
+                        names,
+                    );
                     for req in &adapters {
                         engine.load(req).map_err(|e| {
                             anyhow::anyhow!("--adapter {}: {}", req.lora_name, e.message)
@@ -140,6 +148,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                                 .unwrap_or_else(|| a.model.display().to_string()),
                             context,
                             vocab,
+                            root: a.model.display().to_string(),
                         }))
                         .ok();
                     Ok(engine)

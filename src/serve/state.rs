@@ -7,7 +7,7 @@ use super::engine::{Msg, Names};
 use axum::http::StatusCode;
 use ember_llm::Tokenizer;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
@@ -23,6 +23,9 @@ pub struct AppState {
     closing: AtomicBool,
     ids: AtomicU64,
     pub(crate) created: u64,
+    /// Where the base model's current weights came from (`--model`, then each
+    /// `update_weights_from_disk`), and their `weight_version` label if one was given.
+    weights: RwLock<(String, Option<String>)>,
 }
 
 impl AppState {
@@ -34,6 +37,7 @@ impl AppState {
         tx: mpsc::Sender<Msg>,
         (max_rows, max_cells): (usize, usize),
     ) -> Self {
+        let info_root = info.root.clone();
         Self {
             info,
             tok,
@@ -44,6 +48,7 @@ impl AppState {
             closing: AtomicBool::new(false),
             ids: AtomicU64::new(0),
             created: now(),
+            weights: RwLock::new((info_root, None)),
         }
     }
 
@@ -72,6 +77,17 @@ impl AppState {
 
     pub(crate) fn served(&self) -> Vec<String> {
         self.names.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// The path and label of the base model's current weights.
+    pub(crate) fn weights(&self) -> (String, Option<String>) {
+        self.weights.read().map(|w| w.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn set_weights(&self, path: String, version: Option<String>) {
+        if let Ok(mut w) = self.weights.write() {
+            *w = (path, version);
+        }
     }
 
     pub(crate) fn next_id(&self, prefix: &str) -> String {

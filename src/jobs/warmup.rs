@@ -189,6 +189,11 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     let mut optim = optimizer(r);
     // PPO's critic: valued, then trained after the actor, as in the job.
     let mut critic = Critic::new(r, &policy, &ad);
+    // The update's shapes are timed as the job runs them: sharded with `[data_parallel]`.
+    if let Some(g) = crate::device::data_parallel(&r.device, r.data_parallel)? {
+        optim = optim.with_data_parallel(g.clone());
+        critic = critic.map(|c| c.with_data_parallel(g));
+    }
     let n = r.rollout.samples_per_prompt;
     let k = r.rollout.prompts_per_step;
     let rows = k * n;

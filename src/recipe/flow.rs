@@ -420,6 +420,9 @@ pub(crate) fn from_table(table: toml::Table) -> Result<FlowRecipe> {
 impl FlowRecipe {
     /// Checks every value, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
+        if self.data_parallel.devices == 0 {
+            bail!("data_parallel.devices must be at least 1");
+        }
         if self.kind != "flow" {
             bail!("kind = {:?}: a flow recipe says kind = \"flow\"", self.kind);
         }

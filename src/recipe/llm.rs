@@ -424,6 +424,15 @@ impl Recipe {
         parts.advantage.validate()?;
         if let Some(o) = &self.offline {
             o.validate()?;
+            if !self.data_parallel.is_default() {
+                bail!(
+                    "[data_parallel] shards the online update; the offline objectives \
+                     ([offline]) run on one device: remove [data_parallel]"
+                );
+            }
+        }
+        if self.data_parallel.devices == 0 {
+            bail!("data_parallel.devices must be at least 1");
         }
         super::critic::validate(
             self.critic.as_ref(),

@@ -1,5 +1,6 @@
 //! `ember serve` on the real SmolLM2 GGUF: the PyPI `openai` client against it
 //! (`tests/serve_openai_client.py`: chat and completions, n > 1, seeds, log-probs, stop strings,
+//! `echo` as lm-eval-harness's log-likelihood requests use it,
 //! a LoRA adapter loaded and unloaded at run time, 4xx JSON errors, concurrent requests), the
 //! bounded queue's 429, graceful shutdown on SIGTERM with a request in flight, and the
 //! `openai` rollout backend training against two servers; the main job's tiny model, which
@@ -186,6 +187,10 @@ fn openai_client_against_ember_serve() {
     );
     let found: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(found["concurrent"], 12);
+    assert!(
+        found["echo_continuation_logprob"].as_f64().unwrap() < 0.0,
+        "{found}"
+    );
     eprintln!("{found}");
     std::fs::remove_dir_all(&adapter).ok();
 }

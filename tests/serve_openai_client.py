@@ -65,6 +65,41 @@ assert text.startswith(" 4"), text
 assert len(comp.choices[0].logprobs.token_logprobs) == comp.usage.completion_tokens
 found["completion"] = text
 
+# echo, as lm-eval-harness's `local-completions` asks for a log-likelihood: token-id prompts
+# (context + continuation), max_tokens 1, temperature 0, logprobs 1; it sums
+# token_logprobs[ctxlen:-1] and calls the continuation greedy when each of its log-probs is the
+# top-1 alternative's.
+ctx = comp.usage.prompt_tokens
+ids_req = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=6, temperature=0,
+                                    extra_body={"return_token_ids": True})
+prompt_ids = ids_req.choices[0].model_extra["prompt_token_ids"]
+gen_ids = ids_req.choices[0].model_extra["token_ids"]
+assert len(prompt_ids) == ctx, (prompt_ids, ctx)
+full = prompt_ids + gen_ids[:2]
+echo = client.completions.create(model=model, prompt=[full], max_tokens=1, temperature=0,
+                                 logprobs=1, echo=True)
+lp = echo.choices[0].logprobs
+assert len(lp.token_logprobs) == len(full) + 1 and lp.token_logprobs[0] is None, lp
+assert lp.top_logprobs[0] is None and len(lp.top_logprobs) == len(full) + 1
+cont = lp.token_logprobs[ctx:-1]
+tops = lp.top_logprobs[ctx:-1]
+assert len(cont) == 2
+# The greedy continuation is greedy, and its log-probs are the generation's (same model).
+assert all(abs(t - max(top.values())) < 1e-5 for t, top in zip(cont, tops)), (cont, tops)
+for a, b in zip(cont, comp.choices[0].logprobs.token_logprobs[:2]):
+    assert abs(a - b) < 1e-3, (cont, comp.choices[0].logprobs.token_logprobs)
+# Scoring only (max_tokens 0): the same prompt log-probs.
+only = client.completions.create(model=model, prompt=[full], max_tokens=0, logprobs=1, echo=True)
+assert only.usage.completion_tokens == 0
+assert all(abs(a - b) < 1e-5 for a, b in zip(only.choices[0].logprobs.token_logprobs[1:],
+                                               lp.token_logprobs[1:len(full)]))
+# A continuation the model would not choose is not greedy.
+worse = prompt_ids + [gen_ids[0] + 1]
+w = client.completions.create(model=model, prompt=[worse], max_tokens=0, logprobs=1, echo=True)
+wl = w.choices[0].logprobs
+assert wl.token_logprobs[-1] < max(wl.top_logprobs[-1].values()), wl
+found["echo_continuation_logprob"] = sum(cont)
+
 # n > 1 with a seed: n choices, and the same seed gives the same choices.
 def sample(seed):
     r = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12,

@@ -2,8 +2,8 @@
 //! Chat Completions APIs, and vLLM's LoRA endpoints), their checks, and OpenAI-style errors.
 //!
 //! Fields the server does not implement are refused by name (never silently ignored) when they
-//! would change the answer: `stream`, `echo`, `best_of`, penalties, `logit_bias`, top
-//! alternatives in `logprobs`, tools. Fields that only label a request (`user`) are accepted.
+//! would change the answer: `stream`, `best_of`, penalties, `logit_bias`, more than the top-1
+//! alternative in `logprobs`, tools. Fields that only label a request (`user`) are accepted.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -163,9 +163,10 @@ pub struct CompletionRequest {
     pub prompt: Prompt,
     /// New tokens at most; default 16 (OpenAI's).
     pub max_tokens: Option<usize>,
-    /// Log-probs of the sampled tokens when set (0 or 1; top alternatives are not returned).
+    /// Log-probs of the sampled tokens when set (0 or 1; with `echo`, 1 also gives the top-1
+    /// alternative at each position).
     pub logprobs: Option<u32>,
-    /// Must be false or absent.
+    /// Give the prompt back before the completion, with its log-probs (`max_tokens` may be 0).
     #[serde(default)]
     pub echo: bool,
     /// Must be absent or equal to n.

@@ -11,7 +11,8 @@
 
 use super::api::{ApiError, LoadLora, Params};
 use axum::http::StatusCode;
-use burn::tensor::Device;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_engine::SplitMix64;
 use ember_llm::{Llama, LlamaConfig, SamplingConfig, generate, load_peft};
 use std::collections::{BTreeMap, VecDeque};
@@ -71,7 +72,19 @@ pub enum Msg {
     Unload(String, oneshot::Sender<Result<(), ApiError>>),
     /// Replace the base model's weights with those at a path.
     UpdateWeights(String, oneshot::Sender<Result<(), ApiError>>),
+    /// Score whole sequences under a model (`echo`): see [`Scores`].
+    Score(
+        String,
+        Vec<Vec<u32>>,
+        oneshot::Sender<Result<Vec<Scores>, ApiError>>,
+    ),
 }
+
+/// A sequence scored under a model at temperature 1, for its tokens 1..len: each token's
+/// log-prob, and the most likely token there with its log-prob (the prompt log-probs and top-1
+/// alternatives of OpenAI's `echo` with `logprobs = 1`, what lm-eval-harness's log-likelihood
+/// tasks read).
+pub type Scores = Vec<(f32, u32, f32)>;
 
 /// The names requests may use: the base model first, then the adapters (shared with the HTTP
 /// side, which answers 404 for other names and lists these in `/v1/models`).
@@ -302,7 +315,71 @@ impl Engine {
             Msg::UpdateWeights(path, reply) => {
                 let _ = reply.send(self.update_weights(&path));
             }
+            Msg::Score(model, seqs, reply) => {
+                let _ = reply.send(self.score(&model, &seqs));
+            }
             Msg::Generate(_) => {}
+        }
+    }
+
+    /// [`Scores`] of each of `seqs` under the model `name` (one forward pass per sequence, one
+    /// host read of its three rows).
+    pub fn score(&self, name: &str, seqs: &[Vec<u32>]) -> Result<Vec<Scores>, ApiError> {
+        let model = if name == self.base_name {
+            Some(&self.base)
+        } else {
+            self.adapters.get(name)
+        };
+        let Some(model) = model else {
+            let served = self.names.read().map(|n| n.clone()).unwrap_or_default();
+            return Err(ApiError::no_model(name, &served));
+        };
+        let device = &self.device;
+        let run = || -> Result<Vec<Scores>, String> {
+            let mut out = Vec::with_capacity(seqs.len());
+            for s in seqs {
+                let t = s.len();
+                if t < 2 {
+                    out.push(Vec::new());
+                    continue;
+                }
+                let ids: Vec<i64> = s.iter().map(|&x| i64::from(x)).collect();
+                let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, t]), device);
+                let mask = Tensor::<2>::ones([1, t], device);
+                let logits = model.forward(tokens.clone(), mask);
+                let v = logits.dims()[2];
+                let lsm = log_softmax(logits.slice([0..1, 0..t - 1, 0..v]), 2);
+                let targets = tokens.slice([0..1, 1..t]).reshape([1, t - 1, 1]);
+                let picked = lsm.clone().gather(2, targets).reshape([t - 1]);
+                let (top, arg) = lsm.max_dim_with_indices(2);
+                let rows = Tensor::cat(
+                    vec![picked, top.reshape([t - 1]), arg.reshape([t - 1]).float()],
+                    0,
+                );
+                let host = rows
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .map_err(|e| format!("reading scores back: {e:?}"))?;
+                out.push(
+                    (0..t - 1)
+                        .map(|i| (host[i], host[2 * (t - 1) + i] as u32, host[t - 1 + i]))
+                        .collect(),
+                );
+            }
+            Ok(out)
+        };
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                e,
+            )),
+            Err(_) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "scoring failed (the model panicked)",
+            )),
         }
     }
 

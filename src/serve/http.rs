@@ -178,7 +178,7 @@ async fn adapter_call<T: DeserializeOwned>(
 }
 
 /// Queues a job and waits for its choices (429 when the queue is full).
-async fn submit(
+pub(crate) async fn submit(
     st: &AppState,
     model: &str,
     prompts: Vec<Vec<u32>>,
@@ -235,7 +235,7 @@ async fn submit(
 /// Checks prompt ids (`param` names them in errors) and fixes `max_tokens` (`default` when
 /// absent: a number, or the rest of the context within the server's KV-cache budget for
 /// `rows` rows).
-fn check_lengths(
+pub(crate) fn check_lengths(
     st: &AppState,
     (prompts, param): (&[Vec<u32>], &str),
     max_tokens: Option<usize>,
@@ -286,7 +286,11 @@ fn check_lengths(
 
 /// A choice's text, cut before the first stop string; and the number of its tokens kept (the
 /// shortest prefix whose text holds the stop string, or all).
-fn cut(tok: &Tokenizer, c: &Choice, stops: &[String]) -> Result<(String, usize, bool), ApiError> {
+pub(crate) fn cut(
+    tok: &Tokenizer,
+    c: &Choice,
+    stops: &[String],
+) -> Result<(String, usize, bool), ApiError> {
     let decode = |ids: &[u32]| {
         tok.decode(ids, true).map_err(|e| {
             ApiError::new(
@@ -314,7 +318,7 @@ fn cut(tok: &Tokenizer, c: &Choice, stops: &[String]) -> Result<(String, usize, 
     Ok((text[..at].to_string(), hi, true))
 }
 
-fn token_text(tok: &Tokenizer, id: u32, as_ids: bool) -> String {
+pub(crate) fn token_text(tok: &Tokenizer, id: u32, as_ids: bool) -> String {
     if as_ids {
         format!("token_id:{id}")
     } else {
@@ -322,7 +326,7 @@ fn token_text(tok: &Tokenizer, id: u32, as_ids: bool) -> String {
     }
 }
 
-fn finish(eos: bool, stopped: bool) -> &'static str {
+pub(crate) fn finish(eos: bool, stopped: bool) -> &'static str {
     if eos || stopped { "stop" } else { "length" }
 }
 
@@ -340,9 +344,6 @@ async fn completions_inner(
     let req: CompletionRequest = parse(body)?;
     let params = req.sampling.params()?;
     let stops = Stop::strings(req.sampling.stop.clone())?;
-    if req.echo {
-        return Err(ApiError::bad("echo", "echo is not supported"));
-    }
     if req.suffix.is_some() {
         return Err(ApiError::bad("suffix", "suffix is not supported"));
     }
@@ -355,7 +356,7 @@ async fn completions_inner(
     if req.logprobs.is_some_and(|k| k > 1) {
         return Err(ApiError::bad(
             "logprobs",
-            "only the sampled tokens' log-probs are returned: logprobs must be 0 or 1",
+            "at most the top-1 alternative is computed (with echo): logprobs must be 0 or 1",
         ));
     }
     let tok = &st.tok;
@@ -369,6 +370,9 @@ async fn completions_inner(
         Prompt::Ids(ids) => vec![ids.clone()],
         Prompt::IdLists(v) => v.clone(),
     };
+    if req.echo {
+        return super::echo::completions(st, &req, prompts, params, &stops).await;
+    }
     let rows = prompts.len() * params.n;
     let max_tokens = check_lengths(st, (&prompts, "prompt"), req.max_tokens, Some(16), rows)?;
     let (with_ids, as_ids) = (
@@ -427,7 +431,7 @@ async fn completions_inner(
 }
 
 /// A response: id, object, creation time, model, choices and usage.
-fn envelope(
+pub(crate) fn envelope(
     st: &AppState,
     (prefix, object): (&str, &str),
     model: &str,

@@ -8,12 +8,15 @@
 //!   the KV-cache sampler;
 //! - `http.rs`: the routes (axum), the bounded queue (429 when full, 503 while shutting down),
 //!   the token-to-text side (chat template, decoding, stop strings, log-probs);
-//! - `state.rs`: what the handlers share.
+//! - `state.rs`: what the handlers share;
+//! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
+//!   log-likelihood tasks).
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once.
 
 pub mod api;
+mod echo;
 pub mod engine;
 pub mod http;
 pub mod state;

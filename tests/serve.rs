@@ -250,22 +250,12 @@ fn openai_rollout_backend_trains_against_two_servers() {
     let Some(model) = common::assets::smollm2() else {
         return;
     };
-    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/smollm2-lora-grpo.toml");
     let a = Server::start(&model, &[]);
     let b = Server::start(&model, &[]);
-    let train = |out: &Path, urls: &[u16], model_name: &str, extra: &[&str]| {
-        let urls: Vec<String> = urls
-            .iter()
-            .map(|p| format!("\"http://127.0.0.1:{p}\""))
-            .collect();
-        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
-        c.arg("train")
-            .arg(&recipe)
-            .args(["--quiet", "--overwrite", "--out"])
-            .arg(out);
-        for s in [
+    let train = |out: &Path, ports: &[u16], model_name: &str, extra: &[&str]| {
+        let sets = [
             "rollout.backend=\"openai\"".to_string(),
-            format!("rollout.base_urls=[{}]", urls.join(",")),
+            base_urls(ports),
             format!("rollout.model=\"{model_name}\""),
             "rollout.prompts_per_step=4".into(),
             "rollout.samples_per_prompt=2".into(),
@@ -274,14 +264,13 @@ fn openai_rollout_backend_trains_against_two_servers() {
             "train.steps=3".into(),
             "train.eval_every=3".into(),
             "train.checkpoint_every=1".into(),
-        ]
-        .iter()
-        .map(String::as_str)
-        .chain(extra.iter().copied())
-        {
-            c.args(["--set", s]);
-        }
-        c.output().unwrap()
+        ];
+        let extra = extra.iter().map(|s| s.to_string());
+        ember_train(
+            "recipes/smollm2-lora-grpo.toml",
+            out,
+            sets.into_iter().chain(extra),
+        )
     };
     let out = temp("remote-run");
     let o = train(&out, &[a.port, b.port], "smol", &[]);
@@ -335,30 +324,49 @@ fn openai_rollout_backend_trains_against_two_servers() {
     std::fs::remove_dir_all(&out).ok();
 }
 
-/// `ember train` of the main job at a small budget (a 100-step warm-up, `task.eval_size` 20),
-/// with extra `--set` values.
-fn tiny_train(out: &Path, sets: &[String]) -> std::process::Output {
-    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/arithmetic-cpu.toml");
+/// `ember train` of the recipe at `recipe` (relative to the repository) into `out`, with
+/// `--set` values.
+fn ember_train(
+    recipe: &str,
+    out: &Path,
+    sets: impl IntoIterator<Item = String>,
+) -> std::process::Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
     c.arg("train")
-        .arg(&recipe)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(recipe))
         .args(["--quiet", "--overwrite", "--out"])
         .arg(out);
-    // (8 prompts × 8 samples: one request of 64 rows per server, so one server draws with the
-    // trainer's own seed.)
-    for s in [
+    for s in sets {
+        c.args(["--set", &s]);
+    }
+    c.output().unwrap()
+}
+
+/// `rollout.base_urls` for servers on these local ports.
+fn base_urls(ports: &[u16]) -> String {
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|p| format!("\"http://127.0.0.1:{p}\""))
+        .collect();
+    format!("rollout.base_urls=[{}]", urls.join(","))
+}
+
+/// The main job at a small budget (a 100-step warm-up, `task.eval_size` 20; 8 prompts × 8
+/// samples: one request of 64 rows per server, so one server draws with the trainer's own
+/// seed), with extra `--set` values.
+fn tiny_train(out: &Path, sets: &[String]) -> std::process::Output {
+    let base = [
         "warmup.steps=100",
         "task.eval_size=20",
         "train.eval_every=1000",
         "rollout.prompts_per_step=8",
     ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(sets.iter().cloned())
-    {
-        c.args(["--set", &s]);
-    }
-    c.output().unwrap()
+    .map(String::from);
+    ember_train(
+        "recipes/arithmetic-cpu.toml",
+        out,
+        base.into_iter().chain(sets.iter().cloned()),
+    )
 }
 
 fn metric_rows(out: &Path) -> Vec<serde_json::Value> {
@@ -384,14 +392,10 @@ fn main_job_pushes_its_weights_to_the_servers() {
     let a = Server::named(&seed.join("final"), "tiny", &[]);
     let b = Server::named(&seed.join("final"), "tiny", &[]);
     let remote = |ports: &[u16]| -> Vec<String> {
-        let urls: Vec<String> = ports
-            .iter()
-            .map(|p| format!("\"http://127.0.0.1:{p}\""))
-            .collect();
         vec![
             "train.steps=3".into(),
             "rollout.backend=\"openai\"".into(),
-            format!("rollout.base_urls=[{}]", urls.join(",")),
+            base_urls(ports),
             "rollout.model=\"tiny\"".into(),
         ]
     };

@@ -12,7 +12,7 @@
 
 use super::api::{ApiError, CompletionRequest, Params};
 use super::engine::{Choice, Msg};
-use super::http::{check_lengths, cut, envelope, finish, submit, token_text};
+use super::http::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::state::AppState;
 use serde_json::{Value, json};
 
@@ -78,15 +78,7 @@ pub(crate) async fn completions(
         })?;
         let logprobs = req.logprobs.map(|k| {
             let tokens: Vec<String> = seq.iter().map(|&t| token_text(tok, t, as_ids)).collect();
-            let mut offset = 0;
-            let offsets: Vec<usize> = tokens
-                .iter()
-                .map(|t| {
-                    let o = offset;
-                    offset += t.len();
-                    o
-                })
-                .collect();
+            let offsets = text_offsets(&tokens);
             let token_logprobs: Vec<Value> = std::iter::once(Value::Null)
                 .chain(sc.iter().map(|s| json!(s.0)))
                 .collect();

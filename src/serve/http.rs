@@ -326,6 +326,18 @@ pub(crate) fn token_text(tok: &Tokenizer, id: u32, as_ids: bool) -> String {
     }
 }
 
+/// The byte offset of each token's text in their concatenation (`text_offset`).
+pub(crate) fn text_offsets(tokens: &[String]) -> Vec<usize> {
+    tokens
+        .iter()
+        .scan(0, |at, t| {
+            let o = *at;
+            *at += t.len();
+            Some(o)
+        })
+        .collect()
+}
+
 pub(crate) fn finish(eos: bool, stopped: bool) -> &'static str {
     if eos || stopped { "stop" } else { "length" }
 }
@@ -391,15 +403,7 @@ async fn completions_inner(
                 .iter()
                 .map(|&t| token_text(tok, t, as_ids))
                 .collect();
-            let mut offset = 0;
-            let offsets: Vec<usize> = tokens
-                .iter()
-                .map(|t| {
-                    let o = offset;
-                    offset += t.len();
-                    o
-                })
-                .collect();
+            let offsets = text_offsets(&tokens);
             json!({
                 "tokens": tokens,
                 "token_logprobs": &c.log_probs[..keep],

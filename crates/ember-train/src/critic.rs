@@ -3,6 +3,7 @@
 //! the actor's, with the critic's own optimizer (verl `dp_critic.update_critic`).
 
 use crate::optim::Optimizer;
+use crate::parallel::Copies;
 use crate::update::{Replicate, Steps, UpdateSchedule, UpdateStats, select2};
 use burn::module::Module;
 use burn::tensor::Tensor;
@@ -53,13 +54,9 @@ pub fn critic_update<C: Critic>(
         loss_key: "critic/vf_loss",
         lr,
     };
-    let copies = optim
-        .data_parallel()
-        .map(|dp| dp.replicate(experience))
-        .unwrap_or_default();
+    let copies = Copies::new(optim.data_parallel().map(AsRef::as_ref), experience);
     steps.run(critic, optim, order, |critic, replica, chunk, idx, norm| {
-        let exp = copies.get(replica).and_then(Option::as_ref);
-        let vpreds = critic.values(exp.unwrap_or(experience), chunk);
+        let vpreds = critic.values(copies.get(replica), chunk);
         let d = vpreds.device();
         let pick = |t: &Tensor<2>| select2(t, idx).to_device(&d);
         let input = ValueLossInput {

@@ -135,15 +135,6 @@ impl DataParallel {
             .collect()
     }
 
-    /// The experience on each replica's device: `None` where the replica shares the model's
-    /// device (it reads the original).
-    pub(crate) fn replicate<E: Replicate>(&self, experience: &E) -> Vec<Option<E>> {
-        self.devices
-            .iter()
-            .map(|d| (*d != self.devices[0]).then(|| experience.to_device(d)))
-            .collect()
-    }
-
     /// The sum of the replicas' gradients (`grads[k]` on device k; missing parameters count as
     /// zero), on the first device.
     pub(crate) fn sum<M: Module>(&self, model: &M, grads: Vec<GradientsParams>) -> GradientsParams {
@@ -171,6 +162,33 @@ impl DataParallel {
                 acc.grads()
             }
         }
+    }
+}
+
+/// The experience as each replica reads it: a copy on each device other than the model's (made
+/// once per update), the original elsewhere and without a group.
+pub(crate) struct Copies<'a, E> {
+    original: &'a E,
+    copies: Vec<Option<E>>,
+}
+
+impl<'a, E: Replicate> Copies<'a, E> {
+    pub(crate) fn new(group: Option<&DataParallel>, original: &'a E) -> Self {
+        let copies = group.map_or_else(Vec::new, |dp| {
+            dp.devices
+                .iter()
+                .map(|d| (*d != dp.devices[0]).then(|| original.to_device(d)))
+                .collect()
+        });
+        Self { original, copies }
+    }
+
+    /// What replica `k` reads.
+    pub(crate) fn get(&self, k: usize) -> &E {
+        self.copies
+            .get(k)
+            .and_then(Option::as_ref)
+            .unwrap_or(self.original)
     }
 }
 

@@ -4,7 +4,7 @@
 //! (verl `dp_actor.update_policy`).
 
 use crate::optim::{Optimizer, StepReport};
-use crate::parallel::index;
+use crate::parallel::{Copies, index};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor};
@@ -148,13 +148,9 @@ pub fn update<A: Actor>(
         loss_key: "actor/loss",
         lr,
     };
-    let copies = optim
-        .data_parallel()
-        .map(|dp| dp.replicate(experience))
-        .unwrap_or_default();
+    let copies = Copies::new(optim.data_parallel().map(AsRef::as_ref), experience);
     steps.run(actor, optim, order, |actor, replica, chunk, idx, norm| {
-        let exp = copies.get(replica).and_then(Option::as_ref);
-        let scored = actor.score(exp.unwrap_or(experience), chunk, with_entropy);
+        let scored = actor.score(copies.get(replica), chunk, with_entropy);
         let d = scored.log_probs.device();
         let pick = |t: &Tensor<2>| select2(t, idx).to_device(&d);
         let input = ActorInput {

@@ -238,8 +238,11 @@ pub struct RlSpec {
     /// `"closed_form"` (flow_grpo's Gaussian mean difference, [`ember_flow::FlowExperience::closed_form_kl`]).
     pub kl_form: KlForm,
     /// Flow-GRPO and LOOP with `sampler.guidance` ≠ 1: the unconditional branch of the guided
-    /// velocity carries no gradient in the update (flow_grpo's training step), so the policy
-    /// gradient moves the conditional prediction only.
+    /// velocity carries no gradient in the update, so the policy gradient moves the conditional
+    /// prediction only. Off by default, as in flow_grpo (`compute_log_prob` with `train.cfg`
+    /// runs both branches in one forward pass with gradient): the adapters also move v_u when
+    /// sampling, and detaching it leaves (1 − w)·∂v_u out of the gradient (measured: it costs
+    /// about half the gain, README).
     pub detach_uncond: bool,
     /// RAM: v_old, the velocity inside the target, from an exponential moving average of the
     /// adapters with this decay, reached by a ramp of 0.01 per step (min(d, 0.01·t) after t

@@ -13,7 +13,7 @@
 //! replicas share the one device and the point is checking the arithmetic, not speed).
 
 use crate::update::Replicate;
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::distributed::{
     CollectiveTensor, DistributedConfig, DistributedContext, ReduceOperation, all_reduce,
@@ -124,6 +124,52 @@ impl DataParallel {
     /// The reduction in use (`Gather` or `AllReduce`).
     pub fn reduce(&self) -> Reduce {
         self.reduce
+    }
+
+    /// The replicas of `model` on the devices after the first, forked once per update (the
+    /// frozen weights copied once); [`sync_trained`](Self::sync_trained) keeps them current.
+    pub(crate) fn fork<M: Module>(&self, model: &M) -> Vec<M> {
+        self.devices[1..]
+            .iter()
+            .map(|d| model.clone().fork(d))
+            .collect()
+    }
+
+    /// After an optimizer step on `model`: its trained parameters (those with gradients) copied
+    /// into each replica as fresh leaves; the frozen ones (a LoRA run's base) stay as forked.
+    pub(crate) fn sync_trained<M: Module>(&self, model: &M, replicas: Vec<M>) -> Vec<M> {
+        struct Collect(GradientsParams);
+        impl ModuleVisitor for Collect {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if param.is_require_grad() {
+                    self.0.register(param.id, param.val().detach());
+                }
+            }
+        }
+        struct Put<'a> {
+            values: &'a GradientsParams,
+            device: &'a Device,
+        }
+        impl ModuleMapper for Put<'_> {
+            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+                match self.values.get::<D>(param.id) {
+                    Some(v) => param.map(|_| v.to_device(self.device).detach().require_grad()),
+                    None => param,
+                }
+            }
+        }
+        let mut values = Collect(GradientsParams::new());
+        model.visit(&mut values);
+        replicas
+            .into_iter()
+            .zip(&self.devices[1..])
+            .map(|(r, device)| {
+                r.map(&mut Put {
+                    values: &values.0,
+                    device,
+                })
+            })
+            .collect()
     }
 
     /// `rows` cut into one contiguous shard per device, sizes differing by at most one (the

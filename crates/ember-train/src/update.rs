@@ -219,6 +219,9 @@ impl Steps<'_> {
         let mut stats = UpdateStats::default();
         let mini = self.schedule.mini_batches.clamp(1, rows.max(1));
         let group = optim.data_parallel().cloned();
+        // The replicas on the other devices: forked once, their trained weights refreshed after
+        // each optimizer step.
+        let mut replicas: Vec<M> = group.as_ref().map_or_else(Vec::new, |dp| dp.fork(&model));
         for _ in 0..self.schedule.epochs.max(1) {
             let perm = order(rows);
             for m in 0..mini {
@@ -257,10 +260,9 @@ impl Steps<'_> {
                                 .iter()
                                 .enumerate()
                                 .map(|(k, rows)| {
-                                    let replica = if k == 0 {
-                                        model.clone()
-                                    } else {
-                                        model.clone().fork(&dp.devices()[k])
+                                    let replica = match k {
+                                        0 => model.clone(),
+                                        _ => replicas[k - 1].clone(),
                                     };
                                     let shard = &shard;
                                     s.spawn(move || shard(&replica, k, rows))
@@ -309,6 +311,9 @@ impl Steps<'_> {
                     report.applied
                 };
                 if applied {
+                    if let Some(dp) = &group {
+                        replicas = dp.sync_trained(&model, replicas);
+                    }
                     stats.optimizer_steps += 1;
                 } else {
                     stats.skipped_steps += 1;

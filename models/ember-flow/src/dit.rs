@@ -359,8 +359,8 @@ impl FlowDit {
     }
 
     /// [`guided`](Self::guided), with the unconditional branch v_u optionally detached: the
-    /// gradient of w·v_c + (1 − w)·sg[v_u] flows through the conditional branch alone, as
-    /// flow_grpo's training step computes the unconditional prediction without gradient.
+    /// gradient of w·v_c + (1 − w)·sg[v_u] flows through the conditional branch alone (an
+    /// option; flow_grpo's training step keeps the gradient of both branches).
     pub fn guided_with(
         &self,
         x: Tensor<2>,

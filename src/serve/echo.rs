@@ -30,7 +30,7 @@ pub(crate) async fn completions(
     let choices: Vec<Choice> = if req.max_tokens == Some(0) {
         // Scoring only: the lengths are checked as for one new token.
         check_lengths(st, (&prompts, "prompt"), Some(1), None, rows)?;
-        if !st.served().iter().any(|m| *m == req.model) {
+        if !st.served().contains(&req.model) {
             return Err(ApiError::no_model(&req.model, &st.served()));
         }
         (0..rows)

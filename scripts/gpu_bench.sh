@@ -11,11 +11,8 @@
 set -u
 out=${OUT:-gpu-bench-out}
 mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export CUDA_PATH=/usr/local/cuda
-export EMBER_KERNEL_CACHE=/tmp/ember-kernels
+source scripts/device_env.sh
 rm -rf "$EMBER_KERNEL_CACHE"
-gunzip -c .device/ember-cuda.gz > /tmp/ember-cuda && chmod +x /tmp/ember-cuda
 
 # Runs "$@" while sampling the GPU's used memory; prints the peak (MiB) into $out/gpu-mem-$tag.txt.
 with_mem() {

@@ -9,10 +9,7 @@
 set -u
 out=${OUT:-gpu-dp-out}
 mkdir -p "$out"
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export CUDA_PATH=/usr/local/cuda
-export EMBER_KERNEL_CACHE=/tmp/ember-kernels
-gunzip -c .device/ember-cuda.gz > /tmp/ember-cuda && chmod +x /tmp/ember-cuda
+source scripts/device_env.sh
 n=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 common=(train recipes/arithmetic-cpu.toml --quiet --overwrite --set device=cuda
   --set warmup.steps=60 --set train.steps=2 --set train.eval_every=1000 --set task.eval_size=20)

@@ -18,7 +18,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::distributed::{
     CollectiveTensor, DistributedConfig, DistributedContext, ReduceOperation, all_reduce,
 };
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -280,10 +280,4 @@ impl ModuleVisitor for AllReduceVisitor {
         }
         reduced.for_each(drop);
     }
-}
-
-/// `rows` as an index tensor on `device`.
-pub(crate) fn index(rows: &[usize], device: &Device) -> Tensor<1, Int> {
-    let v: Vec<i64> = rows.iter().map(|x| *x as i64).collect();
-    Tensor::<1, Int>::from_data(TensorData::new(v, [rows.len()]), device)
 }

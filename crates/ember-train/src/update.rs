@@ -4,10 +4,10 @@
 //! (verl `dp_actor.update_policy`).
 
 use crate::optim::{Optimizer, StepReport};
-use crate::parallel::{Copies, index};
+use crate::parallel::Copies;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_engine::{
     ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, Metrics, PolicyLossInput,
     RolloutBatch, actor_loss,
@@ -108,6 +108,12 @@ pub struct UpdateStats {
     /// Optimizer steps skipped because a micro-batch's loss or the gradient norm was not finite
     /// (also the metric `actor/skipped_steps`).
     pub skipped_steps: usize,
+}
+
+/// `rows` as an index tensor on `device`.
+pub(crate) fn index(rows: &[usize], device: &Device) -> Tensor<1, Int> {
+    let v: Vec<i64> = rows.iter().map(|x| *x as i64).collect();
+    Tensor::<1, Int>::from_data(TensorData::new(v, [rows.len()]), device)
 }
 
 pub(crate) fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {

@@ -1,9 +1,9 @@
-//! `cargo bench --bench llm`: see `src/bench.rs` (also `ember bench-llm`).
+//! `cargo bench --bench llm`: see `recipes/llm/jobs/bench.rs` (also `ember bench-llm`).
 
 fn main() {
-    ember::heap::keep_freed_memory();
+    ember::common::heap::keep_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Err(e) = ember::bench::run(&args) {
+    if let Err(e) = ember::llm::jobs::bench::run(&args) {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }

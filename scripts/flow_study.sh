@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The sample-efficiency study of the README ("Sample efficiency: RAM, Flow-GRPO, LOOP, DDPO"):
+# The sample-efficiency study of the guide (docs/src/images-study.md):
 # every method on the digits recipe, two seeds, class accuracy and JPEG size of the evaluation
 # samples against the number of images generated for training. Runs go to runs/flow-study/;
-# scripts/plot_flow_study.py turns their metrics into benches/flow_study.png and the table.
+# scripts/plot_flow_study.py turns their metrics into docs/src/flow_study.png and the table.
 # Usage: bash scripts/flow_study.sh [seed ...]   (default: 0 1); a finished run is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ EMBER=target/release/ember
 seeds=("${@:-0}")
 [ $# -eq 0 ] && seeds=(0 1)
 
-# method name -> --set overrides (the README's "study" table gives the reasons)
+# method name -> --set overrides (docs/src/images-study.md gives the reasons)
 declare -A METHOD=(
   [ram]="algorithm=ram"
   [flow-grpo]="algorithm=flow-grpo rl.global_std=true rl.kl_form=closed_form rl.kl_coef=0.04"

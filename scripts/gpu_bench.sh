@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine (at most about 8 minutes): the warm-up of a recipe in two processes
 # (first run: kernels compiled and autotuned; second run: the persistent kernel cache), then
-# `ember bench-llm` (src/bench.rs) of a CUDA (NVRTC) build beside PyTorch on the same
+# `ember bench-llm` (recipes/llm/jobs/bench.rs) of a CUDA (NVRTC) build beside PyTorch on the same
 # checkpoints and shapes, f32 and bf16 mixed precision, with the GPU's used memory sampled by
 # nvidia-smi every 100 ms during each run. Expects the gzipped binary at .device/ember-cuda.gz:
 #   ../shared/tools/cuda-offline/build.sh -p ember --bin ember --no-default-features --features cuda-nvrtc

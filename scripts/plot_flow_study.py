@@ -1,8 +1,8 @@
-"""Plots the sample-efficiency study run by scripts/flow_study.sh and prints its README table.
+"""Plots the sample-efficiency study run by scripts/flow_study.sh and prints its table (docs/src/images-study.md).
 
 Reads runs/flow-study/{class,jpeg}-{method}-s{seed}/metrics.jsonl (the evaluation rows: 320
 digits from fixed noise, 20-step Euler ODE) and recipe.resolved.toml (images per step =
-prompts_per_step x group_size), writes docs/flow_study.png and prints markdown.
+prompts_per_step x group_size), writes docs/src/flow_study.png and prints markdown.
 
 Usage (matplotlib in any venv): python scripts/plot_flow_study.py [runs/flow-study]
 """
@@ -83,7 +83,7 @@ def main():
         fontsize=10,
     )
     fig.tight_layout()
-    out = Path("docs/flow_study.png")
+    out = Path("docs/src/flow_study.png")
     fig.savefig(out, dpi=110)
     print(f"wrote {out}\n")
 

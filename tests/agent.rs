@@ -1,4 +1,4 @@
-//! Multi-turn rollouts (`ember::llm::agent`): trajectories of the tiny policy against the
+//! Multi-turn rollouts (`ember::agent::rollout`): trajectories of the tiny policy against the
 //! built-in environments, laid out with holes in the loss mask; the sampler's log-probs equal
 //! the trainer's rescoring of the whole trajectory at every policy token; GRPO over whole
 //! trajectories (the engine and trainer unchanged) raises the success rate of the guessing game.
@@ -6,15 +6,15 @@
 mod common;
 
 use burn::module::Module;
-use ember::chartok;
-use ember::engine::{AdvantageConfig, AdvantageKind, RolloutBatch, StdKind};
-use ember::env::builtin::{Calculator, GuessNumber};
-use ember::env::{Environment, EpisodeSource};
-use ember::llm::agent::rollout;
+use ember::agent::rollout::rollout;
 use ember::llm::{Policy, Tok};
-use ember::tasks::Rng;
+use ember_engine::{AdvantageConfig, AdvantageKind, RolloutBatch, StdKind};
 use ember_llm::SamplingConfig;
 use ember_llm::actor::LlmExperience;
+use ember_llm::chartok;
+use ember_tasks::env::builtin::{Calculator, GuessNumber};
+use ember_tasks::env::{Environment, EpisodeSource};
+use ember_tasks::task::Rng;
 
 fn tiny_policy(seed: u64, device: &burn::tensor::Device) -> Policy {
     device.seed(seed);
@@ -39,7 +39,7 @@ fn tiny_policy(seed: u64, device: &burn::tensor::Device) -> Policy {
 
 /// The largest difference, over the policy's tokens, between the sampler's log-probs and the
 /// trainer's rescoring of the whole trajectories.
-fn rescoring_gap(policy: &Policy, x: &ember::llm::agent::TrajectoryTensors) -> f32 {
+fn rescoring_gap(policy: &Policy, x: &ember::agent::rollout::TrajectoryTensors) -> f32 {
     let exp = LlmExperience {
         tokens: x.tokens.clone(),
         mask: x.attention.clone(),
@@ -115,7 +115,7 @@ fn demonstrations_have_the_rollout_layout() {
     let policy = tiny_policy(3, &device);
     let env = Calculator::new(2, 3);
     let seeds = EpisodeSource::train(&mut Rng(2), 400);
-    let t = ember::llm::agent::demonstrations(&policy, &env, &seeds, &mut Rng(4)).unwrap();
+    let t = ember::agent::rollout::demonstrations(&policy, &env, &seeds, &mut Rng(4)).unwrap();
     let tool = t.turns().iter().filter(|n| **n == 2).count();
     assert!(
         (70..130).contains(&tool),
@@ -193,7 +193,7 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
         .unwrap()
         .with_rollout_log_probs(x.log_probs.to_device(&ad))
         .unwrap();
-        let a = ember::engine::compute_advantages(&adv, &batch, step).unwrap();
+        let a = ember_engine::compute_advantages(&adv, &batch, step).unwrap();
         let exp = LlmExperience {
             tokens: x.tokens.to_device(&ad),
             mask: x.attention.to_device(&ad),
@@ -231,7 +231,7 @@ fn chat_template_episodes_are_conversations() {
         return;
     };
     let device = common::dev();
-    let spec: ember::recipe::llm::PretrainedSpec =
+    let spec: ember::llm::schema::PretrainedSpec =
         toml::from_str(&format!("path = {:?}", path.display().to_string())).unwrap();
     let policy = ember::llm::policy_from_specs(None, Some(&spec), 0, &device, None).unwrap();
     let Tok::Real { tok, .. } = &policy.tok else {
@@ -242,7 +242,7 @@ fn chat_template_episodes_are_conversations() {
     assert!(policy.stop.contains(&end[0]));
     let q = Calculator::new(2, 3)
         .with_instructions(true)
-        .reset(&[ember::env::Episode { id: 0, seed: 5 }])
+        .reset(&[ember_tasks::env::Episode { id: 0, seed: 5 }])
         .unwrap()
         .remove(0);
     assert!(q.starts_with("What is ") && q.contains("<calc>"), "{q}");

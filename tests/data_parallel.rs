@@ -313,10 +313,11 @@ fn main_job_with_two_replicas() {
 fn recipes_refuse_data_parallel_where_it_cannot_apply() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let offline = std::fs::read_to_string(root.join("recipes/arithmetic-offline.toml")).unwrap();
-    let e = ember::recipe::parse(&offline, &["data_parallel.devices=2".to_string()]).unwrap_err();
+    let e =
+        ember::llm::schema::parse(&offline, &["data_parallel.devices=2".to_string()]).unwrap_err();
     assert!(format!("{e:#}").contains("offline objectives"), "{e:#}");
     let main = std::fs::read_to_string(root.join("recipes/arithmetic-cpu.toml")).unwrap();
-    let e = ember::recipe::parse(&main, &["data_parallel.devices=0".to_string()]).unwrap_err();
+    let e = ember::llm::schema::parse(&main, &["data_parallel.devices=0".to_string()]).unwrap_err();
     assert!(format!("{e:#}").contains("at least 1"), "{e:#}");
-    assert!(ember::recipe::parse(&main, &["data_parallel.devices=2".to_string()]).is_ok());
+    assert!(ember::llm::schema::parse(&main, &["data_parallel.devices=2".to_string()]).is_ok());
 }

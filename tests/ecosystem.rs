@@ -4,7 +4,7 @@
 
 mod common;
 
-use ember::reward::{ExternalReward, PythonSpec, RewardItem};
+use ember_tasks::reward::{ExternalReward, PythonSpec, RewardItem};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -433,7 +433,7 @@ fn chat_messages_render_through_the_model_template() {
         return;
     }
     let text = std::fs::read_to_string(root().join("recipes/smollm2-lora-grpo.toml")).unwrap();
-    let r = ember::recipe::parse(
+    let r = ember::llm::schema::parse(
         &text,
         &[
             "pretrained.template=\"{question}\"".into(),
@@ -442,17 +442,17 @@ fn chat_messages_render_through_the_model_template() {
         ],
     )
     .unwrap();
-    let device = ember::device::device("cpu").unwrap();
+    let device = ember::common::device::device("cpu").unwrap();
     let policy = ember::llm::build_policy(&r, &device).unwrap();
-    let plain = ember::tasks::Example {
+    let plain = ember_tasks::task::Example {
         prompt: "What is 2 + 2?".into(),
         answer: "4".into(),
         question: "What is 2 + 2?".into(),
-        check: ember::reward::Check::Numeric,
+        check: ember_tasks::reward::Check::Numeric,
         messages: Vec::new(),
         columns: serde_json::Map::new(),
     };
-    let chat = ember::tasks::Example {
+    let chat = ember_tasks::task::Example {
         messages: vec![
             ("system".into(), "Be brief.".into()),
             ("user".into(), "What is 2 + 2?".into()),
@@ -468,7 +468,7 @@ fn chat_messages_render_through_the_model_template() {
         "{rendered}"
     );
     // The conversation's own system prompt wins over the recipe's.
-    let own = ember::tasks::Example {
+    let own = ember_tasks::task::Example {
         messages: vec![
             ("system".into(), "Answer in words.".into()),
             ("user".into(), "What is 2 + 2?".into()),

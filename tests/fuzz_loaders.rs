@@ -7,7 +7,7 @@
 mod common;
 
 use common::dev;
-use ember::engine::SplitMix64;
+use ember_engine::SplitMix64;
 use ember_llm::gguf::GgufFile;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -220,7 +220,7 @@ fn recipe_parser_survives_damaged_recipes() {
         let bytes = mutate(text.as_bytes(), text.len(), &mut rng);
         let damaged = String::from_utf8_lossy(&bytes).to_string();
         no_panic("recipe", case, || {
-            if let Ok(ember::recipe::AnyRecipe::Llm(r)) = ember::recipe::parse_any(&damaged, &[]) {
+            if let Ok(ember::kinds::AnyRecipe::Llm(r)) = ember::kinds::parse_any(&damaged, &[]) {
                 // What the job builds from a parsed recipe before any work.
                 let _ = r.task.build();
                 let _ = r.algorithm_parts();

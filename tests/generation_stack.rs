@@ -4,8 +4,8 @@
 
 mod common;
 
-use ember::chartok;
 use ember_llm::actor::LlmExperience;
+use ember_llm::chartok;
 use ember_llm::{Generation, SamplingConfig, generate};
 
 #[test]

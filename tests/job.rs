@@ -3,7 +3,7 @@
 
 mod common;
 
-use ember::reward::{ExternalReward, ExternalSpec, RewardItem};
+use ember_tasks::reward::{ExternalReward, ExternalSpec, RewardItem};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,7 +1,7 @@
 //! The CPU recipe end to end at a reduced budget, and recipe errors.
 
-use ember::engine::Preset;
-use ember::recipe::parse;
+use ember::llm::schema::parse;
+use ember_engine::Preset;
 use std::path::Path;
 
 fn recipe_text() -> String {
@@ -181,9 +181,9 @@ fn every_shipped_recipe_parses() {
             let text = std::fs::read_to_string(&p).unwrap();
             // `ember molora` reads its own recipe; every other one is `ember train`'s.
             let parsed = if p.ends_with("molora-cpu.toml") {
-                ember::recipe::molora::parse(&text, &[]).map(|_| ())
+                ember::molora::schema::parse(&text, &[]).map(|_| ())
             } else {
-                ember::recipe::parse_any(&text, &[]).map(|_| ())
+                ember::kinds::parse_any(&text, &[]).map(|_| ())
             };
             if let Err(err) = parsed {
                 panic!("{}: {err}", p.display());
@@ -198,7 +198,7 @@ fn every_shipped_recipe_parses() {
 /// are stale), and keeps a correction the recipe chose; `[critic]` overrides reach the preset.
 #[test]
 fn replay_and_critic_tables_resolve() {
-    use ember::engine::{IsLevel, MismatchCorrection};
+    use ember_engine::{IsLevel, MismatchCorrection};
     let set = |s: &[&str]| {
         parse(
             &recipe_text(),

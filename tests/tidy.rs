@@ -1,7 +1,8 @@
-//! Keeps the dependency direction and the backend rule honest by reading every member
-//! `Cargo.toml`: engine crates (`crates/`) never depend on model crates (`models/`), and no
-//! library crate enables a burn backend feature (only leaf packages may), nor burn's unrelated
-//! `rl` feature.
+//! Keeps the house honest by reading every member `Cargo.toml` and the sources: the crates'
+//! layers (every arrow points down; engine crates never depend on model crates), no burn
+//! backend in a library crate (only leaf packages enable one, and never burn's unrelated `rl`
+//! feature), no circle between the leaf's folders, no job importing another, functions on one
+//! screen, one path per public name, and ARCHITECTURE.md naming every crate and folder.
 
 use std::path::{Path, PathBuf};
 
@@ -186,39 +187,242 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
         .filter(|l| !l.starts_with("//"))
 }
 
-/// The root package's shape (ARCHITECTURE.md): a job (`src/jobs/*.rs`) never imports another
-/// job, and nothing but the CLI (`src/main.rs`) imports the jobs; the kits they share (`run`,
-/// `recipe`, `llm`, `images`, …) live outside `src/jobs/`.
+/// The layers of the workspace, lowest first: a member may depend only on members of a lower
+/// layer, so Cargo's arrows all point down (ARCHITECTURE.md). A new member must be placed here.
+const LAYERS: &[(&str, u8)] = &[
+    ("ember-engine", 0),
+    ("ember-train", 1),
+    ("ember-tasks", 1),
+    ("ember-molora", 1),
+    ("ember-run", 2),
+    ("ember-llm", 2),
+    ("ember-flow", 2),
+    ("ember", 3),
+];
+
+fn layer(name: &str) -> Option<u8> {
+    LAYERS.iter().find(|(n, _)| *n == name).map(|(_, l)| *l)
+}
+
 #[test]
-fn no_job_imports_another() {
-    let src = root().join("src");
-    let jobs = src.join("jobs");
-    let job_files: Vec<PathBuf> = rust_files(&jobs);
-    assert!(job_files.len() >= 4, "src/jobs/ holds {job_files:?}");
-    for f in rust_files(&src) {
-        let text = std::fs::read_to_string(&f).unwrap();
-        let rel = f.strip_prefix(root()).unwrap().display().to_string();
-        for line in code_lines(&text) {
-            if f.starts_with(&jobs) {
+fn crate_dependencies_point_down() {
+    let mut members = manifests(&root().join("crates"));
+    members.extend(manifests(&root().join("models")));
+    members.push(root().join("Cargo.toml"));
+    for path in &members {
+        let m = read(path);
+        let name = m["package"]["name"].as_str().unwrap().to_string();
+        let own = layer(&name).unwrap_or_else(|| panic!("{name} has no layer in tests/tidy.rs"));
+        for (section, deps) in dep_tables(&m) {
+            for dep in deps.keys().filter(|d| d.starts_with("ember")) {
+                let theirs = layer(dep).unwrap_or_else(|| panic!("{dep} has no layer"));
                 assert!(
-                    !line.contains("crate::jobs") && !line.contains("super::"),
-                    "{rel}: a job imports another job or the jobs module: `{line}`"
-                );
-            } else if f != src.join("main.rs") && f != src.join("lib.rs") {
-                assert!(
-                    !line.contains("crate::jobs") && !line.contains("ember::jobs"),
-                    "{rel}: only the CLI imports jobs: `{line}`"
+                    theirs < own,
+                    "{name} (layer {own}) [{section}] depends on {dep} (layer {theirs}): an \
+                     arrow that does not point down"
                 );
             }
         }
     }
 }
 
+/// The folders of the root package's leaf (`recipes/<folder>/`, plus `kinds.rs`) and the
+/// folders each imports through `crate::<folder>` (the CLI imports through `ember::`).
+fn leaf_imports() -> Vec<(String, Vec<String>)> {
+    let leaf = root().join("recipes");
+    let mut units: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for e in std::fs::read_dir(&leaf).unwrap().filter_map(|e| e.ok()) {
+        let p = e.path();
+        let name = e
+            .file_name()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        if p.is_dir() {
+            units.push((name, rust_files(&p)));
+        } else if name == "kinds" {
+            units.push((name, vec![p]));
+        }
+    }
+    let names: Vec<String> = units.iter().map(|(n, _)| n.clone()).collect();
+    units.sort();
+    units
+        .into_iter()
+        .map(|(unit, files)| {
+            let mut out: Vec<String> = Vec::new();
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap();
+                for line in code_lines(&text) {
+                    for other in &names {
+                        let used = line.contains(&format!("crate::{other}::"))
+                            || line.contains(&format!("crate::{other};"))
+                            || line.contains(&format!("ember::{other}::"));
+                        if used && *other != unit && !out.contains(other) {
+                            out.push(other.clone());
+                        }
+                    }
+                }
+            }
+            out.sort();
+            (unit, out)
+        })
+        .collect()
+}
+
+/// The leaf's folders import one another one way only: no circle (a depth-first search), and
+/// `common` imports none of them.
+#[test]
+fn recipe_folders_form_no_circle() {
+    let graph = leaf_imports();
+    assert!(graph.len() >= 8, "recipes/ holds {graph:?}");
+    let edges = |u: &str| graph.iter().find(|(n, _)| n == u).map(|(_, e)| e.clone());
+    assert_eq!(
+        edges("common"),
+        Some(vec![]),
+        "common imports a recipe folder"
+    );
+    fn visit(
+        u: &str,
+        edges: &dyn Fn(&str) -> Option<Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) {
+        if done.iter().any(|d| d == u) {
+            return;
+        }
+        assert!(
+            !path.iter().any(|p| p == u),
+            "import circle between recipe folders: {path:?} -> {u}"
+        );
+        path.push(u.to_string());
+        for v in edges(u).unwrap_or_default() {
+            visit(&v, edges, path, done);
+        }
+        path.pop();
+        done.push(u.to_string());
+    }
+    let mut done = Vec::new();
+    for (u, _) in &graph {
+        visit(u, &edges, &mut Vec::new(), &mut done);
+    }
+}
+
+/// A path that names a job module: `<kind>::job` or `llm::jobs`.
+fn names_a_job(line: &str) -> bool {
+    ["agent", "offline", "flow", "molora"]
+        .iter()
+        .any(|k| line.contains(&format!("{k}::job::")) || line.contains(&format!("{k}::job;")))
+        || line.contains("llm::jobs")
+}
+
+/// A job (`recipes/<kind>/job.rs`, `recipes/llm/jobs/*.rs`) never imports another job, and
+/// nothing but the CLI (`recipes/cli/`) imports the jobs; what they share lives outside them.
+#[test]
+fn no_job_imports_another() {
+    let leaf = root().join("recipes");
+    let llm_jobs = leaf.join("llm").join("jobs");
+    let files = rust_files(&leaf);
+    let jobs = files
+        .iter()
+        .filter(|f| f.ends_with("job.rs") || (f.starts_with(&llm_jobs) && !f.ends_with("mod.rs")))
+        .count();
+    assert!(jobs >= 8, "found {jobs} job files under recipes/");
+    for f in files {
+        if f.starts_with(leaf.join("cli")) || f == leaf.join("lib.rs") || f.ends_with("mod.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        for line in code_lines(&text) {
+            let sibling = f.starts_with(&llm_jobs) && line.contains("super::");
+            assert!(
+                !(names_a_job(line) || sibling),
+                "{rel}: only the CLI imports jobs, and no job imports another: `{line}`"
+            );
+        }
+    }
+}
+
+/// Functions longer than a screen (over 120 lines) that are still to be cut into named phases,
+/// with their length today: none may grow, and no other function may join them.
+const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[];
+
+/// Every function of the libraries, the models and the leaf (tests aside) reads on one screen:
+/// at most 120 lines, signature to closing brace (`LONG_FUNCTIONS` lists the exceptions left).
+#[test]
+fn functions_read_on_one_screen() {
+    let mut long = Vec::new();
+    for dir in ["crates", "models", "recipes"] {
+        for f in rust_files(&root().join(dir)) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            for (name, n) in function_lengths(&text) {
+                if n <= 120 {
+                    continue;
+                }
+                match LONG_FUNCTIONS
+                    .iter()
+                    .find(|(p, f, _)| *p == rel && *f == name)
+                {
+                    Some((_, _, max)) if n <= *max => {}
+                    _ => long.push(format!("{rel}: fn {name} has {n} lines")),
+                }
+            }
+        }
+    }
+    assert!(long.is_empty(), "functions over 120 lines: {long:#?}");
+}
+
+/// `(name, lines)` of each function with a body, up to the first `#[cfg(test)]` (rustfmt's
+/// layout: the body ends at the first line that is the signature's indentation plus `}`).
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("#[cfg(test)]") {
+            break;
+        }
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let after = [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "const ",
+            "async ",
+            "unsafe ",
+        ]
+        .iter()
+        .fold(body, |b, p| b.strip_prefix(p).unwrap_or(b));
+        let Some(rest) = after.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = (i..lines.len()).find(|&j| {
+            let l = lines[j].trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        if !lines[open].trim_end().ends_with('{') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = (open + 1..lines.len()).find(|&j| lines[j] == close) {
+            out.push((name, end - i + 1));
+        }
+    }
+    out
+}
+
 /// No file of the root package is over 600 lines unless its module documentation says why
 /// (a line starting `//! Over 600 lines:`).
 #[test]
 fn root_package_files_stay_short() {
-    for f in rust_files(&root().join("src")) {
+    for f in rust_files(&root().join("recipes")) {
         let text = std::fs::read_to_string(&f).unwrap();
         let n = text.lines().count();
         let explained = text.lines().any(|l| l.starts_with("//! Over 600 lines:"));
@@ -230,24 +434,22 @@ fn root_package_files_stay_short() {
     }
 }
 
-/// ARCHITECTURE.md names every module of the root package (each file or directory under
-/// `src/`), so the map cannot fall behind the code.
+/// ARCHITECTURE.md names every member crate and every folder of the leaf (`recipes/<folder>/`),
+/// so the map cannot fall behind the code.
 #[test]
-fn architecture_names_every_root_module() {
+fn architecture_names_every_crate_and_folder() {
     let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
     let mut missing = Vec::new();
-    for e in std::fs::read_dir(root().join("src"))
-        .unwrap()
-        .filter_map(|e| e.ok())
-    {
-        let name = e.file_name().to_string_lossy().to_string();
-        let shown = if e.path().is_dir() {
-            format!("src/{name}/")
-        } else {
-            format!("{name}`")
-        };
-        if !doc.contains(&shown) {
-            missing.push(shown);
+    for top in ["crates", "models", "recipes"] {
+        for e in std::fs::read_dir(root().join(top))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+        {
+            let shown = format!("{top}/{}", e.file_name().to_string_lossy());
+            if !doc.contains(&shown) {
+                missing.push(shown);
+            }
         }
     }
     missing.sort();
@@ -255,4 +457,28 @@ fn architecture_names_every_root_module() {
         missing.is_empty(),
         "ARCHITECTURE.md does not name {missing:?}"
     );
+}
+
+/// A crate's public names have one path each: a library root that re-exports a module's items
+/// (`pub use m::…`) keeps that module private (`mod m;`), as burn-train does.
+#[test]
+fn one_path_per_public_name() {
+    let mut members = manifests(&root().join("crates"));
+    members.extend(manifests(&root().join("models")));
+    for m in members {
+        let lib = m.parent().unwrap().join("src").join("lib.rs");
+        let text = std::fs::read_to_string(&lib).unwrap();
+        let rel = lib.strip_prefix(root()).unwrap().display().to_string();
+        for line in code_lines(&text) {
+            let Some(rest) = line.strip_prefix("pub use ") else {
+                continue;
+            };
+            let module = rest.split("::").next().unwrap_or("");
+            assert!(
+                !text.contains(&format!("pub mod {module};")),
+                "{rel}: `{module}` is public and re-exported (`{}`): two paths per name",
+                line.trim()
+            );
+        }
+    }
 }

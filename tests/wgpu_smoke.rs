@@ -60,11 +60,11 @@ fn train_step(model: Llama, device: &Device) -> Vec<f32> {
 fn wgpu_matches_cpu() {
     // The kernel cache `ember` would use (`.ci/gpu-smoke` points EMBER_KERNEL_CACHE at a fresh
     // directory), set up before the first wgpu device.
-    let cache = ember::kernel_cache::resolve(None).unwrap();
-    let db = ember::kernel_cache::configure(&cache).unwrap();
+    let cache = ember::common::kernel_cache::resolve(None).unwrap();
+    let db = ember::common::kernel_cache::configure(&cache).unwrap();
     eprintln!("kernel cache: {db:?}");
-    let cpu = ember::device::device("cpu").unwrap();
-    let gpu = ember::device::device("wgpu").unwrap();
+    let cpu = ember::common::device::device("cpu").unwrap();
+    let gpu = ember::common::device::device("wgpu").unwrap();
     let (cpu_ad, gpu_ad) = (cpu.clone().autodiff(), gpu.clone().autodiff());
     cpu_ad.seed(1);
     let trainable = config().init(&cpu_ad);
@@ -128,10 +128,10 @@ fn wgpu_matches_cpu() {
     assert!(d < 1e-3, "logits after one AdamW step differ by {d}");
 
     // WGSL has no bf16: a bf16 recipe runs in f32 on wgpu, and says so.
-    let (p, note) = ember::device::resolve_precision(
-        ember::device::Precision::Bf16,
-        ember::device::kind("wgpu").unwrap(),
+    let (p, note) = ember::common::device::resolve_precision(
+        ember::common::device::Precision::Bf16,
+        ember::common::device::kind("wgpu").unwrap(),
     );
-    assert_eq!(p, ember::device::Precision::F32);
+    assert_eq!(p, ember::common::device::Precision::F32);
     assert!(note.unwrap().contains("no bf16 type"));
 }

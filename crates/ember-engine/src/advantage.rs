@@ -10,14 +10,10 @@
 //!   OPO, Reinforce-Rej, OPMD, AsymRE, BNPO);
 //! - zero-variance groups get advantage exactly 0 under the std-normalised estimators.
 
-use crate::basis::basis_values;
 use crate::batch::RolloutBatch;
 use crate::error::{EngineError, Result, check_config};
-use crate::kl::{KlEstimator, kl_penalty};
 use crate::metrics::Metrics;
-use crate::ops::{
-    last_step_indicator, masked_mean, masked_var, masked_whiten, reverse_affine_scan, shift_left,
-};
+use crate::ops::{last_step_indicator, masked_mean, masked_var, reverse_affine_scan};
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
@@ -114,8 +110,8 @@ pub enum AdvantageKind {
     /// REINFORCE++-baseline (Hu 2025, §3.2; verl
     /// `compute_reinforce_plus_plus_baseline_outcome_advantage`): A = whiten(R − mean_g).
     ReinforcePlusPlusBaseline,
-    /// ReMax (Li et al. 2024, eq. 6): A = R − R(greedy), the greedy reward in
-    /// `baseline_rewards`.
+    /// ReMax (Li et al. 2024, eq. 6; verl `compute_remax_outcome_advantage`): A_t = Σ_{s≥t} r_s
+    /// − R(greedy), each step's reward-to-go minus the greedy reward in `baseline_rewards`.
     Remax,
     /// OPO (Hao et al. 2025, eq. 6): A_i = R_i − Σ_j l_j R_j / Σ_j l_j, l = response length.
     Opo,
@@ -381,207 +377,79 @@ pub fn compute_advantages(
     batch: &RolloutBatch,
     step: usize,
 ) -> Result<Advantages> {
+    use crate::estimator as e;
     config.validate()?;
-    let [b, _] = batch.dims();
-    let valid = batch.reward_valid();
-    let outcome = batch.clean_rewards();
-    // The sequence reward of the outcome-level estimators: the outcome plus every per-step
-    // reward (verl's `token_level_rewards.sum(-1)`); REINFORCE++ and GAE place per-step rewards
-    // at their steps instead (`token_level_rewards`).
-    let rewards = match &batch.token_rewards {
-        Some(t) => {
-            let t = t.clone();
-            let t = t.clone().mask_fill(t.is_finite().bool_not(), 0.0);
-            outcome.clone() + t.sum_dim(1).reshape([b]) * valid.clone()
-        }
-        None => outcome.clone(),
-    };
-    let valid2 = valid.clone().reshape([b, 1]);
-    let mask = batch.mask.clone() * valid2.clone();
-    let groups = &batch.groups;
-    let mut metrics = Metrics::new();
-    let mut mask_out = mask.clone();
-
-    // Group statistics over valid samples, shared by the group estimators.
-    let count = || groups.group_count(valid.clone());
-    let mean = || groups.group_mean(rewards.clone(), valid.clone());
-    let multi = || count().greater_elem(1.0).float();
-    let per_token = |a: Tensor<1>| a.reshape([b, 1]) * mask.clone();
-
-    let (adv, returns): (Tensor<2>, Option<Tensor<2>>) = match config.kind {
-        AdvantageKind::Reinforce { baseline } => {
-            let a = match baseline {
-                BatchBaseline::None => rewards.clone(),
-                BatchBaseline::Mean => {
-                    rewards.clone() - masked_mean(rewards.clone(), valid.clone())
-                }
-            };
-            (per_token(a * valid.clone()), None)
-        }
-        AdvantageKind::Rloo => {
-            let n = count();
-            let sum = groups.group_sum(rewards.clone(), valid.clone());
-            let loo = (sum - rewards.clone()) / n.clone().sub_scalar(1.0).clamp_min(1.0);
-            let a = (rewards.clone() - loo) * multi() * valid.clone();
-            (per_token(a), None)
-        }
+    let c = e::AdvCtx::new(batch);
+    let mut m = Metrics::new();
+    let est = match config.kind {
+        AdvantageKind::Reinforce { baseline } => e::reinforce(&c, baseline),
+        AdvantageKind::Rloo => e::rloo(&c),
         AdvantageKind::Grpo {
             std,
             epsilon,
             scale_by_std,
-        } => {
-            let a = grpo(batch, &rewards, &valid, std, epsilon, scale_by_std);
-            (per_token(a), None)
-        }
-        AdvantageKind::DrGrpo => {
-            let a = grpo(batch, &rewards, &valid, StdKind::Unbiased, 0.0, false);
-            (per_token(a), None)
-        }
+        } => e::grpo(&c, std, epsilon, scale_by_std),
+        AdvantageKind::DrGrpo => e::grpo(&c, StdKind::Unbiased, 0.0, false),
         AdvantageKind::ReinforcePlusPlus { gamma, kl_coef } => {
-            let mut r = token_level_rewards(batch, &outcome);
-            if kl_coef > 0.0 {
-                let old = batch
-                    .behaviour_log_probs()
-                    .ok_or(EngineError::MissingInput {
-                        what: "reinforce_plus_plus kl_coef",
-                        input: "old_log_probs",
-                    })?;
-                let reference = batch
-                    .ref_log_probs
-                    .clone()
-                    .ok_or(EngineError::MissingInput {
-                        what: "reinforce_plus_plus kl_coef",
-                        input: "ref_log_probs",
-                    })?;
-                let kl = kl_penalty(old.clone(), reference, KlEstimator::K1);
-                metrics.push(
-                    "advantage/kl_in_reward",
-                    masked_mean(kl.clone(), mask.clone()),
-                );
-                r = r - kl * kl_coef;
-            }
-            let g = skip_masked_suffix_sum(r, &mask, gamma) * mask.clone();
-            (masked_whiten(g.clone(), mask.clone()), Some(g))
+            e::reinforce_plus_plus(&c, gamma, kl_coef, &mut m)?
         }
-        AdvantageKind::ReinforcePlusPlusBaseline => {
-            let a = (rewards.clone() - mean()) * multi() * valid.clone();
-            (masked_whiten(per_token(a), mask.clone()), None)
-        }
-        AdvantageKind::Remax => {
-            let base = batch
-                .baseline_rewards
-                .clone()
-                .ok_or(EngineError::MissingInput {
-                    what: "remax",
-                    input: "baseline_rewards",
-                })?;
-            let base = base.clone().mask_fill(base.is_finite().bool_not(), 0.0);
-            (per_token((rewards.clone() - base) * valid.clone()), None)
-        }
-        AdvantageKind::Opo => {
-            let len = batch.lengths() * valid.clone();
-            let num = groups.group_sum(len.clone() * rewards.clone(), valid.clone());
-            let den = groups.group_sum(len, valid.clone()).clamp_min(1e-8);
-            let a = (rewards.clone() - num / den) * multi() * valid.clone();
-            (per_token(a), None)
-        }
-        AdvantageKind::Bnpo => (per_token(bnpo(batch, &rewards, &valid)), None),
+        AdvantageKind::ReinforcePlusPlusBaseline => e::reinforce_plus_plus_baseline(&c),
+        AdvantageKind::Remax => e::remax(&c)?,
+        AdvantageKind::Opo => e::opo(&c),
+        AdvantageKind::Bnpo => e::Estimate::of(c.per_token(bnpo(batch, &c.rewards, &c.valid))),
         AdvantageKind::Gae {
             gamma,
             lambda,
             whiten,
-        } => {
-            let values = batch.values.clone().ok_or(EngineError::MissingInput {
-                what: "gae",
-                input: "values",
-            })?;
-            let values = values * mask.clone();
-            let r = token_level_rewards(batch, &outcome) * mask.clone();
-            // V of the next valid step (0 after the last): the first valid value at or after
-            // each step, shifted by one.
-            let carry = mask.clone().neg().add_scalar(1.0);
-            let next_values = shift_left(reverse_affine_scan(carry, values.clone()));
-            let delta = r + next_values * gamma - values.clone();
-            let a = skip_masked_suffix_sum(delta, &mask, gamma * lambda) * mask.clone();
-            let returns = (a.clone() + values) * mask.clone();
-            let a = if whiten {
-                masked_whiten(a, mask.clone())
-            } else {
-                a
-            };
-            (a, Some(returns))
-        }
+        } => e::gae(&c, gamma, lambda, whiten)?,
         AdvantageKind::Basis {
             bandwidth,
             prior,
             whiten,
-        } => {
-            let features = batch.features.clone().ok_or(EngineError::MissingInput {
-                what: "basis",
-                input: "features",
-            })?;
-            let v = basis_values(features, rewards.clone(), valid.clone(), bandwidth, prior);
-            metrics.push(
-                "advantage/basis_value_mean",
-                masked_mean(v.clone(), valid.clone()),
-            );
-            let a = per_token((rewards.clone() - v) * valid.clone());
-            let a = if whiten {
-                masked_whiten(a, mask.clone())
-            } else {
-                a
-            };
-            (a, None)
-        }
-        AdvantageKind::Raft { threshold } => {
-            let a = rewards.clone().greater_elem(threshold).float() * valid.clone();
-            (per_token(a), None)
-        }
-        AdvantageKind::ReinforceRej => {
-            let rejected = groups.zero_range(rewards.clone(), valid.clone()).float();
-            let keep = rejected.clone().neg().add_scalar(1.0);
-            metrics.push(
-                "advantage/rejected_samples",
-                (rejected * valid.clone()).sum(),
-            );
-            let a = (rewards.clone() - mean()) * keep.clone() * valid.clone();
-            mask_out = mask.clone() * keep.reshape([b, 1]);
-            (per_token(a), None)
-        }
-        AdvantageKind::Opmd { baseline, tau } => {
-            let base = match baseline {
-                OpmdBaseline::Mean => mean(),
-                OpmdBaseline::LogAvgExp => {
-                    // τ·log mean exp(R/τ), stabilised by the group mean.
-                    let m = mean();
-                    let e = ((rewards.clone() - m.clone()) / tau).exp();
-                    let avg = groups.group_sum(e, valid.clone()) / count().clamp_min(1.0);
-                    m + avg.clamp_min(1e-30).log() * tau
-                }
-            };
-            (
-                per_token((rewards.clone() - base) * multi() * valid.clone()),
-                None,
-            )
-        }
-        AdvantageKind::AsymRe { shift } => {
-            let a = (rewards.clone() - mean().add_scalar(shift)) * multi() * valid.clone();
-            (per_token(a), None)
-        }
-        AdvantageKind::Trloo { gamma } => {
-            let turns = batch.turn_ids.clone().ok_or(EngineError::MissingInput {
-                what: "trloo",
-                input: "turn_ids",
-            })?;
-            let r = token_level_rewards(batch, &outcome) * mask.clone();
-            let (a, g) = trloo(&turns, r, &mask, groups, gamma);
-            (a, Some(g))
-        }
+        } => e::basis(&c, (bandwidth, prior), whiten, &mut m)?,
+        AdvantageKind::Raft { threshold } => e::raft(&c, threshold),
+        AdvantageKind::ReinforceRej => e::reinforce_rej(&c, &mut m),
+        AdvantageKind::Opmd { baseline, tau } => e::opmd(&c, baseline, tau),
+        AdvantageKind::AsymRe { shift } => e::asymre(&c, shift),
+        AdvantageKind::Trloo { gamma } => e::trloo(&c, gamma)?,
     };
+    let mask = est.mask.unwrap_or_else(|| c.mask.clone());
+    let adv = shape(config, batch, est.adv, &mask, &c.valid, step)?;
+    let returns = est.returns.unwrap_or_else(|| adv.clone());
+    let invalid = c.valid.clone().neg().add_scalar(1.0).sum();
+    m.push(
+        "rollout/reward_mean",
+        masked_mean(c.rewards.clone(), c.valid.clone()),
+    );
+    m.push("rollout/invalid_rewards", invalid);
+    let zero_var = batch
+        .groups
+        .zero_range(c.rewards.clone(), c.valid.clone())
+        .float()
+        * c.valid;
+    m.push("rollout/zero_variance_samples", zero_var.sum());
+    push_stats(&mut m, "advantage", adv.clone(), mask.clone());
+    Ok(Advantages {
+        advantages: adv,
+        returns,
+        mask,
+        metrics: m,
+    })
+}
 
+/// The options applied to every estimator's advantages, in order: per-row whitening, CAPO's
+/// positive-only curriculum, Lopti's probability weighting, clipping; then the mask.
+fn shape(
+    config: &AdvantageConfig,
+    batch: &RolloutBatch,
+    adv: Tensor<2>,
+    mask: &Tensor<2>,
+    valid: &Tensor<1>,
+    step: usize,
+) -> Result<Tensor<2>> {
     let mut adv = adv;
     if config.whiten_rows {
-        adv = whiten_rows(adv, &mask_out, &valid);
+        adv = whiten_rows(adv, mask, valid);
     }
     if config.capo_positive_steps > 0 && step < config.capo_positive_steps {
         adv = adv.clamp_min(0.0);
@@ -598,29 +466,9 @@ pub fn compute_advantages(
     if let Some(c) = config.clip {
         adv = adv.clamp(-c, c);
     }
-    let adv = adv * mask_out.clone();
-    let returns = returns.unwrap_or_else(|| adv.clone());
-
-    let invalid = valid.clone().neg().add_scalar(1.0).sum();
-    metrics.push(
-        "rollout/reward_mean",
-        masked_mean(rewards.clone(), valid.clone()),
-    );
-    metrics.push("rollout/invalid_rewards", invalid);
-    let zero_var = groups.zero_range(rewards, valid.clone()).float() * valid;
-    metrics.push("rollout/zero_variance_samples", zero_var.sum());
-    push_stats(&mut metrics, "advantage", adv.clone(), mask_out.clone());
-    Ok(Advantages {
-        advantages: adv,
-        returns,
-        mask: mask_out,
-        metrics,
-    })
+    Ok(adv * mask.clone())
 }
 
-/// SeeUPO's sequence-level batch whitening of row-constant advantages: mean and unbiased std
-/// over valid rows with at least one step, std ignored below 1e-6 (AgentEvolver
-/// `compute_grpo_outcome_advantage_local`, `special_norm`).
 fn whiten_rows(adv: Tensor<2>, mask: &Tensor<2>, valid: &Tensor<1>) -> Tensor<2> {
     let [b, _] = mask.dims();
     let steps = mask.clone().sum_dim(1).reshape([b]);
@@ -634,7 +482,7 @@ fn whiten_rows(adv: Tensor<2>, mask: &Tensor<2>, valid: &Tensor<1>) -> Tensor<2>
 }
 
 /// GRPO's group normalisation over valid samples; zero-range groups give exactly 0.
-fn grpo(
+pub(crate) fn grpo(
     batch: &RolloutBatch,
     rewards: &Tensor<1>,
     valid: &Tensor<1>,
@@ -672,7 +520,7 @@ fn grpo(
 /// variance of the groups' p, ν = μ(1 − μ)/σ² − 1, α = max(1, 1 + νμ/3),
 /// β = max(1, 1 + ν(1 − μ)/3); the weight 1/f is clamped to [0, 1e6]. With fewer than two
 /// groups or σ² = 0, α = β = 1 (plain group-mean baseline).
-fn bnpo(batch: &RolloutBatch, rewards: &Tensor<1>, valid: &Tensor<1>) -> Tensor<1> {
+pub(crate) fn bnpo(batch: &RolloutBatch, rewards: &Tensor<1>, valid: &Tensor<1>) -> Tensor<1> {
     let groups = &batch.groups;
     let count_g = groups.sum(valid.clone());
     let p_g = groups.sum(rewards.clone() * valid.clone()) / count_g.clone().clamp_min(1.0);
@@ -761,7 +609,7 @@ pub(crate) fn push_stats(metrics: &mut Metrics, area: &str, x: Tensor<2>, mask: 
 /// turn of each step (−1 outside the turns); `r`: per-step rewards (masked). One host read
 /// (the number of turns); the rest stays on the device: a `[batch, steps, turns]` one-hot
 /// sums rewards per turn and spreads the turn advantages back to the steps.
-fn trloo(
+pub(crate) fn trloo(
     turns: &Tensor<2>,
     r: Tensor<2>,
     mask: &Tensor<2>,
@@ -819,13 +667,13 @@ fn trloo(
 /// Σ_{valid s ≥ t} γ^{(valid steps from t to s)} x_s: a discounted suffix sum over the valid steps
 /// of each row, carried unchanged across masked ones (y_t = γ·y_next + x_t where m_t = 1,
 /// y_t = y_{t+1} where m_t = 0).
-fn skip_masked_suffix_sum(x: Tensor<2>, mask: &Tensor<2>, gamma: f32) -> Tensor<2> {
+pub(crate) fn skip_masked_suffix_sum(x: Tensor<2>, mask: &Tensor<2>, gamma: f32) -> Tensor<2> {
     let a = mask.clone() * (gamma - 1.0) + 1.0;
     reverse_affine_scan(a, x * mask.clone())
 }
 
 /// Outcome reward on the last valid step plus any per-step rewards.
-fn token_level_rewards(batch: &RolloutBatch, rewards: &Tensor<1>) -> Tensor<2> {
+pub(crate) fn token_level_rewards(batch: &RolloutBatch, rewards: &Tensor<1>) -> Tensor<2> {
     let [b, _] = batch.dims();
     let last = last_step_indicator(batch.mask.clone());
     let r = last * rewards.clone().reshape([b, 1]);

@@ -52,6 +52,12 @@ pub struct RolloutBatch {
 /// update into NaN.
 pub const REWARD_LIMIT: f32 = 1e9;
 
+/// Whether `r` counts as a reward: finite and within ±[`REWARD_LIMIT`]. The one rule of the
+/// engine's masks, every job's logs and the datasets' checks.
+pub fn is_valid_reward(r: f64) -> bool {
+    r.is_finite() && r.abs() <= f64::from(REWARD_LIMIT)
+}
+
 /// Finite and within ±[`REWARD_LIMIT`] (NaN and ±∞ compare false).
 fn sane(r: &Tensor<1>) -> Tensor<1, Bool> {
     r.clone().abs().lower_equal_elem(REWARD_LIMIT)

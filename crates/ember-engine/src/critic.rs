@@ -7,7 +7,7 @@
 //! log-probs); GAE ([`crate::AdvantageKind::Gae`]) turns those values into advantages and
 //! `returns`, the critic's regression targets.
 
-use crate::error::{EngineError, Result, check_config, check_shape};
+use crate::error::{Result, check_config, check_shape};
 use crate::ops::{discounted_suffix_sum, masked_mean, masked_var};
 use crate::{AggNorm, LossAgg, Metrics, aggregate};
 use burn::tensor::Tensor;
@@ -206,12 +206,4 @@ pub fn explained_variance(
     let resid = masked_var(returns.clone() - values, mask.clone(), true);
     let var = masked_var(returns, mask, true);
     Ok((resid / (var + 1e-5)).neg().add_scalar(1.0))
-}
-
-/// The value loss's error for a missing input (the batch lacks `values` or `returns`).
-pub fn missing(input: &'static str) -> EngineError {
-    EngineError::MissingInput {
-        what: "critic update",
-        input,
-    }
 }

@@ -5,33 +5,35 @@
 //! [`compute_advantages`], then [`actor_loss`] (a [`policy_loss`] with KL, entropy,
 //! mismatch correction and [`aggregate`]).
 
-pub mod adaptive;
-pub mod advantage;
-pub mod agg;
-pub mod basis;
-pub mod batch;
-pub mod correction;
-pub mod critic;
-pub mod error;
-pub mod filter;
-pub mod kl;
-pub mod loss;
-pub mod metrics;
-pub mod ops;
-pub mod preference;
-pub mod preset;
-pub mod replay;
-pub mod rng;
-pub mod sequential;
+mod adaptive;
+mod advantage;
+mod agg;
+mod basis;
+mod batch;
+mod correction;
+mod critic;
+mod error;
+mod estimator;
+mod filter;
+mod kl;
+mod loss;
+mod metrics;
+mod ops;
+mod pg;
+mod preference;
+mod preset;
+mod replay;
+mod rng;
+mod sequential;
 
 pub use adaptive::{AdaMode, AdaPool, ReinforceAda};
 pub use advantage::{
     AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind,
-    compute_advantages,
+    compute_advantages, lgamma,
 };
 pub use agg::{AggNorm, LossAgg, aggregate};
 pub use basis::basis_values;
-pub use batch::{REWARD_LIMIT, RolloutBatch};
+pub use batch::{REWARD_LIMIT, RolloutBatch, is_valid_reward};
 pub use correction::{IsLevel, IsMode, MismatchCorrection};
 pub use critic::{
     CriticConfig, Pact, ValueLossInput, explained_variance, pact_weights, value_loss,
@@ -44,6 +46,7 @@ pub use loss::{
     RecClip, actor_loss, policy_loss,
 };
 pub use metrics::Metrics;
+pub use ops::{discounted_suffix_sum, masked_mean};
 pub use preference::{PairInput, PreferenceLoss, preference_loss};
 pub use preset::{Preset, PresetParts};
 pub use replay::{ReplayBuffer, ReplayConfig, ReplayEntry};

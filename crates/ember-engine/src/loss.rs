@@ -13,7 +13,7 @@ use crate::ops::masked_mean;
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
-const LOG_RATIO_CLAMP: f32 = 20.0;
+pub(crate) const LOG_RATIO_CLAMP: f32 = 20.0;
 
 fn f02() -> f32 {
     0.2
@@ -329,226 +329,57 @@ pub struct PolicyLoss {
     pub metrics: Metrics,
 }
 
-/// Per-token log-ratio log π − log π_old, clamped.
-fn log_ratio(input: &PolicyLossInput) -> Tensor<2> {
-    (input.log_probs.clone() - input.old_log_probs.clone().detach())
-        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-}
-
-/// Per-sequence sum of `x` under `mask`, broadcast back to `[batch, steps]`.
-fn seq_sum(x: Tensor<2>, mask: &Tensor<2>) -> Tensor<2> {
-    let dims = mask.dims();
-    (x * mask.clone()).sum_dim(1).expand(dims)
-}
-
-/// A-LoL's reference log-probs (required) and its positive-advantage indicator.
-fn alol_parts(input: &PolicyLossInput, adv: &Tensor<2>) -> Result<(Tensor<2>, Tensor<2>)> {
-    let reference = input
-        .ref_log_probs
-        .clone()
-        .ok_or(EngineError::MissingInput {
-            what: "alol",
-            input: "ref_log_probs",
-        })?;
-    Ok((reference, adv.clone().greater_elem(0.0).float()))
-}
-
-fn frac(cond: Tensor<2, burn::tensor::Bool>, mask: &Tensor<2>) -> Tensor<1> {
-    masked_mean(cond.float(), mask.clone())
-}
-
-/// Computes the per-step policy loss of `kind`.
+/// Computes the per-step policy loss of `kind`: one function per loss in [`crate::pg`], found
+/// by the loss's name.
 ///
 /// # Errors
 /// Shape mismatches, an empty batch, invalid settings, and A-LoL without `ref_log_probs`.
 pub fn policy_loss(kind: &PolicyLossKind, input: &PolicyLossInput) -> Result<PolicyLoss> {
+    use crate::pg;
     kind.validate()?;
-    let [b, t] = input.check()?;
-    let adv = input.advantages.clone().detach();
-    let mask = input.mask.clone();
-    let log_probs = input.log_probs.clone();
-    let mut metrics = Metrics::new();
-    let neg_lr = log_ratio(input);
+    input.check()?;
+    let c = pg::LossCtx::new(input);
+    let mut m = Metrics::new();
     // approx_kl = mean(log π_old − log π) (verl `ppo_kl`).
-    metrics.push(
+    m.push(
         "actor/approx_kl",
-        masked_mean(neg_lr.clone().neg().detach(), mask.clone()),
+        masked_mean(c.neg_lr.clone().neg().detach(), c.mask.clone()),
     );
-    let mut mask_out = mask.clone();
-
-    let per_step = match *kind {
-        PolicyLossKind::Vanilla => adv.neg() * log_probs,
+    let (per_step, mask) = match *kind {
+        PolicyLossKind::Vanilla => (pg::vanilla(&c), None),
         PolicyLossKind::Ppo {
             clip_low,
             clip_high,
             dual_clip,
-        } => {
-            let ratio = neg_lr.exp();
-            let l1 = adv.clone().neg() * ratio.clone();
-            let l2 = adv.clone().neg() * ratio.clone().clamp(1.0 - clip_low, 1.0 + clip_high);
-            let clipped = l1.clone().max_pair(l2.clone());
-            metrics.push("actor/clipfrac", frac(l2.greater(l1), &mask));
-            match dual_clip {
-                Some(c) => {
-                    let l3 = adv.clone().neg() * c;
-                    let dual = clipped.clone().min_pair(l3.clone());
-                    let negative = adv.lower_elem(0.0);
-                    metrics.push(
-                        "actor/clipfrac_lower",
-                        frac(
-                            clipped.clone().greater(l3).bool_and(negative.clone()),
-                            &mask,
-                        ),
-                    );
-                    clipped.mask_where(negative, dual)
-                }
-                None => clipped,
-            }
-        }
+        } => (pg::ppo(&c, (clip_low, clip_high), dual_clip, &mut m), None),
         PolicyLossKind::Gspo {
             clip_low,
             clip_high,
-        } => {
-            let len = mask.clone().sum_dim(1).clamp_min(1.0).expand([b, t]);
-            let seq_lr = (seq_sum(neg_lr.clone(), &mask) / len).detach();
-            let log_s = (seq_lr + log_probs.clone() - log_probs.detach()).clamp_max(10.0);
-            let s = log_s.exp();
-            let l1 = adv.clone().neg() * s.clone();
-            let l2 = adv.neg() * s.clamp(1.0 - clip_low, 1.0 + clip_high);
-            metrics.push(
-                "actor/clipfrac",
-                frac(l2.clone().greater(l1.clone()), &mask),
-            );
-            l1.max_pair(l2)
-        }
+        } => (pg::gspo(&c, (clip_low, clip_high), &mut m), None),
         PolicyLossKind::Cispo {
             clip_low,
             clip_high,
-        } => {
-            let ratio = neg_lr.exp().detach();
-            let w = ratio
-                .clone()
-                .clamp((1.0 - clip_low).max(0.0), 1.0 + clip_high);
-            metrics.push("actor/clipfrac", frac(w.clone().not_equal(ratio), &mask));
-            (w * adv).neg() * log_probs
-        }
+        } => (pg::cispo(&c, (clip_low, clip_high), &mut m), None),
         PolicyLossKind::Dispo {
             pos_down,
             pos_up,
             neg_down,
             neg_up,
         } => {
-            let ratio = neg_lr.exp().detach();
-            let positive = adv.clone().greater_elem(0.0);
-            let in_pos = ratio
-                .clone()
-                .greater_equal_elem(1.0 - pos_down)
-                .bool_and(ratio.clone().lower_equal_elem(1.0 + pos_up));
-            let in_neg = ratio
-                .clone()
-                .greater_equal_elem(1.0 - neg_down)
-                .bool_and(ratio.clone().lower_equal_elem(1.0 + neg_up));
-            let keep = in_neg.float().mask_where(positive, in_pos.float());
-            metrics.push(
-                "actor/clipfrac",
-                masked_mean(keep.clone().neg().add_scalar(1.0), mask.clone()),
-            );
-            (ratio * keep * adv).neg() * log_probs
+            let band = [pos_down, pos_up, neg_down, neg_up];
+            (pg::dispo(&c, band, &mut m), None)
         }
-        PolicyLossKind::Topr { level } => {
-            let lr = match level {
-                RatioLevel::Sequence => seq_sum(neg_lr.clone(), &mask),
-                RatioLevel::Token => neg_lr.clone(),
-            };
-            let truncated = lr.clamp(-LOG_RATIO_CLAMP, 0.0).exp().detach();
-            let alpha =
-                truncated.mask_where(adv.clone().greater_equal_elem(0.0), adv.clone().ones_like());
-            metrics.push(
-                "actor/is_weight_mean",
-                masked_mean(alpha.clone(), mask.clone()),
-            );
-            (alpha * adv).neg() * log_probs
-        }
-        PolicyLossKind::Rec {
-            clip,
-            importance_sampling,
-            clip_low,
-            clip_high,
-            clip_low_prime,
-            clip_high_prime,
-        } => {
-            let ratio = neg_lr.exp().detach();
-            let lo = 1.0 - clip_low;
-            let hi = 1.0 + clip_high;
-            let nonneg = adv.clone().greater_equal_elem(0.0);
-            let nonpos = adv.clone().lower_equal_elem(0.0);
-            let band = ratio
-                .clone()
-                .greater_equal_elem(lo)
-                .bool_and(ratio.clone().lower_equal_elem(hi));
-            let keep = match clip {
-                RecClip::OneSide => nonneg
-                    .bool_and(ratio.clone().lower_equal_elem(hi))
-                    .bool_or(nonpos.bool_and(ratio.clone().greater_equal_elem(lo))),
-                RecClip::TwoSide => band,
-                RecClip::Ring => band
-                    .bool_or(nonneg.bool_and(ratio.clone().lower_equal_elem(1.0 - clip_low_prime)))
-                    .bool_or(
-                        nonpos.bool_and(ratio.clone().greater_equal_elem(1.0 + clip_high_prime)),
-                    ),
-            }
-            .float();
-            metrics.push(
-                "actor/clipfrac",
-                masked_mean(keep.clone().neg().add_scalar(1.0), mask.clone()),
-            );
-            let weight = if importance_sampling {
-                adv * ratio
-            } else {
-                adv
-            };
-            (weight * keep).neg() * log_probs
-        }
-        PolicyLossKind::Opmd { tau, k2_coef } => {
-            let mut l = adv.neg() * log_probs;
-            if k2_coef > 0.0 {
-                l = l + neg_lr.clone() * neg_lr * k2_coef;
-            }
-            l / (1.0 + tau)
-        }
-        PolicyLossKind::Alol { clip } => {
-            let (reference, positive) = alol_parts(input, &adv)?;
-            let lr = seq_sum(log_probs.clone().detach() - reference, &mask)
-                .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
-            let w = lr.exp().clamp(1.0 - clip, 1.0 + clip).detach();
-            mask_out = mask.clone() * positive.clone();
-            metrics.push(
-                "actor/is_weight_mean",
-                masked_mean(w.clone(), mask_out.clone()),
-            );
-            (w * adv * positive).neg() * log_probs
-        }
-        PolicyLossKind::AlolSeq { clip } | PolicyLossKind::AlolKl { beta: clip } => {
-            let (reference, positive) = alol_parts(input, &adv)?;
-            mask_out = mask.clone() * positive.clone();
-            let lr = (log_probs.clone() - reference).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
-            if matches!(kind, PolicyLossKind::AlolSeq { .. }) {
-                let w = lr.detach().exp().clamp(1.0 - clip, 1.0 + clip);
-                metrics.push(
-                    "actor/is_weight_mean",
-                    masked_mean(w.clone(), mask_out.clone()),
-                );
-                (w * adv * positive).neg() * log_probs
-            } else {
-                metrics.push("actor/alol_kl", masked_mean(lr.clone(), mask_out.clone()));
-                ((adv.neg() * log_probs) + lr * clip) * positive
-            }
-        }
+        PolicyLossKind::Topr { level } => (pg::topr(&c, level, &mut m), None),
+        PolicyLossKind::Rec { .. } => (pg::rec(&c, kind, &mut m), None),
+        PolicyLossKind::Opmd { tau, k2_coef } => (pg::opmd(&c, tau, k2_coef), None),
+        PolicyLossKind::Alol { clip } => pg::alol(&c, clip, &mut m)?,
+        PolicyLossKind::AlolSeq { clip } => pg::alol_seq(&c, clip, &mut m)?,
+        PolicyLossKind::AlolKl { beta } => pg::alol_kl(&c, beta, &mut m)?,
     };
     Ok(PolicyLoss {
         per_step,
-        mask: mask_out,
-        metrics,
+        mask: mask.unwrap_or(c.mask),
+        metrics: m,
     })
 }
 

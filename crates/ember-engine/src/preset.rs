@@ -154,187 +154,135 @@ impl Preset {
     /// The preset's estimator, actor loss and filters; `max_new_tokens` is Dr.GRPO's
     /// normalising constant.
     pub fn parts(&self, max_new_tokens: usize) -> PresetParts {
-        let grpo = AdvantageKind::Grpo {
+        let (kind, loss) = self.estimator_and_loss(max_new_tokens);
+        let mut p = PresetParts {
+            advantage: AdvantageConfig::new(kind),
+            loss,
+            dynamic_sampling: *self == Self::Dapo,
+            turn_updates: None,
+            adaptive: None,
+            critic: None,
+            replay: None,
+        };
+        match self {
+            Self::Seeupo => {
+                p.turn_updates = Some(TurnUpdates::default());
+                // SeeUPO's `special_norm`: batch whitening then clamp(−3, 3).
+                p.advantage.whiten_rows = true;
+                p.advantage.clip = Some(3.0);
+            }
+            Self::ReinforceAda => p.adaptive = Some(ReinforceAda::default()),
+            Self::Rerule => {
+                p.replay = Some(ReplayConfig::default());
+                p.loss.mismatch = Some(MismatchCorrection::default());
+            }
+            Self::Ppo | Self::PpoPact => {
+                p.critic = Some(CriticConfig {
+                    pact: (*self == Self::PpoPact).then(Pact::default),
+                    ..CriticConfig::default()
+                });
+            }
+            _ => {}
+        }
+        p
+    }
+
+    /// The preset's estimator and actor loss (the settings each paper or reference uses).
+    fn estimator_and_loss(&self, max_new_tokens: usize) -> (AdvantageKind, ActorLossConfig) {
+        const GRPO: AdvantageKind = AdvantageKind::Grpo {
             std: StdKind::Unbiased,
             epsilon: 1e-6,
             scale_by_std: true,
         };
-        let ppo = PolicyLossKind::Ppo {
+        const PPO: PolicyLossKind = PolicyLossKind::Ppo {
             clip_low: 0.2,
             clip_high: 0.2,
             dual_clip: None,
+        };
+        // DAPO's clip-higher.
+        const CLIP_HIGHER: PolicyLossKind = PolicyLossKind::Ppo {
+            clip_low: 0.2,
+            clip_high: 0.28,
+            dual_clip: None,
+        };
+        const GSPO: PolicyLossKind = PolicyLossKind::Gspo {
+            clip_low: 3e-4,
+            clip_high: 4e-4,
         };
         let actor = |policy, agg| ActorLossConfig {
             policy,
             agg,
             ..ActorLossConfig::default()
         };
-        let mut turn_updates = None;
-        let mut adaptive = None;
-        let mut critic = None;
-        let mut replay = None;
-        let (kind, loss, dynamic) = match self {
-            Self::Grpo => (grpo, actor(ppo, LossAgg::TokenMean), false),
-            Self::DrGrpo => (
-                AdvantageKind::DrGrpo,
-                actor(
-                    ppo,
-                    LossAgg::SeqMeanTokenSumNorm {
-                        constant: max_new_tokens as f32,
-                    },
-                ),
-                false,
-            ),
-            Self::Rloo => (AdvantageKind::Rloo, actor(ppo, LossAgg::TokenMean), false),
-            Self::ReinforcePp => (
-                AdvantageKind::ReinforcePlusPlus {
+        let token_mean = |policy| actor(policy, LossAgg::TokenMean);
+        match self {
+            Self::Grpo | Self::Rerule => (GRPO, token_mean(PPO)),
+            Self::DrGrpo => {
+                let constant = max_new_tokens as f32;
+                let agg = LossAgg::SeqMeanTokenSumNorm { constant };
+                (AdvantageKind::DrGrpo, actor(PPO, agg))
+            }
+            Self::Rloo => (AdvantageKind::Rloo, token_mean(PPO)),
+            Self::ReinforcePp => {
+                let kind = AdvantageKind::ReinforcePlusPlus {
                     gamma: 1.0,
                     kl_coef: 0.0,
-                },
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::ReinforcePpBaseline => (
-                AdvantageKind::ReinforcePlusPlusBaseline,
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::Dapo => (
-                grpo,
-                actor(
-                    PolicyLossKind::Ppo {
-                        clip_low: 0.2,
-                        clip_high: 0.28,
-                        dual_clip: None,
-                    },
-                    LossAgg::TokenMean,
-                ),
-                true,
-            ),
-            Self::Cispo => (
-                grpo,
-                actor(
-                    PolicyLossKind::Cispo {
-                        clip_low: 1.0,
-                        clip_high: 0.28,
-                    },
-                    LossAgg::TokenMean,
-                ),
-                false,
-            ),
-            Self::Gspo => (
-                grpo,
-                actor(
-                    PolicyLossKind::Gspo {
-                        clip_low: 3e-4,
-                        clip_high: 4e-4,
-                    },
-                    LossAgg::SeqMeanTokenMean,
-                ),
-                false,
-            ),
-            Self::Topr => (
-                AdvantageKind::Reinforce {
-                    baseline: BatchBaseline::Mean,
-                },
-                actor(
-                    PolicyLossKind::Topr {
-                        level: RatioLevel::Sequence,
-                    },
-                    LossAgg::TokenMean,
-                ),
-                false,
-            ),
-            Self::Raft => (
-                AdvantageKind::Raft { threshold: 0.5 },
-                actor(PolicyLossKind::Vanilla, LossAgg::TokenMean),
-                false,
-            ),
-            Self::ReinforceRej => (
-                AdvantageKind::ReinforceRej,
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::Opo => (AdvantageKind::Opo, actor(ppo, LossAgg::TokenMean), false),
-            Self::Remax => (AdvantageKind::Remax, actor(ppo, LossAgg::TokenMean), false),
-            Self::Seeupo => {
-                turn_updates = Some(TurnUpdates::default());
-                (
-                    AdvantageKind::DrGrpo,
-                    actor(
-                        PolicyLossKind::Gspo {
-                            clip_low: 3e-4,
-                            clip_high: 4e-4,
-                        },
-                        LossAgg::SeqMeanTokenMean,
-                    ),
-                    false,
-                )
+                };
+                (kind, token_mean(PPO))
             }
+            Self::ReinforcePpBaseline => {
+                (AdvantageKind::ReinforcePlusPlusBaseline, token_mean(PPO))
+            }
+            Self::Dapo => (GRPO, token_mean(CLIP_HIGHER)),
+            Self::Cispo => {
+                let cispo = PolicyLossKind::Cispo {
+                    clip_low: 1.0,
+                    clip_high: 0.28,
+                };
+                (GRPO, token_mean(cispo))
+            }
+            Self::Gspo => (GRPO, actor(GSPO, LossAgg::SeqMeanTokenMean)),
+            Self::Topr => {
+                let baseline = BatchBaseline::Mean;
+                let level = RatioLevel::Sequence;
+                let topr = PolicyLossKind::Topr { level };
+                (AdvantageKind::Reinforce { baseline }, token_mean(topr))
+            }
+            Self::Raft => {
+                let kind = AdvantageKind::Raft { threshold: 0.5 };
+                (kind, token_mean(PolicyLossKind::Vanilla))
+            }
+            Self::ReinforceRej => (AdvantageKind::ReinforceRej, token_mean(PPO)),
+            Self::Opo => (AdvantageKind::Opo, token_mean(PPO)),
+            Self::Remax => (AdvantageKind::Remax, token_mean(PPO)),
+            Self::Seeupo => (
+                AdvantageKind::DrGrpo,
+                actor(GSPO, LossAgg::SeqMeanTokenMean),
+            ),
             Self::ReinforceAda => {
-                adaptive = Some(ReinforceAda::default());
-                (
-                    AdvantageKind::Grpo {
-                        std: StdKind::Unbiased,
-                        epsilon: 1e-6,
-                        scale_by_std: false,
-                    },
-                    actor(
-                        PolicyLossKind::Ppo {
-                            clip_low: 0.2,
-                            clip_high: 0.28,
-                            dual_clip: None,
-                        },
-                        LossAgg::TokenMean,
-                    ),
-                    false,
-                )
+                let kind = AdvantageKind::Grpo {
+                    std: StdKind::Unbiased,
+                    epsilon: 1e-6,
+                    scale_by_std: false,
+                };
+                (kind, token_mean(CLIP_HIGHER))
             }
-            Self::Basis => (
-                AdvantageKind::Basis {
+            Self::Basis => {
+                let kind = AdvantageKind::Basis {
                     bandwidth: 0.5,
                     prior: 1.0,
                     whiten: true,
-                },
-                actor(ppo, LossAgg::TokenMean),
-                false,
-            ),
-            Self::Rerule => {
-                replay = Some(ReplayConfig::default());
-                let mut l = actor(ppo, LossAgg::TokenMean);
-                l.mismatch = Some(MismatchCorrection::default());
-                (grpo, l, false)
+                };
+                (kind, token_mean(PPO))
             }
             Self::Ppo | Self::PpoPact => {
-                critic = Some(CriticConfig {
-                    pact: (*self == Self::PpoPact).then(Pact::default),
-                    ..CriticConfig::default()
-                });
-                (
-                    AdvantageKind::Gae {
-                        gamma: 1.0,
-                        lambda: 1.0,
-                        whiten: true,
-                    },
-                    actor(ppo, LossAgg::TokenMean),
-                    false,
-                )
+                let kind = AdvantageKind::Gae {
+                    gamma: 1.0,
+                    lambda: 1.0,
+                    whiten: true,
+                };
+                (kind, token_mean(PPO))
             }
-        };
-        let mut advantage = AdvantageConfig::new(kind);
-        if turn_updates.is_some() {
-            // SeeUPO's `special_norm`: batch whitening then clamp(−3, 3).
-            advantage.whiten_rows = true;
-            advantage.clip = Some(3.0);
-        }
-        PresetParts {
-            advantage,
-            loss,
-            dynamic_sampling: dynamic,
-            turn_updates,
-            adaptive,
-            critic,
-            replay,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! (verl `dp_actor.update_policy`).
 
 use crate::optim::{Optimizer, StepReport};
-use crate::parallel::Copies;
+use crate::parallel::{Copies, DataParallel};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -257,53 +257,8 @@ impl Steps<'_> {
                     }
                     Ok::<_, EngineError>((acc.grads(), host))
                 };
-                let results = match &group {
-                    None => vec![shard(&model, 0, &part)],
-                    Some(dp) => {
-                        let shards = dp.shards(&part);
-                        std::thread::scope(|s| {
-                            let handles: Vec<_> = shards
-                                .iter()
-                                .enumerate()
-                                .map(|(k, rows)| {
-                                    let replica = match k {
-                                        0 => model.clone(),
-                                        _ => replicas[k - 1].clone(),
-                                    };
-                                    let shard = &shard;
-                                    s.spawn(move || shard(&replica, k, rows))
-                                })
-                                .collect();
-                            handles
-                                .into_iter()
-                                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                                .collect()
-                        })
-                    }
-                };
-                let mut grads = Vec::with_capacity(results.len());
-                let mut finite = true;
-                // Loss terms are divided by the whole mini-batch's normaliser, so a micro-batch's
-                // (or a shard's) value is a part of the mini-batch's: those add up within the
-                // mini-batch, the other metrics (fractions, means) are averaged.
-                let mut parts: BTreeMap<String, f64> = BTreeMap::new();
-                for r in results {
-                    let (g, host) = r?;
-                    grads.push(g);
-                    for (k, v) in host {
-                        if k == self.loss_key && !v.is_finite() {
-                            finite = false;
-                        }
-                        if PARTIAL.contains(&k.as_str()) {
-                            *parts.entry(k).or_insert(0.0) += v;
-                        } else {
-                            sums.add(k, v);
-                        }
-                    }
-                }
-                for (k, v) in parts {
-                    sums.add(k, v);
-                }
+                let results = run_shards(group.as_deref(), &model, &replicas, &part, &shard);
+                let (mut grads, finite) = self.merge(results, &mut sums)?;
                 let grads = match &group {
                     Some(dp) => dp.sum(&model, grads),
                     None => grads.pop().unwrap_or_default(),
@@ -333,6 +288,73 @@ impl Steps<'_> {
         );
         Ok((model, stats))
     }
+
+    /// Adds a mini-batch's shard results to `sums` and returns their gradients and whether the
+    /// loss was finite. Loss terms are divided by the whole mini-batch's normaliser, so a
+    /// micro-batch's (or a shard's) value is a part of the mini-batch's: those add up within the
+    /// mini-batch, the other metrics (fractions, means) are averaged.
+    fn merge(
+        &self,
+        results: Vec<ShardResult>,
+        sums: &mut Means,
+    ) -> Result<(Vec<GradientsParams>, bool), EngineError> {
+        let mut grads = Vec::with_capacity(results.len());
+        let mut finite = true;
+        let mut parts: BTreeMap<String, f64> = BTreeMap::new();
+        for r in results {
+            let (g, host) = r?;
+            grads.push(g);
+            for (k, v) in host {
+                if k == self.loss_key && !v.is_finite() {
+                    finite = false;
+                }
+                if PARTIAL.contains(&k.as_str()) {
+                    *parts.entry(k).or_insert(0.0) += v;
+                } else {
+                    sums.add(k, v);
+                }
+            }
+        }
+        for (k, v) in parts {
+            sums.add(k, v);
+        }
+        Ok((grads, finite))
+    }
+}
+
+/// A shard's accumulated gradients and host metrics.
+type ShardResult = Result<(GradientsParams, Vec<(String, f64)>), EngineError>;
+
+/// Runs `shard` on each replica's rows of `part`: one thread per device with a data-parallel
+/// group, in this thread without one.
+fn run_shards<M: Module + Clone + Send>(
+    group: Option<&DataParallel>,
+    model: &M,
+    replicas: &[M],
+    part: &[usize],
+    shard: &(impl Fn(&M, usize, &[usize]) -> ShardResult + Sync),
+) -> Vec<ShardResult> {
+    let Some(dp) = group else {
+        return vec![shard(model, 0, part)];
+    };
+    let shards = dp.shards(part);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = shards
+            .iter()
+            .enumerate()
+            .map(|(k, rows)| {
+                let replica = match k {
+                    0 => model.clone(),
+                    _ => replicas[k - 1].clone(),
+                };
+                s.spawn(move || shard(&replica, k, rows))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Means of host metrics over the micro-batches (or updates) that report them; non-finite

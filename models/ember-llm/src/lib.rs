@@ -3,6 +3,7 @@
 
 pub mod actor;
 pub mod cache;
+pub mod chartok;
 pub mod config;
 pub mod error;
 pub mod gguf;

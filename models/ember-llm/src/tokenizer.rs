@@ -52,6 +52,16 @@ impl Message {
 }
 
 impl Tokenizer {
+    /// The tokenizer of a checkpoint: `tokenizer.json` in a Hugging Face directory, or the
+    /// metadata of a GGUF file.
+    pub fn for_checkpoint(model: &Path) -> Result<Self> {
+        if model.is_dir() {
+            Self::from_hf_dir(model)
+        } else {
+            Self::from_gguf(&GgufFile::open(model)?)
+        }
+    }
+
     /// Loads `tokenizer.json` and, if present, `tokenizer_config.json` (chat template, special
     /// tokens) from a Hugging Face model directory.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {

@@ -1,0 +1,311 @@
+//! The advantage estimators of [`crate::compute_advantages`], one function per
+//! [`AdvantageKind`](crate::AdvantageKind), each over the same [`AdvCtx`].
+
+use crate::advantage::{self as adv, BatchBaseline, OpmdBaseline, StdKind};
+use crate::basis::basis_values;
+use crate::batch::RolloutBatch;
+use crate::error::{EngineError, Result};
+use crate::kl::{KlEstimator, kl_penalty};
+use crate::metrics::Metrics;
+use crate::ops::{masked_mean, masked_whiten, reverse_affine_scan, shift_left};
+use burn::tensor::Tensor;
+
+/// What every estimator reads, derived once from the batch.
+pub(crate) struct AdvCtx<'a> {
+    batch: &'a RolloutBatch,
+    /// `[batch]` the outcome rewards, invalid ones zeroed.
+    outcome: Tensor<1>,
+    /// `[batch]` the sequence reward of the outcome-level estimators: the outcome plus every
+    /// per-step reward (verl's `token_level_rewards.sum(-1)`).
+    pub(crate) rewards: Tensor<1>,
+    /// `[batch]` 1 where the reward is valid.
+    pub(crate) valid: Tensor<1>,
+    /// `[batch, steps]` the batch's mask without the rows of invalid rewards.
+    pub(crate) mask: Tensor<2>,
+}
+
+impl<'a> AdvCtx<'a> {
+    pub(crate) fn new(batch: &'a RolloutBatch) -> Self {
+        let [b, _] = batch.dims();
+        let valid = batch.reward_valid();
+        let outcome = batch.clean_rewards();
+        let rewards = match &batch.token_rewards {
+            Some(t) => {
+                let t = t.clone().mask_fill(t.clone().is_finite().bool_not(), 0.0);
+                outcome.clone() + t.sum_dim(1).reshape([b]) * valid.clone()
+            }
+            None => outcome.clone(),
+        };
+        let mask = batch.mask.clone() * valid.clone().reshape([b, 1]);
+        Self {
+            batch,
+            outcome,
+            rewards,
+            valid,
+            mask,
+        }
+    }
+
+    /// `[batch]` valid samples in each row's group.
+    fn count(&self) -> Tensor<1> {
+        self.batch.groups.group_count(self.valid.clone())
+    }
+
+    /// `[batch]` each row's group mean over valid samples.
+    fn mean(&self) -> Tensor<1> {
+        (self.batch.groups).group_mean(self.rewards.clone(), self.valid.clone())
+    }
+
+    /// `[batch]` 1 where the group has more than one valid sample (a baseline to compare with).
+    fn multi(&self) -> Tensor<1> {
+        self.count().greater_elem(1.0).float()
+    }
+
+    /// `[batch] → [batch, steps]`: a sequence advantage on every step of the mask.
+    pub(crate) fn per_token(&self, a: Tensor<1>) -> Tensor<2> {
+        let [b, _] = self.mask.dims();
+        a.reshape([b, 1]) * self.mask.clone()
+    }
+
+    /// `[batch, steps]` the outcome on each row's last valid step plus the per-step rewards.
+    fn token_rewards(&self) -> Tensor<2> {
+        adv::token_level_rewards(self.batch, &self.outcome)
+    }
+}
+
+/// An estimator's advantages, its returns when they are not the advantages, and its mask when
+/// it drops samples.
+pub(crate) struct Estimate {
+    pub(crate) adv: Tensor<2>,
+    pub(crate) returns: Option<Tensor<2>>,
+    pub(crate) mask: Option<Tensor<2>>,
+}
+
+impl Estimate {
+    pub(crate) fn of(adv: Tensor<2>) -> Self {
+        Self {
+            adv,
+            returns: None,
+            mask: None,
+        }
+    }
+
+    fn with_returns(adv: Tensor<2>, returns: Tensor<2>) -> Self {
+        Self {
+            returns: Some(returns),
+            ..Self::of(adv)
+        }
+    }
+}
+
+fn whiten_if(a: Tensor<2>, whiten: bool, mask: &Tensor<2>) -> Tensor<2> {
+    if whiten {
+        masked_whiten(a, mask.clone())
+    } else {
+        a
+    }
+}
+
+/// REINFORCE (Williams 1992): A = R, or R − batch mean.
+pub(crate) fn reinforce(c: &AdvCtx, baseline: BatchBaseline) -> Estimate {
+    let a = match baseline {
+        BatchBaseline::None => c.rewards.clone(),
+        BatchBaseline::Mean => c.rewards.clone() - masked_mean(c.rewards.clone(), c.valid.clone()),
+    };
+    Estimate::of(c.per_token(a * c.valid.clone()))
+}
+
+/// RLOO (Ahmadian et al. 2024, eq. 5): A_i = R_i − mean_{j≠i} R_j within the group.
+pub(crate) fn rloo(c: &AdvCtx) -> Estimate {
+    let sum = (c.batch.groups).group_sum(c.rewards.clone(), c.valid.clone());
+    let loo = (sum - c.rewards.clone()) / c.count().sub_scalar(1.0).clamp_min(1.0);
+    Estimate::of(c.per_token((c.rewards.clone() - loo) * c.multi() * c.valid.clone()))
+}
+
+/// GRPO (Shao et al. 2024, §4.1.2) and Dr.GRPO (Liu et al. 2025, eq. 3, no std).
+pub(crate) fn grpo(c: &AdvCtx, std: StdKind, epsilon: f32, scale_by_std: bool) -> Estimate {
+    let a = adv::grpo(c.batch, &c.rewards, &c.valid, std, epsilon, scale_by_std);
+    Estimate::of(c.per_token(a))
+}
+
+/// REINFORCE++ (Hu 2025, eq. 4; verl `compute_reinforce_plus_plus_outcome_advantage`): the
+/// discounted return over valid steps, with an optional k1 KL in the reward, whitened.
+pub(crate) fn reinforce_plus_plus(
+    c: &AdvCtx,
+    gamma: f32,
+    kl_coef: f32,
+    m: &mut Metrics,
+) -> Result<Estimate> {
+    let mut r = c.token_rewards();
+    if kl_coef > 0.0 {
+        let missing = |input| EngineError::MissingInput {
+            what: "reinforce_plus_plus kl_coef",
+            input,
+        };
+        let old = c
+            .batch
+            .behaviour_log_probs()
+            .ok_or(missing("old_log_probs"))?;
+        let reference = c
+            .batch
+            .ref_log_probs
+            .clone()
+            .ok_or(missing("ref_log_probs"))?;
+        let kl = kl_penalty(old.clone(), reference, KlEstimator::K1);
+        m.push(
+            "advantage/kl_in_reward",
+            masked_mean(kl.clone(), c.mask.clone()),
+        );
+        r = r - kl * kl_coef;
+    }
+    let g = adv::skip_masked_suffix_sum(r, &c.mask, gamma) * c.mask.clone();
+    Ok(Estimate::with_returns(
+        masked_whiten(g.clone(), c.mask.clone()),
+        g,
+    ))
+}
+
+/// REINFORCE++-baseline (Hu 2025, §3.2; verl
+/// `compute_reinforce_plus_plus_baseline_outcome_advantage`): A = whiten(R − mean_g).
+pub(crate) fn reinforce_plus_plus_baseline(c: &AdvCtx) -> Estimate {
+    let a = (c.rewards.clone() - c.mean()) * c.multi() * c.valid.clone();
+    Estimate::of(masked_whiten(c.per_token(a), c.mask.clone()))
+}
+
+/// ReMax (Li et al. 2024, eq. 6; verl `compute_remax_outcome_advantage`): every step's
+/// reward-to-go (verl's `token_level_rewards.flip(-1).cumsum(-1).flip(-1)`, the outcome on the
+/// last valid step) minus the greedy response's reward; the reward-to-go is the returns.
+pub(crate) fn remax(c: &AdvCtx) -> Result<Estimate> {
+    let base = c
+        .batch
+        .baseline_rewards
+        .clone()
+        .ok_or(EngineError::MissingInput {
+            what: "remax",
+            input: "baseline_rewards",
+        })?;
+    let base = base.clone().mask_fill(base.is_finite().bool_not(), 0.0);
+    let [b, _] = c.mask.dims();
+    let r = c.token_rewards() * c.valid.clone().reshape([b, 1]);
+    let to_go = reverse_affine_scan(r.ones_like(), r) * c.mask.clone();
+    Ok(Estimate::with_returns(
+        to_go.clone() - c.per_token(base),
+        to_go,
+    ))
+}
+
+/// OPO (Hao et al. 2025, eq. 6): A_i = R_i − Σ_j l_j R_j / Σ_j l_j, l = response length.
+pub(crate) fn opo(c: &AdvCtx) -> Estimate {
+    let groups = &c.batch.groups;
+    let len = c.batch.lengths() * c.valid.clone();
+    let num = groups.group_sum(len.clone() * c.rewards.clone(), c.valid.clone());
+    let den = groups.group_sum(len, c.valid.clone()).clamp_min(1e-8);
+    let a = (c.rewards.clone() - num / den) * c.multi() * c.valid.clone();
+    Estimate::of(c.per_token(a))
+}
+
+/// GAE (Schulman et al. 2016, eq. 16; verl `compute_gae_advantage_return`), skipping masked
+/// steps: V_{t+1} is the next valid step's value; returns = A + V.
+pub(crate) fn gae(c: &AdvCtx, gamma: f32, lambda: f32, whiten: bool) -> Result<Estimate> {
+    let values = c.batch.values.clone().ok_or(EngineError::MissingInput {
+        what: "gae",
+        input: "values",
+    })?;
+    let mask = &c.mask;
+    let values = values * mask.clone();
+    let r = c.token_rewards() * mask.clone();
+    // V of the next valid step (0 after the last): the first valid value at or after each
+    // step, shifted by one.
+    let carry = mask.clone().neg().add_scalar(1.0);
+    let next_values = shift_left(reverse_affine_scan(carry, values.clone()));
+    let delta = r + next_values * gamma - values.clone();
+    let a = adv::skip_masked_suffix_sum(delta, mask, gamma * lambda) * mask.clone();
+    let returns = (a.clone() + values) * mask.clone();
+    Ok(Estimate::with_returns(whiten_if(a, whiten, mask), returns))
+}
+
+/// BASIS: A_i = R_i − V̂_i, V̂_i the leave-one-out kernel average of the other rows' rewards
+/// over prompt representations ([`basis_values`]), `(bandwidth, prior)`.
+pub(crate) fn basis(
+    c: &AdvCtx,
+    (bandwidth, prior): (f32, f32),
+    whiten: bool,
+    m: &mut Metrics,
+) -> Result<Estimate> {
+    let features = c.batch.features.clone().ok_or(EngineError::MissingInput {
+        what: "basis",
+        input: "features",
+    })?;
+    let v = basis_values(
+        features,
+        c.rewards.clone(),
+        c.valid.clone(),
+        bandwidth,
+        prior,
+    );
+    m.push(
+        "advantage/basis_value_mean",
+        masked_mean(v.clone(), c.valid.clone()),
+    );
+    let a = c.per_token((c.rewards.clone() - v) * c.valid.clone());
+    Ok(Estimate::of(whiten_if(a, whiten, &c.mask)))
+}
+
+/// RAFT (Dong et al. 2023; Xiong et al. 2025 "RAFT++"): positives only, A = 1[R > threshold].
+pub(crate) fn raft(c: &AdvCtx, threshold: f32) -> Estimate {
+    let a = c.rewards.clone().greater_elem(threshold).float() * c.valid.clone();
+    Estimate::of(c.per_token(a))
+}
+
+/// Reinforce-Rej (Xiong et al. 2025, §3): A = R − mean_g; groups whose rewards are all equal
+/// are rejected (advantage 0, out of the mask, counted).
+pub(crate) fn reinforce_rej(c: &AdvCtx, m: &mut Metrics) -> Estimate {
+    let [b, _] = c.mask.dims();
+    let groups = &c.batch.groups;
+    let rejected = groups
+        .zero_range(c.rewards.clone(), c.valid.clone())
+        .float();
+    let keep = rejected.clone().neg().add_scalar(1.0);
+    m.push(
+        "advantage/rejected_samples",
+        (rejected * c.valid.clone()).sum(),
+    );
+    let a = (c.rewards.clone() - c.mean()) * keep.clone() * c.valid.clone();
+    Estimate {
+        mask: Some(c.mask.clone() * keep.reshape([b, 1])),
+        ..Estimate::of(c.per_token(a))
+    }
+}
+
+/// OPMD (Trinity-RFT `OPMDAdvantageFn`): A = R − b, b the group mean or τ·log mean exp(R/τ).
+pub(crate) fn opmd(c: &AdvCtx, baseline: OpmdBaseline, tau: f32) -> Estimate {
+    let base = match baseline {
+        OpmdBaseline::Mean => c.mean(),
+        OpmdBaseline::LogAvgExp => {
+            // τ·log mean exp(R/τ), stabilised by the group mean.
+            let m = c.mean();
+            let e = ((c.rewards.clone() - m.clone()) / tau).exp();
+            let avg = c.batch.groups.group_sum(e, c.valid.clone()) / c.count().clamp_min(1.0);
+            m + avg.clamp_min(1e-30).log() * tau
+        }
+    };
+    Estimate::of(c.per_token((c.rewards.clone() - base) * c.multi() * c.valid.clone()))
+}
+
+/// AsymRE (Arnal et al. 2025, eq. 3): A = R − (mean_g + δ), δ < 0 favours positives.
+pub(crate) fn asymre(c: &AdvCtx, shift: f32) -> Estimate {
+    let a = (c.rewards.clone() - c.mean().add_scalar(shift)) * c.multi() * c.valid.clone();
+    Estimate::of(c.per_token(a))
+}
+
+/// TRLOO (turn-level leave-one-out over the episodes of a prompt that reached each turn; see
+/// [`AdvantageKind::Trloo`](crate::AdvantageKind::Trloo)).
+pub(crate) fn trloo(c: &AdvCtx, gamma: f32) -> Result<Estimate> {
+    let turns = c.batch.turn_ids.clone().ok_or(EngineError::MissingInput {
+        what: "trloo",
+        input: "turn_ids",
+    })?;
+    let r = c.token_rewards() * c.mask.clone();
+    let (a, g) = adv::trloo(&turns, r, &c.mask, &c.batch.groups, gamma);
+    Ok(Estimate::with_returns(a, g))
+}

@@ -1,0 +1,83 @@
+//! The world an Ember policy acts in, below every recipe: tasks with hash-defined held-out
+//! splits and JSONL datasets (`task`), verifiable and external rewards and the Python adapter
+//! that runs TRL-signature functions (`reward`), batched multi-turn environments (`env`), and
+//! the JSON-lines helper-program plumbing external rewards and environments share (`process`).
+
+pub mod env;
+pub mod process;
+pub mod reward;
+pub mod task;
+
+use std::path::PathBuf;
+
+/// A path a recipe names that cannot be expanded.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// `~` was used and `HOME` is not set.
+    #[error("`~` in a path needs HOME")]
+    NoHome,
+    /// A `${` without its `}`.
+    #[error("unclosed `${{` in {0:?}")]
+    Unclosed(String),
+    /// A variable without a default that is not set.
+    #[error("environment variable {name} (in {path:?}) is not set")]
+    Unset {
+        /// The variable.
+        name: String,
+        /// The path that names it.
+        path: String,
+    },
+}
+
+fn home() -> Result<String, PathError> {
+    std::env::var("HOME").map_err(|_| PathError::NoHome)
+}
+
+/// Expands a leading `~/` and `$NAME` / `${NAME}` / `${NAME:-default}` environment variables
+/// (an unset variable without a default is an error naming it).
+pub fn expand_path(p: &str) -> Result<PathBuf, PathError> {
+    let mut out = String::new();
+    let mut rest = p;
+    if let Some(r) = rest.strip_prefix("~/") {
+        out += &home()?;
+        out.push('/');
+        rest = r;
+    }
+    while let Some(i) = rest.find('$') {
+        out += &rest[..i];
+        let tail = &rest[i + 1..];
+        let (name, after) = if let Some(t) = tail.strip_prefix('{') {
+            let end = t.find('}').ok_or_else(|| PathError::Unclosed(p.into()))?;
+            (&t[..end], &t[end + 1..])
+        } else {
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            (&tail[..end], &tail[end..])
+        };
+        let (name, default) = match name.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (name, None),
+        };
+        match (std::env::var(name), default) {
+            (Ok(v), _) if !v.is_empty() => out += &v,
+            (_, Some(d)) => match d.strip_prefix("~/") {
+                Some(t) => {
+                    out += &home()?;
+                    out.push('/');
+                    out += t;
+                }
+                None => out += d,
+            },
+            _ => {
+                return Err(PathError::Unset {
+                    name: name.into(),
+                    path: p.into(),
+                });
+            }
+        }
+        rest = after;
+    }
+    out += rest;
+    Ok(PathBuf::from(out))
+}

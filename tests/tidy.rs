@@ -315,8 +315,9 @@ fn names_a_job(line: &str) -> bool {
         || line.contains("llm::jobs")
 }
 
-/// A job (`recipes/<kind>/job.rs`, `recipes/llm/jobs/*.rs`) never imports another job, and
-/// nothing but the CLI (`recipes/cli/`) imports the jobs; what they share lives outside them.
+/// A job (`recipes/<kind>/job.rs`, `recipes/llm/jobs/*.rs` or a folder there) never imports
+/// another job, and nothing but the CLI (`recipes/cli/`) imports the jobs; what they share lives
+/// outside them.
 #[test]
 fn no_job_imports_another() {
     let leaf = root().join("recipes");
@@ -324,17 +325,24 @@ fn no_job_imports_another() {
     let files = rust_files(&leaf);
     let jobs = files
         .iter()
-        .filter(|f| f.ends_with("job.rs") || (f.starts_with(&llm_jobs) && !f.ends_with("mod.rs")))
+        .filter(|f| f.ends_with("job.rs") || f.parent() == Some(llm_jobs.as_path()))
         .count();
     assert!(jobs >= 8, "found {jobs} job files under recipes/");
     for f in files {
-        if f.starts_with(leaf.join("cli")) || f == leaf.join("lib.rs") || f.ends_with("mod.rs") {
+        if f.starts_with(leaf.join("cli")) {
             continue;
         }
         let text = std::fs::read_to_string(&f).unwrap();
         let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        let in_jobs = f.parent() == Some(llm_jobs.as_path());
         for line in code_lines(&text) {
-            let sibling = f.starts_with(&llm_jobs) && line.contains("super::");
+            if line.starts_with("pub mod ") || line.starts_with("mod ") {
+                continue;
+            }
+            // A job file's `super::` is the jobs module; inside a job's own folder, `super::` is
+            // the job and `super::super::` the jobs module.
+            let sibling = (in_jobs && line.contains("super::"))
+                || (f.starts_with(&llm_jobs) && line.contains("super::super"));
             assert!(
                 !(names_a_job(line) || sibling),
                 "{rel}: only the CLI imports jobs, and no job imports another: `{line}`"
@@ -346,7 +354,6 @@ fn no_job_imports_another() {
 /// Functions longer than a screen (over 120 lines) that are still to be cut into named phases,
 /// with their length today: none may grow, and no other function may join them.
 const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
-    ("recipes/llm/jobs/train.rs", "train", 383),
     ("recipes/flow/job.rs", "train", 374),
     ("recipes/agent/job.rs", "train", 249),
     ("recipes/molora/job.rs", "run", 241),

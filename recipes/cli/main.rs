@@ -231,11 +231,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Eval(a) => {
-            let acc = ember::llm::jobs::train::evaluate_run(
-                &a.run,
-                a.checkpoint.as_deref(),
-                a.eval_size,
-            )?;
+            let acc =
+                ember::llm::jobs::eval::evaluate_run(&a.run, a.checkpoint.as_deref(), a.eval_size)?;
             println!(
                 "{}",
                 serde_json::json!({ "run": a.run.display().to_string(), "accuracy": acc })

@@ -2,15 +2,23 @@
 //! schedule and optimizer, rescoring without gradients (old-policy and reference log-probs),
 //! and the update itself (advantages, then `ember-train`'s epochs × mini-batches).
 
+use crate::llm::critic::Critic;
+use crate::llm::replay::Replay;
 use crate::llm::schema::Recipe;
+use crate::llm::score::{Scorer, completions, valid_mean};
+use crate::llm::{Policy, model_record, read_reference};
 use anyhow::Result;
 use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
+use ember_llm::generate;
 use ember_llm::{Generation, Llama, SamplingConfig};
+use ember_run::{checkpoint, fmt_metric};
+use ember_tasks::task::Example;
 use ember_train::{Optimizer, UpdateConfig, update};
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// The rollout sampler of a recipe's step: its temperature, response length, group size and
 /// prompt bucket, the policy's stop tokens, and the step's `seed`.
@@ -241,4 +249,119 @@ pub fn rows_generation(rows: &[Row], group_ids: Vec<usize>, device: &Device) -> 
         group_ids,
         truncated,
     }
+}
+
+/// A checkpoint: the policy (or its adapters), its optimizer, the critic and its optimizer
+/// and the replay buffer when the run has them, and the host state.
+pub fn save_checkpoint(
+    d: &Path,
+    policy: &Policy,
+    optim: &ember_train::Optimizer,
+    (critic, replay): (Option<&Critic>, Option<&Replay>),
+    state: &checkpoint::TrainState,
+) -> Result<()> {
+    checkpoint::write_records(d, model_record(policy), optim, state)?;
+    if let Some(c) = critic {
+        c.save(d)?;
+    }
+    replay.map_or(Ok(()), |rp| rp.save(d))
+}
+
+/// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
+/// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).
+pub fn load_reference(
+    r: &Recipe,
+    policy: &Policy,
+    path: &Path,
+    ad: &Device,
+) -> Result<Option<Llama>> {
+    if !(r.train.run.kl_coef > 0.0 && policy.lora.is_none()) {
+        return Ok(None);
+    }
+    read_reference(r, policy, path, ad).map(Some)
+}
+
+/// ReMax's baseline (Li et al. 2024, eq. 5): the reward of each prompt's greedy response.
+pub fn greedy_baseline(
+    scorer: &mut Scorer,
+    step: usize,
+    policy: &Policy,
+    (sampler, sc, device): (&Llama, &SamplingConfig, &Device),
+    prompts: &[Vec<u32>],
+    examples: &[Example],
+) -> Result<Vec<f32>> {
+    let gg = generate(sampler, prompts, &greedy_sampling(sc), device)?;
+    let texts: Vec<String> = gg.response_ids().iter().map(|r| policy.decode(r)).collect();
+    let mut scratch = BTreeMap::new();
+    scorer.score(step + 1, &completions(&gg, examples, &texts), &mut scratch)
+}
+
+/// Keeps `rows` of the batch and of the experience (all of them: unchanged).
+pub fn keep_rows(
+    batch: RolloutBatch,
+    exp: LlmExperience,
+    rows: &[usize],
+    ad: &Device,
+) -> Result<(RolloutBatch, LlmExperience)> {
+    if rows.len() == batch.dims()[0] {
+        return Ok((batch, exp));
+    }
+    let idx: Vec<i64> = rows.iter().map(|x| *x as i64).collect();
+    let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), ad);
+    let e = LlmExperience {
+        tokens: exp.tokens.clone().select(0, idx.clone()),
+        mask: exp.mask.clone().select(0, idx),
+        ..exp
+    };
+    Ok((batch.select(rows)?, e))
+}
+
+/// The rollout's metrics (verl's names where verl has them).
+pub fn rollout_metrics(
+    row: &mut BTreeMap<String, f64>,
+    step: usize,
+    rewards: &[f32],
+    responses: &[Vec<u32>],
+    g: &Generation,
+    dropped_groups: usize,
+) {
+    row.insert("step".to_string(), (step + 1) as f64);
+    let (mean, valid) = valid_mean(rewards);
+    row.insert("rollout/reward_mean".to_string(), mean);
+    row.insert(
+        "rollout/invalid_rewards".to_string(),
+        (rewards.len() - valid) as f64,
+    );
+    let lengths: Vec<usize> = responses.iter().map(Vec::len).collect();
+    row.insert(
+        "rollout/response_length".to_string(),
+        lengths.iter().sum::<usize>() as f64 / lengths.len().max(1) as f64,
+    );
+    row.insert(
+        "rollout/truncated_fraction".to_string(),
+        g.truncated.iter().filter(|t| **t).count() as f64 / g.truncated.len().max(1) as f64,
+    );
+    row.insert("rollout/dropped_groups".to_string(), dropped_groups as f64);
+}
+
+/// The progress line's numbers: reward, held-out accuracy, the KL to the reference where the
+/// loss has one (`actor/kl_loss`), else the old-vs-new policy KL (`actor/approx_kl`), and
+/// throughput.
+pub fn stats_line(row: &BTreeMap<String, f64>, acc: f64) -> String {
+    let kl = match row.get("actor/kl_loss") {
+        Some(k) => format!("kl(ref) {}", fmt_metric(*k, 4)),
+        None => format!(
+            "kl(old) {}",
+            fmt_metric(row.get("actor/approx_kl").copied().unwrap_or(0.0), 4)
+        ),
+    };
+    format!(
+        "reward {} acc {} {kl} {:.0} tok/s",
+        fmt_metric(
+            row.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+            3
+        ),
+        fmt_metric(acc, 3),
+        row.get("perf/tokens_per_s").copied().unwrap_or(0.0),
+    )
 }

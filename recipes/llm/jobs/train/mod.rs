@@ -1,0 +1,490 @@
+//! `ember train` for LLM recipes: a policy (the tiny character-level Llama warmed up by
+//! supervised steps, or a pretrained checkpoint with LoRA) trained on a task with verifiable
+//! rewards, evaluated on a held-out split before and after. It reads top to bottom: set-up, then
+//! per step rollout → reward → rescoring → filters → advantages and update → log, evaluation and
+//! checkpoint (the run kit's end-of-step protocol). The set-up is in `setup.rs`.
+
+use crate::llm::adaptive::ada_rollout;
+use crate::llm::critic::{Critic, update_step};
+use crate::llm::remote::Remote;
+use crate::llm::replay::{Replay, StoredGroup};
+use crate::llm::schema::Recipe;
+use crate::llm::score::{Scorer, completions, json_number, shown_samples};
+use crate::llm::step::{
+    Reference, experience, greedy_baseline, keep_rows, prompt_features, rescore, rollout_metrics,
+    rollout_sampling, save_checkpoint, stats_line,
+};
+use crate::llm::{Policy, evaluate, evaluate_sampled, write_final};
+use anyhow::Result;
+use burn::module::Module;
+use burn::tensor::{Device, Tensor};
+use ember_engine::*;
+use ember_llm::actor::LlmExperience;
+use ember_llm::{Generation, Llama, SamplingConfig, generate};
+use ember_run::{Run, RunOptions, RunSpec};
+use ember_tasks::task::{Example, Rng, TaskSet};
+use ember_train::{Optimizer, UpdateConfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+mod setup;
+
+/// What a run reports at the end.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Held-out accuracy after the warm-up.
+    pub accuracy_before: f64,
+    /// Held-out accuracy after RL.
+    pub accuracy_after: f64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// The run directory.
+    pub out: PathBuf,
+    /// RL steps done.
+    pub steps_done: usize,
+    /// Stopped early (Ctrl-C or `stop_after`) with a checkpoint to resume from.
+    pub interrupted: bool,
+}
+
+/// Runs the recipe, writing into `out`: set-up, then per step rollout → reward → rescoring →
+/// filters → advantages and update → log, evaluation and checkpoint, then the end.
+pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
+    let start = Instant::now();
+    let resolved = toml::to_string_pretty(r)?;
+    let spec = RunSpec {
+        name: &r.name,
+        resolved: &resolved,
+        steps: r.train.run.steps,
+        checkpoint_every: r.train.run.checkpoint_every,
+        keep_checkpoints: r.train.run.keep_checkpoints,
+        curves: ("rollout/reward_mean", "eval/accuracy"),
+    };
+    let run = Run::open(out, opts, &spec)?;
+    let task = r.task.build()?;
+    let base = crate::common::device::device(&r.device)?;
+    // `[data_parallel]`: checked before the warm-up and the first evaluation.
+    let group = crate::common::device::data_parallel(&r.device, r.data_parallel)?;
+    // `targets = "plop"`: chosen now, or read back when resuming.
+    let placed = crate::llm::plop::place(r, &task, &run, &base)?;
+    let mut job = Job::new(&placed, out, run, task, base)?.start()?;
+    job.prepare_update(group)?;
+    let mut interrupted = false;
+    for step in job.run.first_step()..job.r.train.run.steps {
+        let stop;
+        (job, stop) = job.step(step)?;
+        if stop {
+            interrupted = true;
+            break;
+        }
+    }
+    job.finish(interrupted, start.elapsed().as_secs_f64())
+}
+
+/// The run between steps: what every step uses and what a checkpoint holds.
+struct Job<'a> {
+    r: &'a Recipe,
+    out: &'a Path,
+    run: Run,
+    task: TaskSet,
+    eval: Vec<Example>,
+    base: Device,
+    ad: Device,
+    scorer: Scorer<'a>,
+    rng: Rng,
+    policy: Policy,
+    parts: PresetParts,
+    upd: UpdateConfig,
+    /// The tiny policy's KL reference (a LoRA policy's is its weights with adapters off).
+    reference: Option<Llama>,
+    optim: Optimizer,
+    critic: Option<Critic>,
+    replay: Option<Replay>,
+    /// `backend = "openai"`: the servers that sample the rollouts.
+    remote: Option<Remote>,
+    accuracy_before: f64,
+    accuracy_after: f64,
+    steps_done: usize,
+}
+
+/// A step's rollout, scored and rescored, before the update.
+struct Prepared {
+    batch: RolloutBatch,
+    /// The experience on the host device.
+    exp: LlmExperience,
+    /// The rows the filters keep.
+    kept: Vec<usize>,
+    responses: Vec<Vec<u32>>,
+    timing: Vec<(&'static str, f64)>,
+    shown: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A step's rollout as sampled (beside its generation): the prompts, the sampler and its
+/// settings, and the rewards and pool statistics when Reinforce-Ada's rounds scored them.
+struct Sampled {
+    examples: Vec<Example>,
+    prompts: Vec<Vec<u32>>,
+    sampler: Llama,
+    sc: SamplingConfig,
+    scored: Option<Vec<f32>>,
+    pool_stats: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Job<'_> {
+    /// What a KL term compares with: the separate reference, or the adapters-off weights.
+    fn kl_reference(&self) -> Option<Reference<'_>> {
+        (self.r.train.run.kl_coef > 0.0).then_some(match &self.reference {
+            Some(m) => Reference::Model(m),
+            None => Reference::AdaptersOff,
+        })
+    }
+
+    /// One RL step; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t_step = Instant::now();
+        let mut row = BTreeMap::new();
+        let rng_at_start = self.rng.0;
+        let replay_at_start = self.replay.as_ref().map(|rp| rp.buffer.clone());
+        // Everything before the update: an error here leaves the weights as the last completed
+        // step left them, so the run writes that step's checkpoint before it ends.
+        let prepared = match self.prepare(step, &mut row, t_step) {
+            Ok(p) => p,
+            Err(e) => return Err(self.fail(e, rng_at_start, replay_at_start)),
+        };
+        let lr = self
+            .r
+            .train
+            .schedule
+            .schedule(self.r.train.run.steps)
+            .at(step);
+        row.insert("actor/lr".to_string(), lr);
+        let (responses, mut timing, mut shown) = (
+            prepared.responses.clone(),
+            prepared.timing.clone(),
+            prepared.shown.clone(),
+        );
+        if !prepared.kept.is_empty() {
+            let t_update = Instant::now();
+            self = self.update(step, lr, prepared, &mut shown, &mut row)?;
+            // With a critic this includes its values, PACT's rescoring and its update (also
+            // logged alone as `timing_s/update_critic`).
+            timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
+        }
+        let secs = t_step.elapsed().as_secs_f64();
+        let tokens: usize = responses.iter().map(Vec::len).sum();
+        row.insert("perf/step_s".to_string(), secs);
+        row.insert("perf/tokens_per_s".to_string(), tokens as f64 / secs);
+        row.extend(timing.into_iter().map(|(k, v)| (k.to_string(), v)));
+        let stop = self.end_step(step, row, &shown)?;
+        Ok((self, stop))
+    }
+
+    /// The error path of a step: the last completed step's checkpoint (with the RNG and the
+    /// replay buffer as that step left them), and the error naming how to resume.
+    fn fail(
+        &mut self,
+        e: anyhow::Error,
+        rng_at_start: u64,
+        replay_at_start: Option<ReplayBuffer<StoredGroup>>,
+    ) -> anyhow::Error {
+        let (before, after) = (self.accuracy_before, self.accuracy_after);
+        let state = self.run.state(self.steps_done, rng_at_start, before, after);
+        if let (Some(rp), Some(b)) = (self.replay.as_mut(), replay_at_start) {
+            rp.buffer = b;
+        }
+        let extra = (self.critic.as_ref(), self.replay.as_ref());
+        let (policy, optim) = (&self.policy, &self.optim);
+        self.run.checkpoint_after_error(self.steps_done, e, |d| {
+            save_checkpoint(d, policy, optim, extra, &state)
+        })
+    }
+
+    /// Rollout, reward, rescoring and filters.
+    fn prepare(&mut self, step: usize, row: &mut Row, t_step: Instant) -> Result<Prepared> {
+        let r = self.r;
+        let (mut sampled, g) = self.sample(step, row)?;
+        let g = g.padded(r.rollout.shape_bucket);
+        let responses = g.response_ids();
+        // Phase wall times as verl logs them (`timing_s/*`; with Reinforce-Ada `gen` holds the
+        // rounds' rewards too); `response_ids` above already waited for the device.
+        let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
+        // Reward: the recipe's weighted terms, per row.
+        let texts: Vec<String> = responses.iter().map(|r| self.policy.decode(r)).collect();
+        let examples = &sampled.examples;
+        let rewards = match sampled.scored.take() {
+            Some(r) => r,
+            None => {
+                let done = completions(&g, examples, &texts);
+                self.scorer.score(step + 1, &done, row)?
+            }
+        };
+        // ReRULE: replayed hard groups join the fresh ones; their stored sampler log-probs are
+        // the rollout log-probs whose staleness the loss's IS corrects.
+        let mixed = match self.replay.as_mut() {
+            Some(rp) => {
+                let at = (step, r.train.run.steps);
+                rp.mix(at, &sampled.prompts, &g, &rewards, row)?
+            }
+            None => None,
+        };
+        let (gt, rt) = match &mixed {
+            Some((g2, r2)) => (g2, r2.as_slice()),
+            None => (&g, rewards.as_slice()),
+        };
+        let (batch, exp) = self.rescored(step, &sampled, (&g, gt, rt), &mut timing)?;
+        // Filters: DAPO's dynamic sampling drops groups whose rewards are all equal.
+        let (kept, dropped_groups) = if self.parts.dynamic_sampling {
+            dynamic_sampling_keep(&batch)
+        } else {
+            ((0..batch.dims()[0]).collect(), 0)
+        };
+        rollout_metrics(row, step, &rewards, &responses, &g, dropped_groups);
+        let shown = shown_samples(
+            r.train.run.log_samples,
+            &g,
+            examples,
+            &texts,
+            &responses,
+            &rewards,
+        );
+        Ok(Prepared {
+            batch,
+            exp,
+            kept,
+            responses,
+            timing,
+            shown,
+        })
+    }
+
+    /// Rollout: n samples of each prompt from the current policy. Reinforce-Ada draws in
+    /// rounds, scoring each as it comes; otherwise one draw, here or on the servers (which get
+    /// this step's adapter first).
+    fn sample(&mut self, step: usize, row: &mut Row) -> Result<(Sampled, Generation)> {
+        let r = self.r;
+        let max_new = r.rollout.max_new_tokens;
+        let examples = self.task.train(&mut self.rng, r.rollout.prompts_per_step);
+        let prompts = examples
+            .iter()
+            .map(|e| self.policy.prompt_ids(e, max_new))
+            .collect::<Result<Vec<_>>>()?;
+        let sampler = self.policy.model.valid();
+        let sc = rollout_sampling(r, &self.policy.stop, self.rng.next_u64());
+        let base = &self.base;
+        let (g, scored, pool_stats) = match (&self.parts.adaptive, self.remote.as_mut()) {
+            (None, Some(rm)) => {
+                let t_sync = Instant::now();
+                rm.sync(&self.policy, step)?;
+                row.insert("timing_s/sync".into(), t_sync.elapsed().as_secs_f64());
+                let vocab = self.policy.model.vocab_size();
+                (rm.generate(&prompts, &sc, vocab, base)?, None, None)
+            }
+            (None, None) => (generate(&sampler, &prompts, &sc, base)?, None, None),
+            (Some(ada), _) => {
+                let policy = &self.policy;
+                let a = ada_rollout(
+                    ada,
+                    r.rollout.samples_per_prompt,
+                    &sampler,
+                    &prompts,
+                    &examples,
+                    &sc,
+                    base,
+                    (&mut self.scorer, step + 1, row),
+                    &|ids| policy.decode(ids),
+                )?;
+                row.insert("rollout/ada_rounds".into(), a.rounds as f64);
+                row.insert("rollout/ada_samples_drawn".into(), a.drawn as f64);
+                row.insert("rollout/ada_unfinished_prompts".into(), a.unfinished as f64);
+                row.insert("rollout/tokens_drawn".into(), a.tokens_drawn as f64);
+                row.insert("rollout/ada_reward_mean_drawn".into(), a.reward_mean_drawn);
+                let stats = ada.global_stats.then_some((a.pool_mean, a.pool_std));
+                (a.generation, Some(a.rewards), stats)
+            }
+        };
+        let sampled = Sampled {
+            examples,
+            prompts,
+            sampler,
+            sc,
+            scored,
+            pool_stats,
+        };
+        Ok((sampled, g))
+    }
+
+    /// The batch of `gt` (the fresh generation `g` and any replayed groups) with rewards `rt`:
+    /// the overlong penalty, old-policy and reference log-probs without gradients, BASIS's
+    /// features and ReMax's greedy baseline.
+    fn rescored(
+        &mut self,
+        step: usize,
+        s: &Sampled,
+        (g, gt, rt): (&Generation, &Generation, &[f32]),
+        timing: &mut Vec<(&'static str, f64)>,
+    ) -> Result<(RolloutBatch, LlmExperience)> {
+        let (r, ad) = (self.r, &self.ad);
+        let (seq, seq_mask) = gt.sequences();
+        let host_exp = experience(seq, seq_mask, gt.tokens.dims()[1], &s.sc);
+        let mut batch = RolloutBatch::new(
+            gt.mask.clone().to_device(ad),
+            Tensor::from_floats(rt, ad),
+            &gt.group_ids,
+        )?
+        .with_rollout_log_probs(gt.log_probs.clone().to_device(ad))?;
+        if let Some((mean, std)) = &s.pool_stats {
+            batch = batch.with_group_stats(
+                Tensor::from_floats(mean.as_slice(), ad),
+                Tensor::from_floats(std.as_slice(), ad),
+            )?;
+        }
+        if let Some(o) = &r.reward.overlong {
+            o.apply(&mut batch)?;
+        }
+        let t_ref = Instant::now();
+        // Replayed rows were sampled by an older policy, and servers compute their own
+        // numbers: π_old is recomputed.
+        let recompute =
+            r.train.run.recompute_old_log_probs || self.replay.is_some() || self.remote.is_some();
+        let kl_reference = self.kl_reference();
+        batch = rescore(batch, &host_exp, &s.sampler, recompute, kl_reference, ad)?;
+        if recompute || kl_reference.is_some() {
+            let _ = self.base.sync();
+            timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
+        }
+        let kind = self.parts.advantage.kind;
+        if kind.needs_features() {
+            batch = batch.with_features(prompt_features(&s.sampler, gt).to_device(ad))?;
+        }
+        if kind.needs_greedy_baseline() {
+            let baseline = greedy_baseline(
+                &mut self.scorer,
+                step,
+                &self.policy,
+                (&s.sampler, &s.sc, &self.base),
+                &s.prompts,
+                &s.examples,
+            )?;
+            let per_row: Vec<f32> = g.group_ids.iter().map(|gi| baseline[*gi]).collect();
+            batch = batch.with_baseline_rewards(Tensor::from_floats(per_row.as_slice(), ad))?;
+        }
+        Ok((batch, host_exp))
+    }
+
+    /// Advantages and the update of the kept rows; the shown samples get their advantages.
+    fn update(
+        mut self,
+        step: usize,
+        lr: f64,
+        p: Prepared,
+        shown: &mut [serde_json::Map<String, serde_json::Value>],
+        row: &mut Row,
+    ) -> Result<Self> {
+        let ad = &self.ad;
+        let exp = LlmExperience {
+            tokens: p.exp.tokens.to_device(ad),
+            mask: p.exp.mask.to_device(ad),
+            ..p.exp
+        };
+        let (batch, exp) = keep_rows(p.batch, exp, &p.kept, ad)?;
+        // The shown rows' places in the kept batch (a row dropped by dynamic sampling has no
+        // advantage).
+        let places: Vec<(usize, usize)> = (0..shown.len())
+            .filter_map(|i| Some((i, p.kept.iter().position(|k| *k == i)?)))
+            .collect();
+        let mut order_rng = Rng(self.rng.next_u64());
+        let kept_places: Vec<usize> = places.iter().map(|p| p.1).collect();
+        let mut order = |n| order_rng.permutation(n);
+        let (model, shown_adv) = update_step(
+            self.policy.model,
+            self.critic.as_mut(),
+            &mut self.optim,
+            (&exp, &self.base, ad),
+            batch,
+            &self.parts.advantage,
+            &self.upd,
+            (step, lr),
+            &mut order,
+            row,
+            &kept_places,
+        )?;
+        self.policy.model = model;
+        for ((i, _), a) in places.iter().zip(shown_adv) {
+            shown[*i].insert("advantage".into(), json_number(a));
+        }
+        let _ = self.ad.sync();
+        Ok(self)
+    }
+
+    /// Evaluation when due, then the log row, the samples and the checkpoint (the run kit's
+    /// end-of-step protocol); returns whether the run stops.
+    fn end_step(
+        &mut self,
+        step: usize,
+        mut row: Row,
+        shown: &[serde_json::Map<String, serde_json::Value>],
+    ) -> Result<bool> {
+        let r = self.r;
+        let end = self.run.step_end(step + 1);
+        let evaluated =
+            (step + 1).is_multiple_of(r.train.run.eval_every) || step + 1 == r.train.run.steps;
+        if evaluated {
+            let t_eval = Instant::now();
+            let max_new = r.rollout.max_new_tokens;
+            self.accuracy_after = evaluate(&self.policy, &self.eval, max_new, &self.base)?;
+            row.insert("eval/accuracy".to_string(), self.accuracy_after);
+            if r.eval.samples > 0 {
+                // Seeded by the step, apart from the training RNG: evaluating changes nothing
+                // of the run.
+                let seed = r.seed ^ ((step as u64 + 1) << 20);
+                let how = (r.eval.samples, r.eval.temperature, seed);
+                let sampled = evaluate_sampled(&self.policy, &self.eval, max_new, how, &self.base);
+                row.extend(sampled?);
+            }
+            row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
+        }
+        self.steps_done = step + 1;
+        let (before, after) = (self.accuracy_before, self.accuracy_after);
+        let state = self.run.state(self.steps_done, self.rng.0, before, after);
+        let stats = stats_line(&row, after);
+        // The samples before the row and its checkpoint: a kill in between leaves them past
+        // the checkpoint, where resuming cuts them.
+        self.run.samples(step + 1, shown, evaluated)?;
+        let extra = (self.critic.as_ref(), self.replay.as_ref());
+        let (policy, optim) = (&self.policy, &self.optim);
+        self.run.end_step(end, row, evaluated, &stats, |d| {
+            save_checkpoint(d, policy, optim, extra, &state)
+        })
+    }
+
+    /// The end: the final model (unless stopped), the summary.
+    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<Summary> {
+        let r = self.r;
+        if !interrupted {
+            write_final(&self.policy, r, self.out)?;
+        }
+        let (before, after) = (self.accuracy_before, self.accuracy_after);
+        self.run.finish(&serde_json::json!({
+            "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
+            "accuracy_before": before, "accuracy_after": after,
+            "seconds": seconds, "steps_done": self.steps_done, "interrupted": interrupted,
+        }))?;
+        if !interrupted {
+            self.run.say(&format!(
+                "held-out accuracy {before:.3} -> {after:.3} in {seconds:.0} s; run directory {}",
+                self.out.display()
+            ));
+        }
+        Ok(Summary {
+            accuracy_before: before,
+            accuracy_after: after,
+            seconds,
+            out: self.out.to_path_buf(),
+            steps_done: self.steps_done,
+            interrupted,
+        })
+    }
+}
+
+/// A step's metrics row.
+type Row = BTreeMap<String, f64>;

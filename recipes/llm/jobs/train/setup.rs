@@ -1,0 +1,163 @@
+//! The LLM job's set-up: the policy checked against the task, a fresh run's warm-up,
+//! reference and first evaluation or a resumed run's state, the optimizer, critic, replay,
+//! data-parallel group and servers.
+
+use super::Job;
+use crate::llm::critic::Critic;
+use crate::llm::remote::Remote;
+use crate::llm::replay::{Limits, Replay};
+use crate::llm::schema::{Recipe, RolloutBackend};
+use crate::llm::score::Scorer;
+use crate::llm::step::{load_reference, optimizer, update_config};
+use crate::llm::{build_policy, evaluate, load_checkpoint, warm_up};
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::Module;
+use burn::tensor::Device;
+use ember_engine::ReplayBuffer;
+use ember_run::{Run, checkpoint};
+use ember_tasks::task::{Rng, TaskSet};
+use ember_train::DataParallel;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl<'a> Job<'a> {
+    /// The task, the policy (every prompt checked against its context now, not at the step
+    /// that first draws it, which would stop every resumed run at the same step), the reward.
+    pub(super) fn new(
+        r: &'a Recipe,
+        out: &'a Path,
+        run: Run,
+        task: TaskSet,
+        base: Device,
+    ) -> Result<Self> {
+        let eval = task.held_out_set(r.seed, r.task.eval_size);
+        if eval.is_empty() {
+            bail!("the task's held-out split is empty");
+        }
+        let ad = base.clone().autodiff();
+        let policy = build_policy(r, &ad)?;
+        for e in task.dataset_train().iter().chain(&eval) {
+            policy
+                .prompt_ids(e, r.rollout.max_new_tokens)
+                .context("checking the task's prompts before the run")?;
+        }
+        let parts = r.algorithm_parts();
+        Ok(Self {
+            scorer: Scorer::new(&r.reward)?,
+            rng: Rng(r.seed),
+            upd: update_config(r, parts.loss),
+            optim: optimizer(r),
+            critic: None,
+            replay: None,
+            remote: None,
+            reference: None,
+            accuracy_before: 0.0,
+            accuracy_after: 0.0,
+            steps_done: run.first_step(),
+            r,
+            out,
+            run,
+            task,
+            eval,
+            base,
+            ad,
+            policy,
+            parts,
+        })
+    }
+
+    /// A resumed run's policy and RNG; a fresh run's warm-up, KL reference and first
+    /// evaluation.
+    pub(super) fn start(mut self) -> Result<Self> {
+        let r = self.r;
+        let reference_path = self.out.join("reference.bpk");
+        if let Some((dir, st)) = self.run.resumed() {
+            self.policy = load_checkpoint(self.policy, dir)?;
+            self.rng = Rng(st.rng);
+            (self.accuracy_before, self.accuracy_after) = (st.accuracy_before, st.accuracy_after);
+        } else {
+            if let (Some(w), None) = (&r.warmup, &self.policy.lora) {
+                let t0 = Instant::now();
+                let model = self.policy.model;
+                self.policy.model = warm_up(model, w, &self.task, &mut self.rng, &self.ad)?;
+                let secs = t0.elapsed().as_secs_f64();
+                self.run
+                    .say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
+            }
+            if r.train.run.kl_coef > 0.0 && self.policy.lora.is_none() {
+                let record = self.policy.model.clone().into_record();
+                ember_train::io::write_atomic_with(&reference_path, |tmp| {
+                    record.save(tmp).map_err(|e| anyhow!("{e}"))
+                })
+                .with_context(|| format!("writing {}", reference_path.display()))?;
+            }
+            let a = evaluate(
+                &self.policy,
+                &self.eval,
+                r.rollout.max_new_tokens,
+                &self.base,
+            )?;
+            self.run.log(BTreeMap::from([
+                ("step".to_string(), 0.0),
+                ("eval/accuracy".to_string(), a),
+            ]))?;
+            (self.accuracy_before, self.accuracy_after) = (a, a);
+        }
+        let before = self.accuracy_before;
+        self.run
+            .say(&format!("held-out accuracy at the start: {before:.3}"));
+        self.reference = load_reference(r, &self.policy, &reference_path, &self.ad)?;
+        Ok(self)
+    }
+
+    /// The optimizer, PPO's critic (from the policy as the warm-up left it), replay, the
+    /// data-parallel group, what a resumed run's checkpoint holds of them, and the servers.
+    pub(super) fn prepare_update(&mut self, group: Option<Arc<DataParallel>>) -> Result<()> {
+        let r = self.r;
+        self.critic = Critic::new(r, &self.policy, &self.ad);
+        if let Some(g) = group {
+            self.run.say(&format!(
+                "data-parallel update: {} devices, {} reduction",
+                g.devices().len(),
+                g.reduce()
+            ));
+            self.optim = optimizer(r).with_data_parallel(g.clone());
+            self.critic = self.critic.take().map(|c| c.with_data_parallel(g));
+        }
+        self.replay = self.parts.replay.map(|cfg| Replay {
+            cfg,
+            buffer: ReplayBuffer::default(),
+        });
+        if let Some((dir, _)) = self.run.resumed() {
+            let optim = std::mem::replace(&mut self.optim, optimizer(r));
+            self.optim = checkpoint::load_optimizer(dir, optim)?;
+            self.critic = self.critic.take().map(|c| c.load(dir)).transpose()?;
+            let limits = Limits {
+                step: self.run.first_step(),
+                vocab: self.policy.model.vocab_size(),
+                context: self.policy.model.max_positions(),
+                max_new: r.rollout.max_new_tokens,
+                samples: r.rollout.samples_per_prompt,
+            };
+            self.replay = self
+                .replay
+                .take()
+                .map(|rp| rp.load(dir, &limits))
+                .transpose()?;
+        }
+        self.remote = match r.rollout.backend {
+            RolloutBackend::Local => None,
+            RolloutBackend::Openai => Some(Remote::connect(
+                &r.rollout.base_urls,
+                r.rollout.model.as_deref().unwrap_or_default(),
+                r.rollout.request_timeout_s.unwrap_or(600.0),
+                r.rollout.request_retries.unwrap_or(3),
+                &format!("{}-{}", r.name, std::process::id()),
+                &self.out.join("serving"),
+            )?),
+        };
+        Ok(())
+    }
+}

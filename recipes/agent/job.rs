@@ -4,7 +4,7 @@
 //! the run kit's logs, checkpoints and resume. Held-out success is the greedy policy's mean
 //! reward on episodes fixed by a hash of their seeds.
 
-use crate::agent::rollout::{Trajectories, rollout, warm_up};
+use crate::agent::rollout::{Trajectories, TrajectoryTensors, rollout, warm_up};
 use crate::agent::schema::{AgentRecipe, EnvSpec};
 use crate::llm::step::update_policy;
 use crate::llm::{Policy, load_checkpoint, model_record, policy_from_specs};
@@ -19,7 +19,7 @@ use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::{Environment, EpisodeSource};
 use ember_tasks::task::Rng;
-use ember_train::{UpdateConfig, sequential_update};
+use ember_train::{Optimizer, UpdateConfig, sequential_update};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -96,196 +96,137 @@ fn mean(v: &[f32]) -> f64 {
     valid.iter().sum::<f64>() / valid.len().max(1) as f64
 }
 
-/// Trains `r` into `out`.
+/// Trains `r` into `out`: set-up, then per step episodes → advantages → update (whole
+/// trajectories or turn by turn) → log, evaluation and checkpoint, then the summary.
 pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSummary> {
-    let resolved = toml::to_string_pretty(r)?;
-    let mut run = Run::open(
-        out,
-        opts,
-        &RunSpec {
+    let mut job = AgentJob::new(r, out, opts)?;
+    let mut interrupted = false;
+    for step in job.run.first_step()..r.train.run.steps {
+        let stop;
+        (job, stop) = job.step(step)?;
+        if stop {
+            interrupted = true;
+            break;
+        }
+    }
+    job.finish(interrupted)
+}
+
+/// The run between steps: what every step uses and what a checkpoint holds.
+struct AgentJob<'a> {
+    r: &'a AgentRecipe,
+    out: &'a Path,
+    run: Run,
+    base: Device,
+    ad: Device,
+    env: Box<dyn Environment>,
+    policy: Policy,
+    rng: Rng,
+    parts: PresetParts,
+    upd: UpdateConfig,
+    optim: Optimizer,
+    /// Held-out success at the start and after the last evaluation.
+    before: f64,
+    after: f64,
+    steps_done: usize,
+}
+
+/// A step's metrics row.
+type Row = BTreeMap<String, f64>;
+
+impl<'a> AgentJob<'a> {
+    /// The run directory, environment and policy (warmed up and evaluated, or resumed), the
+    /// optimizer.
+    fn new(r: &'a AgentRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        let resolved = toml::to_string_pretty(r)?;
+        let spec = RunSpec {
             name: &r.name,
             resolved: &resolved,
             steps: r.train.run.steps,
             checkpoint_every: r.train.run.checkpoint_every,
             keep_checkpoints: r.train.run.keep_checkpoints,
             curves: ("rollout/reward_mean", "eval/success"),
-        },
-    )?;
-    let parts = r.algorithm_parts();
-    let base = crate::common::device::device(&r.device)?;
-    let ad = base.clone().autodiff();
-    let mut env = environment(r)?;
-    let mut policy = policy_from_specs(r.model.as_ref(), r.pretrained.as_ref(), r.seed, &ad, None)?;
-    // A chat template that cannot extend a conversation is refused now, not at the first turn.
-    policy.turn_end()?;
-    let mut rng = Rng(r.seed);
-    let (before, mut after) = match run.resumed() {
-        Some((dir, st)) => {
-            policy = load_checkpoint(policy, dir)?;
-            rng = Rng(st.rng);
-            (st.accuracy_before, st.accuracy_after)
-        }
-        None => {
-            if let Some(w) = &r.warmup {
-                let t0 = Instant::now();
-                policy = warm_up(
-                    policy,
-                    env.as_ref(),
-                    (w.steps, w.batch, w.lr),
-                    &mut rng,
-                    &ad,
-                )?;
-                run.say(&format!(
-                    "warm-up: {} steps in {:.1} s",
-                    w.steps,
-                    t0.elapsed().as_secs_f64()
-                ));
+        };
+        let mut run = Run::open(out, opts, &spec)?;
+        let parts = r.algorithm_parts();
+        let base = crate::common::device::device(&r.device)?;
+        let ad = base.clone().autodiff();
+        let mut env = environment(r)?;
+        let mut policy =
+            policy_from_specs(r.model.as_ref(), r.pretrained.as_ref(), r.seed, &ad, None)?;
+        // A chat template that cannot extend a conversation is refused now, not at the first
+        // turn.
+        policy.turn_end()?;
+        let mut rng = Rng(r.seed);
+        let mut optim = r.train.optim.init();
+        let (before, after) = match run.resumed() {
+            Some((dir, st)) => {
+                policy = load_checkpoint(policy, dir)?;
+                rng = Rng(st.rng);
+                optim = checkpoint::load_optimizer(dir, optim)?;
+                (st.accuracy_before, st.accuracy_after)
             }
-            let s = evaluate(&policy, env.as_mut(), r, &base)?;
-            run.log(BTreeMap::from([
-                ("step".to_string(), 0.0),
-                ("eval/success".to_string(), s),
-            ]))?;
-            (s, s)
-        }
-    };
-    run.say(&format!("held-out success at the start: {before:.3}"));
-    let upd = UpdateConfig {
-        schedule: r.train.update,
-        loss: parts.loss,
-    };
-    let mut optim = r.train.optim.init();
-    if let Some((dir, _)) = run.resumed() {
-        optim = checkpoint::load_optimizer(dir, optim)?;
+            None => {
+                if let Some(w) = &r.warmup {
+                    let t0 = Instant::now();
+                    let how = (w.steps, w.batch, w.lr);
+                    policy = warm_up(policy, env.as_ref(), how, &mut rng, &ad)?;
+                    let secs = t0.elapsed().as_secs_f64();
+                    run.say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
+                }
+                let s = evaluate(&policy, env.as_mut(), r, &base)?;
+                run.log(BTreeMap::from([
+                    ("step".to_string(), 0.0),
+                    ("eval/success".to_string(), s),
+                ]))?;
+                (s, s)
+            }
+        };
+        run.say(&format!("held-out success at the start: {before:.3}"));
+        Ok(Self {
+            upd: UpdateConfig {
+                schedule: r.train.update,
+                loss: parts.loss,
+            },
+            steps_done: run.first_step(),
+            r,
+            out,
+            run,
+            base,
+            ad,
+            env,
+            policy,
+            rng,
+            parts,
+            optim,
+            before,
+            after,
+        })
     }
-    let schedule = r.train.schedule.schedule(r.train.run.steps);
-    let mut steps_done = run.first_step();
-    let mut interrupted = false;
-    for step in run.first_step()..r.train.run.steps {
+
+    /// One RL step; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
         let t_step = Instant::now();
-        let rng_at_start = rng.0;
-        let mut row = BTreeMap::new();
-        let played = (|| -> Result<_> {
-            let seeds = EpisodeSource::train(&mut rng, r.rollout.episodes_per_step);
-            let sampler = policy.model.valid();
-            let sc = sampling(r, &policy.stop, rng.next_u64());
-            let t = rollout(
-                &policy,
-                &sampler,
-                env.as_mut(),
-                &seeds,
-                r.rollout.samples_per_episode,
-                r.rollout.max_turns,
-                &sc,
-                &base,
-            )?;
-            let x = t.tensors(&base)?;
-            // The turn rewards sit on each turn's last token; the outcome slot is 0, or NaN for
-            // an episode with a non-finite turn reward (invalid, masked and counted). Outcome
-            // estimators then see the sum of the turn rewards, turn-level ones each turn's.
-            let outcome: Vec<f32> = t
-                .turn_rewards
-                .iter()
-                .map(|r| {
-                    let sane = r.iter().all(|x| x.abs() <= REWARD_LIMIT)
-                        && r.iter().sum::<f32>().abs() <= REWARD_LIMIT;
-                    if sane { 0.0 } else { f32::NAN }
-                })
-                .collect();
-            if t.turns().iter().all(|n| *n == 0) {
-                anyhow::bail!(
-                    "no episode could take a turn: the first observation plus \
-                     rollout.max_new_tokens = {} exceeds the model's context",
-                    r.rollout.max_new_tokens
-                );
-            }
-            // Rows made invalid above contribute no per-step reward either.
-            let turn_rewards = x.turn_rewards.clone();
-            let insane = turn_rewards.clone().abs().greater_elem(REWARD_LIMIT);
-            let turn_rewards = turn_rewards
-                .clone()
-                .mask_fill(turn_rewards.is_finite().bool_not(), 0.0)
-                .mask_fill(insane, 0.0);
-            let batch = RolloutBatch::new(
-                x.loss_mask.clone().to_device(&ad),
-                Tensor::from_floats(outcome.as_slice(), &ad),
-                &t.group_ids,
-            )?
-            .with_token_rewards(turn_rewards.to_device(&ad))?
-            .with_turns(x.turn_ids.clone().to_device(&ad))?
-            .with_rollout_log_probs(x.log_probs.clone().to_device(&ad))?;
-            Ok((t, x, batch))
-        })();
-        let (t, x, batch) = match played {
+        let rng_at_start = self.rng.0;
+        let mut row = Row::new();
+        // An error before the update leaves the weights as the last completed step left them,
+        // so the run writes that step's checkpoint before it ends.
+        let (t, x, batch) = match self.play() {
             Ok(p) => p,
             Err(e) => {
-                let state = run.state(steps_done, rng_at_start, before, after);
-                return Err(run.checkpoint_after_error(steps_done, e, |d| {
-                    checkpoint::write_records(d, model_record(&policy), &optim, &state)
+                let done = self.steps_done;
+                let state = self.run.state(done, rng_at_start, self.before, self.after);
+                let (policy, optim) = (&self.policy, &self.optim);
+                return Err(self.run.checkpoint_after_error(done, e, |d| {
+                    checkpoint::write_records(d, model_record(policy), optim, &state)
                 }));
             }
         };
         let t_gen = t_step.elapsed().as_secs_f64();
         trajectory_metrics(&mut row, step, &t);
-        let lr = schedule.at(step);
-        row.insert("actor/lr".into(), lr);
-        let exp = LlmExperience {
-            tokens: x.tokens.clone().to_device(&ad),
-            mask: x.attention.clone().to_device(&ad),
-            response_len: x.region,
-            temperature: sampling(r, &policy.stop, 0).scoring_temperature(),
-            adapters: true,
-        };
-        let mut order_rng = Rng(rng.next_u64());
         let t_update = Instant::now();
-        policy.model = match &parts.turn_updates {
-            None => {
-                update_policy(
-                    policy.model,
-                    &mut optim,
-                    &exp,
-                    &batch,
-                    &parts.advantage,
-                    &upd,
-                    step,
-                    lr,
-                    &mut |n| order_rng.permutation(n),
-                    &mut row,
-                    &[],
-                )?
-                .0
-            }
-            Some(turns) => {
-                let adv = compute_advantages(&parts.advantage, &batch, step)?;
-                row.extend(adv.metrics.to_host());
-                // Rescoring between turn updates runs without the autodiff graph, in the
-                // update's micro-batches.
-                let host_exp = LlmExperience {
-                    tokens: x.tokens.clone(),
-                    mask: x.attention.clone(),
-                    ..exp.clone()
-                };
-                let (model, stats) = sequential_update(
-                    policy.model,
-                    &mut optim,
-                    &exp,
-                    &batch,
-                    &adv,
-                    &upd,
-                    turns,
-                    lr,
-                    &mut |n| order_rng.permutation(n),
-                    &mut |m: &Llama| {
-                        host_exp
-                            .score_all_chunked(&m.valid(), upd.schedule.micro_batch_rows)
-                            .to_device(&ad)
-                    },
-                )?;
-                row.extend(stats.metrics);
-                model
-            }
-        };
-        let _ = ad.sync();
+        self = self.update(step, &x, &batch, &mut row)?;
+        let _ = self.ad.sync();
         let secs = t_step.elapsed().as_secs_f64();
         let tokens: f64 = policy_tokens(&t);
         row.insert("timing_s/gen".into(), t_gen - t.env_seconds);
@@ -297,54 +238,193 @@ pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSumm
         row.insert("perf/step_s".into(), secs);
         row.insert("perf/tokens_per_s".into(), tokens / secs);
         row.insert("perf/env_share".into(), t.env_seconds / secs);
+        let stop = self.end_step(step, row, &t)?;
+        Ok((self, stop))
+    }
 
-        let end = run.step_end(step + 1);
-        let evaluated = (step + 1) % r.train.run.eval_every == 0 || step + 1 == r.train.run.steps;
+    /// A step's episodes and their batch: the turn rewards sit on each turn's last token; the
+    /// outcome slot is 0, or NaN for an episode with an invalid turn reward (masked and
+    /// counted). Outcome estimators then see the sum of the turn rewards, turn-level ones each
+    /// turn's.
+    fn play(&mut self) -> Result<(Trajectories, TrajectoryTensors, RolloutBatch)> {
+        let (r, ad) = (self.r, &self.ad);
+        let seeds = EpisodeSource::train(&mut self.rng, r.rollout.episodes_per_step);
+        let sampler = self.policy.model.valid();
+        let sc = sampling(r, &self.policy.stop, self.rng.next_u64());
+        let t = rollout(
+            &self.policy,
+            &sampler,
+            self.env.as_mut(),
+            &seeds,
+            r.rollout.samples_per_episode,
+            r.rollout.max_turns,
+            &sc,
+            &self.base,
+        )?;
+        let x = t.tensors(&self.base)?;
+        let valid = |x: f32| is_valid_reward(x.into());
+        let outcome: Vec<f32> = t
+            .turn_rewards
+            .iter()
+            .map(|r| {
+                let sane = r.iter().all(|&x| valid(x)) && valid(r.iter().sum::<f32>());
+                if sane { 0.0 } else { f32::NAN }
+            })
+            .collect();
+        if t.turns().iter().all(|n| *n == 0) {
+            anyhow::bail!(
+                "no episode could take a turn: the first observation plus \
+                 rollout.max_new_tokens = {} exceeds the model's context",
+                r.rollout.max_new_tokens
+            );
+        }
+        // Rows made invalid above contribute no per-step reward either.
+        let turn_rewards = x.turn_rewards.clone();
+        let insane = turn_rewards.clone().abs().greater_elem(REWARD_LIMIT);
+        let turn_rewards = turn_rewards
+            .clone()
+            .mask_fill(turn_rewards.is_finite().bool_not(), 0.0)
+            .mask_fill(insane, 0.0);
+        let batch = RolloutBatch::new(
+            x.loss_mask.clone().to_device(ad),
+            Tensor::from_floats(outcome.as_slice(), ad),
+            &t.group_ids,
+        )?
+        .with_token_rewards(turn_rewards.to_device(ad))?
+        .with_turns(x.turn_ids.clone().to_device(ad))?
+        .with_rollout_log_probs(x.log_probs.clone().to_device(ad))?;
+        Ok((t, x, batch))
+    }
+
+    /// The update: whole trajectories through the preset's estimator and loss, or SeeUPO's
+    /// turn-by-turn updates, rescoring between turns without the autodiff graph.
+    fn update(
+        mut self,
+        step: usize,
+        x: &TrajectoryTensors,
+        batch: &RolloutBatch,
+        row: &mut Row,
+    ) -> Result<Self> {
+        let (r, ad) = (self.r, &self.ad);
+        let lr = r.train.schedule.schedule(r.train.run.steps).at(step);
+        row.insert("actor/lr".into(), lr);
+        let exp = LlmExperience {
+            tokens: x.tokens.clone().to_device(ad),
+            mask: x.attention.clone().to_device(ad),
+            response_len: x.region,
+            temperature: sampling(r, &self.policy.stop, 0).scoring_temperature(),
+            adapters: true,
+        };
+        let mut order_rng = Rng(self.rng.next_u64());
+        let mut order = |n| order_rng.permutation(n);
+        let (adv_cfg, upd) = (&self.parts.advantage, &self.upd);
+        self.policy.model = match &self.parts.turn_updates {
+            None => {
+                let (model, optim) = (self.policy.model, &mut self.optim);
+                let order = &mut order;
+                update_policy(
+                    model,
+                    optim,
+                    &exp,
+                    batch,
+                    adv_cfg,
+                    upd,
+                    step,
+                    lr,
+                    order,
+                    row,
+                    &[],
+                )?
+                .0
+            }
+            Some(turns) => {
+                let adv = compute_advantages(adv_cfg, batch, step)?;
+                row.extend(adv.metrics.to_host());
+                let host_exp = LlmExperience {
+                    tokens: x.tokens.clone(),
+                    mask: x.attention.clone(),
+                    ..exp.clone()
+                };
+                let (model, stats) = sequential_update(
+                    self.policy.model,
+                    &mut self.optim,
+                    &exp,
+                    batch,
+                    &adv,
+                    upd,
+                    turns,
+                    lr,
+                    &mut order,
+                    &mut |m: &Llama| {
+                        host_exp
+                            .score_all_chunked(&m.valid(), upd.schedule.micro_batch_rows)
+                            .to_device(ad)
+                    },
+                )?;
+                row.extend(stats.metrics);
+                model
+            }
+        };
+        Ok(self)
+    }
+
+    /// Evaluation when due, then the log row, the samples and the checkpoint; returns whether
+    /// the run stops.
+    fn end_step(&mut self, step: usize, mut row: Row, t: &Trajectories) -> Result<bool> {
+        let r = self.r;
+        let end = self.run.step_end(step + 1);
+        let evaluated =
+            (step + 1).is_multiple_of(r.train.run.eval_every) || step + 1 == r.train.run.steps;
         if evaluated {
             let t_eval = Instant::now();
-            after = evaluate(&policy, env.as_mut(), r, &base)?;
-            row.insert("eval/success".into(), after);
+            self.after = evaluate(&self.policy, self.env.as_mut(), r, &self.base)?;
+            row.insert("eval/success".into(), self.after);
             row.insert("timing_s/eval".into(), t_eval.elapsed().as_secs_f64());
         }
-        steps_done = step + 1;
-        let state = run.state(steps_done, rng.0, before, after);
+        self.steps_done = step + 1;
+        let state = self
+            .run
+            .state(self.steps_done, self.rng.0, self.before, self.after);
         let stats = format!(
             "reward {} success {} turns {:.1} {:.0} tok/s",
             fmt_metric(
                 row.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
                 3
             ),
-            fmt_metric(after, 3),
+            fmt_metric(self.after, 3),
             row.get("rollout/turns_mean").copied().unwrap_or(0.0),
             row.get("perf/tokens_per_s").copied().unwrap_or(0.0),
         );
-        let shown = shown(&t, r.train.run.log_samples);
-        run.samples(step + 1, &shown, evaluated)?;
-        let stop = run.end_step(end, row, evaluated, &stats, |d| {
-            checkpoint::write_records(d, model_record(&policy), &optim, &state)
-        })?;
-        if stop {
-            interrupted = true;
-            break;
+        let shown = shown(t, r.train.run.log_samples);
+        self.run.samples(step + 1, &shown, evaluated)?;
+        let (policy, optim) = (&self.policy, &self.optim);
+        self.run.end_step(end, row, evaluated, &stats, |d| {
+            checkpoint::write_records(d, model_record(policy), optim, &state)
+        })
+    }
+
+    /// The summary.
+    fn finish(mut self, interrupted: bool) -> Result<AgentSummary> {
+        let r = self.r;
+        let (before, after) = (self.before, self.after);
+        self.run.finish(&serde_json::json!({
+            "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
+            "success_before": before, "success_after": after,
+            "steps_done": self.steps_done, "interrupted": interrupted,
+        }))?;
+        if !interrupted {
+            self.run.say(&format!(
+                "held-out success {before:.3} -> {after:.3}; run directory {}",
+                self.out.display()
+            ));
         }
+        Ok(AgentSummary {
+            success_before: before,
+            success_after: after,
+            steps_done: self.steps_done,
+            interrupted,
+        })
     }
-    run.finish(&serde_json::json!({
-        "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
-        "success_before": before, "success_after": after,
-        "steps_done": steps_done, "interrupted": interrupted,
-    }))?;
-    if !interrupted {
-        run.say(&format!(
-            "held-out success {before:.3} -> {after:.3}; run directory {}",
-            out.display()
-        ));
-    }
-    Ok(AgentSummary {
-        success_before: before,
-        success_after: after,
-        steps_done,
-        interrupted,
-    })
 }
 
 /// Policy tokens generated.

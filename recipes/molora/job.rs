@@ -8,7 +8,7 @@ use crate::molora::schema::{Arm, MoloraRecipe, arithmetic};
 use anyhow::{Context, Result};
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 use ember_llm::chartok;
 use ember_llm::{Llama, LoraSettings, apply_lora, apply_mixture};
 use ember_molora::{
@@ -78,25 +78,18 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     let cfg = r.model.llama_config();
     let mut rng = Rng(r.seed);
     let t0 = Instant::now();
-    let warm = warm_up(
-        cfg.init(&ad),
-        &r.warmup,
-        &TaskSet::Arithmetic(arithmetic(&r.warmup_task)),
-        &mut rng,
-        &ad,
-    )?;
+    let task = TaskSet::Arithmetic(arithmetic(&r.warmup_task));
+    let warm = warm_up(cfg.init(&ad), &r.warmup, &task, &mut rng, &ad)?;
+    let secs = t0.elapsed().as_secs_f64();
     say(format!(
-        "[{}] warm-up on {}: {:.1} s",
-        r.name,
-        r.warmup_task.name,
-        t0.elapsed().as_secs_f64()
+        "[{}] warm-up on {}: {secs:.1} s",
+        r.name, r.warmup_task.name
     ));
     let evals: Vec<Vec<Example>> = r
         .tasks
         .iter()
         .map(|t| arithmetic(t).held_out_set(r.seed, r.eval_size))
         .collect();
-    let max_new = 6;
     let policy = |model: Llama| Policy {
         model,
         config: cfg.clone(),
@@ -104,10 +97,14 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
         stop: vec![chartok::EOS],
         lora: None,
     };
-    let before: Vec<f64> = evals
-        .iter()
-        .map(|e| evaluate(&policy(warm.clone()), e, max_new, &base))
-        .collect::<Result<_>>()?;
+    let accuracy = |model: &Llama| -> Result<Vec<f64>> {
+        let max_new = 6;
+        evals
+            .iter()
+            .map(|e| evaluate(&policy(model.clone()), e, max_new, &base))
+            .collect()
+    };
+    let before = accuracy(&warm)?;
     let mut results = vec![ArmResult {
         name: "warm start (no adapter)".into(),
         activated_params: 0,
@@ -122,134 +119,13 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     for arm in &r.arms {
         let start = Instant::now();
         ad.seed(r.seed ^ 0xA5);
-        let mut router_params = 0;
-        let (mut model, activated, remix, aux) = match arm {
-            Arm::Lora { rank, .. } => {
-                let s = LoraSettings {
-                    rank: *rank,
-                    alpha: r.finetune.alpha,
-                    targets: r.finetune.targets.clone(),
-                };
-                let m = apply_lora(warm.clone(), &s)?;
-                let n = ember_llm::lora::adapter_param_count(&m);
-                (m, n, None, 0.0)
-            }
-            Arm::Mixture { settings, .. } => {
-                let s = MixtureSettings {
-                    alpha: r.finetune.alpha,
-                    ..settings.clone()
-                };
-                let m = apply_mixture(warm.clone(), &s, &r.finetune.targets, &ad)?;
-                let n: usize = ember_llm::mixtures(&m)
-                    .iter()
-                    .map(|x| x.activated_params())
-                    .sum();
-                router_params = ember_llm::mixtures(&m)
-                    .iter()
-                    .map(|x| x.router_params())
-                    .sum();
-                let (remix, aux) = match s.router {
-                    RouterKind::Remix {
-                        selections,
-                        pg_coef,
-                    } => (Some((selections, pg_coef)), 0.0),
-                    RouterKind::Learned { aux_coef } => (None, aux_coef),
-                };
-                (m, n, remix, aux)
-            }
-        };
-        let mut optim = OptimizerConfig::default().init();
-        let mut trng = Rng(r.seed ^ 0x5EED);
-        for step in 0..r.finetune.steps {
-            let batch: Vec<Example> = (0..r.finetune.batch)
-                .map(|_| {
-                    let t = &r.tasks[trng.below(r.tasks.len() as u64) as usize];
-                    arithmetic(t).train(&mut trng, 1).remove(0)
-                })
-                .collect();
-            let m = remix.map_or(1, |(s, _)| s);
-            let rep: Vec<Example> = batch
-                .iter()
-                .flat_map(|e| std::iter::repeat_n(e.clone(), m))
-                .collect();
-            let (toks, mask, lm) = demonstrations(&rep, &ad)?;
-            let ctx = match remix {
-                Some(_) => RouteCtx::training(),
-                None => RouteCtx::plain(true).recording(),
-            };
-            let losses = row_losses(&model, toks, mask.clone(), lm, &ctx);
-            let sup = losses.clone().mean();
-            let mut loss = sup.clone();
-            let recs = ctx.take_records();
-            if let Some((_, pg_coef)) = remix {
-                let groups: Vec<usize> = (0..rep.len()).map(|i| i / m).collect();
-                let (pg, _) = router_pg_loss(&recs, &mask, losses, &groups)?;
-                loss = loss + pg * pg_coef;
-            } else if aux > 0.0 {
-                for rec in &recs {
-                    loss = loss + load_balance_loss(rec, &mask) * aux;
-                }
-            }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(r.finetune.lr, model, grads).0;
-            if !quiet && (step + 1) % 50 == 0 {
-                let l: f32 = sup.into_scalar();
-                eprintln!(
-                    "[{}] {} step {}/{} answer NLL {l:.3}",
-                    r.name,
-                    arm.name(),
-                    step + 1,
-                    r.finetune.steps
-                );
-            }
-        }
+        let built = build_arm(arm, &warm, r, &ad)?;
+        let (activated, router_params) = (built.activated, built.router_params);
+        let model = finetune(built, arm, r, &ad, quiet)?;
         let seconds = start.elapsed().as_secs_f64();
-        let valid = model.valid();
-        let accuracy: Vec<f64> = evals
-            .iter()
-            .map(|e| evaluate(&policy(model.clone()), e, max_new, &base))
-            .collect::<Result<_>>()?;
-        let mut per_layer = Vec::new();
-        let (effective_experts, usage) = if ember_llm::mixtures(&valid).is_empty() {
-            (None, None)
-        } else {
-            let all: Vec<Example> = evals.iter().flatten().cloned().collect();
-            let prompts: Vec<Example> = all
-                .iter()
-                .map(|e| Example {
-                    answer: String::new(),
-                    ..e.clone()
-                })
-                .collect();
-            let (toks, mask, _) = demonstrations(&prompts, &base)?;
-            let ctx = RouteCtx::plain(true)
-                .recording()
-                .with_pool_mask(mask.clone());
-            let _ = valid.forward_routed(toks, mask.clone(), &ctx);
-            let mut effs = Vec::new();
-            let mut usage: Vec<f64> = Vec::new();
-            for rec in ctx.take_records() {
-                let s = rec.weights.dims()[1];
-                let m = if s == mask.dims()[1] {
-                    mask.clone()
-                } else {
-                    Tensor::ones([mask.dims()[0], 1], &base)
-                };
-                let (eff, u) = balance(&rec.weights, &rec.selected, &m);
-                effs.push(eff);
-                if usage.is_empty() {
-                    usage = u;
-                } else {
-                    for (a, b) in usage.iter_mut().zip(u) {
-                        *a += b;
-                    }
-                }
-            }
-            per_layer = effs.clone();
-            let mean = effs.iter().sum::<f64>() / effs.len() as f64;
-            let min = effs.iter().copied().fold(f64::INFINITY, f64::min);
-            (Some((mean, min)), Some(usage))
-        };
+        let accuracy = accuracy(&model)?;
+        let balance = routing_balance(&model.valid(), &evals, &base)?;
+        let effective_experts = balance.effective;
         say(format!(
             "[{}] {}: accuracy {:?} in {seconds:.0} s{}",
             r.name,
@@ -269,8 +145,8 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
             mean_accuracy: accuracy.iter().sum::<f64>() / accuracy.len() as f64,
             accuracy,
             effective_experts,
-            effective_experts_per_layer: per_layer,
-            usage,
+            effective_experts_per_layer: balance.per_layer,
+            usage: balance.usage,
             seconds,
         });
     }
@@ -278,6 +154,176 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
         &out.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
+    let md = results_table(r, &results);
+    write_atomic(&out.join("results.md"), md.as_bytes())?;
+    say(md);
+    Ok(results)
+}
+
+/// An arm's adapted model before fine-tuning, its parameter counts, and its router's
+/// training: ReMix's (selections, policy-gradient coefficient), or the learned router's
+/// load-balancing coefficient.
+struct BuiltArm {
+    model: Llama,
+    activated: usize,
+    router_params: usize,
+    remix: Option<(usize, f32)>,
+    aux: f32,
+}
+
+/// The warm model with the arm's adapters: one LoRA, or a mixture on the same targets.
+fn build_arm(arm: &Arm, warm: &Llama, r: &MoloraRecipe, ad: &Device) -> Result<BuiltArm> {
+    Ok(match arm {
+        Arm::Lora { rank, .. } => {
+            let s = LoraSettings {
+                rank: *rank,
+                alpha: r.finetune.alpha,
+                targets: r.finetune.targets.clone(),
+            };
+            let model = apply_lora(warm.clone(), &s)?;
+            let activated = ember_llm::lora::adapter_param_count(&model);
+            BuiltArm {
+                model,
+                activated,
+                router_params: 0,
+                remix: None,
+                aux: 0.0,
+            }
+        }
+        Arm::Mixture { settings, .. } => {
+            let s = MixtureSettings {
+                alpha: r.finetune.alpha,
+                ..settings.clone()
+            };
+            let model = apply_mixture(warm.clone(), &s, &r.finetune.targets, ad)?;
+            let layers = ember_llm::mixtures(&model);
+            let activated = layers.iter().map(|x| x.activated_params()).sum();
+            let router_params = layers.iter().map(|x| x.router_params()).sum();
+            let (remix, aux) = match s.router {
+                RouterKind::Remix {
+                    selections,
+                    pg_coef,
+                } => (Some((selections, pg_coef)), 0.0),
+                RouterKind::Learned { aux_coef } => (None, aux_coef),
+            };
+            BuiltArm {
+                model,
+                activated,
+                router_params,
+                remix,
+                aux,
+            }
+        }
+    })
+}
+
+/// Supervised fine-tuning on the task mixture: the answer NLL, plus ReMix's router policy
+/// gradient (each example repeated `selections` times) or the learned router's Switch
+/// load-balancing loss.
+fn finetune(b: BuiltArm, arm: &Arm, r: &MoloraRecipe, ad: &Device, quiet: bool) -> Result<Llama> {
+    let mut model = b.model;
+    let mut optim = OptimizerConfig::default().init();
+    let mut trng = Rng(r.seed ^ 0x5EED);
+    for step in 0..r.finetune.steps {
+        let batch: Vec<Example> = (0..r.finetune.batch)
+            .map(|_| {
+                let t = &r.tasks[trng.below(r.tasks.len() as u64) as usize];
+                arithmetic(t).train(&mut trng, 1).remove(0)
+            })
+            .collect();
+        let m = b.remix.map_or(1, |(s, _)| s);
+        let rep: Vec<Example> = batch
+            .iter()
+            .flat_map(|e| std::iter::repeat_n(e.clone(), m))
+            .collect();
+        let (toks, mask, lm) = demonstrations(&rep, ad)?;
+        let ctx = match b.remix {
+            Some(_) => RouteCtx::training(),
+            None => RouteCtx::plain(true).recording(),
+        };
+        let losses = row_losses(&model, toks, mask.clone(), lm, &ctx);
+        let sup = losses.clone().mean();
+        let mut loss = sup.clone();
+        let recs = ctx.take_records();
+        if let Some((_, pg_coef)) = b.remix {
+            let groups: Vec<usize> = (0..rep.len()).map(|i| i / m).collect();
+            let (pg, _) = router_pg_loss(&recs, &mask, losses, &groups)?;
+            loss = loss + pg * pg_coef;
+        } else if b.aux > 0.0 {
+            for rec in &recs {
+                loss = loss + load_balance_loss(rec, &mask) * b.aux;
+            }
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(r.finetune.lr, model, grads).0;
+        if !quiet && (step + 1).is_multiple_of(50) {
+            let l: f32 = sup.into_scalar();
+            let (name, done, all) = (arm.name(), step + 1, r.finetune.steps);
+            eprintln!("[{}] {name} step {done}/{all} answer NLL {l:.3}", r.name);
+        }
+    }
+    Ok(model)
+}
+
+/// Routing balance on the held-out prompts (none for a model without mixtures).
+#[derive(Default)]
+struct Balance {
+    /// The effective number of experts per mixture layer: mean and min over layers.
+    effective: Option<(f64, f64)>,
+    /// Expert usage summed over layers.
+    usage: Option<Vec<f64>>,
+    /// Each layer's effective number of experts, in forward order.
+    per_layer: Vec<f64>,
+}
+
+/// The routing balance of `valid`'s mixture layers on the held-out prompts.
+fn routing_balance(valid: &Llama, evals: &[Vec<Example>], base: &Device) -> Result<Balance> {
+    if ember_llm::mixtures(valid).is_empty() {
+        return Ok(Balance::default());
+    }
+    let prompts: Vec<Example> = evals
+        .iter()
+        .flatten()
+        .map(|e| Example {
+            answer: String::new(),
+            ..e.clone()
+        })
+        .collect();
+    let (toks, mask, _) = demonstrations(&prompts, base)?;
+    let ctx = RouteCtx::plain(true)
+        .recording()
+        .with_pool_mask(mask.clone());
+    let _ = valid.forward_routed(toks, mask.clone(), &ctx);
+    let mut effs = Vec::new();
+    let mut usage: Vec<f64> = Vec::new();
+    for rec in ctx.take_records() {
+        let s = rec.weights.dims()[1];
+        let m = if s == mask.dims()[1] {
+            mask.clone()
+        } else {
+            Tensor::ones([mask.dims()[0], 1], base)
+        };
+        let (eff, u) = balance(&rec.weights, &rec.selected, &m);
+        effs.push(eff);
+        if usage.is_empty() {
+            usage = u;
+        } else {
+            for (a, b) in usage.iter_mut().zip(u) {
+                *a += b;
+            }
+        }
+    }
+    let mean = effs.iter().sum::<f64>() / effs.len() as f64;
+    let min = effs.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok(Balance {
+        effective: Some((mean, min)),
+        usage: Some(usage),
+        per_layer: effs,
+    })
+}
+
+/// `results.md`: one row per arm.
+fn results_table(r: &MoloraRecipe, results: &[ArmResult]) -> String {
     let mut md = String::from("| arm | activated adapter params (+ router) |");
     for t in &r.tasks {
         md += &format!(" {} |", t.name);
@@ -285,7 +331,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     md += " mean | effective experts (mean / min layer) | fine-tune s |\n|---|---|";
     md += &"---|".repeat(r.tasks.len() + 3);
     md += "\n";
-    for a in &results {
+    for a in results {
         md += &format!(
             "| {} | {} (+{}) |",
             a.name, a.activated_params, a.router_params
@@ -301,7 +347,5 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
             a.seconds
         );
     }
-    write_atomic(&out.join("results.md"), md.as_bytes())?;
-    say(md);
-    Ok(results)
+    md
 }

@@ -6,6 +6,7 @@
 
 use crate::agent::rollout::{Trajectories, TrajectoryTensors, rollout, warm_up};
 use crate::agent::schema::{AgentRecipe, EnvSpec};
+use crate::common::run::open_run;
 use crate::llm::step::update_policy;
 use crate::llm::{Policy, load_checkpoint, model_record, policy_from_specs};
 use anyhow::Result;
@@ -14,7 +15,7 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, SamplingConfig};
-use ember_run::{Run, RunOptions, RunSpec, checkpoint, fmt_metric};
+use ember_run::{Run, RunOptions, checkpoint, fmt_metric};
 use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::{Environment, EpisodeSource};
@@ -138,16 +139,8 @@ impl<'a> AgentJob<'a> {
     /// The run directory, environment and policy (warmed up and evaluated, or resumed), the
     /// optimizer.
     fn new(r: &'a AgentRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
-        let resolved = toml::to_string_pretty(r)?;
-        let spec = RunSpec {
-            name: &r.name,
-            resolved: &resolved,
-            steps: r.train.run.steps,
-            checkpoint_every: r.train.run.checkpoint_every,
-            keep_checkpoints: r.train.run.keep_checkpoints,
-            curves: ("rollout/reward_mean", "eval/success"),
-        };
-        let mut run = Run::open(out, opts, &spec)?;
+        let curves = ("rollout/reward_mean", "eval/success");
+        let mut run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
         let parts = r.algorithm_parts();
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();

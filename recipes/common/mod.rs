@@ -1,8 +1,9 @@
 //! What every recipe kind shares below them: the compute device and precision (`device`), the
-//! recipe parsing helpers (`config`), the GPU kernel cache (`kernel_cache`) and the glibc heap
-//! settings (`heap`).
+//! recipe parsing helpers (`config`), the GPU kernel cache (`kernel_cache`), the glibc heap
+//! settings (`heap`) and the one set-up of a job's run directory (`run`).
 
 pub mod config;
 pub mod device;
 pub mod heap;
 pub mod kernel_cache;
+pub mod run;

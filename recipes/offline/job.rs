@@ -12,6 +12,7 @@
 //! ratio, positives only; groups drawn in proportion to their positive advantage) and
 //! REINFORCE-LOO (leave-one-out baseline, plain log-likelihood weighting).
 
+use crate::common::run::open_run;
 use crate::llm::schema::Recipe;
 use crate::llm::schema::offline::{Objective, OfflineSpec, Pairs};
 use crate::llm::step::{Row, rows_generation};
@@ -25,8 +26,8 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::Llama;
 use ember_llm::actor::LlmExperience;
-use ember_run::{Run, RunOptions, RunSpec, checkpoint};
-use ember_tasks::task::Rng;
+use ember_run::{Run, RunOptions, checkpoint};
+use ember_tasks::task::{Example, Rng, TaskSet};
 use ember_train::{Actor, UpdateConfig, UpdateSchedule, update};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -50,19 +51,8 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         .as_ref()
         .context("the recipe has no [offline] table")?;
     let start = Instant::now();
-    let resolved = toml::to_string_pretty(r)?;
-    let mut run = Run::open(
-        out,
-        opts,
-        &RunSpec {
-            name: &r.name,
-            resolved: &resolved,
-            steps: r.train.run.steps,
-            checkpoint_every: r.train.run.checkpoint_every,
-            keep_checkpoints: r.train.run.keep_checkpoints,
-            curves: ("offline/loss", "eval/accuracy"),
-        },
-    )?;
+    let curves = ("offline/loss", "eval/accuracy");
+    let mut run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
     let eval = task.held_out_set(r.seed, r.task.eval_size);
     let base = crate::common::device::device(&r.device)?;
@@ -71,11 +61,154 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let r = &placed;
     let max_new = r.rollout.max_new_tokens;
-    let mut rng = Rng(r.seed);
-    let mut policy = build_policy(r, &ad)?;
+    let policy = build_policy(r, &ad)?;
     // The data first (its tokens do not depend on the weights): a bad file fails before the
     // warm-up.
-    // The data: groups with a pair (pairwise objectives) or with two valid rewards (groups).
+    let Dataset {
+        path,
+        groups,
+        units,
+        usable,
+    } = dataset(spec, &policy, max_new)?;
+    let pairwise = spec.objective.pairwise();
+    let reference_path = out.join("reference.bpk");
+    let (policy, mut rng, accuracy_before, mut accuracy_after) = begin(
+        &mut run,
+        policy,
+        (r, &task, &eval),
+        &reference_path,
+        (&base, &ad),
+    )?;
+    let mut policy = policy;
+    run.say(&format!(
+        "held-out accuracy at the start: {accuracy_before:.3}"
+    ));
+    let reference = match policy.lora {
+        None => Some(read_reference(r, &policy, &reference_path, &ad)?),
+        Some(_) => None,
+    };
+
+    // The reference is frozen: its log-probs of every usable response are scored once.
+    let ref_lp = reference_log_probs(&groups, &usable, reference.as_ref(), &policy, &base)?;
+    let weights = priorities(spec, &groups, &units);
+    let what = if pairwise.is_some() {
+        "pairs"
+    } else {
+        "groups"
+    };
+    run.say(&format!(
+        "{} prompts in {}, {} usable for {} ({} {what})",
+        groups.len(),
+        path.display(),
+        usable.len(),
+        spec.objective.name(),
+        units.len(),
+    ));
+    let mut optim = r.train.optim.init();
+    if let Some((dir, _)) = run.resumed() {
+        optim = checkpoint::load_optimizer(dir, optim)?;
+    }
+    let schedule = r.train.schedule.schedule(r.train.run.steps);
+
+    let mut steps_done = run.first_step();
+    let mut interrupted = false;
+    for step in run.first_step()..r.train.run.steps {
+        let t_step = Instant::now();
+        let lr = schedule.at(step);
+        let picked: Vec<Unit> = (0..spec.batch)
+            .map(|_| units[draw(&mut rng, units.len(), weights.as_deref())])
+            .collect();
+        let mut row = BTreeMap::from([
+            ("step".to_string(), (step + 1) as f64),
+            ("actor/lr".to_string(), lr),
+        ]);
+        let refm = Scorer {
+            ref_lp: &ref_lp,
+            policy: &policy,
+            base: &base,
+            ad: &ad,
+        };
+        let (m, loss) = objective_step(&refm, &groups, &picked, spec, &mut optim, lr)?;
+        policy.model = m;
+        row.extend(loss);
+        row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
+
+        let end = run.step_end(step + 1);
+        let evaluated =
+            (step + 1).is_multiple_of(r.train.run.eval_every) || step + 1 == r.train.run.steps;
+        if evaluated {
+            accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
+            row.insert("eval/accuracy".into(), accuracy_after);
+        }
+        steps_done = step + 1;
+        let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
+        let stats = format!(
+            "loss {:.4} acc {accuracy_after:.3}",
+            row.get("offline/loss").copied().unwrap_or(f64::NAN)
+        );
+        let stop = run.end_step(end, row, evaluated, &stats, |d| {
+            checkpoint::write_records(d, model_record(&policy), &optim, &state)
+        })?;
+        if stop {
+            interrupted = true;
+            break;
+        }
+    }
+    let what = (usable.len(), units.len(), steps_done, interrupted);
+    finish(
+        run,
+        &policy,
+        (r, spec, out),
+        (accuracy_before, accuracy_after),
+        what,
+        start,
+    )
+}
+
+/// The end: the final model (unless stopped), the summary; `(prompts usable, draws, steps
+/// done, interrupted)`.
+fn finish(
+    mut run: Run,
+    policy: &Policy,
+    (r, spec, out): (&Recipe, &OfflineSpec, &Path),
+    (accuracy_before, accuracy_after): (f64, f64),
+    (usable, draws, steps_done, interrupted): (usize, usize, usize, bool),
+    start: Instant,
+) -> Result<Summary> {
+    if !interrupted {
+        write_final(policy, r, out)?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    run.finish(&serde_json::json!({
+        "name": r.name, "objective": spec.objective.name(), "seed": r.seed,
+        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+        "seconds": seconds, "steps_done": steps_done, "interrupted": interrupted,
+        "prompts_usable": usable, "draws": draws,
+    }))?;
+    if !interrupted {
+        run.say(&format!(
+            "held-out accuracy {accuracy_before:.3} -> {accuracy_after:.3} in {seconds:.0} s"
+        ));
+    }
+    Ok(Summary {
+        accuracy_before,
+        accuracy_after,
+        interrupted,
+    })
+}
+
+/// The offline data as a run uses it: its path, the tokenized groups, what a step draws, and
+/// the prompts that have something to draw.
+struct Dataset {
+    path: std::path::PathBuf,
+    groups: Vec<TokGroup>,
+    units: Vec<Unit>,
+    usable: Vec<usize>,
+}
+
+/// Reads and tokenizes the data: groups with a pair (pairwise objectives) or with two valid
+/// rewards (group objectives); an error when no prompt has one.
+fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Dataset> {
     let path = spec.path()?;
     let raw = load(&path).with_context(|| {
         format!(
@@ -87,10 +220,9 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         Some(k) => keep_first(raw, k),
         None => raw,
     };
-    let groups = tokenize(&policy, &raw, max_new)
+    let groups = tokenize(policy, &raw, max_new)
         .with_context(|| format!("tokenizing {}", path.display()))?;
     let pairwise = spec.objective.pairwise();
-    let group_obj = spec.objective.group();
     // What a step draws: (group, pair) for the pairwise objectives, groups with two valid
     // rewards for the others.
     let units: Vec<Unit> = match pairwise {
@@ -129,135 +261,83 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             spec.objective.name()
         );
     }
-    let reference_path = out.join("reference.bpk");
-    let (accuracy_before, mut accuracy_after) = match run.resumed() {
-        Some((dir, st)) => {
-            policy = load_checkpoint(policy, dir)?;
-            rng = Rng(st.rng);
-            (st.accuracy_before, st.accuracy_after)
-        }
-        None => {
-            if let (Some(w), None) = (&r.warmup, &policy.lora) {
-                policy.model = warm_up(policy.model, w, &task, &mut rng, &ad)?;
-            }
-            if policy.lora.is_none() {
-                let record = policy.model.clone().into_record();
-                ember_train::io::write_atomic_with(&reference_path, |tmp| {
-                    record.save(tmp).map_err(|e| anyhow!("{e}"))
-                })?;
-            }
-            let a = evaluate(&policy, &eval, max_new, &base)?;
-            run.log(BTreeMap::from([
-                ("step".to_string(), 0.0),
-                ("eval/accuracy".to_string(), a),
-            ]))?;
-            (a, a)
-        }
-    };
-    run.say(&format!(
-        "held-out accuracy at the start: {accuracy_before:.3}"
-    ));
-    let reference = match policy.lora {
-        None => Some(read_reference(r, &policy, &reference_path, &ad)?),
-        Some(_) => None,
-    };
+    Ok(Dataset {
+        path,
+        groups,
+        units,
+        usable,
+    })
+}
 
-    // The reference is frozen: its log-probs of every usable response are scored once.
-    let ref_lp = reference_log_probs(&groups, &usable, reference.as_ref(), &policy, &base)?;
-    // A-LoL's priority (all three variants): each group's summed positive advantage.
-    let weights: Option<Vec<f64>> = matches!(
+/// A resumed run's policy, RNG and accuracies; a fresh run's warm-up, reference and first
+/// evaluation.
+fn begin(
+    run: &mut Run,
+    policy: Policy,
+    (r, task, eval): (&Recipe, &TaskSet, &[Example]),
+    reference_path: &Path,
+    (base, ad): (&Device, &Device),
+) -> Result<(Policy, Rng, f64, f64)> {
+    if let Some((dir, st)) = run.resumed() {
+        let policy = load_checkpoint(policy, dir)?;
+        return Ok((policy, Rng(st.rng), st.accuracy_before, st.accuracy_after));
+    }
+    let mut rng = Rng(r.seed);
+    let policy = fresh_start(policy, r, task, &mut rng, reference_path, ad)?;
+    let a = evaluate(&policy, eval, r.rollout.max_new_tokens, base)?;
+    run.log(BTreeMap::from([
+        ("step".to_string(), 0.0),
+        ("eval/accuracy".to_string(), a),
+    ]))?;
+    Ok((policy, rng, a, a))
+}
+
+/// A fresh run's policy: the tiny model warmed up, and its frozen copy written as the
+/// reference (a LoRA policy's reference is its weights with adapters off).
+fn fresh_start(
+    mut policy: Policy,
+    r: &Recipe,
+    task: &TaskSet,
+    rng: &mut Rng,
+    reference_path: &Path,
+    ad: &Device,
+) -> Result<Policy> {
+    if let (Some(w), None) = (&r.warmup, &policy.lora) {
+        policy.model = warm_up(policy.model, w, task, rng, ad)?;
+    }
+    if policy.lora.is_none() {
+        let record = policy.model.clone().into_record();
+        ember_train::io::write_atomic_with(reference_path, |tmp| {
+            record.save(tmp).map_err(|e| anyhow!("{e}"))
+        })?;
+    }
+    Ok(policy)
+}
+
+/// A-LoL's priority (all three variants): each group's summed positive advantage; uniform
+/// draws for the other objectives.
+fn priorities(spec: &OfflineSpec, groups: &[TokGroup], units: &[Unit]) -> Option<Vec<f64>> {
+    matches!(
         spec.objective,
         Objective::ALol { .. } | Objective::ALolSeq { .. } | Objective::ALolKl { .. }
     )
-    .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect());
-    run.say(&format!(
-        "{} prompts in {}, {} usable for {} ({} {})",
-        groups.len(),
-        path.display(),
-        usable.len(),
-        spec.objective.name(),
-        units.len(),
-        if pairwise.is_some() {
-            "pairs"
-        } else {
-            "groups"
-        }
-    ));
-    let mut optim = r.train.optim.init();
-    if let Some((dir, _)) = run.resumed() {
-        optim = checkpoint::load_optimizer(dir, optim)?;
-    }
-    let schedule = r.train.schedule.schedule(r.train.run.steps);
+    .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect())
+}
 
-    let mut steps_done = run.first_step();
-    let mut interrupted = false;
-    for step in run.first_step()..r.train.run.steps {
-        let t_step = Instant::now();
-        let lr = schedule.at(step);
-        let picked: Vec<Unit> = (0..spec.batch)
-            .map(|_| units[draw(&mut rng, units.len(), weights.as_deref())])
-            .collect();
-        let mut row = BTreeMap::from([
-            ("step".to_string(), (step + 1) as f64),
-            ("actor/lr".to_string(), lr),
-        ]);
-        let refm = Scorer {
-            ref_lp: &ref_lp,
-            policy: &policy,
-            base: &base,
-            ad: &ad,
-        };
-        let (m, loss) = match (pairwise, group_obj) {
-            (Some(kind), _) => pair_step(&refm, &groups, &picked, &kind, spec, &mut optim, lr)?,
-            (None, Some((adv_cfg, loss))) => {
-                group_step(&refm, &groups, &picked, adv_cfg, loss, &mut optim, lr)?
-            }
-            (None, None) => bail!("objective {:?} has no loss", spec.objective.name()),
-        };
-        policy.model = m;
-        row.extend(loss);
-        row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
-
-        let end = run.step_end(step + 1);
-        let evaluated = (step + 1) % r.train.run.eval_every == 0 || step + 1 == r.train.run.steps;
-        if evaluated {
-            accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
-            row.insert("eval/accuracy".into(), accuracy_after);
-        }
-        steps_done = step + 1;
-        let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
-        let stats = format!(
-            "loss {:.4} acc {accuracy_after:.3}",
-            row.get("offline/loss").copied().unwrap_or(f64::NAN)
-        );
-        let stop = run.end_step(end, row, evaluated, &stats, |d| {
-            checkpoint::write_records(d, model_record(&policy), &optim, &state)
-        })?;
-        if stop {
-            interrupted = true;
-            break;
-        }
+/// One optimizer step of the objective on the drawn units: pairwise or group.
+fn objective_step(
+    refm: &Scorer,
+    groups: &[TokGroup],
+    picked: &[Unit],
+    spec: &OfflineSpec,
+    optim: &mut ember_train::Optimizer,
+    lr: f64,
+) -> Result<(Llama, BTreeMap<String, f64>)> {
+    match (spec.objective.pairwise(), spec.objective.group()) {
+        (Some(kind), _) => pair_step(refm, groups, picked, &kind, spec, optim, lr),
+        (None, Some((adv_cfg, loss))) => group_step(refm, groups, picked, adv_cfg, loss, optim, lr),
+        (None, None) => bail!("objective {:?} has no loss", spec.objective.name()),
     }
-    if !interrupted {
-        write_final(&policy, r, out)?;
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    run.finish(&serde_json::json!({
-        "name": r.name, "objective": spec.objective.name(), "seed": r.seed,
-        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
-        "seconds": seconds, "steps_done": steps_done, "interrupted": interrupted,
-        "prompts_usable": usable.len(), "draws": units.len(),
-    }))?;
-    if !interrupted {
-        run.say(&format!(
-            "held-out accuracy {accuracy_before:.3} -> {accuracy_after:.3} in {seconds:.0} s"
-        ));
-    }
-    Ok(Summary {
-        accuracy_before,
-        accuracy_after,
-        interrupted,
-    })
 }
 
 /// What a step draws: a group, and for the pairwise objectives one of its (chosen, rejected)

@@ -3,6 +3,7 @@
 
 use super::FlowJob;
 use super::state::{FLOW_STATE, FlowState, RAM_EMA, eval_row};
+use crate::common::run::open_run;
 use crate::flow::digits::Digits;
 use crate::flow::images::{evaluate, grid, pretrained};
 use crate::flow::schema::{FlowAlgorithm, FlowRecipe};
@@ -11,7 +12,7 @@ use burn::module::{Lora, Module, ParamGroup};
 use burn::store::ModuleRecord;
 use ember_engine::*;
 use ember_flow::{DigitClassifier, FlowDit, sde_coefs, sigmas};
-use ember_run::{Run, RunOptions, RunSpec, checkpoint};
+use ember_run::{RunOptions, checkpoint};
 use ember_tasks::expand_path;
 use ember_train::{LrSchedule, Optimizer, OptimizerConfig, UpdateConfig, UpdateSchedule};
 use std::path::Path;
@@ -19,16 +20,9 @@ use std::path::Path;
 impl<'a> FlowJob<'a> {
     /// Opens the run directory and builds everything a step uses.
     pub(super) fn new(r: &'a FlowRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
-        let resolved = toml::to_string_pretty(r)?;
-        let spec = RunSpec {
-            name: &r.name,
-            resolved: &resolved,
-            steps: r.rl.steps,
-            checkpoint_every: r.rl.checkpoint_every,
-            keep_checkpoints: r.rl.keep_checkpoints,
-            curves: ("reward/class_prob", "eval/accuracy"),
-        };
-        let run = Run::open(out, opts, &spec)?;
+        let run_loop = (r.rl.steps, r.rl.checkpoint_every, r.rl.keep_checkpoints);
+        let curves = ("reward/class_prob", "eval/accuracy");
+        let run = open_run(out, opts, (&r.name, r), run_loop, curves)?;
         let digits = Digits::load(&expand_path(&r.data.digits)?)?;
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();

@@ -142,6 +142,13 @@ pub struct TrainLoop {
     pub log_samples: usize,
 }
 
+impl TrainLoop {
+    /// `(steps, checkpoint_every, keep_checkpoints)` for the run kit.
+    pub fn run_loop(&self) -> crate::common::run::RunLoop {
+        (self.steps, self.checkpoint_every, self.keep_checkpoints)
+    }
+}
+
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,6 +4,7 @@
 //! per step rollout → reward → rescoring → filters → advantages and update → log, evaluation and
 //! checkpoint (the run kit's end-of-step protocol). The set-up is in `setup.rs`.
 
+use crate::common::run::open_run;
 use crate::llm::adaptive::ada_rollout;
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::remote::Remote;
@@ -21,7 +22,7 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig, generate};
-use ember_run::{Run, RunOptions, RunSpec};
+use ember_run::{Run, RunOptions};
 use ember_tasks::task::{Example, Rng, TaskSet};
 use ember_train::{Optimizer, UpdateConfig};
 use std::collections::BTreeMap;
@@ -51,16 +52,8 @@ pub struct Summary {
 /// filters → advantages and update → log, evaluation and checkpoint, then the end.
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let start = Instant::now();
-    let resolved = toml::to_string_pretty(r)?;
-    let spec = RunSpec {
-        name: &r.name,
-        resolved: &resolved,
-        steps: r.train.run.steps,
-        checkpoint_every: r.train.run.checkpoint_every,
-        keep_checkpoints: r.train.run.keep_checkpoints,
-        curves: ("rollout/reward_mean", "eval/accuracy"),
-    };
-    let run = Run::open(out, opts, &spec)?;
+    let curves = ("rollout/reward_mean", "eval/accuracy");
+    let run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
     let base = crate::common::device::device(&r.device)?;
     // `[data_parallel]`: checked before the warm-up and the first evaluation.

@@ -152,7 +152,7 @@ fn no_panic(what: &str, case: usize, f: impl FnOnce()) {
 /// weights.
 fn load_everything(path: &Path) {
     if let Ok(f) = GgufFile::open(path) {
-        let _ = ember_llm::load::config_from_gguf(&f);
+        let _ = ember_llm::config_from_gguf(&f);
         if let Ok(t) = ember_llm::Tokenizer::from_gguf(&f) {
             let _ = t.apply_chat_template(&[ember_llm::Message::new("user", "ab")], true);
             let _ = t.encode("abc");
@@ -275,7 +275,7 @@ fn real_gguf_header_survives_damage() {
         file.flush().unwrap();
         no_panic("real GGUF", case, || {
             if let Ok(f) = GgufFile::open(&p) {
-                let _ = ember_llm::load::config_from_gguf(&f);
+                let _ = ember_llm::config_from_gguf(&f);
                 if let Ok(t) = ember_llm::Tokenizer::from_gguf(&f) {
                     let _ = t.apply_chat_template(&[ember_llm::Message::new("user", "2+2?")], true);
                     let _ = t.encode("What is 2 + 2?");

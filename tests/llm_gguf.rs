@@ -4,7 +4,7 @@
 mod common;
 
 use ember_llm::gguf::{GgufFile, dequantize};
-use ember_llm::load::unpermute_rows;
+use ember_llm::unpermute_rows;
 use half::{bf16, f16};
 
 fn f16b(x: f32) -> [u8; 2] {

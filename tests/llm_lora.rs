@@ -6,9 +6,9 @@ mod common;
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use common::*;
-use ember_llm::lora::{adapter_param_count, target_paths};
-use ember_llm::sample::left_pad;
+use ember_llm::left_pad;
 use ember_llm::{LoraSettings, apply_lora, load, load_peft, merge, save_peft};
+use ember_llm::{adapter_param_count, target_paths};
 use std::path::Path;
 
 fn tiny() -> std::path::PathBuf {

@@ -6,7 +6,7 @@ mod common;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use common::*;
-use ember_llm::sample::left_pad;
+use ember_llm::left_pad;
 use ember_llm::{SamplingConfig, generate, load};
 use std::path::{Path, PathBuf};
 
@@ -254,7 +254,7 @@ fn hostile_model_files_are_errors() {
             format!("{{\"weight_map\": {{\"w\": {shard:?}}}}}"),
         )
         .unwrap();
-        let e = ember_llm::load::SafetensorsSource::open_dir(&dir)
+        let e = ember_llm::SafetensorsSource::open_dir(&dir)
             .err()
             .unwrap()
             .to_string();
@@ -265,7 +265,7 @@ fn hostile_model_files_are_errors() {
     assert!(e.contains("num_hidden_layers"), "{e}");
     let endless = "{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}";
     let t0 = std::time::Instant::now();
-    let e = ember_llm::tokenizer::render_chat(endless, &[], false, None, None)
+    let e = ember_llm::render_chat(endless, &[], false, None, None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("fuel"), "{e}");
@@ -363,7 +363,8 @@ fn export_to_hf_and_reload_gives_the_same_logits() {
 
 #[test]
 fn inverse_cdf_sampler_draws_from_the_distribution() {
-    use ember_llm::sample::{SplitMix64, sample_rows};
+    use ember_engine::SplitMix64;
+    use ember_llm::sample_rows;
     // p = [0.1, 0.2, 0.3, 0.4, 0] (last entry −inf): 4000 rows of one draw each.
     let p = [0.1f32, 0.2, 0.3, 0.4];
     let rows = 4000;
@@ -431,7 +432,7 @@ fn sharded_safetensors_load_like_a_single_file() {
 fn bf16_autocast_matches_f32_within_bf16_rounding() {
     use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
     use burn::tensor::DType;
-    use ember_llm::Precision;
+    use ember_train::Precision;
     let dir = fixture("tiny_llama");
     let f32_model = load(&dir, &dev()).unwrap().model;
     let bf16_model = load(&dir, &dev())
@@ -558,7 +559,7 @@ fn fused_attention_matches_the_explicit_path() {
 /// and a far-out logit.
 #[test]
 fn chosen_log_probs_match_hand_worked_log_softmax() {
-    use ember_llm::model::chosen_log_probs;
+    use ember_llm::chosen_log_probs;
     // Rows: [1, 2, 3] and [-1000, 0, 5]; targets per position.
     let logits = Tensor::<3>::from_data(
         TensorData::new(vec![1.0f32, 2.0, 3.0, -1000.0, 0.0, 5.0], [1, 2, 3]),

@@ -129,9 +129,9 @@ fn wgpu_matches_cpu() {
 
     // WGSL has no bf16: a bf16 recipe runs in f32 on wgpu, and says so.
     let (p, note) = ember::common::device::resolve_precision(
-        ember::common::device::Precision::Bf16,
+        ember_train::Precision::Bf16,
         ember::common::device::kind("wgpu").unwrap(),
     );
-    assert_eq!(p, ember::common::device::Precision::F32);
+    assert_eq!(p, ember_train::Precision::F32);
     assert!(note.unwrap().contains("no bf16 type"));
 }

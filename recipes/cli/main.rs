@@ -336,7 +336,7 @@ fn handle_stop_signals() {
             };
             if ember_run::request_stop_by(sig) {
                 eprintln!("\n{name} again: exiting without a final checkpoint");
-                ember_tasks::reward::kill_all();
+                ember_tasks::process::kill_all();
                 std::process::exit(128 + sig);
             }
             eprintln!(
@@ -353,7 +353,7 @@ fn handle_stop_signals() {
     let _ = ctrlc::set_handler(|| {
         if ember_run::request_stop() {
             eprintln!("\ninterrupted again: exiting without a final checkpoint");
-            ember_tasks::reward::kill_all();
+            ember_tasks::process::kill_all();
             std::process::exit(130);
         }
         eprintln!(

@@ -1,7 +1,7 @@
 //! Device selection among the backends compiled into this binary.
 
 use burn::tensor::Device;
-pub use ember_llm::Precision;
+use ember_train::Precision;
 use ember_train::{DataParallel, Reduce};
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -369,7 +369,7 @@ pub struct FlowRecipe {
     /// losses); pretraining stays f32 so the pretraining cache is shared; wgpu falls back to
     /// f32 with a message.
     #[serde(default)]
-    pub precision: crate::common::device::Precision,
+    pub precision: ember_train::Precision,
     /// `[data_parallel]`: the update sharded over several devices (`devices`, `reduce`).
     #[serde(
         default,

@@ -181,7 +181,7 @@ fn build_arm(arm: &Arm, warm: &Llama, r: &MoloraRecipe, ad: &Device) -> Result<B
                 targets: r.finetune.targets.clone(),
             };
             let model = apply_lora(warm.clone(), &s)?;
-            let activated = ember_llm::lora::adapter_param_count(&model);
+            let activated = ember_llm::adapter_param_count(&model);
             BuiltArm {
                 model,
                 activated,

@@ -14,7 +14,7 @@
 
 use crate::common::run::open_run;
 use crate::llm::schema::Recipe;
-use crate::llm::schema::offline::{Objective, OfflineSpec, Pairs};
+use crate::llm::schema::{Objective, OfflineSpec, Pairs};
 use crate::llm::step::{Row, rows_generation};
 use crate::llm::{Policy, evaluate, load_checkpoint, model_record, read_reference, warm_up};
 use crate::llm::{build_policy, write_final};

@@ -10,9 +10,9 @@
 //! completion tokens are scored by one forward pass under the same model at temperature 1, so
 //! every reported log-prob, prompt or completion, comes from that pass.
 
+use super::answer::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::api::{ApiError, CompletionRequest, Params};
 use super::engine::{Choice, Msg};
-use super::http::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::state::AppState;
 use serde_json::{Value, json};
 

@@ -1,13 +1,12 @@
 //! The routes of `ember serve` and the text side of each request: the chat template, token ids
 //! in, text, stop strings and log-probs out.
 
+use super::answer::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::api::{
-    ApiError, ChatRequest, CompletionRequest, LoadLora, Params, Prompt, Stop, UnloadLora,
-    UpdateWeights, Usage,
+    ApiError, ChatRequest, CompletionRequest, LoadLora, Prompt, Stop, UnloadLora, UpdateWeights,
 };
-use super::engine::{Choice, Job, Msg};
-use super::state::now;
-pub use super::state::{AppState, shutting_down};
+use super::engine::Msg;
+use super::state::AppState;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -15,11 +14,11 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ember_llm::{Message, Tokenizer};
+use ember_llm::Message;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 /// The routes, with request bodies capped at `max_body` bytes.
 pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
@@ -177,171 +176,6 @@ async fn adapter_call<T: DeserializeOwned>(
     }
 }
 
-/// Queues a job and waits for its choices (429 when the queue is full).
-pub(crate) async fn submit(
-    st: &AppState,
-    model: &str,
-    prompts: Vec<Vec<u32>>,
-    params: Params,
-    max_tokens: usize,
-) -> Result<Vec<Choice>, ApiError> {
-    if !st.served().iter().any(|n| n == model) {
-        return Err(ApiError::no_model(model, &st.served()));
-    }
-    let rows = prompts.len() * params.n;
-    if rows > st.max_rows {
-        return Err(ApiError::bad(
-            "n",
-            format!(
-                "prompts × n = {rows} exceeds the server's --max-batch of {} rows",
-                st.max_rows
-            ),
-        ));
-    }
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let cells = rows.saturating_mul(longest.saturating_add(max_tokens));
-    if cells > st.max_cells {
-        return Err(ApiError::bad(
-            "max_tokens",
-            format!(
-                "prompts × n × (prompt + max_tokens) = {cells} KV-cache positions exceeds the \
-                 server's --max-batch-tokens of {}; lower max_tokens or n",
-                st.max_cells
-            ),
-        ));
-    }
-    let (reply, rx) = oneshot::channel();
-    let job = Job {
-        model: model.to_string(),
-        prompts,
-        params,
-        max_tokens,
-        reply,
-    };
-    match st.sender()?.try_send(Msg::Generate(job)) {
-        Ok(()) => {}
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "the server's queue is full; retry later",
-            ));
-        }
-        Err(mpsc::error::TrySendError::Closed(_)) => return Err(shutting_down()),
-    }
-    rx.await.map_err(|_| shutting_down())?
-}
-
-/// Checks prompt ids (`param` names them in errors) and fixes `max_tokens` (`default` when
-/// absent: a number, or the rest of the context within the server's KV-cache budget for
-/// `rows` rows).
-pub(crate) fn check_lengths(
-    st: &AppState,
-    (prompts, param): (&[Vec<u32>], &str),
-    max_tokens: Option<usize>,
-    default: Option<usize>,
-    rows: usize,
-) -> Result<usize, ApiError> {
-    let vocab = st.info.vocab;
-    let context = st.info.context;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
-        return Err(ApiError::bad(
-            param,
-            "every prompt must have at least one token",
-        ));
-    }
-    if let Some(t) = prompts.iter().flatten().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::bad(
-            param,
-            format!("token id {t} is outside the vocabulary of {vocab}"),
-        ));
-    }
-    if longest >= context {
-        return Err(ApiError::bad(
-            param,
-            format!("the prompt has {longest} tokens; this model's context is {context}"),
-        ));
-    }
-    let max = match max_tokens.or(default) {
-        Some(m) => m,
-        None => (context - longest)
-            .min((st.max_cells / rows.max(1)).saturating_sub(longest))
-            .max(1),
-    };
-    if max == 0 {
-        return Err(ApiError::bad("max_tokens", "max_tokens must be >= 1"));
-    }
-    if longest.checked_add(max).is_none_or(|n| n > context) {
-        return Err(ApiError::bad(
-            "max_tokens",
-            format!(
-                "this model's context is {context} tokens; the prompt has {longest} and \
-                 max_tokens is {max}"
-            ),
-        ));
-    }
-    Ok(max)
-}
-
-/// A choice's text, cut before the first stop string; and the number of its tokens kept (the
-/// shortest prefix whose text holds the stop string, or all).
-pub(crate) fn cut(
-    tok: &Tokenizer,
-    c: &Choice,
-    stops: &[String],
-) -> Result<(String, usize, bool), ApiError> {
-    let decode = |ids: &[u32]| {
-        tok.decode(ids, true).map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                format!("decoding: {e}"),
-            )
-        })
-    };
-    let text = decode(&c.tokens)?;
-    let first = |t: &str| stops.iter().filter_map(|s| t.find(s.as_str())).min();
-    let Some(at) = first(&text) else {
-        return Ok((text, c.tokens.len(), false));
-    };
-    // The text of a longer prefix holds a stop string if a shorter one does: bisect.
-    let (mut lo, mut hi) = (0, c.tokens.len());
-    while lo + 1 < hi {
-        let mid = (lo + hi) / 2;
-        if first(&decode(&c.tokens[..mid])?).is_some() {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Ok((text[..at].to_string(), hi, true))
-}
-
-pub(crate) fn token_text(tok: &Tokenizer, id: u32, as_ids: bool) -> String {
-    if as_ids {
-        format!("token_id:{id}")
-    } else {
-        tok.decode(&[id], false).unwrap_or_default()
-    }
-}
-
-/// The byte offset of each token's text in their concatenation (`text_offset`).
-pub(crate) fn text_offsets(tokens: &[String]) -> Vec<usize> {
-    tokens
-        .iter()
-        .scan(0, |at, t| {
-            let o = *at;
-            *at += t.len();
-            Some(o)
-        })
-        .collect()
-}
-
-pub(crate) fn finish(eos: bool, stopped: bool) -> &'static str {
-    if eos || stopped { "stop" } else { "length" }
-}
-
 async fn completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -432,28 +266,6 @@ async fn completions_inner(
         out,
         (prompt_tokens, completion_tokens),
     ))
-}
-
-/// A response: id, object, creation time, model, choices and usage.
-pub(crate) fn envelope(
-    st: &AppState,
-    (prefix, object): (&str, &str),
-    model: &str,
-    choices: Vec<Value>,
-    (prompt_tokens, completion_tokens): (usize, usize),
-) -> Value {
-    json!({
-        "id": st.next_id(prefix),
-        "object": object,
-        "created": now(),
-        "model": model,
-        "choices": choices,
-        "usage": Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-        },
-    })
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {

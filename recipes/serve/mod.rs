@@ -15,6 +15,7 @@
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once.
 
+mod answer;
 pub mod api;
 mod echo;
 pub mod engine;
@@ -135,7 +136,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let state = Arc::new(http::AppState::new(
+    let state = Arc::new(state::AppState::new(
         info,
         tok,
         names,
@@ -190,7 +191,7 @@ fn start_engine(
 }
 
 /// Serves HTTP on `--host:--port` until the first signal, then answers what was taken.
-async fn serve_http(a: &ServeArgs, state: Arc<http::AppState>) -> Result<()> {
+async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
     let addr = format!("{}:{}", a.host, a.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -259,6 +260,6 @@ pub(crate) async fn control<T>(
     let (reply, rx) = oneshot::channel();
     tx.send(make(reply))
         .await
-        .map_err(|_| http::shutting_down())?;
-    rx.await.map_err(|_| http::shutting_down())?
+        .map_err(|_| state::shutting_down())?;
+    rx.await.map_err(|_| state::shutting_down())?
 }

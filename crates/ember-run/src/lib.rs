@@ -12,10 +12,10 @@ mod metrics;
 pub mod plot;
 pub mod tensorboard;
 
-pub use checkpoint::TrainState;
 pub use metrics::MetricsLog;
 
 use anyhow::{Context, Result, bail};
+use checkpoint::TrainState;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

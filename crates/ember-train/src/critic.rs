@@ -3,8 +3,8 @@
 //! the actor's, with the critic's own optimizer (verl `dp_critic.update_critic`).
 
 use crate::optim::Optimizer;
-use crate::parallel::Copies;
-use crate::update::{Replicate, Steps, UpdateSchedule, UpdateStats, select2};
+use crate::parallel::{Copies, Replicate};
+use crate::update::{Steps, UpdateSchedule, UpdateStats, select2};
 use burn::module::Module;
 use burn::tensor::Tensor;
 use ember_engine::{CriticConfig, EngineError, ValueLossInput, value_loss};

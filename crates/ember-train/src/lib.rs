@@ -8,23 +8,23 @@
 //! update ([`critic_update`]). Rollout, rewards and evaluation are the job's (see the root
 //! package).
 
-pub mod critic;
+mod critic;
 pub mod io;
-pub mod optim;
-pub mod parallel;
-pub mod precision;
-pub mod schedule;
-pub mod sequential;
-pub mod update;
+mod optim;
+mod parallel;
+mod precision;
+mod schedule;
+mod sequential;
+mod update;
 
 pub use critic::{Critic, CriticBatch, critic_update};
 pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
-pub use parallel::{DataParallel, ParallelError, Reduce};
+pub use parallel::{DataParallel, ParallelError, Reduce, Replicate};
 pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
 pub use sequential::sequential_update;
 pub use update::{
-    Actor, Replicate, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
+    Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
 };

@@ -12,15 +12,33 @@
 //! replica's gradients to the first device and adds them there (any backend; on the CPU the
 //! replicas share the one device and the point is checking the arithmetic, not speed).
 
-use crate::update::Replicate;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::distributed::{
     CollectiveTensor, DistributedConfig, DistributedContext, ReduceOperation, all_reduce,
 };
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// Experience a data-parallel replica on another device can read: a copy of its tensors there.
+pub trait Replicate: Sync + Sized {
+    /// The same experience on `device`.
+    #[must_use]
+    fn to_device(&self, device: &Device) -> Self;
+}
+
+impl<const D: usize> Replicate for Tensor<D> {
+    fn to_device(&self, device: &Device) -> Self {
+        self.clone().to_device(device)
+    }
+}
+
+impl<const D: usize> Replicate for Tensor<D, Int> {
+    fn to_device(&self, device: &Device) -> Self {
+        self.clone().to_device(device)
+    }
+}
 
 /// How the replicas' gradients are summed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 //! (verl `dp_actor.update_policy`).
 
 use crate::optim::{Optimizer, StepReport};
-use crate::parallel::{Copies, DataParallel};
+use crate::parallel::{Copies, DataParallel, Replicate};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -25,25 +25,6 @@ pub struct Scored {
     /// `[rows, steps]` a closed-form KL to the reference, when the actor computes one (the
     /// loss then uses it instead of an estimator on the reference's log-probs).
     pub kl: Option<Tensor<2>>,
-}
-
-/// Experience a data-parallel replica on another device can read: a copy of its tensors there.
-pub trait Replicate: Sync + Sized {
-    /// The same experience on `device`.
-    #[must_use]
-    fn to_device(&self, device: &Device) -> Self;
-}
-
-impl<const D: usize> Replicate for Tensor<D> {
-    fn to_device(&self, device: &Device) -> Self {
-        self.clone().to_device(device)
-    }
-}
-
-impl<const D: usize> Replicate for Tensor<D, Int> {
-    fn to_device(&self, device: &Device) -> Self {
-        self.clone().to_device(device)
-    }
 }
 
 /// A trainable policy over the steps of an experience batch.

@@ -3,19 +3,19 @@
 //!
 //! - [`FlowDit`]: a small DiT predicting the velocity v_θ(x_σ, σ, y), with LoRA through burn's
 //!   `apply_lora` and a base-only forward (the KL reference without a second copy);
-//! - [`sde`]: the Euler ODE and the Flow-GRPO SDE samplers with per-step log-probs;
+//! - [`sample`]: the Euler ODE and the Flow-GRPO SDE samplers with per-step log-probs;
 //! - [`FlowExperience`] + the engine's [`Actor`](ember_train::Actor): denoising steps are the
 //!   engine's `steps` axis, so DDPO / Flow-GRPO / LOOP are the engine's estimators and losses;
-//! - [`loss`]: the pretraining (flow-matching) loss and the RAM loss;
+//! - [`flow_matching_loss`], [`ram_loss`]: the pretraining (flow-matching) loss and the RAM loss;
 //! - [`DigitClassifier`]: the reward model, a PyTorch CNN loaded with burn-store.
 
-pub mod actor;
-pub mod classifier;
-pub mod dit;
-pub mod ema;
-pub mod error;
-pub mod loss;
-pub mod sde;
+mod actor;
+mod classifier;
+mod dit;
+mod ema;
+mod error;
+mod loss;
+mod sde;
 
 pub use actor::FlowExperience;
 pub use classifier::DigitClassifier;

@@ -6,13 +6,26 @@
 //! backends). Capacities are rounded up to a bucket so that different prompt lengths share
 //! shapes too.
 
-use crate::model::Llama;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use std::ops::Range;
 
 /// Rounds `needed` up to a multiple of `bucket`.
 pub fn bucketed(needed: usize, bucket: usize) -> usize {
     needed.div_ceil(bucket.max(1)) * bucket.max(1)
+}
+
+/// The sizes a cache is built from (`Llama::cache_shape`): layers, key/value heads, head
+/// dimension, and the dtype the keys and values are stored in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CacheShape {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Key/value heads per layer.
+    pub kv_heads: usize,
+    /// Dimension of a head.
+    pub head_dim: usize,
+    /// The stored dtype (the model's activation dtype).
+    pub dtype: DType,
 }
 
 /// Per-layer keys and values, the key mask and each row's next position id.
@@ -28,13 +41,12 @@ pub struct KvCache {
 
 impl KvCache {
     /// An empty cache for `batch` rows and `capacity` positions.
-    pub fn new(model: &Llama, batch: usize, capacity: usize, device: &Device) -> Self {
-        let (kv, hd) = model.kv_shape();
-        let dt = model.precision().activation_dtype();
+    pub fn new(shape: CacheShape, batch: usize, capacity: usize, device: &Device) -> Self {
+        let (kv, hd, dt) = (shape.kv_heads, shape.head_dim, shape.dtype);
         let zeros = || Tensor::<4>::zeros([batch, kv, capacity, hd], (device, dt));
         Self {
-            k: (0..model.n_layers()).map(|_| zeros()).collect(),
-            v: (0..model.n_layers()).map(|_| zeros()).collect(),
+            k: (0..shape.layers).map(|_| zeros()).collect(),
+            v: (0..shape.layers).map(|_| zeros()).collect(),
             key_mask: Tensor::zeros([batch, capacity], device),
             next_pos: Tensor::zeros([batch, 1], device),
             len: 0,

@@ -4,25 +4,28 @@
 pub mod actor;
 pub mod cache;
 pub mod chartok;
-pub mod config;
-pub mod error;
+mod config;
+mod error;
 pub mod gguf;
 pub(crate) mod hf;
-pub mod load;
-pub mod lora;
-pub mod mixture;
-pub mod model;
+mod load;
+mod lora;
+mod mixture;
+mod model;
 pub mod plop;
-pub mod sample;
-pub mod tokenizer;
-pub mod value;
+mod sample;
+mod tokenizer;
+mod value;
 
 pub use config::{Family, HfConfig, LlamaConfig};
 pub use error::{LlmError, Result};
-pub use load::{Loaded, load, save_hf};
-pub use lora::{LoraSettings, apply_lora, load_peft, merge, save_peft};
+pub use load::{Loaded, SafetensorsSource, config_from_gguf, load, save_hf, unpermute_rows};
+pub use lora::{
+    LoraSettings, TARGETS as LORA_TARGETS, adapter_param_count, apply_lora, load_peft, merge,
+    save_peft, target_paths,
+};
 pub use mixture::{apply_mixture, mixtures};
-pub use model::{Llama, Precision};
-pub use sample::{Generation, SamplingConfig, generate, left_pad_to};
-pub use tokenizer::{Message, Tokenizer};
+pub use model::{Llama, chosen_log_probs};
+pub use sample::{Generation, SamplingConfig, generate, left_pad, left_pad_to, sample_rows};
+pub use tokenizer::{Message, Tokenizer, render_chat};
 pub use value::ValueModel;

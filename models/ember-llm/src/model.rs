@@ -4,7 +4,7 @@
 //! Field names follow the Hugging Face module tree (`layers.N.self_attn.q_proj`), so LoRA target
 //! patterns and PEFT keys read the same as in Python.
 
-use crate::cache::KvCache;
+use crate::cache::{CacheShape, KvCache};
 use crate::config::LlamaConfig;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
@@ -13,7 +13,7 @@ use burn::tensor::module::linear as linear_op;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 use ember_molora::{MoLora, RouteCtx};
 
-pub use ember_train::Precision;
+use ember_train::Precision;
 
 /// `x` in dtype `dt` (no-op when it already is).
 fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
@@ -422,7 +422,18 @@ impl Llama {
         self.max_positions
     }
 
-    /// (kv heads, head dim) of the attention layers.
+    /// The sizes of a KV cache for this model.
+    pub fn cache_shape(&self) -> CacheShape {
+        let (kv_heads, head_dim) = self.kv_shape();
+        CacheShape {
+            layers: self.n_layers(),
+            kv_heads,
+            head_dim,
+            dtype: self.precision().activation_dtype(),
+        }
+    }
+
+    /// `(key/value heads, head dimension)` of the attention layers.
     pub fn kv_shape(&self) -> (usize, usize) {
         self.layers
             .first()

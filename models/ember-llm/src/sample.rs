@@ -356,7 +356,7 @@ pub fn truncate(lp: Tensor<2>, top_k: usize, top_p: f32, min_p: f32) -> Tensor<2
     lp
 }
 
-pub use ember_engine::SplitMix64;
+use ember_engine::SplitMix64;
 
 /// Draws one token per row from the distribution whose log-probs are `lp` `[rows, vocab]`
 /// (−inf entries have probability 0) by inverse CDF: the index where the cumulative mass first
@@ -432,12 +432,12 @@ pub fn generate(
     // since their routing records are per row.
     let (mut cache, mut logits) = if cfg.n > 1 && crate::mixture::mixtures(model).is_empty() {
         let (toks, mask) = left_pad_to(prompts, cfg.prompt_bucket, device);
-        let mut cache = KvCache::new(model, prompts.len(), capacity, device);
+        let mut cache = KvCache::new(model.cache_shape(), prompts.len(), capacity, device);
         let logits = model.forward_cached_routed(toks, mask, &mut cache, &route);
         let idx = crate::cache::repeat_index(prompts.len(), cfg.n, device);
         (cache.repeat_rows(&idx), logits.select(0, idx))
     } else {
-        let mut cache = KvCache::new(model, b, capacity, device);
+        let mut cache = KvCache::new(model.cache_shape(), b, capacity, device);
         let logits = model.forward_cached_routed(
             prompt_tokens.clone(),
             prompt_mask.clone(),

@@ -45,7 +45,7 @@ pub(super) fn save_state(
     model: &FlowDit,
     ema: Option<&FlowDit>,
     optim: &ember_train::Optimizer,
-    ts: &ember_run::TrainState,
+    ts: &checkpoint::TrainState,
     st: &FlowState,
 ) -> Result<()> {
     checkpoint::write_records(d, adapters_record(model), optim, ts)?;

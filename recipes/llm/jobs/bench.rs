@@ -111,7 +111,7 @@ pub struct BenchArgs {
     /// Run the matrix-product rows.
     pub matmul: bool,
     /// Requested precision.
-    pub precision: ember_llm::Precision,
+    pub precision: ember_train::Precision,
     /// Fused attention for multi-token passes.
     pub fused_attention: bool,
     /// The rows to run (`prefill`, `decode_b1`, `decode_b32`, `train`).
@@ -133,7 +133,7 @@ impl BenchArgs {
             reps: 3,
             json: None,
             matmul: false,
-            precision: ember_llm::Precision::F32,
+            precision: ember_train::Precision::F32,
             fused_attention: false,
             only: ROWS.iter().map(|r| r.to_string()).collect(),
         };
@@ -177,8 +177,8 @@ impl BenchArgs {
                 }
                 "--precision" => {
                     out.precision = match value()?.as_str() {
-                        "f32" => ember_llm::Precision::F32,
-                        "bf16" => ember_llm::Precision::Bf16,
+                        "f32" => ember_train::Precision::F32,
+                        "bf16" => ember_train::Precision::Bf16,
                         p => bail!("--precision {p}: expected f32 or bf16"),
                     }
                 }
@@ -262,7 +262,7 @@ fn size_rows(
     size: &str,
     opts: &BenchArgs,
     device: &Device,
-    precision: ember_llm::Precision,
+    precision: ember_train::Precision,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
     use anyhow::Context;
     let mut rows = Vec::new();

@@ -19,7 +19,7 @@ pub fn plop(r: &Recipe, count: Option<usize>, prompts: Option<usize>) -> Result<
     if prompts == 0 || prompts > 4096 {
         bail!("--prompts must be in 1..=4096");
     }
-    let n = ember_llm::lora::TARGETS.len();
+    let n = ember_llm::LORA_TARGETS.len();
     if count == 0 || count > n {
         bail!("--count (or pretrained.lora.plop_count) = {count} must be in 1..={n}");
     }

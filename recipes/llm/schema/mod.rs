@@ -7,15 +7,16 @@ use ember_tasks::reward::{ExternalSpec, PythonSpec};
 use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
-pub mod critic;
-pub mod offline;
-pub mod policy;
-pub mod rollout;
-pub mod task;
+mod critic;
+mod offline;
+mod policy;
+mod rollout;
+mod task;
 
 pub use rollout::{RolloutBackend, RolloutSpec};
 
 pub use critic::CriticSpec;
+pub use offline::{Objective, OfflineSpec, Pairs};
 pub use policy::{
     LoraSpec, ModelSpec, PolicyChoice, PretrainedSpec, Targets, Warmup, choose_policy,
 };
@@ -164,7 +165,7 @@ pub struct Recipe {
     /// `f32` (default) or `bf16`: mixed precision of the LLM's products (f32 parameters,
     /// optimizer state, norms, softmax and losses); wgpu falls back to f32 with a message.
     #[serde(default)]
-    pub precision: crate::common::device::Precision,
+    pub precision: ember_train::Precision,
     /// `[data_parallel]`: the update sharded over several devices (`devices`, `reduce`).
     #[serde(
         default,

@@ -205,7 +205,7 @@ impl LoraSpec {
 
     /// Checks rank, α, the target names (or the word `plop`) and PLoP's settings.
     pub fn validate(&self) -> anyhow::Result<()> {
-        let n = ember_llm::lora::TARGETS.len();
+        let n = ember_llm::LORA_TARGETS.len();
         match &self.targets {
             Targets::Modules(_) => {
                 if self.plop_count.is_some() || self.plop_prompts.is_some() {

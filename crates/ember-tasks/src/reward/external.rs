@@ -2,7 +2,7 @@
 //! Python adapter that runs TRL-style functions over the same protocol.
 
 use crate::process::JsonLinesProcess;
-pub use crate::process::ProcessError;
+use crate::process::ProcessError;
 use serde::{Deserialize, Serialize};
 
 /// An external reward function: a subprocess started once per run that reads one JSON request

@@ -3,7 +3,6 @@
 
 pub(crate) mod external;
 
-pub use crate::process::kill_all;
 pub use external::{
     ExternalReward, ExternalSpec, PYTHON_ADAPTER, PythonSpec, RewardError, RewardItem, Scores,
     parse_rewards,

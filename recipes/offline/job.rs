@@ -14,7 +14,7 @@
 
 use crate::common::run::open_run;
 use crate::llm::schema::Recipe;
-use crate::llm::schema::{Objective, OfflineSpec, Pairs};
+use crate::llm::schema::{OfflineSpec, Pairs};
 use crate::llm::step::{Row, rows_generation};
 use crate::llm::{Policy, evaluate, load_checkpoint, model_record, read_reference, warm_up};
 use crate::llm::{build_policy, write_final};
@@ -317,11 +317,9 @@ fn fresh_start(
 /// A-LoL's priority (all three variants): each group's summed positive advantage; uniform
 /// draws for the other objectives.
 fn priorities(spec: &OfflineSpec, groups: &[TokGroup], units: &[Unit]) -> Option<Vec<f64>> {
-    matches!(
-        spec.objective,
-        Objective::ALol { .. } | Objective::ALolSeq { .. } | Objective::ALolKl { .. }
-    )
-    .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect())
+    spec.objective
+        .is_alol()
+        .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect())
 }
 
 /// One optimizer step of the objective on the drawn units: pairwise or group.

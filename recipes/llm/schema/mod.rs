@@ -16,7 +16,7 @@ mod task;
 pub use rollout::{RolloutBackend, RolloutSpec};
 
 pub use critic::CriticSpec;
-pub use offline::{Objective, OfflineSpec, Pairs};
+pub use offline::{GroupObjective, Objective, OfflineSpec, Pairs};
 pub use policy::{
     LoraSpec, ModelSpec, PolicyChoice, PretrainedSpec, Targets, Warmup, choose_policy,
 };

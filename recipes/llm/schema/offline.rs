@@ -9,15 +9,6 @@ use ember_tasks::expand_path;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-fn beta() -> f32 {
-    0.1
-}
-fn one() -> f32 {
-    1.0
-}
-fn two() -> f32 {
-    2.0
-}
 fn alol_clip() -> f32 {
     0.9
 }
@@ -28,72 +19,38 @@ fn batch() -> usize {
     16
 }
 
-/// The offline objective. Pairwise objectives train on (chosen, rejected) pairs (a dataset's
-/// explicit pairs, or each prompt's best- and worst-scored responses when their rewards differ);
-/// group objectives train on every scored response of a prompt.
+/// The offline objective. Pairwise objectives (the engine's [`PreferenceLoss`]: DPO, IPO,
+/// SimPO, RPO's three distances, with its defaults) train on (chosen, rejected) pairs (a
+/// dataset's explicit pairs, or each prompt's best- and worst-scored responses when their
+/// rewards differ); group objectives train on every scored response of a prompt. A recipe names
+/// either by its `kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Objective {
+    /// A pairwise objective.
+    Pairwise(PreferenceLoss),
+    /// A group objective.
+    Group(GroupObjective),
+}
+
+/// The objectives that train on every scored response of a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Objective {
-    /// DPO ([`PreferenceLoss::Dpo`]).
-    Dpo {
-        /// β.
-        #[serde(default = "beta")]
-        beta: f32,
-    },
-    /// IPO ([`PreferenceLoss::Ipo`]).
-    Ipo {
-        /// β.
-        #[serde(default = "beta")]
-        beta: f32,
-    },
-    /// SimPO ([`PreferenceLoss::Simpo`]), reference-free.
-    Simpo {
-        /// β.
-        #[serde(default = "two")]
-        beta: f32,
-        /// γ.
-        #[serde(default = "one")]
-        gamma: f32,
-    },
-    /// RPO with the squared distance to the explicit reward gap ([`PreferenceLoss::RpoSq`]).
-    RpoSq {
-        /// β.
-        #[serde(default = "beta")]
-        beta: f32,
-        /// η.
-        #[serde(default = "one")]
-        eta: f32,
-    },
-    /// RPO with the backward Bernoulli KL ([`PreferenceLoss::RpoBwdKl`]).
-    RpoBwdKl {
-        /// β.
-        #[serde(default = "beta")]
-        beta: f32,
-        /// η.
-        #[serde(default = "one")]
-        eta: f32,
-    },
-    /// RPO with the forward Bernoulli KL ([`PreferenceLoss::RpoFwdKl`]).
-    RpoFwdKl {
-        /// β.
-        #[serde(default = "beta")]
-        beta: f32,
-        /// η.
-        #[serde(default = "one")]
-        eta: f32,
-    },
+pub enum GroupObjective {
     /// A-LoL (Baheti et al. 2023, eq. 4; LoL-RL `a_lol`): every response with a positive
     /// advantage A = R − V_ref(x), weighted by the clipped sequence ratio π/π_ref; V_ref(x) is
     /// the mean reward of the prompt's responses in the dataset (the Monte-Carlo value of the
     /// reference when the data are its own samples, as `ember rollouts` writes them; LoL-RL
     /// trains a value head instead). Groups are drawn in proportion to their positive advantage
     /// (LoL-RL `good_priority`).
+    #[serde(rename = "a_lol")]
     ALol {
         /// ε of the ratio clip (LoL-RL's default 0.9).
         #[serde(default = "alol_clip")]
         clip: f32,
     },
     /// A-LoL seq (LoL-RL `a_lol_seq`): A-LoL with per-token clipped ratios.
+    #[serde(rename = "a_lol_seq")]
     ALolSeq {
         /// ε of the ratio clip.
         #[serde(default = "alol_clip")]
@@ -101,6 +58,7 @@ pub enum Objective {
     },
     /// A-LoL KL (LoL-RL `a_lol_kl`): A-LoL with a KL penalty to the reference instead of the
     /// ratio.
+    #[serde(rename = "a_lol_kl")]
     ALolKl {
         /// β of the penalty (LoL-RL's default 0.2).
         #[serde(default = "kl_beta")]
@@ -112,30 +70,66 @@ pub enum Objective {
     ReinforceLoo,
 }
 
+/// The `kind`s of [`PreferenceLoss`] and of [`GroupObjective`].
+const PAIRWISE: [&str; 6] = ["dpo", "ipo", "simpo", "rpo_sq", "rpo_bwd_kl", "rpo_fwd_kl"];
+const GROUP: [&str; 4] = ["a_lol", "a_lol_seq", "a_lol_kl", "reinforce_loo"];
+
+impl<'de> Deserialize<'de> for Objective {
+    /// Dispatches on `kind`, so that each side's errors (unknown keys, bad values) are its own.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(d)?;
+        let kind = table
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default();
+        let value = toml::Value::Table(table.clone());
+        if PAIRWISE.contains(&kind) {
+            PreferenceLoss::deserialize(value)
+                .map(Self::Pairwise)
+                .map_err(D::Error::custom)
+        } else if GROUP.contains(&kind) {
+            GroupObjective::deserialize(value)
+                .map(Self::Group)
+                .map_err(D::Error::custom)
+        } else {
+            Err(D::Error::custom(format!(
+                "offline.objective: kind = {:?} is not one of {}",
+                kind,
+                PAIRWISE
+                    .iter()
+                    .chain(&GROUP)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
+    }
+}
+
 impl Objective {
     /// The pairwise loss, for the pairwise objectives.
     pub fn pairwise(&self) -> Option<PreferenceLoss> {
-        Some(match *self {
-            Self::Dpo { beta } => PreferenceLoss::Dpo { beta },
-            Self::Ipo { beta } => PreferenceLoss::Ipo { beta },
-            Self::Simpo { beta, gamma } => PreferenceLoss::Simpo { beta, gamma },
-            Self::RpoSq { beta, eta } => PreferenceLoss::RpoSq { beta, eta },
-            Self::RpoBwdKl { beta, eta } => PreferenceLoss::RpoBwdKl { beta, eta },
-            Self::RpoFwdKl { beta, eta } => PreferenceLoss::RpoFwdKl { beta, eta },
-            Self::ALol { .. } | Self::ALolSeq { .. } | Self::ALolKl { .. } | Self::ReinforceLoo => {
-                return None;
-            }
-        })
+        match *self {
+            Self::Pairwise(p) => Some(p),
+            Self::Group(_) => None,
+        }
     }
 
     /// A group objective's estimator and actor loss (sequence sums averaged over responses).
     pub fn group(&self) -> Option<(AdvantageConfig, ActorLossConfig)> {
-        let (kind, policy) = match *self {
-            Self::ALol { clip } => (AdvantageKind::DrGrpo, PolicyLossKind::Alol { clip }),
-            Self::ALolSeq { clip } => (AdvantageKind::DrGrpo, PolicyLossKind::AlolSeq { clip }),
-            Self::ALolKl { beta } => (AdvantageKind::DrGrpo, PolicyLossKind::AlolKl { beta }),
-            Self::ReinforceLoo => (AdvantageKind::Rloo, PolicyLossKind::Vanilla),
-            _ => return None,
+        let Self::Group(g) = *self else {
+            return None;
+        };
+        let (kind, policy) = match g {
+            GroupObjective::ALol { clip } => (AdvantageKind::DrGrpo, PolicyLossKind::Alol { clip }),
+            GroupObjective::ALolSeq { clip } => {
+                (AdvantageKind::DrGrpo, PolicyLossKind::AlolSeq { clip })
+            }
+            GroupObjective::ALolKl { beta } => {
+                (AdvantageKind::DrGrpo, PolicyLossKind::AlolKl { beta })
+            }
+            GroupObjective::ReinforceLoo => (AdvantageKind::Rloo, PolicyLossKind::Vanilla),
         };
         Some((
             AdvantageConfig::new(kind),
@@ -147,19 +141,31 @@ impl Objective {
         ))
     }
 
-    /// The name logged in summaries.
+    /// A-LoL's three variants (groups drawn by their positive advantage).
+    pub fn is_alol(&self) -> bool {
+        matches!(
+            self,
+            Self::Group(
+                GroupObjective::ALol { .. }
+                    | GroupObjective::ALolSeq { .. }
+                    | GroupObjective::ALolKl { .. }
+            )
+        )
+    }
+
+    /// The name logged in summaries (the recipe's `kind`).
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Dpo { .. } => "dpo",
-            Self::Ipo { .. } => "ipo",
-            Self::Simpo { .. } => "simpo",
-            Self::RpoSq { .. } => "rpo_sq",
-            Self::RpoBwdKl { .. } => "rpo_bwd_kl",
-            Self::RpoFwdKl { .. } => "rpo_fwd_kl",
-            Self::ALol { .. } => "a_lol",
-            Self::ALolSeq { .. } => "a_lol_seq",
-            Self::ALolKl { .. } => "a_lol_kl",
-            Self::ReinforceLoo => "reinforce_loo",
+            Self::Pairwise(PreferenceLoss::Dpo { .. }) => "dpo",
+            Self::Pairwise(PreferenceLoss::Ipo { .. }) => "ipo",
+            Self::Pairwise(PreferenceLoss::Simpo { .. }) => "simpo",
+            Self::Pairwise(PreferenceLoss::RpoSq { .. }) => "rpo_sq",
+            Self::Pairwise(PreferenceLoss::RpoBwdKl { .. }) => "rpo_bwd_kl",
+            Self::Pairwise(PreferenceLoss::RpoFwdKl { .. }) => "rpo_fwd_kl",
+            Self::Group(GroupObjective::ALol { .. }) => "a_lol",
+            Self::Group(GroupObjective::ALolSeq { .. }) => "a_lol_seq",
+            Self::Group(GroupObjective::ALolKl { .. }) => "a_lol_kl",
+            Self::Group(GroupObjective::ReinforceLoo) => "reinforce_loo",
         }
     }
 }
@@ -239,5 +245,60 @@ impl OfflineSpec {
             loss.policy.validate()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> std::result::Result<Objective, toml::de::Error> {
+        #[derive(Deserialize)]
+        struct Table {
+            objective: Objective,
+        }
+        toml::from_str::<Table>(text).map(|t| t.objective)
+    }
+
+    /// A pairwise objective is the engine's `PreferenceLoss` with its defaults; the group
+    /// objectives keep theirs; each side names its own unknown keys, and an unknown kind lists
+    /// both sides' kinds.
+    #[test]
+    fn objectives_parse_by_kind_with_the_engine_defaults() {
+        let dpo = parse(r#"objective = { kind = "dpo" }"#).unwrap();
+        assert_eq!(dpo, Objective::Pairwise(PreferenceLoss::Dpo { beta: 0.1 }));
+        let simpo = parse(r#"objective = { kind = "simpo" }"#).unwrap();
+        let want = PreferenceLoss::Simpo {
+            beta: 2.0,
+            gamma: 1.0,
+        };
+        assert_eq!(simpo, Objective::Pairwise(want));
+        let alol = parse(r#"objective = { kind = "a_lol" }"#).unwrap();
+        assert_eq!(alol, Objective::Group(GroupObjective::ALol { clip: 0.9 }));
+        assert!(alol.is_alol() && alol.pairwise().is_none() && alol.group().is_some());
+        let loo = parse(r#"objective = { kind = "reinforce_loo" }"#).unwrap();
+        assert_eq!(loo, Objective::Group(GroupObjective::ReinforceLoo));
+        let e = parse(r#"objective = { kind = "dpo", clip = 1.0 }"#).unwrap_err();
+        assert!(e.to_string().contains("clip"), "{e}");
+        let e = parse(r#"objective = { kind = "ppo" }"#).unwrap_err();
+        assert!(
+            e.to_string().contains("a_lol") && e.to_string().contains("dpo"),
+            "{e}"
+        );
+        // Written back as the recipe wrote it (the resolved recipe is compared on resume).
+        let o = Objective::Pairwise(PreferenceLoss::RpoSq {
+            beta: 0.5,
+            eta: 2.0,
+        });
+        let text = toml::to_string(&o).unwrap();
+        assert_eq!(text, "kind = \"rpo_sq\"\nbeta = 0.5\neta = 2.0\n");
+        assert_eq!(
+            parse(&format!(
+                "objective = {{ {} }}",
+                text.trim().replace('\n', ", ")
+            ))
+            .unwrap(),
+            o
+        );
     }
 }

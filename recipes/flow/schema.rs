@@ -4,6 +4,7 @@
 use crate::common::config::defaults::{auto, four, yes};
 use anyhow::{Result, bail};
 use ember_flow::{FlowDitConfig, LORA_TARGETS, sde_coefs, sigmas};
+use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 /// The fine-tuning algorithm.
@@ -194,10 +195,11 @@ impl Default for LoraSpec {
     }
 }
 
-/// The RL fine-tuning.
+/// The RL loop's own settings (the flow job's; the learning rate, AdamW and update schedule
+/// are `ember-train`'s configs in [`RlSpec`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct RlSpec {
+pub struct FlowLoop {
     /// RL steps.
     pub steps: usize,
     /// Prompts (requested classes) per step.
@@ -207,19 +209,6 @@ pub struct RlSpec {
     /// Denoising steps trained per trajectory (the first ones; 0 = all).
     #[serde(default)]
     pub train_timesteps: usize,
-    /// Peak AdamW learning rate, decayed by a cosine to `lr · min_lr_ratio` over the steps.
-    pub lr: f64,
-    /// Final learning rate as a fraction of `lr` (1 = constant).
-    pub min_lr_ratio: f64,
-    /// Gradient-norm clip (0 = off).
-    pub grad_clip: f32,
-    /// AdamW ε (PyTorch's 1e-8; burn's default 1e-5 damps the small gradients of the
-    /// policy-gradient losses, whose log-probs are averaged over pixels).
-    pub adam_eps: f32,
-    /// Passes over each batch of rollouts (policy-gradient algorithms; PPO's μ).
-    pub epochs: usize,
-    /// Optimizer steps per pass (policy-gradient algorithms).
-    pub mini_batches: usize,
     /// PPO clip ε of the per-step ratio.
     pub clip_range: f32,
     /// Advantage clip (DDPO `adv_clip_max`).
@@ -266,19 +255,13 @@ pub struct RlSpec {
     pub keep_checkpoints: usize,
 }
 
-impl Default for RlSpec {
+impl Default for FlowLoop {
     fn default() -> Self {
         Self {
             steps: 60,
             prompts_per_step: 10,
             group_size: 8,
             train_timesteps: 0,
-            lr: 1e-3,
-            min_lr_ratio: 0.1,
-            grad_clip: 1.0,
-            adam_eps: 1e-8,
-            epochs: 1,
-            mini_batches: 2,
             clip_range: 1e-3,
             adv_clip: 5.0,
             global_std: false,
@@ -294,6 +277,68 @@ impl Default for RlSpec {
             checkpoint_every: 0,
             keep_checkpoints: 2,
         }
+    }
+}
+
+/// The RL fine-tuning: one `[rl]` table holding the loop's own settings and the configs it
+/// embeds from `ember-train` (learning-rate schedule, AdamW, update schedule), as an LLM
+/// recipe's `[train]` does; the image job's defaults for those are [`RL_DEFAULTS`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RlSpec {
+    /// Steps, groups, losses, RAM, adapters, evaluation, checkpoints.
+    #[serde(flatten)]
+    pub run: FlowLoop,
+    /// `lr`, `warmup_steps`, `min_lr_ratio` (`ember_train::LrConfig`), cosine decay.
+    #[serde(flatten)]
+    pub schedule: LrConfig,
+    /// `grad_clip`, `weight_decay`, `adam_eps`, `grad_clip_mode`
+    /// (`ember_train::OptimizerConfig`). PyTorch's ε 1e-8: burn's default 1e-5 damps the small
+    /// gradients of the policy-gradient losses, whose log-probs are averaged over pixels.
+    #[serde(flatten)]
+    pub optim: OptimizerConfig,
+    /// `epochs` (PPO's μ), `mini_batches`, `micro_batch_rows` (`ember_train::UpdateSchedule`).
+    #[serde(flatten)]
+    pub update: UpdateSchedule,
+}
+
+/// The image job's defaults for the embedded configs' keys, where they differ from
+/// `ember-train`'s: `(key, value)`.
+pub const RL_DEFAULTS: [(&str, f64); 5] = [
+    ("lr", 1e-3),
+    ("min_lr_ratio", 0.1),
+    ("grad_clip", 1.0),
+    ("adam_eps", 1e-8),
+    ("mini_batches", 2.0),
+];
+
+impl Default for RlSpec {
+    fn default() -> Self {
+        toml::from_str::<Self>("").unwrap_or_else(|e| unreachable!("the [rl] defaults parse: {e}"))
+    }
+}
+
+impl<'de> Deserialize<'de> for RlSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(d)?;
+        for (key, value) in RL_DEFAULTS {
+            let value = match key {
+                "mini_batches" => toml::Value::Integer(value as i64),
+                _ => toml::Value::Float(value),
+            };
+            table.entry(key).or_insert(value);
+        }
+        let mut split = crate::common::config::Split::new(table);
+        let spec = (|| {
+            let spec = Self {
+                run: split.take()?,
+                schedule: split.take()?,
+                optim: split.take()?,
+                update: split.take()?,
+            };
+            split.finish()?;
+            Ok(spec)
+        })();
+        spec.map_err(|e: String| serde::de::Error::custom(format!("rl: {e}")))
     }
 }
 
@@ -447,46 +492,58 @@ impl FlowRecipe {
         }
         sde_coefs(&sigmas(s.steps, s.shift), s.noise_level)?;
         let rl = &self.rl;
-        if rl.prompts_per_step == 0 || rl.group_size < 2 {
+        if rl.run.prompts_per_step == 0 || rl.run.group_size < 2 {
             bail!(
                 "rl.prompts_per_step = {} must be >= 1 and rl.group_size = {} >= 2 (the baseline \
                  needs two samples per prompt)",
-                rl.prompts_per_step,
-                rl.group_size
+                rl.run.prompts_per_step,
+                rl.run.group_size
             );
         }
-        if rl.train_timesteps > s.steps {
+        if rl.run.train_timesteps > s.steps {
             bail!(
                 "rl.train_timesteps = {} exceeds sampler.steps = {}",
-                rl.train_timesteps,
+                rl.run.train_timesteps,
                 s.steps
             );
         }
-        if !positive(rl.lr)
-            || !(0.0..=1.0).contains(&rl.min_lr_ratio)
-            || rl.epochs == 0
-            || rl.mini_batches == 0
-            || rl.eval_every == 0
-            || rl.ram_noisings == 0
+        if !positive(rl.schedule.lr)
+            || !(0.0..=1.0).contains(&rl.schedule.min_lr_ratio)
+            || rl.update.epochs == 0
+            || rl.update.mini_batches == 0
+            || rl.run.eval_every == 0
+            || rl.run.ram_noisings == 0
         {
             bail!(
                 "rl: lr must be > 0, min_lr_ratio in [0, 1]; epochs, mini_batches, eval_every, \
                  ram_noisings >= 1"
             );
         }
-        if !positive(rl.clip_range) || !positive(rl.adv_clip) || !non_negative(rl.kl_coef) {
+        if !positive(rl.run.clip_range)
+            || !positive(rl.run.adv_clip)
+            || !non_negative(rl.run.kl_coef)
+        {
             bail!("rl: clip_range and adv_clip must be > 0, kl_coef >= 0");
         }
-        if !rl.ram_scale.is_finite() || !non_negative(rl.grad_clip) || !positive(rl.adam_eps) {
+        if !rl.run.ram_scale.is_finite()
+            || !non_negative(rl.optim.grad_clip)
+            || !positive(rl.optim.epsilon)
+        {
             bail!("rl: ram_scale must be finite, grad_clip >= 0, adam_eps > 0");
         }
-        if !positive(rl.lora.alpha) {
+        crate::common::config::check_range(
+            "rl.weight_decay",
+            rl.optim.weight_decay.into(),
+            0.0,
+            1e6,
+        )?;
+        if !positive(rl.run.lora.alpha) {
             bail!("rl.lora.alpha must be a finite number > 0");
         }
-        if rl.lora.rank == 0 || rl.lora.targets.is_empty() {
+        if rl.run.lora.rank == 0 || rl.run.lora.targets.is_empty() {
             bail!("rl.lora: rank must be >= 1 and targets non-empty");
         }
-        for t in &rl.lora.targets {
+        for t in &rl.run.lora.targets {
             if !LORA_TARGETS.contains(&t.as_str()) {
                 bail!(
                     "rl.lora.targets: unknown layer `{t}` (valid: {})",
@@ -502,43 +559,74 @@ impl FlowRecipe {
         {
             bail!("reward: weights must be finite and ink_target > 0");
         }
-        if rl.global_std && self.algorithm == FlowAlgorithm::Loop {
+        if rl.run.global_std && self.algorithm == FlowAlgorithm::Loop {
             bail!(
                 "rl.global_std scales group-normalised advantages; LOOP's leave-one-out has none"
             );
         }
-        if rl.kl_form == KlForm::ClosedForm
-            && (rl.kl_coef == 0.0 || self.algorithm == FlowAlgorithm::Ram)
+        if rl.run.kl_form == KlForm::ClosedForm
+            && (rl.run.kl_coef == 0.0 || self.algorithm == FlowAlgorithm::Ram)
         {
             bail!(
                 "rl.kl_form = \"closed_form\" needs rl.kl_coef > 0 and a policy-gradient \
                  algorithm (flow-grpo, loop); RAM has no KL term"
             );
         }
-        if rl.drop_zero_advantage && self.algorithm == FlowAlgorithm::Ram {
+        if rl.run.drop_zero_advantage && self.algorithm == FlowAlgorithm::Ram {
             bail!(
                 "rl.drop_zero_advantage applies to the policy-gradient algorithms (flow-grpo, loop); \
                  RAM regresses every sample"
             );
         }
-        if rl.detach_uncond && (self.algorithm == FlowAlgorithm::Ram || s.guidance == 1.0) {
+        if rl.run.detach_uncond && (self.algorithm == FlowAlgorithm::Ram || s.guidance == 1.0) {
             bail!(
                 "rl.detach_uncond applies to flow-grpo and loop with sampler.guidance != 1 (RAM \
                  regresses the unguided velocity; without guidance there is no unconditional branch)"
             );
         }
-        if !(0.0..1.0).contains(&rl.ram_ema) {
+        if !(0.0..1.0).contains(&rl.run.ram_ema) {
             bail!(
                 "rl.ram_ema = {} must be in [0, 1) (0 = v_old is the current weights)",
-                rl.ram_ema
+                rl.run.ram_ema
             );
         }
-        if rl.ram_ema > 0.0 && self.algorithm != FlowAlgorithm::Ram {
+        if rl.run.ram_ema > 0.0 && self.algorithm != FlowAlgorithm::Ram {
             bail!("rl.ram_ema applies to algorithm = \"ram\" only");
         }
         if self.eval.samples_per_class < 2 {
             bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod rl_tests {
+    use super::*;
+
+    /// `[rl]` embeds `ember-train`'s configs with the image job's defaults stated once
+    /// (`RL_DEFAULTS`); a key of any of them can be set, and an unknown key is named.
+    #[test]
+    fn rl_table_embeds_the_training_configs_with_the_image_defaults() {
+        let d = RlSpec::default();
+        assert_eq!(d.schedule.lr, 1e-3);
+        assert_eq!(d.schedule.min_lr_ratio, 0.1);
+        assert_eq!(d.schedule.warmup_steps, 0);
+        assert_eq!(d.optim.grad_clip, 1.0);
+        assert_eq!(d.optim.epsilon, 1e-8);
+        assert_eq!(d.optim.weight_decay, 0.0);
+        assert_eq!((d.update.epochs, d.update.mini_batches), (1, 2));
+        assert_eq!(d.update.micro_batch_rows, 0);
+        assert_eq!(d.run, FlowLoop::default());
+        let r: RlSpec = toml::from_str("lr = 0.5\nsteps = 3\nmini_batches = 4").unwrap();
+        assert_eq!(
+            (r.schedule.lr, r.run.steps, r.update.mini_batches),
+            (0.5, 3, 4)
+        );
+        assert_eq!(r.optim.epsilon, 1e-8);
+        let e = toml::from_str::<RlSpec>("learning_rate = 0.5").unwrap_err();
+        assert!(e.to_string().contains("learning_rate"), "{e}");
+        let back: RlSpec = toml::from_str(&toml::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
     }
 }

@@ -69,7 +69,7 @@ pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummar
     let mut job = FlowJob::new(r, out, opts)?;
     let t_ft = Instant::now();
     let mut interrupted = false;
-    for step in job.run.first_step()..r.rl.steps {
+    for step in job.run.first_step()..r.rl.run.steps {
         let stop;
         (job, stop) = job.step(step)?;
         if stop {
@@ -165,9 +165,9 @@ impl FlowJob<'_> {
     /// Rollout: requested classes (a fresh permutation of 0..9 per step, cycled if more
     /// prompts), `group_size` samples each; their rewards and advantages.
     fn rollout(&mut self, step: usize, row: &mut Row) -> Result<Rollout> {
-        let (r, g) = (self.r, self.r.rl.group_size);
+        let (r, g) = (self.r, self.r.rl.run.group_size);
         let perm = self.rng.permutation(self.model.num_classes());
-        let prompts: Vec<usize> = (0..r.rl.prompts_per_step)
+        let prompts: Vec<usize> = (0..r.rl.run.prompts_per_step)
             .map(|i| perm[i % perm.len()])
             .collect();
         let labels: Vec<usize> = prompts
@@ -240,7 +240,7 @@ impl FlowJob<'_> {
         row.insert("reward/jpeg_kb".into(), mean(&jpeg_kb));
         let right = right.iter().filter(|&&b| b).count();
         row.insert("reward/accuracy".into(), right as f64 / rows as f64);
-        let keep = if r.rl.drop_zero_advantage {
+        let keep = if r.rl.run.drop_zero_advantage {
             varied_groups(&reward, groups)
         } else {
             vec![1.0; rows]
@@ -255,7 +255,7 @@ impl FlowJob<'_> {
             .repeat_dim(1, self.trained.len());
         let mut batch =
             RolloutBatch::new(mask, Tensor::from_floats(reward.as_slice(), ad), groups)?;
-        if r.rl.global_std {
+        if r.rl.run.global_std {
             let (m, s) = global_std_stats(&reward, groups);
             batch = batch.with_group_stats(
                 Tensor::from_floats(m.as_slice(), ad),
@@ -279,8 +279,8 @@ impl FlowJob<'_> {
         );
         let old = ro.traj.log_probs.clone().narrow(1, 0, k).to_device(ad);
         let mut batch = ro.batch.with_old_log_probs(old)?;
-        let closed_form = r.rl.kl_form == KlForm::ClosedForm;
-        if r.rl.kl_coef > 0.0 && !closed_form {
+        let closed_form = r.rl.run.kl_form == KlForm::ClosedForm;
+        if r.rl.run.kl_coef > 0.0 && !closed_form {
             let all: Vec<usize> = (0..rows).collect();
             let reference = exp_host.log_probs(&ro.sampler, &all, false);
             batch = batch.with_ref_log_probs(reference.to_device(ad))?;
@@ -289,8 +289,8 @@ impl FlowJob<'_> {
             inputs: exp_host.inputs.to_device(ad),
             outputs: exp_host.outputs.to_device(ad),
             labels: exp_host.labels.to_device(ad),
-            closed_form_kl: r.rl.kl_coef > 0.0 && closed_form,
-            detach_uncond: r.rl.detach_uncond,
+            closed_form_kl: r.rl.run.kl_coef > 0.0 && closed_form,
+            detach_uncond: r.rl.run.detach_uncond,
             ..exp_host
         };
         let mut order_rng = SplitMix64(self.rng.next_u64());
@@ -320,7 +320,7 @@ impl FlowJob<'_> {
         let a = ro.adv.advantages.clone().narrow(1, 0, 1).reshape([rows]);
         let x0 = ro.traj.sample().to_device(ad);
         let y = ints(&ro.labels, ad);
-        let n = r.rl.ram_noisings;
+        let n = r.rl.run.ram_noisings;
         let (rng, ema) = (&mut self.rng, self.ema.as_ref());
         let (m, loss, report) =
             accumulated_step(self.model, &mut self.optim, ro.lr, n, |model, _| {
@@ -335,12 +335,12 @@ impl FlowJob<'_> {
                     Tensor::from_data(TensorData::new(sig, [rows]), ad),
                     y.clone(),
                     a.clone(),
-                    r.rl.ram_scale,
+                    r.rl.run.ram_scale,
                 ) / n as f32
             });
         self.model = m;
         // The decay ramps up by 0.01 a step to `ram_ema` (RAM's code, as read in ports).
-        let decay = r.rl.ram_ema.min(0.01 * (step + 1) as f32);
+        let decay = r.rl.run.ram_ema.min(0.01 * (step + 1) as f32);
         self.ema = self.ema.map(|e| ema_update(e, &self.model, decay));
         row.insert("actor/ram_loss".into(), loss);
         row.insert("actor/grad_norm".into(), report.grad_norm);
@@ -356,7 +356,7 @@ impl FlowJob<'_> {
     fn end_step(&mut self, done: usize, mut row: Row) -> Result<bool> {
         let r = self.r;
         let end = self.run.step_end(done);
-        let evaluated = done.is_multiple_of(r.rl.eval_every) || done == r.rl.steps;
+        let evaluated = done.is_multiple_of(r.rl.run.eval_every) || done == r.rl.run.steps;
         if evaluated || end.stop {
             let (e, images) = evaluate(&self.model.valid(), &self.classifier, r, &self.base)?;
             self.state.after = e;

@@ -14,13 +14,17 @@ use ember_engine::*;
 use ember_flow::{DigitClassifier, FlowDit, sde_coefs, sigmas};
 use ember_run::{RunOptions, checkpoint};
 use ember_tasks::expand_path;
-use ember_train::{LrSchedule, Optimizer, OptimizerConfig, UpdateConfig, UpdateSchedule};
+use ember_train::{Optimizer, UpdateConfig};
 use std::path::Path;
 
 impl<'a> FlowJob<'a> {
     /// Opens the run directory and builds everything a step uses.
     pub(super) fn new(r: &'a FlowRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
-        let run_loop = (r.rl.steps, r.rl.checkpoint_every, r.rl.keep_checkpoints);
+        let run_loop = (
+            r.rl.run.steps,
+            r.rl.run.checkpoint_every,
+            r.rl.run.keep_checkpoints,
+        );
         let curves = ("reward/class_prob", "eval/accuracy");
         let run = open_run(out, opts, (&r.name, r), run_loop, curves)?;
         let digits = Digits::load(&expand_path(&r.data.digits)?)?;
@@ -45,10 +49,10 @@ impl<'a> FlowJob<'a> {
             after: Default::default(),
             pretrain_seconds,
         };
-        let k = if r.rl.train_timesteps == 0 {
+        let k = if r.rl.run.train_timesteps == 0 {
             r.sampler.steps
         } else {
-            r.rl.train_timesteps
+            r.rl.run.train_timesteps
         };
         let job = Self {
             coefs: sde_coefs(
@@ -59,12 +63,7 @@ impl<'a> FlowJob<'a> {
             trained: (0..k).collect(),
             adv_cfg: advantage_config(r),
             upd: update_config(r),
-            schedule: LrSchedule {
-                lr: r.rl.lr,
-                warmup_steps: 0,
-                total_steps: r.rl.steps,
-                min_ratio: r.rl.min_lr_ratio,
-            },
+            schedule: r.rl.schedule.schedule(r.rl.run.steps),
             rng: SplitMix64(r.seed),
             ema: None,
             last_eval: None,
@@ -92,7 +91,7 @@ impl<'a> FlowJob<'a> {
                 .model
                 .try_load_record(checkpoint::read_model(dir, true)?)
                 .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
-            if r.rl.ram_ema > 0.0 {
+            if r.rl.run.ram_ema > 0.0 {
                 let p = dir.join(RAM_EMA);
                 let rec = ModuleRecord::load(&p)
                     .map_err(|e| anyhow!("reading {}: {e}", p.display()))?
@@ -114,7 +113,7 @@ impl<'a> FlowJob<'a> {
             self.run.log(eval_row(0, &before))?;
             (self.state.before, self.state.after) = (before, before);
         }
-        if r.rl.ram_ema > 0.0 && self.ema.is_none() {
+        if r.rl.run.ram_ema > 0.0 && self.ema.is_none() {
             self.ema = Some(self.model.clone());
         }
         let b = self.state.before;
@@ -126,12 +125,9 @@ impl<'a> FlowJob<'a> {
     }
 }
 
-/// The RL phase's AdamW: the recipe's ε and global gradient-norm clipping.
+/// The RL phase's AdamW (`[rl]`'s `adam_eps`, `grad_clip`, `weight_decay`).
 fn optimizer(r: &FlowRecipe) -> Optimizer {
-    OptimizerConfig::default()
-        .with_epsilon(r.rl.adam_eps)
-        .with_grad_clip(r.rl.grad_clip)
-        .init()
+    r.rl.optim.init()
 }
 
 /// The pretrained DiT frozen, with fresh adapters on the recipe's targets, its products in the
@@ -141,7 +137,7 @@ pub(super) fn with_adapters(
     r: &FlowRecipe,
     ad: &burn::tensor::Device,
 ) -> Result<FlowDit> {
-    let paths = model.lora_paths(&r.rl.lora.targets);
+    let paths = model.lora_paths(&r.rl.run.lora.targets);
     // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
     // unchanged either way).
     ad.seed(r.seed ^ 0x4c4f_5241);
@@ -155,7 +151,7 @@ pub(super) fn with_adapters(
     Ok(model
         .no_grad()
         .apply_lora(
-            Lora::new(r.rl.lora.rank, r.rl.lora.alpha)
+            Lora::new(r.rl.run.lora.rank, r.rl.run.lora.alpha)
                 .set_param_group(ParamGroup::from_paths(paths)),
         )
         .with_precision(precision))
@@ -174,7 +170,7 @@ fn advantage_config(r: &FlowRecipe) -> AdvantageConfig {
         FlowAlgorithm::Loop => AdvantageKind::Rloo,
     };
     AdvantageConfig {
-        clip: Some(r.rl.adv_clip),
+        clip: Some(r.rl.run.adv_clip),
         ..AdvantageConfig::new(kind)
     }
 }
@@ -183,21 +179,17 @@ fn advantage_config(r: &FlowRecipe) -> AdvantageConfig {
 /// adapter-free model when `rl.kl_coef` > 0.
 fn update_config(r: &FlowRecipe) -> UpdateConfig {
     UpdateConfig {
-        schedule: UpdateSchedule {
-            epochs: r.rl.epochs,
-            mini_batches: r.rl.mini_batches,
-            micro_batch_rows: 0,
-        },
+        schedule: r.rl.update,
         loss: ActorLossConfig {
             policy: PolicyLossKind::Ppo {
-                clip_low: r.rl.clip_range,
-                clip_high: r.rl.clip_range,
+                clip_low: r.rl.run.clip_range,
+                clip_high: r.rl.run.clip_range,
                 dual_clip: None,
             },
             agg: LossAgg::TokenMean,
-            kl: (r.rl.kl_coef > 0.0).then_some(KlLoss {
+            kl: (r.rl.run.kl_coef > 0.0).then_some(KlLoss {
                 estimator: KlEstimator::K3,
-                coef: r.rl.kl_coef,
+                coef: r.rl.run.kl_coef,
             }),
             entropy_coef: 0.0,
             mismatch: None,

@@ -9,14 +9,8 @@ use crate::llm::schema::{
 use anyhow::{Result, bail};
 use ember_engine::{AdvantageConfig, AdvantageKind, Preset, PresetParts};
 use ember_tasks::env::external::ExternalEnvSpec;
+use crate::common::config::defaults::{auto, one_f32};
 use serde::{Deserialize, Serialize};
-
-fn auto() -> String {
-    "auto".into()
-}
-fn one_f32() -> f32 {
-    1.0
-}
 
 /// Which environment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

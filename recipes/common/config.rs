@@ -5,6 +5,9 @@ use anyhow::{Context, Result, bail};
 
 /// The serde defaults of every recipe schema (one place, so a default is stated once).
 pub(crate) mod defaults {
+    pub fn one() -> usize {
+        1
+    }
     pub fn two() -> usize {
         2
     }

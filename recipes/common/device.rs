@@ -130,10 +130,6 @@ pub fn device(name: &str) -> Result<Device, BackendNotCompiled> {
     }
 }
 
-fn one() -> usize {
-    1
-}
-
 /// `[data_parallel]` of a recipe: the update's mini-batches sharded over `devices` devices of
 /// the backend (`ember_train::DataParallel`); generation and evaluation stay on the first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,7 +138,7 @@ pub struct DataParallelSpec {
     /// How many devices (1: no data parallelism, unless `reduce = "all_reduce"`). CUDA: `cuda:0` … `cuda:N-1`; CPU: N replicas
     /// on the one CPU device (the arithmetic of sharding and summing, no speed-up: burn's CPU
     /// backend already uses every core).
-    #[serde(default = "one")]
+    #[serde(default = "crate::common::config::defaults::one")]
     pub devices: usize,
     /// `auto` (burn's NCCL `all_reduce` on CUDA, `gather` elsewhere), `gather` or `all_reduce`.
     #[serde(default)]

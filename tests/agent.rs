@@ -77,7 +77,16 @@ fn trajectories_have_holes_and_rescore_like_the_sampler() {
     let mut env = Calculator::new(2, 3);
     let seeds = EpisodeSource::train(&mut Rng(1), 6);
     let sc = sampling(9, 6);
-    let t = rollout(&policy, &policy.model, &mut env, &seeds, 2, 3, &sc, &device).unwrap();
+    let t = rollout(
+        &policy,
+        &policy.model,
+        &mut env,
+        &seeds,
+        (2, 3),
+        &sc,
+        &device,
+    )
+    .unwrap();
     assert_eq!(t.prompts.len(), 12);
     assert_eq!(t.group_ids, (0..12).map(|i| i / 2).collect::<Vec<_>>());
     for i in 0..12 {
@@ -161,8 +170,7 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
             &sampler,
             env,
             &eval_seeds,
-            1,
-            3,
+            (1, 3),
             &sampling(seed, 3),
             &device,
         )
@@ -182,7 +190,7 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
         let seeds = EpisodeSource::train(&mut rng, 16);
         let sampler = policy.model.valid();
         let sc = sampling(rng.next_u64(), 3);
-        let t = rollout(&policy, &sampler, &mut env, &seeds, 8, 3, &sc, &device).unwrap();
+        let t = rollout(&policy, &sampler, &mut env, &seeds, (8, 3), &sc, &device).unwrap();
         let x = t.tensors(&device).unwrap();
         let rewards = t.rewards();
         let batch = RolloutBatch::new(
@@ -204,9 +212,7 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
         let (m, _) = ember_train::update(
             policy.model,
             &mut optim,
-            &exp,
-            &batch,
-            &a,
+            (&exp, &batch, &a),
             &upd,
             3e-3,
             &mut |n| (0..n).collect(),
@@ -274,7 +280,16 @@ fn chat_template_episodes_are_conversations() {
         stop_tokens: policy.stop.clone(),
         ..sampling(2, 8)
     };
-    let t = rollout(&policy, &policy.model, &mut env, &seeds, 2, 2, &sc, &device).unwrap();
+    let t = rollout(
+        &policy,
+        &policy.model,
+        &mut env,
+        &seeds,
+        (2, 2),
+        &sc,
+        &device,
+    )
+    .unwrap();
     let d = rescoring_gap(&policy, &t.tensors(&device).unwrap());
     assert!(d < 2e-3, "rescoring vs sampler {d}");
     assert!(

@@ -466,11 +466,15 @@ fn a_non_finite_loss_skips_the_step() {
         let adv = compute_advantages(&AdvantageConfig::new(AdvantageKind::Rloo), &b, 0).unwrap();
         let mut optim = ember_train::OptimizerConfig::default().init();
         let model = Bandit::new(&device);
-        let (m, stats) =
-            ember_train::update(model, &mut optim, &actions, &b, &adv, &cfg, 0.1, &mut |n| {
-                (0..n).collect()
-            })
-            .unwrap();
+        let (m, stats) = ember_train::update(
+            model,
+            &mut optim,
+            (&actions, &b, &adv),
+            &cfg,
+            0.1,
+            &mut |n| (0..n).collect(),
+        )
+        .unwrap();
         (vals(m.logits.val()), stats)
     };
     let (w, stats) = run(f32::NAN);

@@ -7,7 +7,7 @@
 use crate::agent::rollout::{Trajectories, TrajectoryTensors, rollout, warm_up};
 use crate::agent::schema::{AgentRecipe, EnvSpec};
 use crate::common::run::open_run;
-use crate::llm::step::update_policy;
+use crate::llm::step::{UpdateCtx, update_policy};
 use crate::llm::{Policy, load_checkpoint, model_record, policy_from_specs};
 use anyhow::Result;
 use burn::module::Module;
@@ -70,8 +70,7 @@ fn evaluate(
         &sampler,
         env,
         &seeds,
-        1,
-        r.rollout.max_turns,
+        (1, r.rollout.max_turns),
         &sc,
         device,
     )?;
@@ -249,8 +248,7 @@ impl<'a> AgentJob<'a> {
             &sampler,
             self.env.as_mut(),
             &seeds,
-            r.rollout.samples_per_episode,
-            r.rollout.max_turns,
+            (r.rollout.samples_per_episode, r.rollout.max_turns),
             &sc,
             &self.base,
         )?;
@@ -315,20 +313,16 @@ impl<'a> AgentJob<'a> {
             None => {
                 let (model, optim) = (self.policy.model, &mut self.optim);
                 let order = &mut order;
-                update_policy(
-                    model,
-                    optim,
-                    &exp,
-                    batch,
+                let ctx = UpdateCtx {
                     adv_cfg,
                     upd,
                     step,
                     lr,
                     order,
                     row,
-                    &[],
-                )?
-                .0
+                    shown: &[],
+                };
+                update_policy(model, optim, (&exp, batch), ctx)?.0
             }
             Some(turns) => {
                 let adv = compute_advantages(adv_cfg, batch, step)?;
@@ -341,11 +335,8 @@ impl<'a> AgentJob<'a> {
                 let (model, stats) = sequential_update(
                     self.policy.model,
                     &mut self.optim,
-                    &exp,
-                    batch,
-                    &adv,
-                    upd,
-                    turns,
+                    (&exp, batch, &adv),
+                    (upd, turns),
                     lr,
                     &mut order,
                     &mut |m: &Llama| {

@@ -245,14 +245,12 @@ impl Policy {
 /// Plays `n` episodes of each seed (`samples` per seed, rows grouped by seed) to their end, or
 /// to `max_turns` policy turns, or until a context would exceed the model's; `sc` samples each
 /// turn (`n` is ignored: one response per running episode per turn).
-#[allow(clippy::too_many_arguments)]
 pub fn rollout(
     policy: &Policy,
     sampler: &Llama,
     env: &mut dyn Environment,
     seeds: &[u64],
-    samples: usize,
-    max_turns: usize,
+    (samples, max_turns): (usize, usize),
     sc: &SamplingConfig,
     device: &Device,
 ) -> Result<Trajectories> {

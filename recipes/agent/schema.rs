@@ -2,6 +2,7 @@
 //! of an environment (`[env]`), with the LLM recipe's `[model]` and `[train]` tables and a
 //! preset `algorithm` whose advantages are computed over whole trajectories.
 
+use crate::common::config::defaults::{auto, one_f32};
 use crate::common::config::{check_positive, check_range};
 use crate::llm::schema::{
     ModelSpec, PolicyChoice, PretrainedSpec, TrainSpec, Warmup, choose_policy,
@@ -9,7 +10,6 @@ use crate::llm::schema::{
 use anyhow::{Result, bail};
 use ember_engine::{AdvantageConfig, AdvantageKind, Preset, PresetParts};
 use ember_tasks::env::external::ExternalEnvSpec;
-use crate::common::config::defaults::{auto, one_f32};
 use serde::{Deserialize, Serialize};
 
 /// Which environment.

@@ -38,15 +38,12 @@ pub struct AdaRollout {
 /// Runs the rounds for `prompts` (token ids; `examples` alongside) and keeps `n` responses per
 /// prompt. `decode` turns ids into text for the reward; `scorer` scores each round (the
 /// `reward/*` metrics put in `row` are those of the first round, which covers every prompt).
-#[allow(clippy::too_many_arguments)]
 pub fn ada_rollout(
     ada: &ReinforceAda,
     n: usize,
-    sampler: &Llama,
     prompts: &[Vec<u32>],
     examples: &[Example],
-    sc: &SamplingConfig,
-    device: &Device,
+    (sampler, sc, device): (&Llama, &SamplingConfig, &Device),
     (scorer, step, row): (&mut Scorer, usize, &mut BTreeMap<String, f64>),
     decode: &dyn Fn(&[u32]) -> String,
 ) -> Result<AdaRollout> {

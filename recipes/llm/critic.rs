@@ -5,7 +5,7 @@
 
 use crate::llm::Policy;
 use crate::llm::schema::Recipe;
-use crate::llm::step::{row_means, update_policy};
+use crate::llm::step::{UpdateCtx, row_means, update_policy};
 use anyhow::{Context, Result, anyhow};
 use burn::module::{Module, ParamGroup};
 use burn::store::ModuleRecord;
@@ -13,8 +13,7 @@ use burn::tensor::Device;
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, ValueModel};
-use ember_train::{CriticBatch, Optimizer, UpdateConfig, critic_update, update};
-use std::collections::BTreeMap;
+use ember_train::{CriticBatch, Optimizer, critic_update, update};
 use std::path::Path;
 
 /// The critic's record in a checkpoint (the whole model, or a LoRA critic's adapters and head).
@@ -116,56 +115,39 @@ impl Critic {
 /// [`update_policy`]. `exp` is the rollout on the training device `ad`; `base` is the
 /// sampler's device (the critic's no-grad scoring runs there). Returns the new policy model and
 /// the mean advantage of each of `shown` rows.
-#[allow(clippy::too_many_arguments)]
 pub fn update_step(
     model: Llama,
     critic: Option<&mut Critic>,
     optim: &mut Optimizer,
     devices: (&LlmExperience, &Device, &Device),
     batch: RolloutBatch,
-    adv_cfg: &AdvantageConfig,
-    upd: &UpdateConfig,
-    (step, lr): (usize, f64),
-    order: &mut dyn FnMut(usize) -> Vec<usize>,
-    row: &mut BTreeMap<String, f64>,
-    shown: &[usize],
+    ctx: UpdateCtx,
 ) -> Result<(Llama, Vec<f64>)> {
     match critic {
-        Some(c) => update_with_critic(
-            model,
-            c,
-            optim,
-            devices,
-            batch,
-            adv_cfg,
-            upd,
-            (step, lr),
-            order,
-            row,
-            shown,
-        ),
-        None => update_policy(
-            model, optim, devices.0, &batch, adv_cfg, upd, step, lr, order, row, shown,
-        ),
+        Some(c) => update_with_critic(model, c, optim, devices, batch, ctx),
+        None => update_policy(model, optim, (devices.0, &batch), ctx),
     }
 }
 
 /// One step's update with a critic: values → GAE → actor (after the critic-only warm-up) →
 /// PACT's weights → critic.
-#[allow(clippy::too_many_arguments)]
 pub fn update_with_critic(
     model: Llama,
     critic: &mut Critic,
     optim: &mut Optimizer,
     (exp, base, ad): (&LlmExperience, &Device, &Device),
     batch: RolloutBatch,
-    adv_cfg: &AdvantageConfig,
-    upd: &UpdateConfig,
-    (step, lr): (usize, f64),
-    order: &mut dyn FnMut(usize) -> Vec<usize>,
-    row: &mut BTreeMap<String, f64>,
-    shown: &[usize],
+    ctx: UpdateCtx,
 ) -> Result<(Llama, Vec<f64>)> {
+    let UpdateCtx {
+        adv_cfg,
+        upd,
+        step,
+        lr,
+        order,
+        row,
+        shown,
+    } = ctx;
     let host_exp = &LlmExperience {
         tokens: exp.tokens.clone().to_device(base),
         mask: exp.mask.clone().to_device(base),
@@ -195,7 +177,7 @@ pub fn update_with_critic(
 
     // The actor first (after the critic-only warm-up steps).
     let model = if step >= critic.warmup_steps {
-        let (model, stats) = update(model, optim, exp, &batch, &adv, upd, lr, order)?;
+        let (model, stats) = update(model, optim, (exp, &batch, &adv), upd, lr, order)?;
         row.extend(stats.metrics);
         model
     } else {
@@ -227,8 +209,7 @@ pub fn update_with_critic(
     let (next, stats) = critic_update(
         model_c,
         &mut critic.optim,
-        exp,
-        &data,
+        (exp, &data),
         &critic.cfg,
         &upd.schedule,
         critic.lr,

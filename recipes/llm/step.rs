@@ -133,28 +133,49 @@ pub fn rescore(
     Ok(batch)
 }
 
-/// The update of one step: the advantages of `batch` (their metrics added to `row`), then
-/// `ember_train::update` (its metrics added to `row`). `order` permutes rows between epochs.
-/// Returns the new model and the mean advantage over the valid steps of each of `shown` rows
-/// (one host read; NaN for a masked-out row), for the sample log.
-#[allow(clippy::too_many_arguments)]
+/// What an LLM update takes besides the model, its optimizers and the experience: the
+/// estimator and update settings, the step and its learning rate, the row order of each epoch,
+/// the step's metrics row (advantage and update metrics are added to it) and the rows whose
+/// mean advantages the sample log shows.
+pub struct UpdateCtx<'a> {
+    /// The advantage estimator.
+    pub adv_cfg: &'a AdvantageConfig,
+    /// The update's schedule and loss.
+    pub upd: &'a UpdateConfig,
+    /// The RL step (CAPO's curriculum and the critic's warm-up read it).
+    pub step: usize,
+    /// The step's learning rate.
+    pub lr: f64,
+    /// Permutes rows between epochs.
+    pub order: &'a mut dyn FnMut(usize) -> Vec<usize>,
+    /// The step's metrics.
+    pub row: &'a mut BTreeMap<String, f64>,
+    /// Rows whose mean advantage is returned.
+    pub shown: &'a [usize],
+}
+
+/// The update of one step: the advantages of `batch`, then `ember_train::update`. Returns the
+/// new model and the mean advantage over the valid steps of each of the shown rows (one host
+/// read; NaN for a masked-out row), for the sample log.
 pub fn update_policy(
     model: Llama,
     optim: &mut Optimizer,
-    exp: &LlmExperience,
-    batch: &RolloutBatch,
-    adv_cfg: &AdvantageConfig,
-    upd: &UpdateConfig,
-    step: usize,
-    lr: f64,
-    order: &mut dyn FnMut(usize) -> Vec<usize>,
-    row: &mut BTreeMap<String, f64>,
-    shown: &[usize],
+    (exp, batch): (&LlmExperience, &RolloutBatch),
+    ctx: UpdateCtx,
 ) -> Result<(Llama, Vec<f64>)> {
+    let UpdateCtx {
+        adv_cfg,
+        upd,
+        step,
+        lr,
+        order,
+        row,
+        shown,
+    } = ctx;
     let adv = compute_advantages(adv_cfg, batch, step)?;
     row.extend(adv.metrics.to_host());
     let shown_adv = row_means(&adv.advantages, &adv.mask, shown);
-    let (model, stats) = update(model, optim, exp, batch, &adv, upd, lr, order)?;
+    let (model, stats) = update(model, optim, (exp, batch, &adv), upd, lr, order)?;
     row.extend(stats.metrics);
     Ok((model, shown_adv))
 }

@@ -561,9 +561,7 @@ fn group_step(
     let (model, stats) = update(
         s.policy.model.clone(),
         optim,
-        &exp,
-        &batch,
-        &adv,
+        (&exp, &batch, &adv),
         &cfg,
         lr,
         &mut |m| (0..m).collect(),

@@ -35,12 +35,10 @@ pub struct CriticBatch {
 ///
 /// # Errors
 /// Shapes that differ, or an invalid [`CriticConfig`].
-#[allow(clippy::too_many_arguments)]
 pub fn critic_update<C: Critic>(
     critic: C,
     optim: &mut Optimizer,
-    experience: &C::Experience,
-    batch: &CriticBatch,
+    (experience, batch): (&C::Experience, &CriticBatch),
     cfg: &CriticConfig,
     schedule: &UpdateSchedule,
     lr: f64,

@@ -23,15 +23,11 @@ use ember_engine::{
 ///
 /// # Errors
 /// Missing turn ids or old log-probs, or any error of [`update`].
-#[allow(clippy::too_many_arguments)]
 pub fn sequential_update<A: Actor>(
     mut actor: A,
     optim: &mut Optimizer,
-    experience: &A::Experience,
-    batch: &RolloutBatch,
-    adv: &Advantages,
-    cfg: &UpdateConfig,
-    turns: &TurnUpdates,
+    (experience, batch, adv): (&A::Experience, &RolloutBatch, &Advantages),
+    (cfg, turns): (&UpdateConfig, &TurnUpdates),
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
     rescore: &mut dyn FnMut(&A) -> Tensor<2>,
@@ -78,9 +74,7 @@ pub fn sequential_update<A: Actor>(
         let (next, stats) = update(
             actor,
             optim,
-            experience,
-            &turn_batch,
-            &turn_adv,
+            (experience, &turn_batch, &turn_adv),
             cfg,
             lr,
             order,

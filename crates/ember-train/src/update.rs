@@ -109,13 +109,10 @@ pub(crate) fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
 ///
 /// # Errors
 /// Missing old log-probs, or any loss error (shapes, missing reference for KL, …).
-#[allow(clippy::too_many_arguments)]
 pub fn update<A: Actor>(
     actor: A,
     optim: &mut Optimizer,
-    experience: &A::Experience,
-    batch: &RolloutBatch,
-    adv: &Advantages,
+    (experience, batch, adv): (&A::Experience, &RolloutBatch, &Advantages),
     cfg: &UpdateConfig,
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,

@@ -43,13 +43,10 @@ pub fn flow_matching_loss(
 ///
 /// # Shapes
 /// `x0`, `noise` `[b, pixels]`, `sigma`, `advantages` `[b]`, `labels [b]` → `[1]`.
-#[allow(clippy::too_many_arguments)]
 pub fn ram_loss(
     model: &FlowDit,
     old: Option<&FlowDit>,
-    x0: Tensor<2>,
-    noise: Tensor<2>,
-    sigma: Tensor<1>,
+    (x0, noise, sigma): (Tensor<2>, Tensor<2>, Tensor<1>),
     labels: Tensor<1, Int>,
     advantages: Tensor<1>,
     reward_scale: f32,

@@ -299,9 +299,7 @@ impl FlowJob<'_> {
         let (m, stats) = update(
             self.model,
             &mut self.optim,
-            &exp,
-            &batch,
-            &ro.adv,
+            (&exp, &batch, &ro.adv),
             upd,
             lr,
             &mut order,
@@ -330,9 +328,11 @@ impl FlowJob<'_> {
                 ram_loss(
                     model,
                     ema,
-                    x0.clone(),
-                    noise,
-                    Tensor::from_data(TensorData::new(sig, [rows]), ad),
+                    (
+                        x0.clone(),
+                        noise,
+                        Tensor::from_data(TensorData::new(sig, [rows]), ad),
+                    ),
                     y.clone(),
                     a.clone(),
                     r.rl.run.ram_scale,

@@ -12,8 +12,8 @@
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::schema::Recipe;
 use crate::llm::step::{
-    Reference, experience, features_at, greedy_sampling, optimizer, rescore, rollout_sampling,
-    update_config,
+    Reference, UpdateCtx, experience, features_at, greedy_sampling, optimizer, rescore,
+    rollout_sampling, update_config,
 };
 use crate::llm::{Policy, build_policy, evaluate};
 use anyhow::{Context, Result, bail};
@@ -361,12 +361,15 @@ impl Plan<'_> {
             optim,
             (&exp, &self.base, ad),
             batch,
-            &self.parts.advantage,
-            &self.upd,
-            (0, lr),
-            &mut order,
-            &mut row,
-            &[],
+            UpdateCtx {
+                adv_cfg: &self.parts.advantage,
+                upd: &self.upd,
+                step: 0,
+                lr,
+                order: &mut order,
+                row: &mut row,
+                shown: &[],
+            },
         )
         .with_context(|| format!("training at prompt width {w}, response width {nw}"))?;
         sync(ad)?;

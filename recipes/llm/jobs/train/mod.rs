@@ -12,8 +12,8 @@ use crate::llm::replay::{Replay, StoredGroup};
 use crate::llm::schema::Recipe;
 use crate::llm::score::{Scorer, completions, json_number, shown_samples};
 use crate::llm::step::{
-    Reference, experience, greedy_baseline, keep_rows, prompt_features, rescore, rollout_metrics,
-    rollout_sampling, save_checkpoint, stats_line,
+    Reference, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features, rescore,
+    rollout_metrics, rollout_sampling, save_checkpoint, stats_line,
 };
 use crate::llm::{Policy, evaluate, evaluate_sampled, write_final};
 use anyhow::Result;
@@ -278,11 +278,9 @@ impl Job<'_> {
                 let a = ada_rollout(
                     ada,
                     r.rollout.samples_per_prompt,
-                    &sampler,
                     &prompts,
                     &examples,
-                    &sc,
-                    base,
+                    (&sampler, &sc, base),
                     (&mut self.scorer, step + 1, row),
                     &|ids| policy.decode(ids),
                 )?;
@@ -394,12 +392,15 @@ impl Job<'_> {
             &mut self.optim,
             (&exp, &self.base, ad),
             batch,
-            &self.parts.advantage,
-            &self.upd,
-            (step, lr),
-            &mut order,
-            row,
-            &kept_places,
+            UpdateCtx {
+                adv_cfg: &self.parts.advantage,
+                upd: &self.upd,
+                step,
+                lr,
+                order: &mut order,
+                row,
+                shown: &kept_places,
+            },
         )?;
         self.policy.model = model;
         for ((i, _), a) in places.iter().zip(shown_adv) {

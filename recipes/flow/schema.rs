@@ -491,6 +491,24 @@ impl FlowRecipe {
             bail!("sampler: shift and noise_level must be > 0, guidance >= 0");
         }
         sde_coefs(&sigmas(s.steps, s.shift), s.noise_level)?;
+        self.validate_rl()?;
+        let w = &self.reward;
+        if !(w.class_prob.is_finite()
+            && w.ink.is_finite()
+            && w.jpeg_size.is_finite()
+            && w.ink_target > 0.0)
+        {
+            bail!("reward: weights must be finite and ink_target > 0");
+        }
+        self.validate_algorithm_options()?;
+        if self.eval.samples_per_class < 2 {
+            bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");
+        }
+        Ok(())
+    }
+
+    /// `[rl]`: batch sizes, the embedded training configs, losses, RAM and the adapters.
+    fn validate_rl(&self) -> Result<()> {
         let rl = &self.rl;
         if rl.run.prompts_per_step == 0 || rl.run.group_size < 2 {
             bail!(
@@ -500,6 +518,7 @@ impl FlowRecipe {
                 rl.run.group_size
             );
         }
+        let s = &self.sampler;
         if rl.run.train_timesteps > s.steps {
             bail!(
                 "rl.train_timesteps = {} exceeds sampler.steps = {}",
@@ -551,14 +570,12 @@ impl FlowRecipe {
                 );
             }
         }
-        let w = &self.reward;
-        if !(w.class_prob.is_finite()
-            && w.ink.is_finite()
-            && w.jpeg_size.is_finite()
-            && w.ink_target > 0.0)
-        {
-            bail!("reward: weights must be finite and ink_target > 0");
-        }
+        Ok(())
+    }
+
+    /// The `[rl]` options that belong to some algorithms only.
+    fn validate_algorithm_options(&self) -> Result<()> {
+        let (rl, s) = (&self.rl, &self.sampler);
         if rl.run.global_std && self.algorithm == FlowAlgorithm::Loop {
             bail!(
                 "rl.global_std scales group-normalised advantages; LOOP's leave-one-out has none"
@@ -592,9 +609,6 @@ impl FlowRecipe {
         }
         if rl.run.ram_ema > 0.0 && self.algorithm != FlowAlgorithm::Ram {
             bail!("rl.ram_ema applies to algorithm = \"ram\" only");
-        }
-        if self.eval.samples_per_class < 2 {
-            bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! A recipe of any kind, parsed by its `kind` tag: the one parse the CLI runs.
 
+use crate::agent;
 use crate::common::config::apply_overrides;
-use crate::{agent, flow, llm};
+use crate::flow;
+use crate::llm;
 use anyhow::{Result, bail};
 
 /// A parsed recipe of any kind.

@@ -253,10 +253,19 @@ fn leaf_imports() -> Vec<(String, Vec<String>)> {
             for f in files {
                 let text = std::fs::read_to_string(&f).unwrap();
                 for line in code_lines(&text) {
+                    // `use crate::{a, b::c}` names `a` and `b` as `crate::a::` would.
+                    let grouped: Vec<&str> = line
+                        .split_once("crate::{")
+                        .map(|(_, rest)| rest.split('}').next().unwrap_or(""))
+                        .map(|names| names.split(',').map(|n| n.trim()).collect())
+                        .unwrap_or_default();
                     for other in &names {
                         let used = line.contains(&format!("crate::{other}::"))
                             || line.contains(&format!("crate::{other};"))
-                            || line.contains(&format!("ember::{other}::"));
+                            || line.contains(&format!("ember::{other}::"))
+                            || grouped.iter().any(|g| {
+                                *g == other.as_str() || g.starts_with(&format!("{other}::"))
+                            });
                         if used && *other != unit && !out.contains(other) {
                             out.push(other.clone());
                         }

@@ -7,6 +7,7 @@ use ember_engine::REWARD_LIMIT;
 use ember_llm::Generation;
 use ember_tasks::reward::{ExternalReward, RewardItem, check, format_reward};
 use ember_tasks::task::Example;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The completions of a generation, a row each.
@@ -202,4 +203,18 @@ impl<'a> Scorer<'a> {
         }
         Ok(rewards)
     }
+}
+
+/// One scored response as a dataset line holds it (`ember rollouts` writes them, the offline
+/// job reads them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scored {
+    /// The response text.
+    pub response: String,
+    /// Its reward (None: invalid).
+    pub reward: Option<f32>,
+    /// Cut at the length limit (no stop token is appended).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }

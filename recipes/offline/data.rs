@@ -13,27 +13,14 @@
 //! (invalid: the response is kept out of pairs and baselines). Responses are encoded on their
 //! own and end with the policy's stop token unless `truncated`.
 
+use crate::llm::score::Scored;
 use crate::llm::{Policy, Tok};
 use anyhow::{Context, Result, anyhow, bail};
 use ember_llm::chartok;
 use ember_tasks::reward::Check;
 use ember_tasks::task::Example;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// One scored response as a dataset line holds it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Scored {
-    /// The response text.
-    pub response: String,
-    /// Its reward (None: invalid).
-    pub reward: Option<f32>,
-    /// Cut at the length limit (no stop token is appended).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub truncated: bool,
-}
 
 /// A prompt with its responses.
 #[derive(Debug, Clone, PartialEq)]

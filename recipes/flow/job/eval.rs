@@ -20,9 +20,11 @@ pub fn evaluate_run(
 ) -> Result<EvalResult> {
     let rp = run.join("recipe.resolved.toml");
     let text = std::fs::read_to_string(&rp).with_context(|| format!("reading {}", rp.display()))?;
-    let crate::kinds::AnyRecipe::Flow(mut r) = crate::kinds::parse_any(&text, &[])? else {
+    let table = crate::common::config::apply_overrides(&text, &[])?;
+    if table.get("kind").and_then(|k| k.as_str()) != Some("flow") {
         bail!("{} is not an image run (kind = \"flow\")", run.display());
-    };
+    }
+    let mut r = crate::flow::schema::from_table(table)?;
     if let Some(n) = samples_per_class {
         if !(2..=10_000).contains(&n) {
             bail!("--eval-size (samples per class) = {n} must be in 2..=10000");

@@ -7,9 +7,9 @@
 
 use crate::llm::policy_at_start;
 use crate::llm::schema::Recipe;
+use crate::llm::score::Scored;
 use crate::llm::score::{Scorer, completions};
 use crate::llm::step::rollout_sampling;
-use crate::offline::data::Scored;
 use anyhow::{Result, bail};
 use burn::module::Module;
 use ember_llm::generate;

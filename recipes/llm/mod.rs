@@ -9,6 +9,7 @@ pub mod jobs;
 pub mod plop;
 pub mod remote;
 pub mod replay;
+pub mod saved;
 pub mod schema;
 pub mod score;
 pub mod step;

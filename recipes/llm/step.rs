@@ -2,11 +2,9 @@
 //! schedule and optimizer, rescoring without gradients (old-policy and reference log-probs),
 //! and the update itself (advantages, then `ember-train`'s epochs × mini-batches).
 
-use crate::llm::critic::Critic;
-use crate::llm::replay::Replay;
+use crate::llm::Policy;
 use crate::llm::schema::Recipe;
 use crate::llm::score::{Scorer, completions, valid_mean};
-use crate::llm::{Policy, model_record, read_reference};
 use anyhow::Result;
 use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -14,11 +12,10 @@ use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::generate;
 use ember_llm::{Generation, Llama, SamplingConfig};
-use ember_run::{checkpoint, fmt_metric};
+use ember_run::fmt_metric;
 use ember_tasks::task::Example;
 use ember_train::{Optimizer, UpdateConfig, update};
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// The rollout sampler of a recipe's step: its temperature, response length, group size and
 /// prompt bucket, the policy's stop tokens, and the step's `seed`.
@@ -270,36 +267,6 @@ pub fn rows_generation(rows: &[Row], group_ids: Vec<usize>, device: &Device) -> 
         group_ids,
         truncated,
     }
-}
-
-/// A checkpoint: the policy (or its adapters), its optimizer, the critic and its optimizer
-/// and the replay buffer when the run has them, and the host state.
-pub fn save_checkpoint(
-    d: &Path,
-    policy: &Policy,
-    optim: &ember_train::Optimizer,
-    (critic, replay): (Option<&Critic>, Option<&Replay>),
-    state: &checkpoint::TrainState,
-) -> Result<()> {
-    checkpoint::write_records(d, model_record(policy), optim, state)?;
-    if let Some(c) = critic {
-        c.save(d)?;
-    }
-    replay.map_or(Ok(()), |rp| rp.save(d))
-}
-
-/// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
-/// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).
-pub fn load_reference(
-    r: &Recipe,
-    policy: &Policy,
-    path: &Path,
-    ad: &Device,
-) -> Result<Option<Llama>> {
-    if !(r.train.run.kl_coef > 0.0 && policy.lora.is_none()) {
-        return Ok(None);
-    }
-    read_reference(r, policy, path, ad).map(Some)
 }
 
 /// ReMax's baseline (Li et al. 2024, eq. 5): the reward of each prompt's greedy response.

@@ -1,7 +1,9 @@
-//! The advantage estimators of [`crate::compute_advantages`], one function per
-//! [`AdvantageKind`](crate::AdvantageKind), each over the same [`AdvCtx`].
+//! [`compute_advantages`]: one function per [`AdvantageKind`], each over the same [`AdvCtx`],
+//! then the options every estimator shares.
 
-use crate::advantage::{self as adv, BatchBaseline, OpmdBaseline, StdKind};
+use crate::advantage::{
+    self as adv, AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind,
+};
 use crate::basis::basis_values;
 use crate::batch::RolloutBatch;
 use crate::error::{EngineError, Result};
@@ -10,6 +12,107 @@ use crate::metrics::Metrics;
 use crate::ops::{masked_mean, masked_whiten, reverse_affine_scan, shift_left};
 use burn::tensor::Tensor;
 
+/// Computes advantages for `batch` at optimizer step `step` (used by the CAPO curriculum).
+///
+/// # Errors
+/// [`EngineError::MissingInput`] when the estimator needs an input the batch lacks (values for
+/// GAE, baseline rewards for ReMax, log-probs for REINFORCE++'s KL or Lopti), and
+/// [`EngineError::InvalidConfig`] for out-of-range settings.
+pub fn compute_advantages(
+    config: &AdvantageConfig,
+    batch: &RolloutBatch,
+    step: usize,
+) -> Result<Advantages> {
+    config.validate()?;
+    let c = AdvCtx::new(batch);
+    let mut m = Metrics::new();
+    let est = match config.kind {
+        AdvantageKind::Reinforce { baseline } => reinforce(&c, baseline),
+        AdvantageKind::Rloo => rloo(&c),
+        AdvantageKind::Grpo {
+            std,
+            epsilon,
+            scale_by_std,
+        } => grpo(&c, std, epsilon, scale_by_std),
+        AdvantageKind::DrGrpo => grpo(&c, StdKind::Unbiased, 0.0, false),
+        AdvantageKind::ReinforcePlusPlus { gamma, kl_coef } => {
+            reinforce_plus_plus(&c, gamma, kl_coef, &mut m)?
+        }
+        AdvantageKind::ReinforcePlusPlusBaseline => reinforce_plus_plus_baseline(&c),
+        AdvantageKind::Remax => remax(&c)?,
+        AdvantageKind::Opo => opo(&c),
+        AdvantageKind::Bnpo => Estimate::of(c.per_token(adv::bnpo(batch, &c.rewards, &c.valid))),
+        AdvantageKind::Gae {
+            gamma,
+            lambda,
+            whiten,
+        } => gae(&c, gamma, lambda, whiten)?,
+        AdvantageKind::Basis {
+            bandwidth,
+            prior,
+            whiten,
+        } => basis(&c, (bandwidth, prior), whiten, &mut m)?,
+        AdvantageKind::Raft { threshold } => raft(&c, threshold),
+        AdvantageKind::ReinforceRej => reinforce_rej(&c, &mut m),
+        AdvantageKind::Opmd { baseline, tau } => opmd(&c, baseline, tau),
+        AdvantageKind::AsymRe { shift } => asymre(&c, shift),
+        AdvantageKind::Trloo { gamma } => trloo(&c, gamma)?,
+    };
+    let mask = est.mask.unwrap_or_else(|| c.mask.clone());
+    let adv = shape(config, batch, est.adv, &mask, &c.valid, step)?;
+    let returns = est.returns.unwrap_or_else(|| adv.clone());
+    let invalid = c.valid.clone().neg().add_scalar(1.0).sum();
+    m.push(
+        "rollout/reward_mean",
+        masked_mean(c.rewards.clone(), c.valid.clone()),
+    );
+    m.push("rollout/invalid_rewards", invalid);
+    let zero_var = batch
+        .groups
+        .zero_range(c.rewards.clone(), c.valid.clone())
+        .float()
+        * c.valid;
+    m.push("rollout/zero_variance_samples", zero_var.sum());
+    adv::push_stats(&mut m, "advantage", adv.clone(), mask.clone());
+    Ok(Advantages {
+        advantages: adv,
+        returns,
+        mask,
+        metrics: m,
+    })
+}
+
+/// The options applied to every estimator's advantages, in order: per-row whitening, CAPO's
+/// positive-only curriculum, Lopti's probability weighting, clipping; then the mask.
+fn shape(
+    config: &AdvantageConfig,
+    batch: &RolloutBatch,
+    adv: Tensor<2>,
+    mask: &Tensor<2>,
+    valid: &Tensor<1>,
+    step: usize,
+) -> Result<Tensor<2>> {
+    let mut adv = adv;
+    if config.whiten_rows {
+        adv = adv::whiten_rows(adv, mask, valid);
+    }
+    if config.capo_positive_steps > 0 && step < config.capo_positive_steps {
+        adv = adv.clamp_min(0.0);
+    }
+    if let Some(alpha) = config.lopti_alpha {
+        let old = batch
+            .behaviour_log_probs()
+            .ok_or(EngineError::MissingInput {
+                what: "lopti_alpha",
+                input: "old_log_probs",
+            })?;
+        adv = adv * (old.clone().exp() * alpha).add_scalar(1.0 - alpha);
+    }
+    if let Some(c) = config.clip {
+        adv = adv.clamp(-c, c);
+    }
+    Ok(adv * mask.clone())
+}
 /// What every estimator reads, derived once from the batch.
 pub(crate) struct AdvCtx<'a> {
     batch: &'a RolloutBatch,

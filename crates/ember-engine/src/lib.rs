@@ -28,8 +28,7 @@ mod sequential;
 
 pub use adaptive::{AdaMode, AdaPool, ReinforceAda};
 pub use advantage::{
-    AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind,
-    compute_advantages, lgamma,
+    AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind, lgamma,
 };
 pub use agg::{AggNorm, LossAgg, aggregate};
 pub use basis::basis_values;
@@ -39,14 +38,13 @@ pub use critic::{
     CriticConfig, Pact, ValueLossInput, explained_variance, pact_weights, value_loss,
 };
 pub use error::{EngineError, Result};
+pub use estimator::compute_advantages;
 pub use filter::{OverlongPenalty, dynamic_sampling_keep, mask_truncated};
 pub use kl::{KlControl, KlController, KlEstimator, kl_penalty};
-pub use loss::{
-    ActorInput, ActorLossConfig, KlLoss, PolicyLoss, PolicyLossInput, PolicyLossKind, RatioLevel,
-    RecClip, actor_loss, policy_loss,
-};
+pub use loss::{ActorInput, ActorLossConfig, KlLoss, actor_loss};
 pub use metrics::Metrics;
 pub use ops::{discounted_suffix_sum, masked_mean};
+pub use pg::{PolicyLoss, PolicyLossInput, PolicyLossKind, RatioLevel, RecClip, policy_loss};
 pub use preference::{PairInput, PreferenceLoss, preference_loss};
 pub use preset::{Preset, PresetParts};
 pub use replay::{ReplayBuffer, ReplayConfig, ReplayEntry};

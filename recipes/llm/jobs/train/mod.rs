@@ -9,11 +9,12 @@ use crate::llm::adaptive::ada_rollout;
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Replay, StoredGroup};
+use crate::llm::saved::save_checkpoint;
 use crate::llm::schema::Recipe;
 use crate::llm::score::{Scorer, completions, json_number, shown_samples};
 use crate::llm::step::{
     Reference, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features, rescore,
-    rollout_metrics, rollout_sampling, save_checkpoint, stats_line,
+    rollout_metrics, rollout_sampling, stats_line,
 };
 use crate::llm::{Policy, evaluate, evaluate_sampled, write_final};
 use anyhow::Result;

@@ -1,0 +1,42 @@
+//! What an LLM run's checkpoint holds beside the run kit's records (the critic and its
+//! optimizer, the replay buffer), and the KL reference saved at the start of a run.
+
+use crate::llm::critic::Critic;
+use crate::llm::replay::Replay;
+use crate::llm::schema::Recipe;
+use crate::llm::{Policy, model_record, read_reference};
+use anyhow::Result;
+use burn::tensor::Device;
+use ember_llm::Llama;
+use ember_run::checkpoint;
+use std::path::Path;
+
+/// A checkpoint: the policy (or its adapters), its optimizer, the critic and its optimizer
+/// and the replay buffer when the run has them, and the host state.
+pub fn save_checkpoint(
+    d: &Path,
+    policy: &Policy,
+    optim: &ember_train::Optimizer,
+    (critic, replay): (Option<&Critic>, Option<&Replay>),
+    state: &checkpoint::TrainState,
+) -> Result<()> {
+    checkpoint::write_records(d, model_record(policy), optim, state)?;
+    if let Some(c) = critic {
+        c.save(d)?;
+    }
+    replay.map_or(Ok(()), |rp| rp.save(d))
+}
+
+/// The KL reference of the tiny policy: the warm-started weights saved at the start of the run
+/// (a LoRA policy's reference is its own weights with adapters off, so none is loaded).
+pub fn load_reference(
+    r: &Recipe,
+    policy: &Policy,
+    path: &Path,
+    ad: &Device,
+) -> Result<Option<Llama>> {
+    if !(r.train.run.kl_coef > 0.0 && policy.lora.is_none()) {
+        return Ok(None);
+    }
+    read_reference(r, policy, path, ad).map(Some)
+}

@@ -488,3 +488,61 @@ fn one_path_per_public_name() {
         }
     }
 }
+
+/// The relative links `[text](target)` of a markdown file that point into the repository.
+fn local_links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        rest = &rest[i + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = rest[..end]
+            .split('#')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+            out.push(target);
+        }
+    }
+    out
+}
+
+/// The guide (`docs/`, an mdBook) lists only chapters that exist and lists every chapter, and
+/// the README's and the guide's links into the repository resolve (`mdbook build docs` in CI
+/// builds it).
+#[test]
+fn guide_and_readme_links_resolve() {
+    let src = root().join("docs").join("src");
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).unwrap();
+    let listed = local_links(&summary);
+    assert!(listed.len() >= 10, "SUMMARY.md lists {listed:?}");
+    for e in std::fs::read_dir(&src).unwrap().filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.ends_with(".md") && name != "SUMMARY.md" {
+            assert!(
+                listed.contains(&name),
+                "docs/src/{name} is not in SUMMARY.md"
+            );
+        }
+    }
+    let mut broken = Vec::new();
+    let mut files = vec![root().join("README.md"), root().join("ARCHITECTURE.md")];
+    files.extend(
+        std::fs::read_dir(&src)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "md")),
+    );
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for target in local_links(&text) {
+            if !f.parent().unwrap().join(&target).exists() {
+                broken.push(format!("{}: {target}", f.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links that do not resolve: {broken:#?}");
+}

@@ -52,7 +52,7 @@ pub enum RolloutBackend {
     /// The trainer's own sampler.
     #[default]
     Local,
-    /// OpenAI-compatible servers (`src/llm/remote.rs`).
+    /// OpenAI-compatible servers (`recipes/llm/remote.rs`).
     Openai,
 }
 

@@ -90,6 +90,30 @@ pub(crate) fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static 
     names.0.unwrap_or(&[])
 }
 
+/// A loop's own settings and the training configs it embeds from `ember-train`: the table of
+/// an LLM recipe's `[train]` and an image recipe's `[rl]`.
+pub(crate) type Training<L> = (
+    L,
+    ember_train::LrConfig,
+    ember_train::OptimizerConfig,
+    ember_train::UpdateSchedule,
+);
+
+/// Splits `table` into a loop's own settings and the three training configs, each taking its
+/// keys; a key none takes is refused, the message prefixed `area: `.
+pub(crate) fn split_training<L: serde::de::DeserializeOwned>(
+    table: toml::Table,
+    area: &str,
+) -> std::result::Result<Training<L>, String> {
+    let mut split = Split::new(table);
+    let parts = (|| {
+        let parts = (split.take()?, split.take()?, split.take()?, split.take()?);
+        split.finish()?;
+        Ok(parts)
+    })();
+    parts.map_err(|e: String| format!("{area}: {e}"))
+}
+
 /// One recipe table shared by several structs (a recipe's own keys and the configs it embeds
 /// from the crates, each with its serde defaults): each [`Split::take`] takes its struct's keys,
 /// and [`Split::finish`] refuses any key none took, listing the valid ones as serde's

@@ -327,18 +327,14 @@ impl<'de> Deserialize<'de> for RlSpec {
             };
             table.entry(key).or_insert(value);
         }
-        let mut split = crate::common::config::Split::new(table);
-        let spec = (|| {
-            let spec = Self {
-                run: split.take()?,
-                schedule: split.take()?,
-                optim: split.take()?,
-                update: split.take()?,
-            };
-            split.finish()?;
-            Ok(spec)
-        })();
-        spec.map_err(|e: String| serde::de::Error::custom(format!("rl: {e}")))
+        let (run, schedule, optim, update) =
+            crate::common::config::split_training(table, "rl").map_err(serde::de::Error::custom)?;
+        Ok(Self {
+            run,
+            schedule,
+            optim,
+            update,
+        })
     }
 }
 

@@ -100,18 +100,15 @@ pub struct TrainSpec {
 
 impl<'de> Deserialize<'de> for TrainSpec {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let mut split = crate::common::config::Split::new(toml::Table::deserialize(d)?);
-        let spec = (|| {
-            let spec = Self {
-                run: split.take()?,
-                schedule: split.take()?,
-                optim: split.take()?,
-                update: split.take()?,
-            };
-            split.finish()?;
-            Ok(spec)
-        })();
-        spec.map_err(|e: String| serde::de::Error::custom(format!("train: {e}")))
+        let table = toml::Table::deserialize(d)?;
+        let (run, schedule, optim, update) = crate::common::config::split_training(table, "train")
+            .map_err(serde::de::Error::custom)?;
+        Ok(Self {
+            run,
+            schedule,
+            optim,
+            update,
+        })
     }
 }
 

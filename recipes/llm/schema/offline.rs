@@ -82,8 +82,10 @@ impl<'de> Deserialize<'de> for Objective {
         let kind = table
             .get("kind")
             .and_then(|k| k.as_str())
-            .unwrap_or_default();
-        let value = toml::Value::Table(table.clone());
+            .unwrap_or_default()
+            .to_string();
+        let kind = kind.as_str();
+        let value = toml::Value::Table(table);
         if PAIRWISE.contains(&kind) {
             PreferenceLoss::deserialize(value)
                 .map(Self::Pairwise)

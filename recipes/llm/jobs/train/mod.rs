@@ -152,14 +152,17 @@ impl Job<'_> {
             .schedule(self.r.train.run.steps)
             .at(step);
         row.insert("actor/lr".to_string(), lr);
-        let (responses, mut timing, mut shown) = (
-            prepared.responses.clone(),
-            prepared.timing.clone(),
-            prepared.shown.clone(),
-        );
-        if !prepared.kept.is_empty() {
+        let Prepared {
+            batch,
+            exp,
+            kept,
+            responses,
+            mut timing,
+            mut shown,
+        } = prepared;
+        if !kept.is_empty() {
             let t_update = Instant::now();
-            self = self.update(step, lr, prepared, &mut shown, &mut row)?;
+            self = self.update(step, lr, (batch, exp, kept), &mut shown, &mut row)?;
             // With a critic this includes its values, PACT's rescoring and its update (also
             // logged alone as `timing_s/update_critic`).
             timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
@@ -368,21 +371,21 @@ impl Job<'_> {
         mut self,
         step: usize,
         lr: f64,
-        p: Prepared,
+        (batch, host, kept): (RolloutBatch, LlmExperience, Vec<usize>),
         shown: &mut [serde_json::Map<String, serde_json::Value>],
         row: &mut Row,
     ) -> Result<Self> {
         let ad = &self.ad;
         let exp = LlmExperience {
-            tokens: p.exp.tokens.to_device(ad),
-            mask: p.exp.mask.to_device(ad),
-            ..p.exp
+            tokens: host.tokens.to_device(ad),
+            mask: host.mask.to_device(ad),
+            ..host
         };
-        let (batch, exp) = keep_rows(p.batch, exp, &p.kept, ad)?;
+        let (batch, exp) = keep_rows(batch, exp, &kept, ad)?;
         // The shown rows' places in the kept batch (a row dropped by dynamic sampling has no
         // advantage).
         let places: Vec<(usize, usize)> = (0..shown.len())
-            .filter_map(|i| Some((i, p.kept.iter().position(|k| *k == i)?)))
+            .filter_map(|i| Some((i, kept.iter().position(|k| *k == i)?)))
             .collect();
         let mut order_rng = Rng(self.rng.next_u64());
         let kept_places: Vec<usize> = places.iter().map(|p| p.1).collect();

@@ -259,3 +259,206 @@ fn factored_adapters_have_the_gradients_of_the_materialised_weight() {
     assert!(close(da, da_ref) <= 1e-4 * scale.max(1.0), "dA differs");
     assert!(close(db, db_ref) <= 1e-4 * scale.max(1.0), "dB differs");
 }
+
+/// Every float parameter's gradient in `grads`, by parameter id.
+fn all_grads<M: Module>(
+    model: &M,
+    grads: &GradientsParams,
+) -> Vec<(burn::module::ParamId, Vec<f32>)> {
+    use burn::module::{ModuleVisitor, Param, ParamId};
+    use burn::tensor::Tensor;
+    struct Collect<'a>(&'a GradientsParams, Vec<(ParamId, Vec<f32>)>);
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(g) = self.0.get::<D>(param.id) {
+                self.1.push((param.id, vals(g)));
+            }
+        }
+    }
+    let mut c = Collect(grads, Vec::new());
+    model.visit(&mut c);
+    c.1
+}
+
+/// The largest per-parameter relative difference ‖a − b‖∞ / ‖b‖∞ of two gradient sets of the
+/// same model (same parameters in the same order).
+fn grad_gap(
+    a: &[(burn::module::ParamId, Vec<f32>)],
+    b: &[(burn::module::ParamId, Vec<f32>)],
+) -> f32 {
+    assert_eq!(
+        a.iter().map(|x| x.0).collect::<Vec<_>>(),
+        b.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "the same parameters get gradients"
+    );
+    a.iter()
+        .zip(b)
+        .map(|((ia, ga), (ib, gb))| {
+            assert_eq!(ia, ib);
+            let scale = gb.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+            ga.iter()
+                .zip(gb)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+                / scale
+        })
+        .fold(0f32, f32::max)
+}
+
+/// `rows` as an index tensor on the CPU test device.
+fn idx(rows: &[i64]) -> burn::tensor::Tensor<1, burn::tensor::Int> {
+    burn::tensor::Tensor::from_data(
+        burn::tensor::TensorData::new(rows.to_vec(), [rows.len()]),
+        &dev(),
+    )
+}
+
+/// A batch whose rows share prompts (three of prompt A, two of B, one alone), interleaved,
+/// prompts of different lengths (left-padded) and response masks with holes (a multi-turn
+/// layout: observation gaps and right padding).
+fn shared_prompt_experience(device: &burn::tensor::Device) -> ember_llm::actor::LlmExperience {
+    use burn::tensor::{Int, Tensor, TensorData};
+    let a = [0, 5, 17, 33, 61];
+    let b = [0, 0, 0, 3, 9];
+    let c = [0, 0, 7, 8, 9];
+    let prompts = [a, b, a, c, b, a];
+    let responses: [[i64; 5]; 6] = [
+        [11, 12, 13, 14, 15],
+        [21, 22, 23, 0, 0],
+        [31, 32, 33, 34, 35],
+        [41, 42, 43, 44, 0],
+        [51, 52, 53, 54, 55],
+        [61, 62, 63, 64, 65],
+    ];
+    let holes: [[f32; 5]; 6] = [
+        [1., 1., 0., 1., 1.],
+        [1., 1., 1., 0., 0.],
+        [1., 0., 0., 1., 1.],
+        [1., 1., 1., 1., 0.],
+        [1., 1., 1., 1., 1.],
+        [1., 1., 1., 0., 1.],
+    ];
+    let (mut t, mut m) = (Vec::new(), Vec::new());
+    for r in 0..6 {
+        t.extend(prompts[r].iter().map(|x| *x as i64));
+        t.extend(responses[r]);
+        m.extend(prompts[r].iter().map(|x| if *x == 0 { 0f32 } else { 1.0 }));
+        m.extend(holes[r]);
+    }
+    ember_llm::actor::LlmExperience {
+        tokens: Tensor::<2, Int>::from_data(TensorData::new(t, [6, 10]), device),
+        mask: Tensor::from_data(TensorData::new(m, [6, 10]), device),
+        response_len: 5,
+        temperature: 0.8,
+        adapters: true,
+    }
+}
+
+/// Shared-prefix scoring (each distinct prompt run once, responses attending to its keys and
+/// values) equals scoring every row in full: log-probs, entropies, the loss and every gradient,
+/// with LoRA on all seven projections (adapter gradients), with full weights (every weight's
+/// gradient), with the adapters off (the reference), and the critic's values and gradients.
+#[test]
+fn shared_prefix_scoring_equals_the_unshared_pass() {
+    use burn::tensor::{Tensor, TensorData};
+    use ember_train::{Actor, Critic};
+    let device = dev().autodiff();
+    let exp = shared_prompt_experience(&device);
+    let rows = [5, 0, 1, 3, 4, 2];
+    let weights = Tensor::<2>::from_data(
+        TensorData::new((0..30).map(|i| 0.3 + 0.1 * i as f32).collect(), [6, 5]),
+        &device,
+    );
+    let check = |model: ember_llm::Llama, exp: &ember_llm::actor::LlmExperience| {
+        let run = |shared: bool| {
+            let m = model.clone().with_shared_prefix(shared);
+            let s = m.score(exp, &rows, true);
+            let ent = s.entropy.expect("entropy");
+            let loss = (s.log_probs.clone() * weights.clone()).sum() + ent.clone().sum() * 0.5;
+            let g = GradientsParams::from_grads(loss.clone().backward(), &m);
+            (vals(s.log_probs), vals(ent), vals(loss), all_grads(&m, &g))
+        };
+        let (lp, ent, loss, g) = run(true);
+        let (lp0, ent0, loss0, g0) = run(false);
+        let gap =
+            |x: &[f32], y: &[f32]| x.iter().zip(y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            gap(&lp, &lp0) < 1e-5,
+            "log-probs differ by {}",
+            gap(&lp, &lp0)
+        );
+        assert!(
+            gap(&ent, &ent0) < 1e-5,
+            "entropies differ by {}",
+            gap(&ent, &ent0)
+        );
+        assert!((loss[0] - loss0[0]).abs() <= 1e-5 * loss0[0].abs());
+        assert!(!g0.is_empty());
+        let rel = grad_gap(&g, &g0);
+        assert!(rel <= 1e-5, "gradients differ by {rel} (relative)");
+        g0.len()
+    };
+    let base = load(&tiny(), &device).unwrap().model;
+    // Full weights: every parameter trains (embeddings, norms, every projection, the head).
+    let full = check(base.clone(), &exp);
+    assert!(full >= 2 * 9, "{full} parameters with gradients");
+    // LoRA on all seven projections, one step in so that B ≠ 0.
+    let settings = LoraSettings {
+        rank: 4,
+        alpha: 8.0,
+        targets: ember_llm::LORA_TARGETS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let lora = apply_lora(base, &settings).unwrap();
+    let (lp, _) = lora.token_log_probs(exp.tokens.clone(), exp.mask.clone(), 1.0, false, true);
+    let g = GradientsParams::from_grads(lp.sum().neg().backward(), &lora);
+    let lora = AdamConfig::new().init().step(5e-2, lora, g);
+    assert_eq!(
+        check(lora.clone(), &exp),
+        2 * 7 * 2,
+        "A and B of 7 targets × 2 layers"
+    );
+    // The adapters off (the KL reference, scored without gradients).
+    let reference = ember_llm::actor::LlmExperience {
+        adapters: false,
+        ..shared_prompt_experience(&dev())
+    };
+    let lp = |shared: bool| {
+        let m = lora.clone().with_shared_prefix(shared).valid();
+        vals(m.score(&reference, &rows, false).log_probs)
+    };
+    let (a, b) = (lp(true), lp(false));
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-5));
+    // Rows 1 and 3 leave the last response column and the first prompt columns unused: the
+    // trimmed pass gives the full-width pass's log-probs up to the last used column, 0 after.
+    let m = lora.clone().valid();
+    let (lp_full, _) = m.last_log_probs(
+        reference.tokens.clone().select(0, idx(&[1, 3])),
+        reference.mask.clone().select(0, idx(&[1, 3])),
+        5,
+        0.8,
+        false,
+        false,
+    );
+    let used = [1., 1., 1., 1., 0., 1., 1., 1., 1., 0.];
+    let trimmed = vals(m.score(&reference, &[1, 3], false).log_probs);
+    for ((x, y), u) in trimmed.iter().zip(vals(lp_full)).zip(used) {
+        assert!((x - u * y).abs() < 1e-5, "{x} vs {y} (used {u})");
+    }
+
+    // The critic: values and gradients of the trunk's adapters and the head.
+    let mut c = ember_llm::ValueModel::from_policy(lora.clone(), &device);
+    let w = c.value_head.weight.val().ones_like().mul_scalar(0.1);
+    c.value_head.weight = burn::module::Param::from_tensor(w);
+    let critic = |shared: bool| {
+        let mut c = c.clone();
+        c.trunk = c.trunk.with_shared_prefix(shared);
+        let v = c.values(&exp, &rows);
+        let g = GradientsParams::from_grads((v.clone() * weights.clone()).sum().backward(), &c);
+        (vals(v), all_grads(&c, &g))
+    };
+    let ((v, g), (v0, g0)) = (critic(true), critic(false));
+    assert!(v.iter().zip(&v0).all(|(x, y)| (x - y).abs() < 1e-5));
+    assert!(grad_gap(&g, &g0) <= 1e-5);
+}

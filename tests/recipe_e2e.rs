@@ -318,6 +318,10 @@ fn openai_rollout_backend_settings() {
         (vec!["rollout.request_retries=11"], "at most 10"),
         (vec!["rollout.request_timeout_s=0"], "request_timeout_s"),
         (vec!["algorithm=\"reinforce-ada\""], "Reinforce-Ada"),
+        (
+            vec!["rollout.api_key_env=\"EMBER_TEST_UNSET_KEY_VARIABLE\""],
+            "EMBER_TEST_UNSET_KEY_VARIABLE is not set",
+        ),
     ] {
         let sets: Vec<String> = ok
             .iter()
@@ -332,6 +336,23 @@ fn openai_rollout_backend_settings() {
         parse(&text, &["rollout.model=\"smol\"".to_string()]).unwrap_err()
     );
     assert!(e.contains("apply to rollout.backend"), "{e}");
+    let e = format!(
+        "{:#}",
+        parse(&text, &["rollout.api_key_env=\"K\"".to_string()]).unwrap_err()
+    );
+    assert!(e.contains("api_key_env apply to rollout.backend"), "{e}");
+    // The resolved recipe names the key's variable, never a key.
+    let named: Vec<String> = ok
+        .iter()
+        .cloned()
+        .chain(["rollout.api_key_env=\"PATH\"".to_string()])
+        .collect();
+    let resolved = toml::to_string(&parse(&text, &named).unwrap()).unwrap();
+    assert!(resolved.contains("api_key_env = \"PATH\""), "{resolved}");
+    assert!(
+        !resolved.contains(&std::env::var("PATH").unwrap()),
+        "{resolved}"
+    );
     // The tiny model trains every weight: its weights go to the servers whole
     // (`update_weights_from_disk`), so the main job takes the backend too.
     let tiny = std::fs::read_to_string(root.join("recipes/arithmetic-cpu.toml")).unwrap();

@@ -167,13 +167,25 @@ fn openai_client_against_ember_serve() {
     };
     let adapter = temp("adapter");
     random_adapter(&model, &adapter);
+    let allowed = adapter.display().to_string();
     let server = Server::start(
         &model,
-        &["--max-batch", "48", "--max-body-bytes", "1000000"],
+        &[
+            "--max-batch",
+            "48",
+            "--max-body-bytes",
+            "1000000",
+            "--api-key",
+            "sk-test",
+            "--enable-admin",
+            "--allowed-path",
+            &allowed,
+        ],
     );
     let base = format!("http://127.0.0.1:{}", server.port);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve_openai_client.py");
     let o = Command::new(python)
+        .env("EMBER_API_KEY", "sk-test")
         .arg(script)
         .args([&base, "smol"])
         .arg(&adapter)
@@ -250,8 +262,19 @@ fn openai_rollout_backend_trains_against_two_servers() {
     let Some(model) = common::assets::smollm2() else {
         return;
     };
-    let a = Server::start(&model, &[]);
-    let b = Server::start(&model, &[]);
+    // The servers ask for a key and load adapters only from the run's directory.
+    let out = temp("remote-run");
+    std::fs::create_dir_all(&out).unwrap();
+    let allowed = out.display().to_string();
+    let closed = [
+        "--api-key",
+        "sk-rollouts",
+        "--enable-admin",
+        "--allowed-path",
+        &allowed,
+    ];
+    let a = Server::start(&model, &closed);
+    let b = Server::start(&model, &closed);
     let train = |out: &Path, ports: &[u16], model_name: &str, extra: &[&str]| {
         let sets = [
             "rollout.backend=\"openai\"".to_string(),
@@ -270,9 +293,9 @@ fn openai_rollout_backend_trains_against_two_servers() {
             "recipes/smollm2-lora-grpo.toml",
             out,
             sets.into_iter().chain(extra),
+            Some("sk-rollouts"),
         )
     };
-    let out = temp("remote-run");
     let o = train(&out, &[a.port, b.port], "smol", &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
@@ -291,8 +314,9 @@ fn openai_rollout_backend_trains_against_two_servers() {
         );
         assert!(r["timing_s/sync"].as_f64().unwrap() > 0.0);
     }
-    // The servers have the last pushed adapter and it is the only one.
-    let (code, body) = get(a.port, "/v1/models");
+    // The servers have the last pushed adapter and it is the only one (and want their key).
+    assert_eq!(get(a.port, "/v1/models").0, 401);
+    let (code, body) = get_with_key(a.port, "/v1/models", "sk-rollouts");
     assert_eq!(code, 200);
     let served: serde_json::Value = serde_json::from_str(&body).unwrap();
     let ids: Vec<&str> = served["data"]
@@ -325,13 +349,18 @@ fn openai_rollout_backend_trains_against_two_servers() {
 }
 
 /// `ember train` of the recipe at `recipe` (relative to the repository) into `out`, with
-/// `--set` values.
+/// `--set` values and the servers' API key in EMBER_API_KEY when given.
 fn ember_train(
     recipe: &str,
     out: &Path,
     sets: impl IntoIterator<Item = String>,
+    key: Option<&str>,
 ) -> std::process::Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    c.env_remove("EMBER_API_KEY");
+    if let Some(k) = key {
+        c.env("EMBER_API_KEY", k);
+    }
     c.arg("train")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(recipe))
         .args(["--quiet", "--overwrite", "--out"])
@@ -366,6 +395,7 @@ fn tiny_train(out: &Path, sets: &[String]) -> std::process::Output {
         "recipes/arithmetic-cpu.toml",
         out,
         base.into_iter().chain(sets.iter().cloned()),
+        None,
     )
 }
 
@@ -389,8 +419,10 @@ fn main_job_pushes_its_weights_to_the_servers() {
     let seed = base.join("seed");
     let o = tiny_train(&seed, &["train.steps=0".into()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let a = Server::named(&seed.join("final"), "tiny", &[]);
-    let b = Server::named(&seed.join("final"), "tiny", &[]);
+    let allowed = base.display().to_string();
+    let admin = ["--enable-admin", "--allowed-path", &allowed];
+    let a = Server::named(&seed.join("final"), "tiny", &admin);
+    let b = Server::named(&seed.join("final"), "tiny", &admin);
     let remote = |ports: &[u16]| -> Vec<String> {
         vec![
             "train.steps=3".into(),
@@ -456,7 +488,10 @@ fn main_job_pushes_its_weights_to_the_servers() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let other_final = other.join("final").display().to_string();
     for (body, says) in [
-        (json_path("/nonexistent/dir"), "no such file"),
+        (
+            json_path(&base.join("none").display().to_string()),
+            "No such file",
+        ),
         (json_path(&other_final), "another architecture"),
         (
             r#"{"model_path": "x", "load_format": "dummy"}"#.to_string(),
@@ -468,7 +503,59 @@ fn main_job_pushes_its_weights_to_the_servers() {
         assert_eq!(code, 400, "{body}: {text}");
         assert!(text.contains(says), "{body}: {text}");
     }
+    // Closed by default: admin routes off (403) unless enabled; loads only from the allowed
+    // directories (a path outside, or a symlink inside that leads out, is 403); a key on
+    // every route but /health (401 without it or with another).
+    let (link, elsewhere) = (base.join("escape"), temp("elsewhere"));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let c = Server::named(
+        &other.join("final"),
+        "other",
+        &[
+            "--api-key",
+            "k",
+            "--enable-admin",
+            "--allowed-path",
+            &allowed,
+        ],
+    );
+    let outside = json_path(&std::env::temp_dir().display().to_string());
+    let (code, text) = post(a.port, "/update_weights_from_disk", &outside);
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("outside the allowed directories"), "{text}");
+    #[cfg(unix)]
+    {
+        let via_link = json_path(&link.display().to_string());
+        let (code, text) = post(a.port, "/update_weights_from_disk", &via_link);
+        assert_eq!(code, 403, "{text}");
+        assert!(text.contains("outside the allowed directories"), "{text}");
+    }
+    let d = Server::named(&other.join("final"), "plain", &[]);
+    let (code, text) = post(
+        d.port,
+        "/update_weights_from_disk",
+        &json_path(&other_final),
+    );
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("--enable-admin"), "{text}");
+    assert_eq!(get(c.port, "/health").0, 200);
+    assert_eq!(get(c.port, "/v1/models").0, 401);
+    assert_eq!(get_with_key(c.port, "/v1/models", "wrong").0, 401);
+    assert_eq!(get_with_key(c.port, "/v1/models", "k").0, 200);
     std::fs::remove_dir_all(&base).ok();
+    std::fs::remove_dir_all(&elsewhere).ok();
+}
+
+/// A GET with `Authorization: Bearer key`; the status and body.
+fn get_with_key(port: u16, path: &str, key: &str) -> (u16, String) {
+    exchange(
+        port,
+        &format!(
+            "GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\nconnection: close\r\n\r\n"
+        ),
+    )
 }
 
 fn json_path(p: &str) -> String {

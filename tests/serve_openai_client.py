@@ -1,11 +1,12 @@
 """The PyPI `openai` client, unmodified, against `ember serve` (run by tests/serve.rs).
 
-Usage: python tests/serve_openai_client.py BASE_URL MODEL ADAPTER_DIR
-Prints one JSON line of findings; exits non-zero (with the failed check) when a check fails.
+Usage: EMBER_API_KEY=KEY python tests/serve_openai_client.py BASE_URL MODEL ADAPTER_DIR
+(the server started with the same key, and with its admin routes on for ADAPTER_DIR). Prints one JSON line of findings; exits non-zero (with the failed check) when a check fails.
 """
 
 import concurrent.futures
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -13,7 +14,8 @@ import urllib.request
 import openai
 
 base_url, model, adapter_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+key = os.environ["EMBER_API_KEY"]
+client = openai.OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=0)
 found = {}
 
 
@@ -27,10 +29,12 @@ class Reply:
         return json.loads(self.text)
 
 
-def post(path, body):
+def post(path, body, key=key):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(base_url + path, data=data,
-                                 headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(base_url + path, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return Reply(r.status, r.read().decode())
@@ -116,6 +120,20 @@ found["n3_distinct"] = len(set(a))
 r = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=12, temperature=0,
                               stop=[", 6"])
 assert r.choices[0].finish_reason == "stop" and ", 6" not in r.choices[0].text, r.choices[0]
+
+# The key: none or a wrong one is 401, for the client and for the admin routes.
+wrong = openai.OpenAI(base_url=base_url + "/v1", api_key="wrong", max_retries=0)
+try:
+    wrong.models.list()
+    raise AssertionError("a wrong key was accepted")
+except openai.AuthenticationError as e:
+    assert e.status_code == 401, e
+for k in (None, "wrong"):
+    h = post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": adapter_dir}, key=k)
+    assert h.status_code == 401, h.text
+# A path outside the allowed directories is 403.
+h = post("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/"})
+assert h.status_code == 403 and "outside the allowed" in h.text, h.text
 
 # A LoRA adapter loaded at run time (vLLM's endpoint) is listed, selected by name, and changes
 # the greedy answer; unloaded, it is gone.

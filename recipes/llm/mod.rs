@@ -289,7 +289,8 @@ pub fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Re
     policy.model = policy
         .model
         .with_precision(precision)
-        .with_fused_attention(r.fused_attention);
+        .with_fused_attention(r.fused_attention)
+        .with_shared_prefix(r.shared_prefix);
     Ok(policy)
 }
 
@@ -415,7 +416,8 @@ pub fn read_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> 
         .try_load_record(rec)
         .map_err(|e| anyhow!("applying {}: {e}", path.display()))?
         .with_precision(policy.model.precision())
-        .with_fused_attention(r.fused_attention);
+        .with_fused_attention(r.fused_attention)
+        .with_shared_prefix(r.shared_prefix);
     Ok(m.valid())
 }
 

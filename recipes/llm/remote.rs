@@ -19,6 +19,7 @@
 //!   writes the last completed step's checkpoint (the run kit's error path).
 
 use super::Policy;
+use crate::llm::schema::ServerKeys;
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -39,7 +40,15 @@ pub struct Remote {
     current: Option<String>,
     /// The step whose weights the servers have.
     pushed: Option<usize>,
+    keys: ServerKeys,
 }
+
+/// The routes that change what a server serves (sent the admin key when there is one).
+const ADMIN_PATHS: [&str; 3] = [
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+    "/update_weights_from_disk",
+];
 
 /// The most rows (prompts × n) one request asks for: `ember serve`'s default `--max-batch`.
 const REQUEST_ROWS: usize = 64;
@@ -62,6 +71,7 @@ impl Remote {
         retries: u32,
         run_tag: &str,
         adapters_dir: &Path,
+        keys: ServerKeys,
     ) -> Result<Self> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs_f64(timeout_s)))
@@ -87,6 +97,7 @@ impl Remote {
             adapters_dir: adapters_dir.to_path_buf(),
             current: None,
             pushed: None,
+            keys,
         };
         // Adapters of an earlier process of this run (a resume) are not this one's.
         if remote.adapters_dir.exists() {
@@ -123,9 +134,20 @@ impl Remote {
                 );
                 std::thread::sleep(wait);
             }
-            let sent = match body {
-                Some(b) => self.agent.post(&full).send_json(b),
-                None => self.agent.get(&full).call(),
+            let key = match ADMIN_PATHS.contains(&path) {
+                true => self.keys.admin.as_ref().or(self.keys.api.as_ref()),
+                false => self.keys.api.as_ref(),
+            };
+            let auth = key.map(|k| format!("Bearer {k}"));
+            let sent = match (body, &auth) {
+                (Some(b), Some(a)) => self
+                    .agent
+                    .post(&full)
+                    .header("authorization", a)
+                    .send_json(b),
+                (Some(b), None) => self.agent.post(&full).send_json(b),
+                (None, Some(a)) => self.agent.get(&full).header("authorization", a).call(),
+                (None, None) => self.agent.get(&full).call(),
             };
             let mut resp = match sent {
                 Ok(r) => r,

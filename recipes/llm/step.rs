@@ -330,6 +330,14 @@ pub fn rollout_metrics(
         g.truncated.iter().filter(|t| **t).count() as f64 / g.truncated.len().max(1) as f64,
     );
     row.insert("rollout/dropped_groups".to_string(), dropped_groups as f64);
+    // The batched decode runs every row for as many steps as the longest response: positions
+    // computed = rows × steps (prefill aside), of which Σ lengths were emitted.
+    let computed = (g.tokens.dims()[0] * g.tokens.dims()[1]) as f64;
+    row.insert("perf/decode_positions".to_string(), computed);
+    row.insert(
+        "perf/decode_efficiency".to_string(),
+        lengths.iter().sum::<usize>() as f64 / computed.max(1.0),
+    );
 }
 
 /// The progress line's numbers: reward, held-out accuracy, the KL to the reference where the

@@ -9,9 +9,11 @@ use super::engine::Msg;
 use super::state::AppState;
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::Request;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ember_llm::Message;
@@ -41,7 +43,16 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
+}
+
+/// The API key and the admin switch, checked before a request's body is read.
+async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    match st.access.check(req.uri().path(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 /// The JSON body as `T`, or the error a client can act on (413 past the limit, 400 naming
@@ -111,7 +122,15 @@ async fn load_lora(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let name = |r: &LoadLora| r.lora_name.clone();
-    adapter_call(&st, body, name, Msg::Load, "added").await
+    let req = parse::<LoadLora>(body).and_then(|mut r| {
+        r.lora_path = st
+            .access
+            .allowed_path("lora_path", &r.lora_path)?
+            .display()
+            .to_string();
+        Ok(r)
+    });
+    adapter_call(&st, req, name, Msg::Load, "added").await
 }
 
 async fn unload_lora(
@@ -120,7 +139,7 @@ async fn unload_lora(
 ) -> Response {
     let name = |r: &UnloadLora| r.lora_name.clone();
     let msg = |r: UnloadLora, reply| Msg::Unload(r.lora_name, reply);
-    adapter_call(&st, body, name, msg, "removed").await
+    adapter_call(&st, parse(body), name, msg, "removed").await
 }
 
 /// SGLang's `update_weights_from_disk`: queued as a control message (requests queued before it
@@ -137,8 +156,9 @@ async fn update_weights(
                 format!("load_format `{f}` is not supported (only `auto`: read from the path)"),
             ));
         }
+        let path = st.access.allowed_path("model_path", &req.model_path)?;
+        let path = path.display().to_string();
         let tx = st.sender()?;
-        let path = req.model_path.clone();
         super::control(&tx, |r| Msg::UpdateWeights(path, r)).await?;
         st.set_weights(req.model_path, req.weight_version);
         Ok::<_, ApiError>(axum::Json(json!({
@@ -154,15 +174,15 @@ async fn update_weights(
 }
 
 /// vLLM's adapter endpoints: the request queued as a control message; its plain-text answer.
-async fn adapter_call<T: DeserializeOwned>(
+async fn adapter_call<T>(
     st: &AppState,
-    body: Result<Bytes, BytesRejection>,
+    req: Result<T, ApiError>,
     name: impl Fn(&T) -> String,
     msg: impl FnOnce(T, oneshot::Sender<Result<(), ApiError>>) -> Msg,
     done: &str,
 ) -> Response {
     let run = async {
-        let req: T = parse(body)?;
+        let req = req?;
         let name = name(&req);
         let tx = st.sender()?;
         super::control(&tx, |r| msg(req, r)).await?;

@@ -9,12 +9,15 @@
 //! - `http.rs`: the routes (axum), the bounded queue (429 when full, 503 while shutting down),
 //!   the token-to-text side (chat template, decoding, stop strings, log-probs);
 //! - `state.rs`: what the handlers share;
+//! - `access.rs`: the API key, the admin routes (off unless enabled) and the directories they
+//!   may load from;
 //! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
 //!   log-likelihood tasks).
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once.
 
+pub mod access;
 mod answer;
 pub mod api;
 mod echo;
@@ -66,6 +69,23 @@ pub struct ServeArgs {
     /// Context length to serve (default: the model's); prompt + max_tokens must fit.
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// The key every request but `/health` must send as `Authorization: Bearer <key>`
+    /// (default: the EMBER_API_KEY environment variable, which keeps it out of `ps`; neither:
+    /// no key is asked for).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Turn on the admin routes, which load files and change the weights
+    /// (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, `/update_weights_from_disk`); off,
+    /// they answer 403.
+    #[arg(long)]
+    pub enable_admin: bool,
+    /// The admin routes' key (default: EMBER_ADMIN_KEY; neither: the API key).
+    #[arg(long)]
+    pub admin_key: Option<String>,
+    /// A directory the admin routes may load from (repeatable; canonicalised with symlinks
+    /// resolved, so no path escapes it); none: every load is refused.
+    #[arg(long = "allowed-path", value_name = "DIR")]
+    pub allowed_paths: Vec<PathBuf>,
 }
 
 /// What the HTTP side knows of the model.
@@ -95,6 +115,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             lora_path: dir.to_string(),
             load_inplace: false,
         });
+    }
+    let env = |name: &str| std::env::var(name).ok().filter(|k| !k.is_empty());
+    let access = access::Access::new(access::AccessArgs {
+        api_key: a.api_key.clone().or_else(|| env("EMBER_API_KEY")),
+        enable_admin: a.enable_admin,
+        admin_key: a.admin_key.clone().or_else(|| env("EMBER_ADMIN_KEY")),
+        allowed_paths: &a.allowed_paths,
+    })?;
+    if let Some(w) = access.open_warning(&a.host) {
+        eprintln!("{w}");
     }
     let base_name = a
         .served_model_name
@@ -142,6 +172,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         names,
         tx,
         (a.max_batch, a.max_batch_tokens),
+        access,
     ));
     let result = rt.block_on(serve_http(&a, state));
     // With the queue's senders gone the engine answers what is left and returns.

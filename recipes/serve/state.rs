@@ -2,6 +2,7 @@
 //! names, the queue's sender and the limits.
 
 use super::ModelInfo;
+use super::access::Access;
 use super::api::ApiError;
 use super::engine::{Msg, Names};
 use axum::http::StatusCode;
@@ -26,6 +27,8 @@ pub struct AppState {
     /// Where the base model's current weights came from (`--model`, then each
     /// `update_weights_from_disk`), and their `weight_version` label if one was given.
     weights: RwLock<(String, Option<String>)>,
+    /// Who may call what.
+    pub(crate) access: Access,
 }
 
 impl AppState {
@@ -36,6 +39,7 @@ impl AppState {
         names: Names,
         tx: mpsc::Sender<Msg>,
         (max_rows, max_cells): (usize, usize),
+        access: Access,
     ) -> Self {
         let info_root = info.root.clone();
         Self {
@@ -49,6 +53,7 @@ impl AppState {
             ids: AtomicU64::new(0),
             created: now(),
             weights: RwLock::new((info_root, None)),
+            access,
         }
     }
 

@@ -41,4 +41,51 @@ impl SplitMix64 {
         }
         v
     }
+
+    /// A permutation of the rows `0..group_ids.len()` that keeps each group's rows together:
+    /// the groups in a Fisher–Yates order, each group's rows in ascending order. Mini- and
+    /// micro-batches cut from it hold whole groups, so rows that share a prompt are scored
+    /// together (the shared-prefix pass of `ember-llm` runs each prompt once per micro-batch).
+    pub fn group_permutation(&mut self, group_ids: &[usize]) -> Vec<usize> {
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (row, g) in group_ids.iter().enumerate() {
+            match groups.iter_mut().find(|(id, _)| id == g) {
+                Some((_, rows)) => rows.push(row),
+                None => groups.push((*g, vec![row])),
+            }
+        }
+        self.permutation(groups.len())
+            .into_iter()
+            .flat_map(|k| groups[k].1.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SplitMix64;
+
+    #[test]
+    fn group_permutation_keeps_groups_whole() {
+        let ids = [7, 3, 7, 9, 3, 7, 9, 1];
+        let mut rng = SplitMix64(5);
+        let p = rng.group_permutation(&ids);
+        let mut sorted = p.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..8).collect::<Vec<_>>(), "a permutation");
+        // Each group's rows are contiguous and ascending.
+        for g in [7, 3, 9, 1] {
+            let at: Vec<usize> = (0..8).filter(|i| ids[p[*i]] == g).collect();
+            assert!(
+                at.windows(2).all(|w| w[1] == w[0] + 1),
+                "group {g} split: {p:?}"
+            );
+            assert!(at.windows(2).all(|w| p[w[0]] < p[w[1]]));
+        }
+        // Seeds give different group orders.
+        let orders: std::collections::BTreeSet<Vec<usize>> = (0..8)
+            .map(|s| SplitMix64(s).group_permutation(&ids))
+            .collect();
+        assert!(orders.len() > 1);
+    }
 }

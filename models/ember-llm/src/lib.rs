@@ -14,6 +14,7 @@ mod mixture;
 mod model;
 pub mod plop;
 mod sample;
+mod shared;
 mod tokenizer;
 mod value;
 

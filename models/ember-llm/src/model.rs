@@ -16,7 +16,7 @@ use ember_molora::{MoLora, RouteCtx};
 use ember_train::Precision;
 
 /// `x` in dtype `dt` (no-op when it already is).
-fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
+pub(crate) fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
     if x.dtype() == dt {
         x
     } else {
@@ -25,13 +25,13 @@ fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
 }
 
 /// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`).
-fn rms_norm(n: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
+pub(crate) fn rms_norm(n: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
     let dt = x.dtype();
     like(n.forward(like(x, DType::F32)), dt)
 }
 
 /// Additive bias for masked attention scores (finite, so fully masked rows stay NaN-free).
-const MASKED: f32 = -1e9;
+pub(crate) const MASKED: f32 = -1e9;
 
 /// Grouped-query self-attention.
 #[derive(Module, Debug)]
@@ -106,6 +106,9 @@ pub struct Llama {
     /// Use burn's fused attention op for multi-token passes (prefill, rescoring).
     #[module(skip)]
     pub(crate) fused_attention: bool,
+    /// Score rows that share their prompt by running the prompt once (see `crate::shared`).
+    #[module(skip)]
+    pub(crate) shared_prefix: bool,
 }
 
 /// Applies `l` with its effective weight (LoRA adapter included) or, when `adapters` is false,
@@ -149,7 +152,7 @@ fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1
 }
 
 /// A projection plus its Mixture-of-LoRA, if any (off with the adapters).
-fn proj(l: &Linear, mix: &Option<MoLora>, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
+pub(crate) fn proj(l: &Linear, mix: &Option<MoLora>, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
     match mix {
         Some(m) if c.adapters => {
             let dt = x.dtype();
@@ -214,6 +217,7 @@ impl LlamaConfig {
             max_positions: self.max_position_embeddings,
             precision: Precision::F32,
             fused_attention: false,
+            shared_prefix: true,
         }
     }
 }
@@ -241,7 +245,7 @@ fn rope_tables(positions: Tensor<2, Int>, head_dim: usize, theta: f64) -> (Tenso
 /// computed as x·cos + [x₂, x₁]·signed_sin with `signed_sin` = [−sin, sin] from
 /// [`rope_tables`]: the halves swapped by one concatenation, no negation. (A `flip` of the
 /// halves is a view with negative strides, which burn flex copies element by element.)
-fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
+pub(crate) fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
     let d = x.dims()[3];
     let half = d / 2;
     let swapped = Tensor::cat(
@@ -297,7 +301,7 @@ impl Attention {
     }
 
     /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)).
-    fn heads(
+    pub(crate) fn heads(
         &self,
         q: Tensor<4>,
         k: Tensor<4>,
@@ -353,7 +357,7 @@ impl Attention {
 
 impl Mlp {
     /// down(silu(gate(x)) · up(x)), showing `visit` the inputs of gate, up (x) and down.
-    fn forward(
+    pub(crate) fn forward(
         &self,
         x: Tensor<3>,
         c: &RouteCtx,
@@ -412,6 +416,18 @@ impl Llama {
         self
     }
 
+    /// This model scoring rows that share their prompt columns with one pass over each distinct
+    /// prompt (on by default; off: every row runs its own prompt, the reference computation).
+    pub fn with_shared_prefix(mut self, shared: bool) -> Self {
+        self.shared_prefix = shared;
+        self
+    }
+
+    /// Whether scoring shares the prompt columns of rows with equal prompts.
+    pub fn shared_prefix(&self) -> bool {
+        self.shared_prefix
+    }
+
     /// Whether multi-token passes use the fused attention op.
     pub fn fused_attention(&self) -> bool {
         self.fused_attention
@@ -449,7 +465,7 @@ impl Llama {
     }
 
     /// Final norm and output head; the logits are always f32.
-    fn head(&self, h: Tensor<3>, ad: bool) -> Tensor<3> {
+    pub(crate) fn head(&self, h: Tensor<3>, ad: bool) -> Tensor<3> {
         let h = rms_norm(&self.norm, h);
         let logits = match &self.lm_head {
             Some(head) => lin(head, h, ad),
@@ -471,7 +487,7 @@ impl Llama {
     }
 
     /// Token embeddings in the activation dtype.
-    fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+    pub(crate) fn embed(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         like(
             self.embed_tokens.forward(tokens),
             self.precision.activation_dtype(),
@@ -513,7 +529,7 @@ impl Llama {
 
     /// RoPE cos/sin tables for `positions`, in the activations' dtype: built once per pass and
     /// shared by every layer.
-    fn rope(&self, positions: Tensor<2, Int>) -> (Tensor<4>, Tensor<4>) {
+    pub(crate) fn rope(&self, positions: Tensor<2, Int>) -> (Tensor<4>, Tensor<4>) {
         let (_, hd) = self.kv_shape();
         let (cos, sin) = rope_tables(positions, hd, self.rope_theta);
         let dt = self.precision.activation_dtype();
@@ -672,11 +688,25 @@ impl Llama {
         );
         let h = self.hidden_routed(tokens.clone(), mask, &RouteCtx::plain(adapters));
         let d = h.dims()[2];
+        let h = h.slice([0..b, t - 1 - n..t - 1, 0..d]);
+        let targets = tokens.slice([0..b, t - n..t]);
+        self.head_log_probs(h, targets, temperature, with_entropy, adapters)
+    }
+
+    /// The final norm, the output head and [`chosen_log_probs`] over hidden states `h`
+    /// `[batch, n, d_model]` that predict `targets` `[batch, n]`.
+    pub(crate) fn head_log_probs(
+        &self,
+        h: Tensor<3>,
+        targets: Tensor<2, Int>,
+        temperature: f32,
+        with_entropy: bool,
+        adapters: bool,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let [b, n, d] = h.dims();
         let rows = b * n;
-        let h = h
-            .slice([0..b, t - 1 - n..t - 1, 0..d])
-            .reshape([1, rows, d]);
-        let targets = tokens.slice([0..b, t - n..t]).reshape([1, rows]);
+        let h = h.reshape([1, rows, d]);
+        let targets = targets.reshape([1, rows]);
         // With a frozen head (no-grad scoring, LoRA training) the head and the softmax run over
         // row chunks whose logits stay under LOGITS_CHUNK elements: only one chunk's
         // `[rows, vocab]` temporaries live at a time in no-grad scoring, and each chunk's

@@ -6,7 +6,7 @@ use crate::actor::LlmExperience;
 use crate::model::Llama;
 use burn::module::Module;
 use burn::nn::{Initializer, Linear, LinearConfig};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor};
 use ember_train::Critic;
 
 /// A value model: `trunk` (a copy of the policy, LoRA adapters included, so a LoRA policy's
@@ -48,12 +48,16 @@ impl Critic for ValueModel {
     type Experience = LlmExperience;
 
     fn values(&self, exp: &LlmExperience, rows: &[usize]) -> Tensor<2> {
-        let device = exp.tokens.device();
-        let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
-        let tokens = exp.tokens.clone().select(0, idx.clone());
-        let mask = exp.mask.clone().select(0, idx);
-        self.values_of(tokens, mask, exp.response_len)
+        let c = exp.chunk(&self.trunk, rows);
+        let values = match &c.shared {
+            Some(s) => {
+                let h = self.trunk.shared_last_hidden(s, true);
+                let [b, n, _] = h.dims();
+                self.value_head.forward(h).reshape([b, n])
+            }
+            None => self.values_of(c.tokens.clone(), c.mask.clone(), c.response_len),
+        };
+        c.pad(values)
     }
 }
 

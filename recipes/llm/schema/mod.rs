@@ -13,7 +13,7 @@ mod policy;
 mod rollout;
 mod task;
 
-pub use rollout::{RolloutBackend, RolloutSpec};
+pub use rollout::{RolloutBackend, RolloutSpec, ServerKeys};
 
 pub use critic::CriticSpec;
 pub use offline::{GroupObjective, Objective, OfflineSpec, Pairs};
@@ -173,6 +173,11 @@ pub struct Recipe {
     /// steps keep the explicit path that every backend runs.
     #[serde(default)]
     pub fused_attention: bool,
+    /// Score rows that share a prompt (a group's samples) with one pass over the prompt, in
+    /// the update, the old-policy, reference and critic passes (default true; false runs every
+    /// row's prompt, the reference computation: the same values to float rounding).
+    #[serde(default = "yes")]
+    pub shared_prefix: bool,
     /// Algorithm preset (`ember_engine::Preset`).
     #[serde(default)]
     pub algorithm: Preset,

@@ -43,6 +43,20 @@ pub struct RolloutSpec {
     /// `"openai"`: retries of a failed request, with backoff 1, 2, 4 … s (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_retries: Option<u32>,
+    /// `"openai"`: the environment variable holding the servers' API key, sent as
+    /// `Authorization: Bearer` (default: EMBER_API_KEY when it is set). The key itself is never
+    /// written to the recipe or the logs. Weight pushes send EMBER_ADMIN_KEY when it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+}
+
+/// The servers' keys, read from the environment.
+#[derive(Debug, Clone, Default)]
+pub struct ServerKeys {
+    /// Sent with every request.
+    pub api: Option<String>,
+    /// Sent instead with the admin routes (adapter and weight pushes), when set.
+    pub admin: Option<String>,
 }
 
 /// Where rollouts are sampled.
@@ -73,10 +87,11 @@ impl RolloutSpec {
                 || ro.model.is_some()
                 || ro.request_timeout_s.is_some()
                 || ro.request_retries.is_some()
+                || ro.api_key_env.is_some()
             {
                 bail!(
-                    "rollout.base_urls, model, request_timeout_s and request_retries apply to \
-                     rollout.backend = \"openai\""
+                    "rollout.base_urls, model, request_timeout_s, request_retries and \
+                     api_key_env apply to rollout.backend = \"openai\""
                 );
             }
             return Ok(());
@@ -108,6 +123,24 @@ impl RolloutSpec {
         if adaptive {
             bail!("rollout.backend = \"openai\" does not combine with Reinforce-Ada's rounds");
         }
+        self.server_keys()?;
         Ok(())
+    }
+
+    /// The servers' keys: `api_key_env`'s variable (which must then be set and not empty),
+    /// else EMBER_API_KEY if set; EMBER_ADMIN_KEY for the admin routes if set.
+    pub fn server_keys(&self) -> Result<ServerKeys> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let api = match &self.api_key_env {
+            Some(name) => match var(name) {
+                Some(k) => Some(k),
+                None => bail!("rollout.api_key_env: the environment variable {name} is not set"),
+            },
+            None => var("EMBER_API_KEY"),
+        };
+        Ok(ServerKeys {
+            api,
+            admin: var("EMBER_ADMIN_KEY"),
+        })
     }
 }

@@ -389,7 +389,15 @@ impl Job<'_> {
             .collect();
         let mut order_rng = Rng(self.rng.next_u64());
         let kept_places: Vec<usize> = places.iter().map(|p| p.1).collect();
-        let mut order = |n| order_rng.permutation(n);
+        // Mini- and micro-batches of whole groups when the schedule cuts the batch, so that a
+        // group's rows share their prompt's pass (`Llama::with_shared_prefix`).
+        let ids = batch.groups.ids().to_vec();
+        let cut = self.upd.schedule.mini_batches > 1 || self.upd.schedule.micro_batch_rows > 0;
+        let whole_groups = cut && self.policy.model.shared_prefix();
+        let mut order = |n: usize| match whole_groups && n == ids.len() {
+            true => order_rng.group_permutation(&ids),
+            false => order_rng.permutation(n),
+        };
         let (model, shown_adv) = update_step(
             self.policy.model,
             self.critic.as_mut(),

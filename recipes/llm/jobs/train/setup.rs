@@ -157,6 +157,7 @@ impl<'a> Job<'a> {
                 r.rollout.request_retries.unwrap_or(3),
                 &format!("{}-{}", r.name, std::process::id()),
                 &self.out.join("serving"),
+                r.rollout.server_keys()?,
             )?),
         };
         Ok(())

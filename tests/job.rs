@@ -434,6 +434,25 @@ fn fails_with(task: Option<&str>, extra: &[&str], needles: &[&str]) {
 
 #[test]
 fn bad_inputs_get_clear_errors() {
+    // Finite but huge learning rates are refused before anything is written (they used to fill
+    // every kept checkpoint with non-finite weights).
+    for (set, says) in [
+        (
+            "train.lr=1e300",
+            "train.lr = 1e300 must be a finite number in (0, 1]",
+        ),
+        (
+            "warmup.lr=2",
+            "warmup.lr = 2 must be a finite number in (0, 1]",
+        ),
+    ] {
+        fails_with(None, &[set], &[says]);
+    }
+    fails_with(
+        None,
+        &["algorithm=ppo", "critic={lr=1e300}"],
+        &["critic.lr = 1e300"],
+    );
     // Prompt longer than the context: 7 prompt tokens + 60 new > 64 positions.
     fails_with(
         None,

@@ -3,7 +3,7 @@
 //! preset `algorithm` whose advantages are computed over whole trajectories.
 
 use crate::common::config::defaults::{auto, one_f32};
-use crate::common::config::{check_positive, check_range};
+use crate::common::config::{check_lr, check_positive, check_range};
 use crate::llm::schema::{
     ModelSpec, PolicyChoice, PretrainedSpec, TrainSpec, Warmup, choose_policy,
 };
@@ -165,7 +165,7 @@ impl AgentRecipe {
             );
         }
         check_range("rollout.temperature", ro.temperature.into(), 1e-3, 100.0)?;
-        check_positive("train.lr", self.train.schedule.lr)?;
+        check_lr("train.lr", self.train.schedule.lr)?;
         check_range(
             "train.min_lr_ratio",
             self.train.schedule.min_lr_ratio,
@@ -240,7 +240,7 @@ impl AgentRecipe {
             if w.batch == 0 || w.batch > 100_000 {
                 bail!("warmup.batch = {} must be in 1..=100000", w.batch);
             }
-            check_positive("warmup.lr", w.lr)?;
+            check_lr("warmup.lr", w.lr)?;
             if matches!(self.env, EnvSpec::External(_)) {
                 bail!("[warmup]: external environments give no demonstrations; remove [warmup]");
             }

@@ -190,6 +190,21 @@ pub(crate) fn check_positive(key: &str, value: f64) -> Result<()> {
     Ok(())
 }
 
+/// The largest learning rate a recipe takes: AdamW moves every weight by about the learning rate
+/// per step, so a larger one fills the weights (and every kept checkpoint) with garbage.
+pub(crate) const MAX_LR: f64 = 1.0;
+
+/// A learning rate: finite and in (0, [`MAX_LR`]].
+pub(crate) fn check_lr(key: &str, value: f64) -> Result<()> {
+    if !(value.is_finite() && value > 0.0 && value <= MAX_LR) {
+        bail!(
+            "{key} = {} must be a finite number in (0, {MAX_LR}]",
+            short(value)
+        );
+    }
+    Ok(())
+}
+
 /// Deserialises a recipe table, naming the first bad key or value.
 pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
     toml::Value::Table(table)

@@ -114,8 +114,8 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
             settings.validate()?;
         }
     }
-    crate::common::config::check_positive("warmup.lr", r.warmup.lr)?;
-    crate::common::config::check_positive("finetune.lr", r.finetune.lr)?;
+    crate::common::config::check_lr("warmup.lr", r.warmup.lr)?;
+    crate::common::config::check_lr("finetune.lr", r.finetune.lr)?;
     crate::common::config::check_positive("finetune.alpha", r.finetune.alpha)?;
     if r.finetune.batch == 0 || r.eval_size == 0 {
         bail!("finetune.batch and eval_size must be >= 1");

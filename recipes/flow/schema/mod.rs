@@ -292,6 +292,11 @@ pub struct FlowRecipe {
 }
 
 /// x is finite and > 0.
+/// A learning rate in (0, `MAX_LR`].
+fn lr_ok(x: f64) -> bool {
+    positive(x) && x <= crate::common::config::MAX_LR
+}
+
 fn positive<T: Into<f64>>(x: T) -> bool {
     let x = x.into();
     x.is_finite() && x > 0.0
@@ -322,11 +327,11 @@ impl FlowRecipe {
         self.model.config().validate()?;
         let p = &self.pretrain;
         if p.batch == 0
-            || !positive(p.lr)
+            || !lr_ok(p.lr)
             || !(0.0..1.0).contains(&p.class_dropout)
             || !(0.0..1.0).contains(&p.ema)
         {
-            bail!("pretrain: batch must be >= 1, lr > 0, class_dropout and ema in [0, 1)");
+            bail!("pretrain: batch must be >= 1, lr in (0, 1], class_dropout and ema in [0, 1)");
         }
         let s = &self.sampler;
         if s.steps == 0 || s.eval_steps == 0 {
@@ -371,7 +376,7 @@ impl FlowRecipe {
                 s.steps
             );
         }
-        if !positive(rl.schedule.lr)
+        if !lr_ok(rl.schedule.lr)
             || !(0.0..=1.0).contains(&rl.schedule.min_lr_ratio)
             || rl.update.epochs == 0
             || rl.update.mini_batches == 0
@@ -379,7 +384,7 @@ impl FlowRecipe {
             || rl.run.ram_noisings == 0
         {
             bail!(
-                "rl: lr must be > 0, min_lr_ratio in [0, 1]; epochs, mini_batches, eval_every, \
+                "rl: lr must be in (0, 1], min_lr_ratio in [0, 1]; epochs, mini_batches, eval_every, \
                  ram_noisings >= 1"
             );
         }

@@ -1,7 +1,7 @@
 //! `[critic]`: the learned value model of `algorithm = "ppo"` and `"ppo-pact"` (its learning
 //! rate, critic-only warm-up steps, and overrides of the preset's value clip and PACT).
 
-use crate::common::config::check_positive;
+use crate::common::config::check_lr;
 use anyhow::{Result, bail};
 use ember_engine::*;
 use serde::{Deserialize, Serialize};
@@ -64,7 +64,7 @@ pub fn validate(
             );
         }
         if let Some(lr) = s.lr {
-            check_positive("critic.lr", lr)?;
+            check_lr("critic.lr", lr)?;
         }
         if s.warmup_steps >= steps {
             bail!(

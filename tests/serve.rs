@@ -533,6 +533,23 @@ fn main_job_pushes_its_weights_to_the_servers() {
         assert!(text.contains("outside the allowed directories"), "{text}");
     }
     let d = Server::named(&other.join("final"), "plain", &[]);
+    // `echo` with `max_tokens` 0 (scoring only) keeps to --max-batch like any request (it used
+    // to go to the engine whatever its size, past the queue's bound).
+    let many = serde_json::json!({
+        "model": "plain",
+        "prompt": vec![vec![5, 6, 7]; 65],
+        "echo": true,
+        "max_tokens": 0,
+        "logprobs": 1,
+        "temperature": 0,
+    });
+    let (code, text) = post(d.port, "/v1/completions", &many.to_string());
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("--max-batch of 64"), "{text}");
+    let one = serde_json::json!({"model": "plain", "prompt": [[5, 6, 7]], "echo": true,
+        "max_tokens": 0, "logprobs": 1, "temperature": 0});
+    let (code, text) = post(d.port, "/v1/completions", &one.to_string());
+    assert_eq!(code, 200, "{text}");
     let (code, text) = post(
         d.port,
         "/update_weights_from_disk",

@@ -22,6 +22,28 @@ pub(crate) async fn submit(
         return Err(ApiError::no_model(model, &st.served()));
     }
     let rows = prompts.len() * params.n;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    check_budget(st, rows, longest, max_tokens)?;
+    let (reply, rx) = oneshot::channel();
+    let job = Job {
+        model: model.to_string(),
+        prompts,
+        params,
+        max_tokens,
+        reply,
+    };
+    enqueue(st, Msg::Generate(job))?;
+    rx.await.map_err(|_| shutting_down())?
+}
+
+/// `rows` rows of prompts of up to `longest` tokens plus `max_tokens` new ones within the
+/// server's `--max-batch` and `--max-batch-tokens` (400 naming the flag otherwise).
+pub(crate) fn check_budget(
+    st: &AppState,
+    rows: usize,
+    longest: usize,
+    max_tokens: usize,
+) -> Result<(), ApiError> {
     if rows > st.max_rows {
         return Err(ApiError::bad(
             "n",
@@ -31,7 +53,6 @@ pub(crate) async fn submit(
             ),
         ));
     }
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let cells = rows.saturating_mul(longest.saturating_add(max_tokens));
     if cells > st.max_cells {
         return Err(ApiError::bad(
@@ -43,26 +64,21 @@ pub(crate) async fn submit(
             ),
         ));
     }
-    let (reply, rx) = oneshot::channel();
-    let job = Job {
-        model: model.to_string(),
-        prompts,
-        params,
-        max_tokens,
-        reply,
-    };
-    match st.sender()?.try_send(Msg::Generate(job)) {
-        Ok(()) => {}
-        Err(mpsc::error::TrySendError::Full(_)) => {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "the server's queue is full; retry later",
-            ));
-        }
-        Err(mpsc::error::TrySendError::Closed(_)) => return Err(shutting_down()),
+    Ok(())
+}
+
+/// Queues `msg` without waiting: 429 when `--max-queue` requests already wait, 503 once the
+/// server is shutting down.
+pub(crate) fn enqueue(st: &AppState, msg: Msg) -> Result<(), ApiError> {
+    match st.sender()?.try_send(msg) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Full(_)) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "the server's queue is full; retry later",
+        )),
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(shutting_down()),
     }
-    rx.await.map_err(|_| shutting_down())?
 }
 
 /// Checks prompt ids (`param` names them in errors) and fixes `max_tokens` (`default` when

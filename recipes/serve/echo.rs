@@ -10,11 +10,14 @@
 //! completion tokens are scored by one forward pass under the same model at temperature 1, so
 //! every reported log-prob, prompt or completion, comes from that pass.
 
-use super::answer::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
+use super::answer::{
+    check_budget, check_lengths, cut, enqueue, envelope, finish, submit, text_offsets, token_text,
+};
 use super::api::{ApiError, CompletionRequest, Params};
 use super::engine::{Choice, Msg};
-use super::state::AppState;
+use super::state::{AppState, shutting_down};
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 
 /// The answer to an `echo` request whose prompts are already token ids.
 pub(crate) async fn completions(
@@ -28,8 +31,11 @@ pub(crate) async fn completions(
     let n = params.n;
     let rows = prompts.len() * n;
     let choices: Vec<Choice> = if req.max_tokens == Some(0) {
-        // Scoring only: the lengths are checked as for one new token.
+        // Scoring only: the lengths are checked as for one new token, and the rows against
+        // the server's budgets as any request's.
         check_lengths(st, (&prompts, "prompt"), Some(1), None, rows)?;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        check_budget(st, rows, longest, 0)?;
         if !st.served().contains(&req.model) {
             return Err(ApiError::no_model(&req.model, &st.served()));
         }
@@ -54,9 +60,11 @@ pub(crate) async fn completions(
         seqs.push(seq);
         kept.push((text, keep, stopped));
     }
-    let tx = st.sender()?;
-    let model = req.model.clone();
-    let scores = super::control(&tx, |r| Msg::Score(model, seqs.clone(), r)).await?;
+    // Queued like a generation (429 when the queue is full); the engine stops scoring once
+    // this request's client has gone.
+    let (reply, rx) = oneshot::channel();
+    enqueue(st, Msg::Score(req.model.clone(), seqs.clone(), reply))?;
+    let scores = rx.await.map_err(|_| shutting_down())??;
     let as_ids = req.sampling.return_tokens_as_token_ids;
     let with_ids = req.sampling.return_token_ids;
     let mut out = Vec::with_capacity(choices.len());

@@ -316,15 +316,22 @@ impl Engine {
                 let _ = reply.send(self.update_weights(&path));
             }
             Msg::Score(model, seqs, reply) => {
-                let _ = reply.send(self.score(&model, &seqs));
+                // A client that has gone gets nothing: scoring stops between sequences.
+                let scores = self.score(&model, &seqs, &|| reply.is_closed());
+                let _ = reply.send(scores);
             }
             Msg::Generate(_) => {}
         }
     }
 
     /// [`Scores`] of each of `seqs` under the model `name` (one forward pass per sequence, one
-    /// host read of its three rows).
-    pub fn score(&self, name: &str, seqs: &[Vec<u32>]) -> Result<Vec<Scores>, ApiError> {
+    /// host read of its three rows); stops with an error once `gone()` says the client left.
+    pub fn score(
+        &self,
+        name: &str,
+        seqs: &[Vec<u32>],
+        gone: &dyn Fn() -> bool,
+    ) -> Result<Vec<Scores>, ApiError> {
         let model = if name == self.base_name {
             Some(&self.base)
         } else {
@@ -338,6 +345,9 @@ impl Engine {
         let run = || -> Result<Vec<Scores>, String> {
             let mut out = Vec::with_capacity(seqs.len());
             for s in seqs {
+                if gone() {
+                    return Err("the client has gone".to_string());
+                }
                 let t = s.len();
                 if t < 2 {
                     out.push(Vec::new());

@@ -112,21 +112,7 @@ impl Llama {
     /// Whether this model can score with [`SharedRows`]: sharing is on and no layer carries a
     /// Mixture-of-LoRA (whose routing is per sequence).
     pub(crate) fn can_share(&self) -> bool {
-        self.shared_prefix
-            && self.layers.iter().all(|l| {
-                let (a, m) = (&l.self_attn, &l.mlp);
-                [
-                    &a.q_mix,
-                    &a.k_mix,
-                    &a.v_mix,
-                    &a.o_mix,
-                    &m.gate_mix,
-                    &m.up_mix,
-                    &m.down_mix,
-                ]
-                .iter()
-                .all(|x| x.is_none())
-            })
+        self.shared_prefix && crate::mixture::mixtures(self).is_empty()
     }
 
     /// The last layer's outputs of a shared pass: the prompts' `[U, P, d_model]` and the

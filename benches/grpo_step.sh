@@ -4,7 +4,7 @@
 # (`recipes/smollm2-gsm8k-grpo.toml` with the overrides below; shared-prefix scoring on, then
 # off) and TRL's GRPOTrainer (`benches/grpo_trl.py`: its defaults, then gradient checkpointing
 # off), one after the other on this machine. Prints one line per run: seconds per step,
-# generation and update seconds, completion tokens/s, peak resident memory.
+# generation and update seconds, peak resident memory (and Ember's completion tokens/s).
 #
 #   GSM8K_JSONL=path/to/train.jsonl TRL_PYTHON=path/to/venv/bin/python \
 #     benches/grpo_step.sh [new_tokens=64] [prompts=8] [steps=2]

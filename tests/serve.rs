@@ -503,9 +503,18 @@ fn main_job_pushes_its_weights_to_the_servers() {
         assert_eq!(code, 400, "{body}: {text}");
         assert!(text.contains(says), "{body}: {text}");
     }
-    // Closed by default: admin routes off (403) unless enabled; loads only from the allowed
-    // directories (a path outside, or a symlink inside that leads out, is 403); a key on
-    // every route but /health (401 without it or with another).
+    closed_by_default(&base, &other, a.port);
+    std::fs::remove_dir_all(&base).ok();
+}
+
+/// Closed by default, checked on servers of the export `other/final` (the admin server on
+/// `admin_port` allows `base`): admin routes off (403) unless enabled; loads only from the
+/// allowed directories (a path outside, or a symlink inside that leads out, is 403); a key on
+/// every route but /health (401 without it or with another); `echo` with `max_tokens` 0
+/// within --max-batch.
+fn closed_by_default(base: &Path, other: &Path, admin_port: u16) {
+    let allowed = base.display().to_string();
+    let other_final = other.join("final").display().to_string();
     let (link, elsewhere) = (base.join("escape"), temp("elsewhere"));
     std::fs::create_dir_all(&elsewhere).unwrap();
     #[cfg(unix)]
@@ -522,13 +531,13 @@ fn main_job_pushes_its_weights_to_the_servers() {
         ],
     );
     let outside = json_path(&std::env::temp_dir().display().to_string());
-    let (code, text) = post(a.port, "/update_weights_from_disk", &outside);
+    let (code, text) = post(admin_port, "/update_weights_from_disk", &outside);
     assert_eq!(code, 403, "{text}");
     assert!(text.contains("outside the allowed directories"), "{text}");
     #[cfg(unix)]
     {
         let via_link = json_path(&link.display().to_string());
-        let (code, text) = post(a.port, "/update_weights_from_disk", &via_link);
+        let (code, text) = post(admin_port, "/update_weights_from_disk", &via_link);
         assert_eq!(code, 403, "{text}");
         assert!(text.contains("outside the allowed directories"), "{text}");
     }
@@ -561,7 +570,6 @@ fn main_job_pushes_its_weights_to_the_servers() {
     assert_eq!(get(c.port, "/v1/models").0, 401);
     assert_eq!(get_with_key(c.port, "/v1/models", "wrong").0, 401);
     assert_eq!(get_with_key(c.port, "/v1/models", "k").0, 200);
-    std::fs::remove_dir_all(&base).ok();
     std::fs::remove_dir_all(&elsewhere).ok();
 }
 

@@ -7,7 +7,8 @@
 #   digit-recognizer-py==0.1.0.
 #   A Python virtual environment ($cache/py) with the PyPI packages the tests drive: tbparse and
 #   tensorboard (read Ember's TensorBoard event files back), math-verify (the Python reward
-#   example), openai (the official client, against `ember serve`). Ember itself needs no Python.
+#   example), openai (the official client, against `ember serve`), and TRL without its dependencies
+#   (its `trl.rewards` functions, run unmodified). Ember itself needs no Python.
 set -euo pipefail
 cache=${EMBER_CACHE:-$HOME/.cache/ember}
 mkdir -p "$cache"
@@ -61,13 +62,18 @@ PY
   rm -rf "$tmp"
 fi
 py="$cache/py"
-want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0"
-if [ "$(cat "$py/.ember-packages" 2>/dev/null)" != "$want" ]; then
+want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0 packaging==26.4"
+# TRL's reward functions (`trl.rewards`) need none of TRL's training stack (torch,
+# transformers, accelerate, datasets): the package alone, without its dependencies.
+nodeps="trl==1.16.0"
+if [ "$(cat "$py/.ember-packages" 2>/dev/null)" != "$want $nodeps" ]; then
   rm -rf "$py"
   python3 -m venv "$py"
   # shellcheck disable=SC2086
   "$py/bin/python" -m pip install --quiet --disable-pip-version-check $want
-  echo "$want" > "$py/.ember-packages"
+  # shellcheck disable=SC2086
+  "$py/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $nodeps
+  echo "$want $nodeps" > "$py/.ember-packages"
 fi
 echo "assets in $cache:"
 ls -l "$cache"

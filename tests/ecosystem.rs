@@ -123,6 +123,8 @@ fn python_adapter_weighted_sum_and_components() {
             answer: answers[i],
             group: i / 2,
             columns: &cols[i],
+            messages: &[],
+            completion_ids: &[],
         })
         .collect();
     let s = program.score(1, &items).unwrap();
@@ -175,6 +177,8 @@ fn python_adapter_survives_ordinary_user_code() {
             answer: "1",
             group: 0,
             columns: &none,
+            messages: &[],
+            completion_ids: &[],
         })
         .collect();
     let s = program.score(1, &items).unwrap();
@@ -416,6 +420,8 @@ fn math_verify_example_scores_gsm8k_answers() {
             answer: a,
             group: i,
             columns: &none,
+            messages: &[],
+            completion_ids: &[],
         })
         .collect();
     let s = program.score(1, &items).unwrap();

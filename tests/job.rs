@@ -272,6 +272,8 @@ fn external_reward_round_trip() {
                 answer: "2",
                 group: 0,
                 columns: no_columns,
+                messages: &[],
+                completion_ids: &[],
             })
             .collect()
     };

@@ -72,7 +72,7 @@ pub fn ada_rollout(
         // Each round is scored into its own map (a reward's component metrics may be written
         // once per step); the first round's, which covers every prompt, are the step's.
         let mut scratch = BTreeMap::new();
-        let rewards = scorer.score(step, &completions(&g, examples, &texts), &mut scratch)?;
+        let rewards = scorer.score(step, &completions(&g, examples, &ids, &texts), &mut scratch)?;
         if r == 0 {
             row.extend(
                 scratch

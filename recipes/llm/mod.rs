@@ -326,7 +326,8 @@ pub fn policy_from_specs(
     }
     let p = pretrained.context("the recipe has no policy ([model] or [pretrained])")?;
     let path = expand_path(&p.path)?;
-    let tok = ember_llm::Tokenizer::for_checkpoint(&path)?;
+    let mut tok = ember_llm::Tokenizer::for_checkpoint(&path)?;
+    tok.template_kwargs = p.chat_template_kwargs.clone();
     let loaded = ember_llm::load(&path, device)
         .with_context(|| format!("loading pretrained.path {}", path.display()))?;
     device.seed(seed);

@@ -5,18 +5,20 @@ use crate::llm::schema::RewardSpec;
 use anyhow::{Result, bail};
 use ember_engine::REWARD_LIMIT;
 use ember_llm::Generation;
-use ember_tasks::reward::{ExternalReward, RewardItem, check, format_reward};
+use ember_tasks::reward::{ExternalReward, RewardItem, TrainerState, check, format_reward};
 use ember_tasks::task::Example;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The completions of a generation, a row each.
+/// The completions of a generation, a row each: their token ids and decoded texts.
 pub fn completions<'a>(
     g: &'a Generation,
     examples: &'a [Example],
+    ids: &'a [Vec<u32>],
     texts: &'a [String],
 ) -> Completions<'a> {
     Completions {
+        ids,
         examples: g.group_ids.iter().map(|gi| &examples[*gi]).collect(),
         groups: &g.group_ids,
         prompts: g
@@ -91,6 +93,8 @@ pub struct Scorer<'a> {
     spec: &'a RewardSpec,
     external: Option<ExternalReward>,
     python: Option<ExternalReward>,
+    /// The run's steps and the epochs one step covers (TRL's `trainer_state`), when training.
+    schedule: Option<(usize, f64)>,
 }
 
 /// The completions of one step, a row each.
@@ -101,6 +105,8 @@ pub struct Completions<'a> {
     groups: &'a [usize],
     /// The question each row answers.
     prompts: Vec<String>,
+    /// Response token ids.
+    ids: &'a [Vec<u32>],
     /// Decoded responses.
     texts: &'a [String],
     /// Whether each response ended with a stop token.
@@ -121,7 +127,15 @@ impl<'a> Scorer<'a> {
                 Some(p) => Some(ExternalReward::spawn_python(p)?),
                 None => None,
             },
+            schedule: None,
         })
+    }
+
+    /// Sends reward programs the run's progress: `max_steps` steps of `epochs_per_step`
+    /// passes over the training prompts each.
+    pub fn with_schedule(mut self, max_steps: usize, epochs_per_step: f64) -> Self {
+        self.schedule = Some((max_steps, epochs_per_step));
+        self
     }
 
     pub fn score(
@@ -134,6 +148,7 @@ impl<'a> Scorer<'a> {
             examples,
             groups,
             prompts,
+            ids,
             texts,
             stopped,
         } = c;
@@ -170,8 +185,16 @@ impl<'a> Scorer<'a> {
                 answer: &examples[i].answer,
                 group: groups[i],
                 columns: &examples[i].columns,
+                messages: &examples[i].messages,
+                completion_ids: ids.get(i).map_or(&[], Vec::as_slice),
             })
             .collect();
+        // `step` counts from 1: the steps completed before this batch are one fewer.
+        let state = self.schedule.map(|(max_steps, per_step)| TrainerState {
+            global_step: step.saturating_sub(1),
+            max_steps,
+            epoch: step.saturating_sub(1) as f64 * per_step,
+        });
         let programs = [
             (
                 self.external.as_mut(),
@@ -188,7 +211,7 @@ impl<'a> Scorer<'a> {
             let (Some(program), Some(weight)) = (program, weight) else {
                 continue;
             };
-            let scores = program.score(step, &items)?;
+            let scores = program.score_at(step, &items, state)?;
             row.insert(format!("reward/{what}_mean"), valid_mean(&scores.rewards).0);
             for (name, values) in &scores.components {
                 let key = format!("reward/{name}");
@@ -196,6 +219,13 @@ impl<'a> Scorer<'a> {
                     bail!("reward component `{name}` of reward.{what} repeats the metric {key}");
                 }
                 row.insert(key, valid_mean(values).0);
+            }
+            for (name, x) in &scores.metrics {
+                let key = format!("reward/{name}");
+                if row.contains_key(&key) {
+                    bail!("metric `{name}` logged by reward.{what} repeats the metric {key}");
+                }
+                row.insert(key, *x);
             }
             for (r, x) in rewards.iter_mut().zip(scores.rewards) {
                 *r += weight * x;

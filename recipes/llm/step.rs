@@ -279,9 +279,14 @@ pub fn greedy_baseline(
     examples: &[Example],
 ) -> Result<Vec<f32>> {
     let gg = generate(sampler, prompts, &greedy_sampling(sc), device)?;
-    let texts: Vec<String> = gg.response_ids().iter().map(|r| policy.decode(r)).collect();
+    let ids = gg.response_ids();
+    let texts: Vec<String> = ids.iter().map(|r| policy.decode(r)).collect();
     let mut scratch = BTreeMap::new();
-    scorer.score(step + 1, &completions(&gg, examples, &texts), &mut scratch)
+    scorer.score(
+        step + 1,
+        &completions(&gg, examples, &ids, &texts),
+        &mut scratch,
+    )
 }
 
 /// Keeps `rows` of the batch and of the experience (all of them: unchanged).

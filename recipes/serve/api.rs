@@ -217,6 +217,10 @@ pub struct ChatRequest {
     pub tools: Option<Vec<serde_json::Value>>,
     /// Must be absent or `{"type": "text"}`.
     pub response_format: Option<serde_json::Value>,
+    /// Extra chat-template variables (vLLM's and SGLang's name), e.g. Qwen3's
+    /// `{"enable_thinking": false}`; over the server's own.
+    #[serde(default)]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// The sampling fields.
     #[serde(flatten)]
     pub sampling: Sampling,

@@ -333,7 +333,7 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
     }
     let tok = &st.tok;
     let text = tok
-        .apply_chat_template(&messages, true)
+        .apply_chat_template_with(&messages, true, &req.chat_template_kwargs)
         .map_err(|e| ApiError::bad("messages", format!("the chat template: {e}")))?;
     let prompt = tok
         .encode(&text)

@@ -3,24 +3,31 @@ reward protocol (see `reward.external` in docs/src/recipes.md).
 
     python3 ember_reward.py path/to/rewards.py:accuracy[=1.0] path/to/rewards.py:fmt=0.2 ...
 
-Each function has TRL's signature, ``f(prompts, completions, **columns) -> list[float | None]``:
-``prompts`` and ``completions`` are lists of strings, one per completion of the step, and every
-other column arrives as a keyword list of the same length: ``answer`` (the reference answer),
-``group`` (the prompt's index in the step) and the dataset's extra columns. ``None`` means the
-function does not apply to that completion.
+Each function has TRL's signature, ``f(prompts, completions, **columns) -> list[float | None]``,
+and receives what TRL's ``GRPOTrainer`` passes: ``prompts`` and ``completions`` as strings, or, for
+a conversational dataset (a ``messages`` prompt), the prompt's message dicts and the completion
+as ``[{"role": "assistant", "content": ...}]``; every dataset column under its own name (the
+answer column too), plus ``answer`` (the extracted reference) and ``group`` (the prompt's index
+in the step); ``completion_ids``; ``trainer_state`` (``global_step``, ``max_steps``, ``epoch``);
+``log_metric(name, value)`` (logged as ``reward/<name>``) and ``log_extra`` (accepted, not shown).
+A function takes only the arguments it names, or all with ``**kwargs``. ``async def``
+functions run on one event loop kept for the run. ``None`` means the function does not apply
+to that completion.
 
 The reward of a completion is the weighted sum of the functions that apply to it (TRL's
 ``nansum``); when none applies it is null, and Ember masks the sample as invalid. Each function's
 values come back as a component, which Ember logs as ``reward/<name>`` (the mean of its values).
 
-Request, one line on stdin: ``{"step": 3, "items": [{"prompt", "completion", "answer", "group",
-"columns": {...}}, ...]}`` (or ``{"op": "describe"}``, answered ``{"functions": [names]}``, which
+Request, one line on stdin: ``{"step": 3, "trainer_state": {...}, "items": [{"prompt",
+"completion", "answer", "group", "columns": {...}, "messages": [[role, content], ...],
+"completion_ids": [...]}, ...]}`` (or ``{"op": "describe"}``, answered ``{"functions": [names]}``, which
 Ember sends first to check the functions before any work). Answer, one line on stdout: ``{"rewards": [...], "components":
-{"accuracy": [...], ...}}``. An error in a function is printed with its traceback and the first
+{"accuracy": [...], ...}, "metrics": {"name": value}}``. An error in a function is printed with its traceback and the first
 failing item, and the adapter exits with status 1 (Ember then stops the run, keeping its last
 checkpoint).
 """
 
+import asyncio
 import hashlib
 import importlib.util
 import inspect
@@ -29,6 +36,7 @@ import math
 import os
 import sys
 import traceback
+import types
 
 
 def fail(message):
@@ -76,14 +84,29 @@ def load(spec):
     return name, fn, weight
 
 
-def call(fn, prompts, completions, columns):
-    """The function's values for these completions, checked."""
+# One event loop for the run, so async functions (TRL accepts them) may keep clients bound to it.
+LOOP = None
+
+
+def run_async(awaitable):
+    global LOOP
+    if LOOP is None:
+        LOOP = asyncio.new_event_loop()
+    return LOOP.run_until_complete(awaitable)
+
+
+def call(fn, prompts, completions, columns, constants=None):
+    """The function's values for these completions, checked. `columns` are per-item lists;
+    `constants` are per-batch arguments (`trainer_state`, `log_metric`, `log_extra`)."""
     kwargs = dict(columns)
+    kwargs.update(constants or {})
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if not takes_all:
         kwargs = {k: v for k, v in kwargs.items() if k in params}
     out = fn(prompts=prompts, completions=completions, **kwargs)
+    if inspect.isawaitable(out):
+        out = run_async(out)
     out = list(out)
     if len(out) != len(completions):
         raise ValueError(f"returned {len(out)} values for {len(completions)} completions")
@@ -100,38 +123,61 @@ def call(fn, prompts, completions, columns):
     return values
 
 
-def first_failing(fn, prompts, completions, columns):
+def first_failing(fn, prompts, completions, columns, constants):
     """The index of the first item on which `fn` fails alone, if any."""
     for i in range(len(completions)):
         one = {k: v[i : i + 1] for k, v in columns.items()}
         try:
-            call(fn, prompts[i : i + 1], completions[i : i + 1], one)
+            call(fn, prompts[i : i + 1], completions[i : i + 1], one, constants)
         except Exception:
             return i
     return None
 
 
+def shaped(item):
+    """(prompt, completion) as TRL passes them: for a conversation, the prompt's messages and
+    the completion as one assistant message; otherwise the two strings."""
+    turns = item.get("messages")
+    if not turns:
+        return item["prompt"], item["completion"]
+    prompt = [{"role": role, "content": content} for role, content in turns]
+    return prompt, [{"role": "assistant", "content": item["completion"]}]
+
+
 def score(functions, request):
     items = request["items"]
-    prompts = [it["prompt"] for it in items]
-    completions = [it["completion"] for it in items]
+    pairs = [shaped(it) for it in items]
+    prompts = [p for p, _ in pairs]
+    completions = [c for _, c in pairs]
     columns = {"answer": [it.get("answer") for it in items],
-               "group": [it.get("group") for it in items]}
+               "group": [it.get("group") for it in items],
+               "completion_ids": [it.get("completion_ids") for it in items]}
     extra = sorted({k for it in items for k in (it.get("columns") or {})})
     for k in extra:
         columns.setdefault(k, [(it.get("columns") or {}).get(k) for it in items])
+    state = request.get("trainer_state") or {}
+    logged = {}
+    constants = {
+        "trainer_state": types.SimpleNamespace(
+            global_step=state.get("global_step", request.get("step", 1) - 1),
+            max_steps=state.get("max_steps", 0), epoch=state.get("epoch", 0.0)),
+        # TRL's logging hooks: scalars come back as metrics (the batch's mean per name);
+        # extra table columns are accepted and not shown.
+        "log_metric": lambda name, value: logged.setdefault(str(name), []).append(float(value)),
+        "log_extra": lambda column, values: None,
+    }
     total = [None] * len(items)
     components = {}
     for name, fn, weight in functions:
         try:
-            values = call(fn, prompts, completions, columns)
+            values = call(fn, prompts, completions, columns, constants)
         except Exception:
             traceback.print_exc()
-            i = first_failing(fn, prompts, completions, columns)
+            i = first_failing(fn, prompts, completions, columns, constants)
             where = ""
             if i is not None:
                 where = (f" on item {i} of step {request.get('step')}: prompt "
-                         f"{prompts[i][:200]!r}, completion {completions[i][:200]!r}")
+                         f"{str(prompts[i])[:200]!r}, completion {str(completions[i])[:200]!r}")
             fail(f"reward function {name!r} raised{where} (traceback above)")
         except BaseException:
             traceback.print_exc()
@@ -142,7 +188,9 @@ def score(functions, request):
                 total[i] = (total[i] or 0.0) + weight * v
     # A sum that overflows is an invalid sample, not a crash of the adapter.
     total = [t if t is not None and math.isfinite(t) else None for t in total]
-    return {"rewards": total, "components": components}
+    metrics = {k: sum(v) / len(v) for k, v in logged.items()
+               if v and math.isfinite(sum(v) / len(v))}
+    return {"rewards": total, "components": components, "metrics": metrics}
 
 
 def main(argv):

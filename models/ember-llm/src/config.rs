@@ -1,6 +1,7 @@
 //! Model configuration: our burn config, and the Hugging Face `config.json` it is read from.
 
 use crate::error::LlmError;
+use crate::rope::RopeScaling;
 
 type Res<T> = std::result::Result<T, LlmError>;
 use burn::config::Config;
@@ -15,6 +16,8 @@ pub enum Family {
     Llama,
     /// Qwen2 / Qwen2.5 (q/k/v biases).
     Qwen2,
+    /// Qwen3 dense (RMSNorm of each query and key head before RoPE, no biases by default).
+    Qwen3,
 }
 
 /// A decoder-only transformer of the Llama/Qwen2 family.
@@ -55,6 +58,12 @@ pub struct LlamaConfig {
     /// The output head shares the embedding matrix.
     #[config(default = false)]
     pub tie_embeddings: bool,
+    /// Scaled RoPE (Llama 3.x, linear, YaRN); `None` for plain RoPE.
+    #[config(default = "None")]
+    pub rope_scaling: Option<RopeScaling>,
+    /// RMSNorm of each query and key head before RoPE (Qwen3's `q_norm`/`k_norm`).
+    #[config(default = false)]
+    pub qk_norm: bool,
 }
 
 impl LlamaConfig {
@@ -101,6 +110,18 @@ impl LlamaConfig {
                 format!("{} must be even for rotary embeddings", self.head_dim()),
             );
         }
+        if let Some(RopeScaling::Factors { factors }) = &self.rope_scaling
+            && factors.len() != self.head_dim() / 2
+        {
+            return bad(
+                "rope_freqs",
+                format!(
+                    "{} frequency divisors for head size {}",
+                    factors.len(),
+                    self.head_dim()
+                ),
+            );
+        }
         if self.head_dim.is_none() && !self.d_model.is_multiple_of(self.n_heads) {
             return bad(
                 "hidden_size",
@@ -120,7 +141,7 @@ pub struct HfConfig {
     /// e.g. `["LlamaForCausalLM"]`.
     #[serde(default)]
     pub architectures: Vec<String>,
-    /// `llama` or `qwen2`.
+    /// `llama`, `mistral`, `qwen2` or `qwen3`.
     pub model_type: String,
     /// Hidden size.
     pub hidden_size: usize,
@@ -162,7 +183,7 @@ pub struct HfConfig {
     /// Activation (must be `silu`).
     #[serde(default = "default_act")]
     pub hidden_act: String,
-    /// Must be null: scaled RoPE variants are not implemented.
+    /// Scaled RoPE (transformers < 5): see [`RopeScaling::from_hf`].
     #[serde(default)]
     pub rope_scaling: Option<Value>,
     /// Qwen2 sliding window switch (must be false).
@@ -231,59 +252,14 @@ impl HfConfig {
     /// Converts to our config, refusing what we do not implement.
     pub fn to_config(&self) -> Res<LlamaConfig> {
         let bad = |field: &'static str, reason: String| Err(LlmError::Config { field, reason });
-        let family = match self.model_type.as_str() {
-            "llama" => Family::Llama,
-            "qwen2" => Family::Qwen2,
-            other => {
-                return bad(
-                    "model_type",
-                    format!("`{other}` is not supported (supported: llama, qwen2)"),
-                );
-            }
-        };
-        for a in &self.architectures {
-            if !matches!(a.as_str(), "LlamaForCausalLM" | "Qwen2ForCausalLM") {
-                return bad(
-                    "architectures",
-                    format!(
-                        "`{a}` is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM)"
-                    ),
-                );
-            }
-        }
+        let family = self.family()?;
         if self.hidden_act != "silu" {
             return bad(
                 "hidden_act",
                 format!("`{}` is not supported (only silu)", self.hidden_act),
             );
         }
-        if let Some(s) = self.rope_scaling.as_ref().filter(|s| !s.is_null()) {
-            return bad(
-                "rope_scaling",
-                format!("{s} is not supported (only plain RoPE)"),
-            );
-        }
-        let mut rope_theta = self.rope_theta;
-        if let Some(p) = &self.rope_parameters {
-            let kind = p
-                .get("rope_type")
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            if kind != "default" {
-                return bad(
-                    "rope_parameters.rope_type",
-                    format!("`{kind}` is not supported (only default)"),
-                );
-            }
-            rope_theta = rope_theta.or_else(|| p.get("rope_theta").and_then(Value::as_f64));
-        }
-        let rope_theta = rope_theta.unwrap_or(10000.0);
-        if self.use_sliding_window {
-            return bad(
-                "use_sliding_window",
-                "sliding-window attention is not supported".into(),
-            );
-        }
+        let (rope_theta, rope_scaling) = self.rope()?;
         if self.pretraining_tp != 1 {
             return bad(
                 "pretraining_tp",
@@ -304,12 +280,25 @@ impl HfConfig {
         if !unknown.is_empty() {
             log::warn!("config.json: ignoring keys {unknown:?}");
         }
-        if self.attention_bias != self.mlp_bias && family == Family::Llama {
-            return bad(
-                "attention_bias/mlp_bias",
-                "must be equal (mixed output biases are not supported)".into(),
-            );
-        }
+        let (qkv_bias, out_bias) = match family {
+            Family::Llama if self.attention_bias != self.mlp_bias => {
+                return bad(
+                    "attention_bias/mlp_bias",
+                    "must be equal (mixed output biases are not supported)".into(),
+                );
+            }
+            Family::Llama => (self.attention_bias, self.attention_bias),
+            Family::Qwen2 => (true, false),
+            Family::Qwen3 if self.attention_bias => {
+                return bad(
+                    "attention_bias",
+                    "Qwen3 with attention biases is not supported (only the MLP-free o_proj \
+                     bias would differ from Llama's layout)"
+                        .into(),
+                );
+            }
+            Family::Qwen3 => (false, false),
+        };
         let cfg = LlamaConfig::new(
             family,
             self.vocab_size,
@@ -322,14 +311,104 @@ impl HfConfig {
         .with_head_dim(self.head_dim)
         .with_rms_norm_eps(self.rms_norm_eps)
         .with_rope_theta(rope_theta)
-        .with_max_position_embeddings(self.max_position_embeddings)
-        .with_qkv_bias(family == Family::Qwen2 || self.attention_bias)
-        .with_out_bias(family == Family::Llama && self.attention_bias)
+        .with_rope_scaling(rope_scaling)
+        .with_max_position_embeddings(self.context()?)
+        .with_qkv_bias(qkv_bias)
+        .with_out_bias(out_bias)
+        .with_qk_norm(family == Family::Qwen3)
         .with_tie_embeddings(self.tie_word_embeddings);
         cfg.validate()?;
         Ok(cfg)
     }
+
+    /// The family of `model_type`, checked against `architectures`.
+    fn family(&self) -> Res<Family> {
+        let bad = |field: &'static str, reason: String| Err(LlmError::Config { field, reason });
+        let family = match self.model_type.as_str() {
+            "llama" | "mistral" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            other => {
+                return bad(
+                    "model_type",
+                    format!(
+                        "`{other}` is not supported (supported: llama, mistral, qwen2, qwen3; \
+                         mixture-of-experts families such as qwen3_moe and mixtral, and \
+                         gemma/phi, have other layers)"
+                    ),
+                );
+            }
+        };
+        for a in &self.architectures {
+            if !ARCHITECTURES.contains(&a.as_str()) {
+                return bad(
+                    "architectures",
+                    format!(
+                        "`{a}` is not supported (supported: {})",
+                        ARCHITECTURES.join(", ")
+                    ),
+                );
+            }
+        }
+        Ok(family)
+    }
+
+    /// RoPE θ and scaling from `rope_theta`/`rope_scaling` (transformers < 5) or
+    /// `rope_parameters` (≥ 5).
+    fn rope(&self) -> Res<(f64, Option<RopeScaling>)> {
+        let scaling_obj = self
+            .rope_scaling
+            .as_ref()
+            .filter(|s| !s.is_null())
+            .or(self.rope_parameters.as_ref());
+        let scaling = match scaling_obj {
+            Some(p) => RopeScaling::from_hf(p, self.max_position_embeddings)?,
+            None => None,
+        };
+        let theta = self
+            .rope_theta
+            .or_else(|| {
+                self.rope_parameters
+                    .as_ref()
+                    .and_then(|p| p.get("rope_theta").and_then(Value::as_f64))
+            })
+            .unwrap_or(10000.0);
+        Ok((theta, scaling))
+    }
+
+    /// The longest sequence served exactly. With sliding-window attention (Mistral's
+    /// `sliding_window`, Qwen's `use_sliding_window`) attention is the full causal attention
+    /// as long as a sequence fits in the window, so the context is capped at the window.
+    fn context(&self) -> Res<usize> {
+        let window = self.extra.get("sliding_window").and_then(Value::as_u64);
+        let windowed = match self.model_type.as_str() {
+            "mistral" => window,
+            _ if self.use_sliding_window => Some(window.ok_or(LlmError::Config {
+                field: "sliding_window",
+                reason: "use_sliding_window is set but sliding_window is not an integer".into(),
+            })?),
+            _ => None,
+        };
+        match windowed {
+            Some(w) if (w as usize) < self.max_position_embeddings => {
+                log::warn!(
+                    "config.json: sliding window {w}: sequences are limited to {w} positions, \
+                     where sliding-window and full attention agree"
+                );
+                Ok(w as usize)
+            }
+            _ => Ok(self.max_position_embeddings),
+        }
+    }
 }
+
+/// The `architectures` entries we load.
+const ARCHITECTURES: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+];
 
 impl LlamaConfig {
     /// The Hugging Face `config.json` of this model (used when exporting).
@@ -337,6 +416,7 @@ impl LlamaConfig {
         let (arch, ty) = match self.family {
             Family::Llama => ("LlamaForCausalLM", "llama"),
             Family::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+            Family::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
         };
         let mut v = serde_json::json!({
             "architectures": [arch],
@@ -356,6 +436,13 @@ impl LlamaConfig {
         });
         if let Some(hd) = self.head_dim {
             v["head_dim"] = hd.into();
+        }
+        if let Some(r) = &self.rope_scaling {
+            v["rope_scaling"] = r.to_hf();
+        }
+        if self.family == Family::Qwen3 {
+            v["head_dim"] = self.head_dim().into();
+            v["attention_bias"] = Value::Bool(false);
         }
         if self.family == Family::Llama {
             v["attention_bias"] = Value::Bool(self.out_bias);

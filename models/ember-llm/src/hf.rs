@@ -1,4 +1,4 @@
-//! The Hugging Face tensor layout of a Llama/Qwen2 model, stated once. The module structure is
+//! The Hugging Face tensor layout of a Llama/Qwen2/Qwen3 model, stated once. The module structure is
 //! [`crate::LlamaConfig::init`]'s; [`visit`] walks its parameters under their Hugging Face names,
 //! and loading (`load::build_model`) and export (`load::save_hf`) are two visitors over it.
 
@@ -43,6 +43,11 @@ pub(crate) fn visit(model: &mut Llama, v: &mut dyn Visitor) -> Result<()> {
             ("o_proj", &mut a.o_proj),
         ] {
             linear(v, &format!("{p}.self_attn.{n}"), lin)?;
+        }
+        for (n, norm) in [("q_norm", &mut a.q_norm), ("k_norm", &mut a.k_norm)] {
+            if let Some(norm) = norm {
+                v.vector(&format!("{p}.self_attn.{n}.weight"), &mut norm.gamma)?;
+            }
         }
         let m = &mut l.mlp;
         for (n, lin) in [

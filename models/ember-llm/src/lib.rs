@@ -1,4 +1,4 @@
-//! Ember's LLM policy: Llama/Qwen2 decoders loaded from Hugging Face or GGUF checkpoints,
+//! Ember's LLM policy: Llama/Mistral/Qwen2/Qwen3 decoders loaded from Hugging Face or GGUF checkpoints,
 //! batched KV-cache sampling with the log-probs RL needs, LoRA with PEFT I/O, and export.
 
 pub mod actor;
@@ -13,6 +13,7 @@ mod lora;
 mod mixture;
 mod model;
 pub mod plop;
+mod rope;
 mod sample;
 mod shared;
 mod tokenizer;
@@ -27,6 +28,7 @@ pub use lora::{
 };
 pub use mixture::{apply_mixture, mixtures};
 pub use model::{Llama, chosen_log_probs};
+pub use rope::RopeScaling;
 pub use sample::{Generation, SamplingConfig, generate, left_pad, left_pad_to, sample_rows};
-pub use tokenizer::{Message, Tokenizer, render_chat};
+pub use tokenizer::{Message, Tokenizer, render_chat, render_chat_with};
 pub use value::ValueModel;

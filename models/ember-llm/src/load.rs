@@ -199,6 +199,8 @@ impl GgufSource {
             ("self_attn.q_proj.bias", "attn_q.bias"),
             ("self_attn.k_proj.bias", "attn_k.bias"),
             ("self_attn.v_proj.bias", "attn_v.bias"),
+            ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+            ("self_attn.k_norm.weight", "attn_k_norm.weight"),
             ("mlp.gate_proj.weight", "ffn_gate.weight"),
             ("mlp.up_proj.weight", "ffn_up.weight"),
             ("mlp.down_proj.weight", "ffn_down.weight"),
@@ -263,10 +265,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
     let family = match arch.as_str() {
         "llama" => crate::config::Family::Llama,
         "qwen2" => crate::config::Family::Qwen2,
+        "qwen3" => crate::config::Family::Qwen3,
         other => {
             return Err(LlmError::Config {
                 field: "general.architecture",
-                reason: format!("`{other}` is not supported (supported: llama, qwen2)"),
+                reason: format!("`{other}` is not supported (supported: llama, qwen2, qwen3)"),
             });
         }
     };
@@ -295,20 +298,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
             .map_or(0, <[Value]>::len),
     };
     let d_model = u("embedding_length")?;
-    let head_dim = u("rope.dimension_count")
+    let head_dim = u("attention.key_length")
+        .or_else(|_| u("rope.dimension_count"))
         .ok()
         .filter(|hd| *hd != d_model / n_heads.max(1));
-    if let Some(t) = file
-        .metadata
-        .get(&format!("{arch}.rope.scaling.type"))
-        .and_then(Value::as_str)
-        .filter(|t| *t != "none")
-    {
-        return Err(LlmError::Config {
-            field: "rope.scaling.type",
-            reason: format!("`{t}` is not supported"),
-        });
-    }
     let cfg = LlamaConfig::new(
         family,
         vocab,
@@ -321,11 +314,50 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<LlamaConfig> {
     .with_head_dim(head_dim)
     .with_rms_norm_eps(f("attention.layer_norm_rms_epsilon", 1e-5))
     .with_rope_theta(f("rope.freq_base", 10000.0))
+    .with_rope_scaling(gguf_rope(file, &arch)?)
     .with_max_position_embeddings(u("context_length").unwrap_or(2048))
     .with_qkv_bias(family == crate::config::Family::Qwen2)
+    .with_qk_norm(family == crate::config::Family::Qwen3)
     .with_tie_embeddings(file.tensor_info("output.weight").is_err());
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// RoPE scaling in GGUF metadata: `{arch}.rope.scaling.type` `linear` with its factor, or the
+/// per-frequency divisors llama.cpp's converter stores for Llama 3.x (`rope_freqs.weight`).
+fn gguf_rope(file: &GgufFile, arch: &str) -> Result<Option<crate::RopeScaling>> {
+    let kind = file
+        .metadata
+        .get(&format!("{arch}.rope.scaling.type"))
+        .and_then(Value::as_str)
+        .unwrap_or("none");
+    let factor = file
+        .metadata
+        .get(&format!("{arch}.rope.scaling.factor"))
+        .and_then(Value::as_f64);
+    match (kind, factor) {
+        ("none", _) if file.tensor_info("rope_freqs.weight").is_ok() => {
+            let (factors, _) = file.read_f32("rope_freqs.weight")?;
+            if factors.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+                return Err(LlmError::Config {
+                    field: "rope_freqs.weight",
+                    reason: "a frequency divisor is not a positive number".into(),
+                });
+            }
+            Ok(Some(crate::RopeScaling::Factors { factors }))
+        }
+        ("none", _) => Ok(None),
+        ("linear", Some(factor)) if factor.is_finite() && factor > 0.0 => {
+            Ok(Some(crate::RopeScaling::Linear { factor }))
+        }
+        (t, _) => Err(LlmError::Config {
+            field: "rope.scaling.type",
+            reason: format!(
+                "`{t}` (factor {factor:?}) is not supported in GGUF files (supported: none, \
+                 linear, and llama.cpp's rope_freqs tensor)"
+            ),
+        }),
+    }
 }
 
 /// Builds the model from `source`, checking every tensor's shape: the structure of
@@ -492,6 +524,14 @@ impl crate::hf::Visitor for Saver {
 /// `config.json` into `dir`, which `transformers` loads with `from_pretrained`. Files are written
 /// atomically, so an interrupted save leaves no half-written checkpoint.
 pub fn save_hf(model: &Llama, cfg: &LlamaConfig, eos_ids: &[u32], dir: &Path) -> Result<()> {
+    if let Some(crate::RopeScaling::Factors { .. }) = cfg.rope_scaling {
+        return Err(LlmError::Config {
+            field: "rope_scaling",
+            reason: "the per-frequency RoPE divisors of a GGUF file have no transformers \
+                     config form; export from the Hugging Face checkpoint instead"
+                .into(),
+        });
+    }
     std::fs::create_dir_all(dir).map_err(|e| LlmError::io(dir, e))?;
     let mut saver = Saver::default();
     crate::hf::visit(&mut model.clone(), &mut saver)?;

@@ -6,11 +6,13 @@
 
 use crate::cache::{CacheShape, KvCache};
 use crate::config::LlamaConfig;
+pub(crate) use crate::rope::apply_rope;
+use crate::rope::rope_tables;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::module::linear as linear_op;
-use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor};
 use ember_molora::{MoLora, RouteCtx};
 
 use ember_train::Precision;
@@ -28,6 +30,18 @@ pub(crate) fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
 pub(crate) fn rms_norm(n: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
     let dt = x.dtype();
     like(n.forward(like(x, DType::F32)), dt)
+}
+
+/// Qwen3's per-head RMSNorm over the last axis of `[b, t, heads, hd]`, in f32 (HF
+/// `Qwen3Attention`: `q_norm(q_proj(x).view(..., head_dim))`); the identity without a norm.
+pub(crate) fn head_norm(n: &Option<RmsNorm>, x: Tensor<4>) -> Tensor<4> {
+    match n {
+        None => x,
+        Some(n) => {
+            let dt = x.dtype();
+            like(n.forward(like(x, DType::F32)), dt)
+        }
+    }
 }
 
 /// Additive bias for masked attention scores (finite, so fully masked rows stay NaN-free).
@@ -52,6 +66,10 @@ pub struct Attention {
     pub v_mix: Option<MoLora>,
     /// Mixture on W_o.
     pub o_mix: Option<MoLora>,
+    /// RMSNorm of each query head before RoPE (Qwen3).
+    pub q_norm: Option<RmsNorm>,
+    /// RMSNorm of each key head before RoPE (Qwen3).
+    pub k_norm: Option<RmsNorm>,
     pub(crate) n_heads: usize,
     pub(crate) n_kv_heads: usize,
     pub(crate) head_dim: usize,
@@ -98,7 +116,9 @@ pub struct Llama {
     pub norm: RmsNorm,
     /// Output head `[d_model, vocab]`; `None` when tied to the embeddings.
     pub lm_head: Option<Linear>,
-    pub(crate) rope_theta: f64,
+    /// RoPE inverse frequencies `[head_dim / 2]` and the cos/sin multiplier (`crate::rope`).
+    #[module(skip)]
+    pub(crate) rope: (Vec<f32>, f32),
     pub(crate) max_positions: usize,
     /// Precision of the products (not stored in checkpoints).
     #[module(skip)]
@@ -170,11 +190,12 @@ impl LlamaConfig {
     /// A randomly initialised model (weights are normally loaded from a checkpoint).
     pub fn init(&self, device: &Device) -> Llama {
         let hd = self.head_dim();
-        let norm = || {
-            RmsNormConfig::new(self.d_model)
+        let head_norm = |d: usize| {
+            RmsNormConfig::new(d)
                 .with_epsilon(self.rms_norm_eps)
                 .init(device)
         };
+        let norm = || head_norm(self.d_model);
         let layers = (0..self.n_layers)
             .map(|_| Block {
                 input_layernorm: norm(),
@@ -187,6 +208,8 @@ impl LlamaConfig {
                     k_mix: None,
                     v_mix: None,
                     o_mix: None,
+                    q_norm: self.qk_norm.then(|| head_norm(hd)),
+                    k_norm: self.qk_norm.then(|| head_norm(hd)),
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: hd,
@@ -213,49 +236,13 @@ impl LlamaConfig {
             norm: norm(),
             lm_head: (!self.tie_embeddings)
                 .then(|| linear(self.d_model, self.vocab_size, false, device)),
-            rope_theta: self.rope_theta,
+            rope: crate::rope::inv_freq(self.rope_theta, hd, self.rope_scaling.as_ref()),
             max_positions: self.max_position_embeddings,
             precision: Precision::F32,
             fused_attention: false,
             shared_prefix: true,
         }
     }
-}
-
-/// cos and signed-sin tables `[batch, 1, seq, head_dim]` for positions `[batch, seq]`
-/// (rotate-half layout: the frequencies repeated twice, HF `LlamaRotaryEmbedding`; the sin
-/// table's first half negated for [`apply_rope`]).
-fn rope_tables(positions: Tensor<2, Int>, head_dim: usize, theta: f64) -> (Tensor<4>, Tensor<4>) {
-    let [b, t] = positions.dims();
-    let device = positions.device();
-    let half = head_dim / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32)
-        .collect();
-    let inv = Tensor::<1>::from_data(TensorData::new(inv, [half]), &device).reshape([1, 1, half]);
-    let freqs = positions.float().reshape([b, t, 1]) * inv;
-    let emb = Tensor::cat(vec![freqs.clone(), freqs.clone()], 2).reshape([b, 1, t, head_dim]);
-    // sin with its first half negated: rotate_half(x)·sin = swap_halves(x)·[−sin₁, sin₂].
-    let sin = freqs.sin();
-    let signed_sin = Tensor::cat(vec![sin.clone().neg(), sin], 2).reshape([b, 1, t, head_dim]);
-    (emb.cos(), signed_sin)
-}
-
-/// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁] (HF `apply_rotary_pos_emb`),
-/// computed as x·cos + [x₂, x₁]·signed_sin with `signed_sin` = [−sin, sin] from
-/// [`rope_tables`]: the halves swapped by one concatenation, no negation. (A `flip` of the
-/// halves is a view with negative strides, which burn flex copies element by element.)
-pub(crate) fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
-    let d = x.dims()[3];
-    let half = d / 2;
-    let swapped = Tensor::cat(
-        vec![
-            x.clone().narrow(3, half, d - half),
-            x.clone().narrow(3, 0, half),
-        ],
-        3,
-    );
-    x * cos.clone() + swapped * signed_sin.clone()
 }
 
 impl Attention {
@@ -267,12 +254,16 @@ impl Attention {
     ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
         let [b, t, _] = x.dims();
         let hd = self.head_dim;
-        let q = proj(&self.q_proj, &self.q_mix, x.clone(), c)
-            .reshape([b, t, self.n_heads, hd])
-            .swap_dims(1, 2);
-        let k = proj(&self.k_proj, &self.k_mix, x.clone(), c)
-            .reshape([b, t, self.n_kv_heads, hd])
-            .swap_dims(1, 2);
+        let q = head_norm(
+            &self.q_norm,
+            proj(&self.q_proj, &self.q_mix, x.clone(), c).reshape([b, t, self.n_heads, hd]),
+        )
+        .swap_dims(1, 2);
+        let k = head_norm(
+            &self.k_norm,
+            proj(&self.k_proj, &self.k_mix, x.clone(), c).reshape([b, t, self.n_kv_heads, hd]),
+        )
+        .swap_dims(1, 2);
         let v = proj(&self.v_proj, &self.v_mix, x, c)
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
@@ -530,8 +521,7 @@ impl Llama {
     /// RoPE cos/sin tables for `positions`, in the activations' dtype: built once per pass and
     /// shared by every layer.
     pub(crate) fn rope(&self, positions: Tensor<2, Int>) -> (Tensor<4>, Tensor<4>) {
-        let (_, hd) = self.kv_shape();
-        let (cos, sin) = rope_tables(positions, hd, self.rope_theta);
+        let (cos, sin) = rope_tables(positions, &self.rope.0, self.rope.1);
         let dt = self.precision.activation_dtype();
         (like(cos, dt), like(sin, dt))
     }

@@ -6,7 +6,7 @@
 //! keys and values are gathered per row with `select`, whose backward sums the rows' gradients
 //! into the one prompt: the same gradients as running the prompt in every row.
 
-use crate::model::{Llama, MASKED, apply_rope, like, position_ids, proj, rms_norm};
+use crate::model::{Llama, MASKED, apply_rope, head_norm, like, position_ids, proj, rms_norm};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ember_molora::RouteCtx;
 
@@ -145,8 +145,16 @@ impl Llama {
             let a = &layer.self_attn;
             let (hq, kv, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
             let x = rms_norm(&layer.input_layernorm, h.clone());
-            let (qp, qr) = split(proj(&a.q_proj, &a.q_mix, x.clone(), &ctx), hq, hd);
-            let (kp, kr) = split(proj(&a.k_proj, &a.k_mix, x.clone(), &ctx), kv, hd);
+            // Qwen3's per-head norms act on the last axis (the head's), kept by the split.
+            let norm = |n: &Option<_>, (p, r)| (head_norm(n, p), head_norm(n, r));
+            let (qp, qr) = norm(
+                &a.q_norm,
+                split(proj(&a.q_proj, &a.q_mix, x.clone(), &ctx), hq, hd),
+            );
+            let (kp, kr) = norm(
+                &a.k_norm,
+                split(proj(&a.k_proj, &a.k_mix, x.clone(), &ctx), kv, hd),
+            );
             let (vp, vr) = split(proj(&a.v_proj, &a.v_mix, x, &ctx), kv, hd);
             let (qp, kp) = (
                 apply_rope(qp, &rope_p.0, &rope_p.1),

@@ -17,6 +17,9 @@ pub struct Tokenizer {
     pub eos_token: Option<String>,
     /// End-of-sequence ids (generation stops on any of them).
     pub eos_ids: Vec<u32>,
+    /// Extra variables of the chat template (transformers' `apply_chat_template(**kwargs)`,
+    /// vLLM's `chat_template_kwargs`), e.g. Qwen3's `enable_thinking = false`.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -80,6 +83,7 @@ impl Tokenizer {
             bos_token: None,
             eos_token: None,
             eos_ids: Vec::new(),
+            template_kwargs: Default::default(),
         };
         let cfg_path = dir.join("tokenizer_config.json");
         if cfg_path.exists() {
@@ -87,10 +91,7 @@ impl Tokenizer {
                 std::fs::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
             let cfg: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| tok_err(format!("{}: {e}", cfg_path.display())))?;
-            t.chat_template = cfg
-                .get("chat_template")
-                .and_then(|v| v.as_str())
-                .map(str::to_string);
+            t.chat_template = named_template(cfg.get("chat_template"));
             let special = |k: &str| match cfg.get(k) {
                 Some(serde_json::Value::String(s)) => Some(s.clone()),
                 Some(v) => v
@@ -101,6 +102,13 @@ impl Tokenizer {
             };
             t.bos_token = special("bos_token");
             t.eos_token = special("eos_token");
+        }
+        // transformers ≥ 4.43 saves the template as a file of its own, which wins over the
+        // config's copy (`chat_template.jinja`, as `PreTrainedTokenizerBase.save_pretrained`).
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.exists() {
+            let text = std::fs::read_to_string(&jinja).map_err(|e| LlmError::io(&jinja, e))?;
+            t.chat_template = Some(text);
         }
         if let Some(eos) = &t.eos_token {
             t.eos_ids.extend(t.inner.token_to_id(eos));
@@ -210,6 +218,7 @@ impl Tokenizer {
             bos_token: name(id("tokenizer.ggml.bos_token_id")),
             eos_token: name(eos),
             eos_ids,
+            template_kwargs: Default::default(),
         })
     }
 
@@ -272,17 +281,44 @@ impl Tokenizer {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with(messages, add_generation_prompt, &Default::default())
+    }
+
+    /// [`apply_chat_template`](Self::apply_chat_template) with `extra` template variables over
+    /// [`template_kwargs`](Self::template_kwargs) (a request's `chat_template_kwargs`).
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let mut kwargs = self.template_kwargs.clone();
+        kwargs.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let template = self
             .chat_template
             .as_deref()
             .ok_or_else(|| LlmError::Template("the model has no chat template".into()))?;
-        render_chat(
+        render_chat_with(
             template,
             messages,
             add_generation_prompt,
-            self.bos_token.as_deref(),
-            self.eos_token.as_deref(),
+            (self.bos_token.as_deref(), self.eos_token.as_deref()),
+            &kwargs,
         )
+    }
+}
+
+/// The chat template of a `chat_template` value: a string, or the list form
+/// `[{"name": "default", "template": ...}, {"name": "tool_use", ...}]` (its `default` entry).
+fn named_template(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|e| e.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|e| e.get("template")?.as_str())
+            .map(str::to_string),
+        _ => None,
     }
 }
 
@@ -296,6 +332,23 @@ pub fn render_chat(
     add_generation_prompt: bool,
     bos_token: Option<&str>,
     eos_token: Option<&str>,
+) -> Result<String> {
+    render_chat_with(
+        template,
+        messages,
+        add_generation_prompt,
+        (bos_token, eos_token),
+        &Default::default(),
+    )
+}
+
+/// [`render_chat`] with extra template variables (`kwargs`; the standard ones win).
+pub fn render_chat_with(
+    template: &str,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    (bos_token, eos_token): (Option<&str>, Option<&str>),
+    kwargs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<String> {
     let mut env = minijinja::Environment::new();
     // A template comes from the model file: bounded work, so a hostile one (an endless loop)
@@ -316,11 +369,13 @@ pub fn render_chat(
     let t = env
         .get_template("chat")
         .map_err(|e| LlmError::Template(e.to_string()))?;
-    t.render(minijinja::context! {
+    let standard = minijinja::context! {
         messages => messages,
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token.unwrap_or(""),
         eos_token => eos_token.unwrap_or(""),
-    })
-    .map_err(|e| LlmError::Template(e.to_string()))
+    };
+    let extra = minijinja::Value::from_serialize(kwargs);
+    t.render(minijinja::context! { ..standard, ..extra })
+        .map_err(|e| LlmError::Template(e.to_string()))
 }

@@ -70,8 +70,10 @@ pub fn rollouts(
             .collect::<Result<Vec<_>>>()?;
         let sc = rollout_sampling(r, &policy.stop, rng.next_u64());
         let g = generate(&sampler, &ids, &sc, &base)?;
-        let texts: Vec<String> = g.response_ids().iter().map(|x| policy.decode(x)).collect();
-        let rewards = scorer.score(1, &completions(&g, &examples, &texts), &mut BTreeMap::new())?;
+        let ids = g.response_ids();
+        let texts: Vec<String> = ids.iter().map(|x| policy.decode(x)).collect();
+        let done = completions(&g, &examples, &ids, &texts);
+        let rewards = scorer.score(1, &done, &mut BTreeMap::new())?;
         let mut per: Vec<Vec<Scored>> = vec![Vec::new(); examples.len()];
         for (row, gi) in g.group_ids.iter().enumerate() {
             let rw = rewards[row];

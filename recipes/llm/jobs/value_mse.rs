@@ -72,9 +72,14 @@ pub fn value_mse(r: &Recipe, o: &ValueMse) -> Result<serde_json::Value> {
         ..rollout_sampling(r, &policy.stop, rng.next_u64())
     };
     let g = generate(&sampler, &prompts, &sc, &base)?;
-    let texts: Vec<String> = g.response_ids().iter().map(|x| policy.decode(x)).collect();
+    let ids = g.response_ids();
+    let texts: Vec<String> = ids.iter().map(|x| policy.decode(x)).collect();
     let mut scorer = Scorer::new(&r.reward)?;
-    let rewards = scorer.score(1, &completions(&g, &examples, &texts), &mut BTreeMap::new())?;
+    let rewards = scorer.score(
+        1,
+        &completions(&g, &examples, &ids, &texts),
+        &mut BTreeMap::new(),
+    )?;
     // Rows are prompt-major: row p·n + k is response k of prompt p.
     let p = o.prompts;
     let at = |i: usize, k: usize| f64::from(rewards[i * n + k]);

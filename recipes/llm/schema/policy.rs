@@ -40,6 +40,10 @@ pub struct PretrainedSpec {
     /// The user message; `{question}` is replaced by the example's question.
     #[serde(default = "question")]
     pub template: String,
+    /// Extra chat-template variables (transformers' `apply_chat_template` keyword arguments,
+    /// vLLM's `chat_template_kwargs`), e.g. `{ enable_thinking = false }` for Qwen3.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// LoRA adapters (the only trained parameters).
     #[serde(default)]
     pub lora: LoraSpec,

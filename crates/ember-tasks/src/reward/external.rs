@@ -106,6 +106,23 @@ pub struct RewardItem<'a> {
     /// The dataset line's other columns.
     #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
     pub columns: &'a serde_json::Map<String, serde_json::Value>,
+    /// A chat dataset's conversation as `[role, content]` pairs (the Python adapter then
+    /// shapes prompts and completions as TRL does for conversational data); empty otherwise.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub messages: &'a [(String, String)],
+    /// The completion's token ids (TRL's `completion_ids`).
+    pub completion_ids: &'a [u32],
+}
+
+/// Where training stands, for reward functions that shape by progress (TRL's `trainer_state`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TrainerState {
+    /// Optimizer steps completed before this batch.
+    pub global_step: usize,
+    /// The run's total steps.
+    pub max_steps: usize,
+    /// Passes over the training prompts completed (fractional).
+    pub epoch: f64,
 }
 
 /// An answer: a reward per item (NaN when invalid) and, optionally, named components (each a
@@ -116,6 +133,8 @@ pub struct Scores {
     pub rewards: Vec<f32>,
     /// Named parts of the reward (the Python adapter's functions), in the answer's order.
     pub components: Vec<(String, Vec<f32>)>,
+    /// Scalars the functions logged for this batch (TRL's `log_metric`), by name.
+    pub metrics: Vec<(String, f64)>,
 }
 
 /// A running external reward process.
@@ -161,7 +180,21 @@ impl ExternalReward {
     /// Scores one batch: one reward per item, NaN for an invalid sample, and the answer's
     /// components.
     pub fn score(&mut self, step: usize, items: &[RewardItem]) -> Result<Scores, RewardError> {
-        let request = serde_json::json!({ "step": step, "items": items }).to_string();
+        self.score_at(step, items, None)
+    }
+
+    /// [`score`](Self::score) with the run's progress sent as the request's `trainer_state`.
+    pub fn score_at(
+        &mut self,
+        step: usize,
+        items: &[RewardItem],
+        state: Option<TrainerState>,
+    ) -> Result<Scores, RewardError> {
+        let mut request = serde_json::json!({ "step": step, "items": items });
+        if let Some(st) = state {
+            request["trainer_state"] = serde_json::json!(st);
+        }
+        let request = request.to_string();
         let what = format!("step {step} ({} items)", items.len());
         let line = self.process.request(&request, &what)?;
         parse_rewards(&line, items.len()).map_err(|reason| self.process.fail(reason))
@@ -265,9 +298,22 @@ pub fn parse_rewards(line: &str, expected: usize) -> Result<Scores, String> {
         }
         Some(other) => return Err(format!("`components` is {other}, not an object")),
     }
+    let mut metrics = Vec::new();
+    match v.get("metrics") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Object(m)) => {
+            for (name, x) in m {
+                check_component_name(name)?;
+                let x = x.as_f64().unwrap_or(f64::NAN);
+                metrics.push((name.clone(), x));
+            }
+        }
+        Some(other) => return Err(format!("`metrics` is {other}, not an object")),
+    }
     Ok(Scores {
         rewards,
         components,
+        metrics,
     })
 }
 

@@ -5,7 +5,7 @@ pub(crate) mod external;
 
 pub use external::{
     ExternalReward, ExternalSpec, PYTHON_ADAPTER, PythonSpec, RewardError, RewardItem, Scores,
-    parse_rewards,
+    TrainerState, parse_rewards,
 };
 use serde::{Deserialize, Serialize};
 

@@ -54,9 +54,19 @@ fn fnv(s: &str) -> u64 {
     })
 }
 
-/// Names the reward functions receive besides the dataset's extra columns (TRL's `prompts` and
-/// `completions`, Ember's `answer` and `group`), so no extra column may take them.
-pub const RESERVED_COLUMNS: [&str; 4] = ["prompts", "completions", "answer", "group"];
+/// Names the reward functions receive besides the dataset's extra columns (TRL's `prompts`,
+/// `completions`, `completion_ids`, `trainer_state`, `log_metric` and `log_extra`, Ember's
+/// `answer` and `group`), so no extra column may take them.
+pub const RESERVED_COLUMNS: [&str; 8] = [
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_metric",
+    "log_extra",
+    "answer",
+    "group",
+];
 
 /// Which keys of a JSONL line hold the prompt and the answer (`None`: the defaults).
 #[derive(Debug, Clone, Default)]
@@ -194,6 +204,11 @@ impl JsonlData {
             if answer.is_empty() {
                 return Err(line_err(i + 1, "the answer is empty".into()));
             }
+            // TRL passes every column under its own name: the answer column too, as written
+            // (Ember's `answer` is the extracted reference).
+            if answer_key != "answer" {
+                obj.insert(answer_key.clone(), a);
+            }
             // Rewards receive the columns as keyword arguments beside these.
             if let Some(k) = RESERVED_COLUMNS.iter().find(|k| obj.contains_key(**k)) {
                 return Err(line_err(
@@ -325,7 +340,9 @@ mod tests {
         assert_eq!(e.messages[0], ("system".into(), "Be brief.".into()));
         assert_eq!(e.columns["level"], serde_json::json!(1));
         assert_eq!(e.columns["source"], serde_json::json!("s4"));
-        assert!(!e.columns.contains_key("messages") && !e.columns.contains_key("solution"));
+        // The answer column keeps its own name too (TRL's `solution`), as written.
+        assert!(!e.columns.contains_key("messages"));
+        assert_eq!(e.columns["solution"], serde_json::json!(5));
 
         // A chosen prompt key holding a plain string.
         std::fs::write(&p, "{\"problem\": \"2+2\", \"answer\": \"4\"}\n".repeat(12)).unwrap();

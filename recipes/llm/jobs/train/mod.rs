@@ -211,7 +211,7 @@ impl Job<'_> {
         let rewards = match sampled.scored.take() {
             Some(r) => r,
             None => {
-                let done = completions(&g, examples, &texts);
+                let done = completions(&g, examples, &responses, &texts);
                 self.scorer.score(step + 1, &done, row)?
             }
         };

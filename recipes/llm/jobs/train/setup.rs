@@ -45,8 +45,15 @@ impl<'a> Job<'a> {
                 .context("checking the task's prompts before the run")?;
         }
         let parts = r.algorithm_parts();
+        // TRL's `epoch` for reward functions: passes over a dataset's training prompts (0 for
+        // generated tasks, which have no fixed set).
+        let train_size = task.dataset_train().len();
+        let per_step = match train_size {
+            0 => 0.0,
+            n => r.rollout.prompts_per_step as f64 / n as f64,
+        };
         Ok(Self {
-            scorer: Scorer::new(&r.reward)?,
+            scorer: Scorer::new(&r.reward)?.with_schedule(r.train.run.steps, per_step),
             rng: Rng(r.seed),
             upd: update_config(r, parts.loss),
             optim: optimizer(r),

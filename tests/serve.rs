@@ -1,5 +1,6 @@
 //! `ember serve` on the real SmolLM2 GGUF: the PyPI `openai` client against it
-//! (`tests/serve_openai_client.py`: chat and completions, n > 1, seeds, log-probs, stop strings,
+//! (`tests/serve_openai_client.py`: chat and completions, streamed and not, n > 1, seeds,
+//! log-probs, stop strings,
 //! `echo` as lm-eval-harness's log-likelihood requests use it,
 //! a LoRA adapter loaded and unloaded at run time, 4xx JSON errors, concurrent requests), the
 //! bounded queue's 429, graceful shutdown on SIGTERM with a request in flight, and the

@@ -69,6 +69,40 @@ assert text.startswith(" 4"), text
 assert len(comp.choices[0].logprobs.token_logprobs) == comp.usage.completion_tokens
 found["completion"] = text
 
+# Streaming (Server-Sent Events) read by the unmodified client: several deltas whose text is
+# the non-streamed answer's, the finish reason last, and the usage event with
+# `stream_options.include_usage`.
+def streamed(create, **kw):
+    parts, finish, usage, roles = {}, {}, None, set()
+    for ch in create(stream=True, stream_options={"include_usage": True}, **kw):
+        if ch.usage is not None:
+            assert ch.choices == [], ch
+            usage = ch.usage
+        for x in ch.choices:
+            piece = x.delta.content if hasattr(x, "delta") else x.text
+            if getattr(x, "delta", None) is not None and x.delta.role:
+                roles.add(x.delta.role)
+            if piece:
+                parts.setdefault(x.index, []).append(piece)
+            if x.finish_reason:
+                assert x.index not in finish, "two finish reasons"
+                finish[x.index] = x.finish_reason
+    return parts, finish, usage, roles
+
+parts, finish, usage, roles = streamed(client.chat.completions.create, model=model,
+                                       messages=messages, temperature=0, max_tokens=24)
+assert "".join(parts[0]) == c.message.content and len(parts[0]) >= 3, parts
+assert finish == {0: c.finish_reason} and roles == {"assistant"}, (finish, roles)
+assert usage.completion_tokens == chat.usage.completion_tokens, usage
+parts, finish, usage, _ = streamed(client.completions.create, model=model, prompt="1, 2, 3,",
+                                   max_tokens=12, temperature=0, stop=[", 6"], n=2)
+cut = client.completions.create(model=model, prompt="1, 2, 3,", max_tokens=12, temperature=0,
+                                stop=[", 6"])
+for i in (0, 1):
+    assert "".join(parts[i]) == cut.choices[0].text and ", 6" not in "".join(parts[i]), parts
+assert finish == {0: "stop", 1: "stop"} and usage.completion_tokens > 0, (finish, usage)
+found["stream_deltas"] = len(parts[0])
+
 # echo, as lm-eval-harness's `local-completions` asks for a log-likelihood: token-id prompts
 # (context + continuation), max_tokens 1, temperature 0, logprobs 1; it sums
 # token_logprobs[ctxlen:-1] and calls the continuation greedy when each of its log-probs is the
@@ -184,8 +218,8 @@ status, body = error_of(lambda: client.chat.completions.create(
     model=model, messages=[{"role": "wizard", "content": "hi"}], max_tokens=4))
 assert status == 400 and "role" in body["message"], (status, body)
 status, body = error_of(lambda: client.completions.create(
-    model=model, prompt="x", max_tokens=4, stream=True))
-assert status == 400 and body["param"] == "stream", (status, body)
+    model=model, prompt="x", max_tokens=4, stream=True, logprobs=1))
+assert status == 400 and body["param"] == "logprobs", (status, body)
 status, body = error_of(lambda: client.completions.create(
     model=model, prompt="x " * 3_000_000, max_tokens=4))
 assert status == 413, (status, body)

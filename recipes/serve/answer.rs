@@ -18,6 +18,20 @@ pub(crate) async fn submit(
     params: Params,
     max_tokens: usize,
 ) -> Result<Vec<Choice>, ApiError> {
+    let rx = queue(st, model, (prompts, params, max_tokens), None)?;
+    rx.await.map_err(|_| shutting_down())?
+}
+
+/// The answer of a queued job, once the engine has it.
+pub(crate) type Answer = oneshot::Receiver<Result<Vec<Choice>, ApiError>>;
+
+/// Queues a job (its tokens sent to `stream` as they are drawn, if given) without waiting.
+pub(crate) fn queue(
+    st: &AppState,
+    model: &str,
+    (prompts, params, max_tokens): (Vec<Vec<u32>>, Params, usize),
+    stream: Option<mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>>,
+) -> Result<Answer, ApiError> {
     if !st.served().iter().any(|n| n == model) {
         return Err(ApiError::no_model(model, &st.served()));
     }
@@ -31,9 +45,10 @@ pub(crate) async fn submit(
         params,
         max_tokens,
         reply,
+        stream,
     };
     enqueue(st, Msg::Generate(job))?;
-    rx.await.map_err(|_| shutting_down())?
+    Ok(rx)
 }
 
 /// `rows` rows of prompts of up to `longest` tokens plus `max_tokens` new ones within the

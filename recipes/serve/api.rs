@@ -2,8 +2,8 @@
 //! Chat Completions APIs, and vLLM's LoRA endpoints), their checks, and OpenAI-style errors.
 //!
 //! Fields the server does not implement are refused by name (never silently ignored) when they
-//! would change the answer: `stream`, `best_of`, penalties, `logit_bias`, more than the top-1
-//! alternative in `logprobs`, tools. Fields that only label a request (`user`) are accepted.
+//! would change the answer: `best_of`, penalties, `logit_bias`, more than the top-1
+//! alternative in `logprobs`, tools, and in a stream `logprobs`, `echo` and `return_token_ids`. Fields that only label a request (`user`) are accepted.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -59,16 +59,21 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The `error` object of the OpenAI API's error bodies.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.status.as_u16(),
+        })
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.status.as_u16(),
-            }
-        });
+        let body = serde_json::json!({ "error": self.body() });
         (self.status, Json(body)).into_response()
     }
 }
@@ -141,9 +146,11 @@ pub struct Sampling {
     pub return_tokens_as_token_ids: bool,
     /// vLLM: token ids that also end a choice (kept in it, as the end-of-sequence token is).
     pub stop_token_ids: Option<Vec<u32>>,
-    /// Must be false or absent.
+    /// Send the answer as Server-Sent Events, token by token (`recipes/serve/stream.rs`).
     #[serde(default)]
     pub stream: bool,
+    /// `{"include_usage": true}`: a last event with the usage and no choices.
+    pub stream_options: Option<StreamOptions>,
     /// Must be 0 or absent.
     pub presence_penalty: Option<f32>,
     /// Must be 0 or absent.
@@ -152,6 +159,14 @@ pub struct Sampling {
     pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
     /// Accepted, unused (labels the request).
     pub user: Option<String>,
+}
+
+/// `stream_options` of a streaming request.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send the usage in a last event (`choices: []`); the others carry `usage: null`.
+    #[serde(default)]
+    pub include_usage: bool,
 }
 
 /// `POST /v1/completions`.
@@ -292,10 +307,10 @@ pub const MAX_N: usize = 128;
 impl Sampling {
     /// Checks the fields, refusing what the server does not implement.
     pub fn params(&self) -> Result<Params, ApiError> {
-        if self.stream {
+        if self.stream_options.is_some() && !self.stream {
             return Err(ApiError::bad(
-                "stream",
-                "streaming is not supported by ember serve; send stream=false",
+                "stream_options",
+                "stream_options is only allowed with stream = true",
             ));
         }
         for (name, v) in [
@@ -414,7 +429,10 @@ mod tests {
     #[test]
     fn refuses_what_it_does_not_implement() {
         for (v, param) in [
-            (serde_json::json!({"stream": true}), "stream"),
+            (
+                serde_json::json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
             (
                 serde_json::json!({"presence_penalty": 0.5}),
                 "presence_penalty",

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_engine::SplitMix64;
-use ember_llm::{Llama, LlamaConfig, SamplingConfig, generate, load_peft};
+use ember_llm::{Llama, LlamaConfig, SamplingConfig, generate_observed, load_peft};
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
@@ -48,6 +48,9 @@ pub struct Job {
     pub max_tokens: usize,
     /// Where the answer goes: `n` choices per prompt, prompt-major.
     pub reply: oneshot::Sender<Result<Vec<Choice>, ApiError>>,
+    /// A streaming request's tokens as they are drawn: `(choice, new tokens)` pairs, sent at
+    /// every stop check before the answer (which still comes whole through `reply`).
+    pub stream: Option<mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>>,
 }
 
 impl Job {
@@ -478,10 +481,16 @@ impl Engine {
             seed,
             ..SamplingConfig::default()
         };
+        let streaming = group.iter().any(|j| j.stream.is_some());
+        let cfg = SamplingConfig {
+            stop_check_every: if streaming { 1 } else { cfg.stop_check_every },
+            ..cfg
+        };
         let prompts: Vec<Vec<u32>> = group.iter().flat_map(|j| j.prompts.clone()).collect();
         let device = self.device.clone();
         let out = catch_unwind(AssertUnwindSafe(|| {
-            let g = generate(model, &prompts, &cfg, &device)?;
+            let mut observe = relay(&group, &stop);
+            let g = generate_observed(model, &prompts, &cfg, &device, &mut observe)?;
             let ids = g.response_ids();
             let lps = g.log_probs.clone().try_into_vec_as::<f32>().map_err(|e| {
                 ember_llm::LlmError::Input(format!("reading log-probs back: {e:?}"))
@@ -535,5 +544,45 @@ impl Engine {
             }
             let _ = j.reply.send(Ok(choices));
         }
+    }
+}
+
+/// The observer of a sampler call over `group`: each streaming job gets its choices' new tokens
+/// (up to its own `max_tokens`, through the first stop token); generation ends early once no
+/// job's client is left.
+fn relay<'a>(group: &'a [Job], stop: &'a [u32]) -> impl FnMut(&[Vec<u32>]) -> bool + 'a {
+    // Row → (job, choice); rows are prompt-major in job order.
+    let owners: Vec<(usize, usize)> = group
+        .iter()
+        .enumerate()
+        .flat_map(|(j, job)| (0..job.rows()).map(move |c| (j, c)))
+        .collect();
+    let mut sent = vec![0usize; owners.len()];
+    let mut ended = vec![false; owners.len()];
+    move |fresh: &[Vec<u32>]| {
+        let mut out: Vec<Vec<(usize, Vec<u32>)>> = vec![Vec::new(); group.len()];
+        for (row, toks) in fresh.iter().enumerate() {
+            let Some(&(j, c)) = owners.get(row) else {
+                continue;
+            };
+            let mut new = Vec::new();
+            for &t in toks {
+                if ended[row] || sent[row] >= group[j].max_tokens {
+                    break;
+                }
+                new.push(t);
+                sent[row] += 1;
+                ended[row] = stop.contains(&t);
+            }
+            if !new.is_empty() && group[j].stream.is_some() {
+                out[j].push((c, new));
+            }
+        }
+        for (job, deltas) in group.iter().zip(out) {
+            if let (Some(tx), false) = (&job.stream, deltas.is_empty()) {
+                let _ = tx.send(deltas);
+            }
+        }
+        group.iter().any(|j| !j.reply.is_closed())
     }
 }

@@ -7,6 +7,7 @@ use super::api::{
 };
 use super::engine::Msg;
 use super::state::AppState;
+use super::stream::{self, Ask, Kind};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
@@ -77,13 +78,6 @@ fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, 
             format!("the request body is not a valid request: {e}"),
         )
     })
-}
-
-fn reply(r: Result<Value, ApiError>) -> Response {
-    match r {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
 }
 
 /// 200 while the engine thread takes requests, 503 once it has ended or shutdown began.
@@ -200,13 +194,15 @@ async fn completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    reply(completions_inner(&st, body).await)
+    completions_inner(&st, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions_inner(
-    st: &AppState,
+    st: &Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Value, ApiError> {
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
     let params = req.sampling.params()?;
     let stops = Stop::strings(req.sampling.stop.clone())?;
@@ -236,11 +232,32 @@ async fn completions_inner(
         Prompt::Ids(ids) => vec![ids.clone()],
         Prompt::IdLists(v) => v.clone(),
     };
+    if req.sampling.stream {
+        refuse_in_stream(&[
+            ("echo", req.echo),
+            ("logprobs", req.logprobs.is_some()),
+            ("return_token_ids", req.sampling.return_token_ids),
+        ])?;
+    }
     if req.echo {
-        return super::echo::completions(st, &req, prompts, params, &stops).await;
+        let v = super::echo::completions(st, &req, prompts, params, &stops).await?;
+        return Ok(axum::Json(v).into_response());
     }
     let rows = prompts.len() * params.n;
     let max_tokens = check_lengths(st, (&prompts, "prompt"), req.max_tokens, Some(16), rows)?;
+    if req.sampling.stream {
+        let usage = req.sampling.stream_options.as_ref();
+        return stream::respond(
+            st,
+            Ask {
+                kind: Kind::Text,
+                model: req.model.clone(),
+                job: (prompts, params, max_tokens),
+                stops,
+                usage: usage.is_some_and(|o| o.include_usage),
+            },
+        );
+    }
     let (with_ids, as_ids) = (
         req.sampling.return_token_ids,
         req.sampling.return_tokens_as_token_ids,
@@ -279,20 +296,37 @@ async fn completions_inner(
     }
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let kind = ("cmpl", "text_completion");
-    Ok(envelope(
+    let v = envelope(
         st,
         kind,
         &req.model,
         out,
         (prompt_tokens, completion_tokens),
-    ))
+    );
+    Ok(axum::Json(v).into_response())
+}
+
+/// 400 for the first option given that a stream does not carry.
+fn refuse_in_stream(options: &[(&str, bool)]) -> Result<(), ApiError> {
+    match options.iter().find(|(_, on)| *on) {
+        Some((name, _)) => Err(ApiError::bad(
+            name,
+            format!("{name} is not sent in a stream; send stream = false for it"),
+        )),
+        None => Ok(()),
+    }
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    reply(chat_inner(&st, body).await)
+    chat_inner(&st, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+async fn chat_inner(
+    st: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body)?;
     let params = req.sampling.params()?;
     let stops = Stop::strings(req.sampling.stop.clone())?;
@@ -342,6 +376,23 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
     let asked = req.max_completion_tokens.or(req.max_tokens);
     let rows = params.n;
     let max_tokens = check_lengths(st, (&prompts, "messages"), asked, None, rows)?;
+    if req.sampling.stream {
+        refuse_in_stream(&[
+            ("logprobs", req.logprobs),
+            ("return_token_ids", req.sampling.return_token_ids),
+        ])?;
+        let usage = req.sampling.stream_options.as_ref();
+        return stream::respond(
+            st,
+            Ask {
+                kind: Kind::Chat,
+                model: req.model.clone(),
+                job: (prompts, params, max_tokens),
+                stops,
+                usage: usage.is_some_and(|o| o.include_usage),
+            },
+        );
+    }
     let (with_ids, as_ids) = (
         req.sampling.return_token_ids,
         req.sampling.return_tokens_as_token_ids,
@@ -390,5 +441,5 @@ async fn chat_inner(st: &AppState, body: Result<Bytes, BytesRejection>) -> Resul
     if with_ids {
         v["prompt_token_ids"] = json!(&prompts[0]);
     }
-    Ok(v)
+    Ok(axum::Json(v).into_response())
 }

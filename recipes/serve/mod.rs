@@ -24,6 +24,7 @@ mod echo;
 pub mod engine;
 pub mod http;
 pub mod state;
+mod stream;
 
 use anyhow::{Context, Result, bail};
 use engine::{Engine, Msg, Names};

@@ -29,6 +29,9 @@ pub use lora::{
 pub use mixture::{apply_mixture, mixtures};
 pub use model::{Llama, chosen_log_probs};
 pub use rope::RopeScaling;
-pub use sample::{Generation, SamplingConfig, generate, left_pad, left_pad_to, sample_rows};
+pub use sample::{
+    Generation, Observer, SamplingConfig, generate, generate_observed, left_pad, left_pad_to,
+    sample_rows,
+};
 pub use tokenizer::{Message, Tokenizer, render_chat, render_chat_with};
 pub use value::ValueModel;

@@ -373,17 +373,10 @@ pub fn sample_rows(lp: Tensor<2>, rng: &mut SplitMix64) -> Tensor<2, Int> {
     below.clamp_max(vocab as i64 - 1)
 }
 
-/// Samples `cfg.n` responses for each prompt.
-///
-/// # Errors
-/// An empty prompt list or prompt, a prompt plus `max_new_tokens` longer than the model's
-/// context, or an invalid setting.
-pub fn generate(
-    model: &Llama,
-    prompts: &[Vec<u32>],
-    cfg: &SamplingConfig,
-    device: &Device,
-) -> Result<Generation> {
+/// The checks of [`generate`]: settings, non-empty prompts within the vocabulary and, with
+/// `max_new_tokens`, within the context (checked arithmetic: a huge `max_new_tokens` must not
+/// wrap around to a small sum).
+fn check_inputs(model: &Llama, prompts: &[Vec<u32>], cfg: &SamplingConfig) -> Result<()> {
     cfg.validate()?;
     if prompts.is_empty() {
         return Err(LlmError::Input("no prompts".into()));
@@ -398,7 +391,6 @@ pub fn generate(
         )));
     }
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    // Checked: a huge `max_new_tokens` must not wrap around to a small sum.
     if longest
         .checked_add(cfg.max_new_tokens)
         .is_none_or(|n| n > model.max_positions())
@@ -409,6 +401,52 @@ pub fn generate(
             model.max_positions()
         )));
     }
+    Ok(())
+}
+
+/// `[rows, k]` token ids as host rows (empty rows if the device read fails).
+fn host_rows(t: Tensor<2, Int>) -> Vec<Vec<u32>> {
+    let [rows, k] = t.dims();
+    let flat = t.try_into_vec_as::<i64>().unwrap_or_default();
+    (0..rows)
+        .map(|r| {
+            flat.get(r * k..(r + 1) * k)
+                .map(|s| s.iter().map(|&x| x as u32).collect())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Samples `cfg.n` responses for each prompt.
+///
+/// # Errors
+/// An empty prompt list or prompt, a prompt plus `max_new_tokens` longer than the model's
+/// context, or an invalid setting.
+pub fn generate(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    device: &Device,
+) -> Result<Generation> {
+    generate_observed(model, prompts, cfg, device, &mut |_| true)
+}
+
+/// Called at each stop check with the tokens of every row drawn since the previous check
+/// (`[rows][k]`, rows prompt-major, 0 after a row stopped); returns false to end generation
+/// there (every reader has gone). Streaming servers set `stop_check_every` to how often they
+/// send.
+pub type Observer<'a> = &'a mut dyn FnMut(&[Vec<u32>]) -> bool;
+
+/// [`generate`], showing `observe` the tokens as they are drawn: one host read of the new
+/// tokens per stop check, beside the check's own.
+pub fn generate_observed(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    device: &Device,
+    observe: Observer<'_>,
+) -> Result<Generation> {
+    check_inputs(model, prompts, cfg)?;
     let rows: Vec<Vec<u32>> = prompts
         .iter()
         .flat_map(|p| std::iter::repeat_n(p.clone(), cfg.n))
@@ -473,6 +511,11 @@ pub fn generate(
             break;
         }
         if (step + 1) % cfg.stop_check_every.max(1) == 0 {
+            let every = cfg.stop_check_every.max(1);
+            let fresh = Tensor::cat(toks[toks.len() - every..].to_vec(), 1);
+            if !observe(&host_rows(fresh)) {
+                break;
+            }
             let any: f32 = alive.clone().sum().into_scalar();
             if any == 0.0 {
                 break;

@@ -3,7 +3,7 @@
 //! envelope.
 
 use super::api::{ApiError, Params, Usage};
-use super::engine::{Choice, Job, Msg};
+use super::engine::{Choice, Deltas, Job, Msg};
 use super::state::{AppState, now, shutting_down};
 use axum::http::StatusCode;
 use ember_llm::Tokenizer;
@@ -30,7 +30,7 @@ pub(crate) fn queue(
     st: &AppState,
     model: &str,
     (prompts, params, max_tokens): (Vec<Vec<u32>>, Params, usize),
-    stream: Option<mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>>,
+    stream: Option<Deltas>,
 ) -> Result<Answer, ApiError> {
     if !st.served().iter().any(|n| n == model) {
         return Err(ApiError::no_model(model, &st.served()));

@@ -50,8 +50,11 @@ pub struct Job {
     pub reply: oneshot::Sender<Result<Vec<Choice>, ApiError>>,
     /// A streaming request's tokens as they are drawn: `(choice, new tokens)` pairs, sent at
     /// every stop check before the answer (which still comes whole through `reply`).
-    pub stream: Option<mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>>,
+    pub stream: Option<Deltas>,
 }
+
+/// Where a streaming job's new tokens go: `(choice, tokens)` pairs per decode step.
+pub type Deltas = mpsc::UnboundedSender<Vec<(usize, Vec<u32>)>>;
 
 impl Job {
     fn rows(&self) -> usize {

@@ -45,7 +45,7 @@ pub(crate) struct Ask {
 /// Queues the request and answers with its event stream (errors before the queue, such as a
 /// full queue, are ordinary JSON errors).
 pub(crate) fn respond(st: &Arc<AppState>, ask: Ask) -> Result<Response, ApiError> {
-    if !st.served().iter().any(|n| *n == ask.model) {
+    if !st.served().contains(&ask.model) {
         return Err(ApiError::no_model(&ask.model, &st.served()));
     }
     let (tx, deltas) = mpsc::unbounded_channel();

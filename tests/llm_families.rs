@@ -295,3 +295,29 @@ fn the_fixtures_depend_on_their_rope_scaling() {
         assert!(gap > 1e-2, "{name}: plain RoPE is only {gap} away");
     }
 }
+
+/// `generation_config.json`'s sampling settings, as a server's defaults: Qwen3's recommended
+/// ones, greedy when `do_sample` is false, out-of-range values dropped.
+#[test]
+fn generation_config_sampling_defaults() {
+    use ember_llm::GenerationDefaults;
+    let qwen3 = serde_json::json!({"do_sample": true, "temperature": 0.6, "top_p": 0.95,
+                                   "top_k": 20, "eos_token_id": [151645, 151643]});
+    let d = GenerationDefaults::from_json(&qwen3);
+    assert_eq!(
+        d,
+        GenerationDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            min_p: None
+        }
+    );
+    let greedy = serde_json::json!({"do_sample": false, "temperature": 0.7});
+    assert_eq!(GenerationDefaults::from_json(&greedy).temperature, Some(0.0));
+    let bad = serde_json::json!({"temperature": -1.0, "top_p": 1.5, "min_p": 1.0});
+    assert_eq!(GenerationDefaults::from_json(&bad), GenerationDefaults::default());
+    // A directory's file is read at load; the fixtures' files name no sampling settings.
+    let loaded = load(&fixture("tiny_qwen3"), &dev()).unwrap();
+    assert_eq!(loaded.generation, GenerationDefaults::default());
+}

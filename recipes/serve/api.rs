@@ -305,6 +305,17 @@ pub struct Params {
 pub const MAX_N: usize = 128;
 
 impl Sampling {
+    /// [`params`](Self::params) with the settings the request leaves out taken from the
+    /// model's `generation_config.json` (vLLM's default, `--generation-config auto`).
+    pub fn params_with(&self, d: &ember_llm::GenerationDefaults) -> Result<Params, ApiError> {
+        let mut s = self.clone();
+        s.temperature = s.temperature.or(d.temperature);
+        s.top_p = s.top_p.or(d.top_p);
+        s.top_k = s.top_k.or(d.top_k.and_then(|k| i64::try_from(k).ok()));
+        s.min_p = s.min_p.or(d.min_p);
+        s.params()
+    }
+
     /// Checks the fields, refusing what the server does not implement.
     pub fn params(&self) -> Result<Params, ApiError> {
         if self.stream_options.is_some() && !self.stream {
@@ -424,6 +435,23 @@ mod tests {
 
     fn sampling(v: serde_json::Value) -> Sampling {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// The model's `generation_config.json` fills what a request leaves out; the request wins.
+    #[test]
+    fn generation_config_fills_absent_settings() {
+        let d = ember_llm::GenerationDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            min_p: None,
+        };
+        let p = sampling(serde_json::json!({})).params_with(&d).unwrap();
+        assert_eq!((p.temperature, p.top_p, p.top_k, p.min_p), (0.6, 0.95, 20, 0.0));
+        let p = sampling(serde_json::json!({"temperature": 0, "top_k": -1}))
+            .params_with(&d)
+            .unwrap();
+        assert_eq!((p.temperature, p.top_p, p.top_k), (0.0, 0.95, 0));
     }
 
     #[test]

@@ -204,7 +204,7 @@ async fn completions_inner(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
-    let params = req.sampling.params()?;
+    let params = req.sampling.params_with(&st.info.defaults)?;
     let stops = Stop::strings(req.sampling.stop.clone())?;
     if req.suffix.is_some() {
         return Err(ApiError::bad("suffix", "suffix is not supported"));
@@ -328,7 +328,7 @@ async fn chat_inner(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body)?;
-    let params = req.sampling.params()?;
+    let params = req.sampling.params_with(&st.info.defaults)?;
     let stops = Stop::strings(req.sampling.stop.clone())?;
     if req.top_logprobs.is_some_and(|k| k > 0) {
         return Err(ApiError::bad(

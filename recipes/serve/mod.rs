@@ -99,6 +99,8 @@ pub struct ModelInfo {
     pub vocab: usize,
     /// Where the base weights were read from (`--model`; `root` in `/v1/models`).
     pub root: String,
+    /// Sampling settings for requests that leave them out (`generation_config.json`).
+    pub defaults: ember_llm::GenerationDefaults,
 }
 
 /// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
@@ -210,7 +212,14 @@ fn start_engine(
         context,
         vocab,
         root: a.model.display().to_string(),
+        defaults: loaded.generation.clone(),
     };
+    if loaded.generation != ember_llm::GenerationDefaults::default() {
+        log::info!(
+            "requests that leave them out sample with generation_config.json's {:?}",
+            loaded.generation
+        );
+    }
     let budget = (a.max_batch, a.max_batch_tokens);
     let model = (loaded.model, loaded.config);
     let mut engine = Engine::new(base_name, model, stop, device, budget, names);

@@ -430,6 +430,52 @@ pub struct Loaded {
     pub config: LlamaConfig,
     /// EOS ids from `generation_config.json` / `config.json` (HF) or GGUF metadata.
     pub eos_ids: Vec<u32>,
+    /// The sampling defaults of `generation_config.json` (none for GGUF files).
+    pub generation: GenerationDefaults,
+}
+
+/// The sampling settings a Hugging Face directory's `generation_config.json` recommends
+/// (transformers' `GenerationConfig`; vLLM serves with them by default): what a server uses
+/// when a request leaves a setting out. Values outside their range are dropped with a warning.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationDefaults {
+    /// Temperature (0 when `do_sample` is false: transformers then decodes greedily).
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k (0 = off).
+    pub top_k: Option<usize>,
+    /// Min-p.
+    pub min_p: Option<f32>,
+}
+
+impl GenerationDefaults {
+    /// The defaults of a parsed `generation_config.json`.
+    pub fn from_json(v: &serde_json::Value) -> Self {
+        let num = |k: &str, ok: fn(f64) -> bool| {
+            let x = v.get(k).and_then(serde_json::Value::as_f64)?;
+            if ok(x) {
+                Some(x as f32)
+            } else {
+                log::warn!("generation_config.json: ignoring {k} = {x} (out of range)");
+                None
+            }
+        };
+        let greedy = v.get("do_sample").and_then(serde_json::Value::as_bool) == Some(false);
+        Self {
+            temperature: if greedy {
+                Some(0.0)
+            } else {
+                num("temperature", |x| (0.0..=2.0).contains(&x))
+            },
+            top_p: num("top_p", |x| x > 0.0 && x <= 1.0),
+            top_k: v
+                .get("top_k")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|k| usize::try_from(k).ok()),
+            min_p: num("min_p", |x| (0.0..1.0).contains(&x)),
+        }
+    }
 }
 
 /// Loads a Hugging Face directory or a `.gguf` file.
@@ -455,6 +501,7 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
             model,
             config,
             eos_ids,
+            generation: GenerationDefaults::default(),
         });
     }
     let cfg_path = path.join("config.json");
@@ -462,6 +509,7 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
     let hf = HfConfig::from_json(&text)?;
     let config = hf.to_config()?;
     let mut eos_ids = hf.eos_ids();
+    let mut generation = GenerationDefaults::default();
     let gen_path = path.join("generation_config.json");
     if gen_path.exists() {
         let text = std::fs::read_to_string(&gen_path).map_err(|e| LlmError::io(&gen_path, e))?;
@@ -473,6 +521,7 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
         if !ids.is_empty() {
             eos_ids = ids;
         }
+        generation = GenerationDefaults::from_json(&v);
     }
     let mut src = SafetensorsSource::open_dir(path)?;
     let model = build_model(&config, &mut src, device)?;
@@ -480,6 +529,7 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
         model,
         config,
         eos_ids,
+        generation,
     })
 }
 

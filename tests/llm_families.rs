@@ -314,9 +314,15 @@ fn generation_config_sampling_defaults() {
         }
     );
     let greedy = serde_json::json!({"do_sample": false, "temperature": 0.7});
-    assert_eq!(GenerationDefaults::from_json(&greedy).temperature, Some(0.0));
+    assert_eq!(
+        GenerationDefaults::from_json(&greedy).temperature,
+        Some(0.0)
+    );
     let bad = serde_json::json!({"temperature": -1.0, "top_p": 1.5, "min_p": 1.0});
-    assert_eq!(GenerationDefaults::from_json(&bad), GenerationDefaults::default());
+    assert_eq!(
+        GenerationDefaults::from_json(&bad),
+        GenerationDefaults::default()
+    );
     // A directory's file is read at load; the fixtures' files name no sampling settings.
     let loaded = load(&fixture("tiny_qwen3"), &dev()).unwrap();
     assert_eq!(loaded.generation, GenerationDefaults::default());

@@ -447,7 +447,10 @@ mod tests {
             min_p: None,
         };
         let p = sampling(serde_json::json!({})).params_with(&d).unwrap();
-        assert_eq!((p.temperature, p.top_p, p.top_k, p.min_p), (0.6, 0.95, 20, 0.0));
+        assert_eq!(
+            (p.temperature, p.top_p, p.top_k, p.min_p),
+            (0.6, 0.95, 20, 0.0)
+        );
         let p = sampling(serde_json::json!({"temperature": 0, "top_k": -1}))
             .params_with(&d)
             .unwrap();

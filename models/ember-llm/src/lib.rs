@@ -22,7 +22,8 @@ mod value;
 pub use config::{Family, HfConfig, LlamaConfig};
 pub use error::{LlmError, Result};
 pub use load::{
-    GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, save_hf, unpermute_rows};
+    GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, save_hf, unpermute_rows,
+};
 pub use lora::{
     LoraSettings, TARGETS as LORA_TARGETS, adapter_param_count, apply_lora, load_peft, merge,
     save_peft, target_paths,

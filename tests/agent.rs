@@ -31,7 +31,7 @@ fn tiny_policy(seed: u64, device: &burn::tensor::Device) -> Policy {
     Policy {
         model: config.init(device),
         config,
-        tok: Tok::Char,
+        tok: Tok::Char(ember_llm::chartok::Vocab::Chars),
         stop: vec![chartok::EOS],
         lora: None,
     }

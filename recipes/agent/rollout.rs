@@ -149,8 +149,11 @@ impl Policy {
     /// An observation's token ids as plain text (appended to the context, no BOS).
     pub fn observation_ids(&self, text: &str) -> Result<Vec<u32>> {
         match &self.tok {
-            Tok::Char => chartok::encode(text).map_err(|m| {
-                anyhow::anyhow!("observation {text:?}: {m} (the tiny policy's vocabulary)")
+            Tok::Char(vocab) => vocab.encode(text).map_err(|m| {
+                anyhow::anyhow!(
+                    "observation {text:?}: {m} (the tiny policy's vocabulary; `[model] vocab = \
+                     \"bytes\"` takes any text)"
+                )
             }),
             Tok::Real { tok, .. } => Ok(tok.encode(text)?),
         }
@@ -216,7 +219,7 @@ impl Policy {
     /// `template` around it, in its chat template (with the system message) when `chat`.
     pub fn first_prompt(&self, text: &str) -> Result<Vec<u32>> {
         match &self.tok {
-            Tok::Char => {
+            Tok::Char(_) => {
                 let mut ids = vec![chartok::BOS];
                 ids.extend(self.observation_ids(text)?);
                 Ok(ids)

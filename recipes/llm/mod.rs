@@ -31,8 +31,8 @@ use std::path::Path;
 
 /// How text becomes tokens.
 pub enum Tok {
-    /// The character-level vocabulary of the generated tasks.
-    Char,
+    /// A tiny policy's vocabulary: the generated tasks' characters, or bytes.
+    Char(chartok::Vocab),
     /// A real tokenizer with a prompt template and optional chat template.
     Real {
         /// The tokenizer.
@@ -64,12 +64,12 @@ impl Policy {
     /// The prompt's token ids; an error when prompt plus `max_new` exceeds the context.
     pub fn prompt_ids(&self, e: &Example, max_new: usize) -> Result<Vec<u32>> {
         let ids = match &self.tok {
-            Tok::Char => {
+            Tok::Char(vocab) => {
                 let mut ids = vec![chartok::BOS];
-                ids.extend(chartok::encode(&e.prompt).map_err(|m| {
+                ids.extend(vocab.encode(&e.prompt).map_err(|m| {
                     anyhow!(
-                        "prompt {:?}: {m}; the tiny [model] handles generated tasks only, use \
-                         [pretrained] for text data",
+                        "prompt {:?}: {m}; set `[model] vocab = \"bytes\"` for other text, or \
+                         use [pretrained]",
                         e.prompt
                     )
                 })?);
@@ -102,10 +102,18 @@ impl Policy {
         Ok(ids)
     }
 
+    /// The tiny policy's vocabulary (`Chars` for a pretrained one, which has its tokenizer).
+    pub fn vocab(&self) -> chartok::Vocab {
+        match &self.tok {
+            Tok::Char(v) => *v,
+            Tok::Real { .. } => chartok::Vocab::Chars,
+        }
+    }
+
     /// Response text.
     pub fn decode(&self, ids: &[u32]) -> String {
         match &self.tok {
-            Tok::Char => chartok::decode(ids),
+            Tok::Char(vocab) => vocab.decode(ids),
             Tok::Real { tok, .. } => tok.decode(ids, true).unwrap_or_default(),
         }
     }
@@ -208,10 +216,11 @@ pub fn evaluate_sampled(
     Ok(out)
 }
 
-/// Teacher-forced demonstrations `<bos> prompt answer <eos>` in the character vocabulary:
+/// Teacher-forced demonstrations `<bos> prompt answer <eos>` in a tiny policy's vocabulary:
 /// tokens and mask `[b, t]`, and the mask of the answer tokens among the next-token targets
 /// `[b, t − 1]`.
 pub fn demonstrations(
+    vocab: chartok::Vocab,
     batch: &[Example],
     device: &Device,
 ) -> Result<(Tensor<2, Int>, Tensor<2>, Tensor<2>)> {
@@ -219,9 +228,9 @@ pub fn demonstrations(
         .iter()
         .map(|e| {
             let mut ids = vec![chartok::BOS];
-            ids.extend(chartok::encode(&e.prompt).map_err(anyhow::Error::msg)?);
+            ids.extend(vocab.encode(&e.prompt).map_err(anyhow::Error::msg)?);
             let p = ids.len();
-            ids.extend(chartok::encode(&e.answer).map_err(anyhow::Error::msg)?);
+            ids.extend(vocab.encode(&e.answer).map_err(anyhow::Error::msg)?);
             ids.push(chartok::EOS);
             Ok((ids, p))
         })
@@ -252,6 +261,7 @@ pub fn demonstrations(
 /// Supervised steps on demonstrations `prompt answer <eos>`: −mean log π of the answer tokens.
 pub fn warm_up(
     mut model: Llama,
+    vocab: chartok::Vocab,
     w: &Warmup,
     task: &TaskSet,
     rng: &mut Rng,
@@ -260,7 +270,7 @@ pub fn warm_up(
     let mut optim = OptimizerConfig::default().init();
     for _ in 0..w.steps {
         let batch = task.train(rng, w.batch);
-        let (toks, mask, lm) = demonstrations(&batch, device)?;
+        let (toks, mask, lm) = demonstrations(vocab, &batch, device)?;
         let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
         let loss = (lp * lm.clone()).sum().neg() / lm.sum();
         let grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -319,7 +329,7 @@ pub fn policy_from_specs(
         return Ok(Policy {
             model: config.init(device),
             config,
-            tok: Tok::Char,
+            tok: Tok::Char(m.vocab),
             stop: vec![chartok::EOS],
             lora: None,
         });
@@ -444,7 +454,8 @@ pub fn policy_at_start(
     match (checkpoint, &r.warmup) {
         (Some(dir), _) => policy = load_checkpoint(policy, dir)?,
         (None, Some(w)) if policy.lora.is_none() => {
-            policy.model = warm_up(policy.model, w, task, rng, device)?;
+            let vocab = policy.vocab();
+            policy.model = warm_up(policy.model, vocab, w, task, rng, device)?;
         }
         _ => {}
     }
@@ -455,7 +466,10 @@ pub fn policy_at_start(
 /// and the character vocabulary as `tokenizer.json` (so `ember serve` can serve it).
 pub fn save_tiny(policy: &Policy, dir: &Path) -> Result<()> {
     ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, dir)?;
-    chartok::write_hf_tokenizer(dir).with_context(|| format!("writing {}", dir.display()))
+    policy
+        .vocab()
+        .write_hf_tokenizer(dir)
+        .with_context(|| format!("writing {}", dir.display()))
 }
 
 /// `final/`: the tiny model as Hugging Face safetensors, or the LoRA adapter in PEFT layout.

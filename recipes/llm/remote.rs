@@ -276,7 +276,7 @@ impl Remote {
             std::fs::remove_dir_all(&tmp)?;
         }
         match policy.tok {
-            super::Tok::Char => super::save_tiny(policy, &tmp)?,
+            super::Tok::Char(_) => super::save_tiny(policy, &tmp)?,
             super::Tok::Real { .. } => {
                 ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, &tmp)?;
             }

@@ -79,7 +79,8 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     let mut rng = Rng(r.seed);
     let t0 = Instant::now();
     let task = TaskSet::Arithmetic(arithmetic(&r.warmup_task));
-    let warm = warm_up(cfg.init(&ad), &r.warmup, &task, &mut rng, &ad)?;
+    let chars = chartok::Vocab::Chars;
+    let warm = warm_up(cfg.init(&ad), chars, &r.warmup, &task, &mut rng, &ad)?;
     let secs = t0.elapsed().as_secs_f64();
     say(format!(
         "[{}] warm-up on {}: {secs:.1} s",
@@ -93,7 +94,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     let policy = |model: Llama| Policy {
         model,
         config: cfg.clone(),
-        tok: Tok::Char,
+        tok: Tok::Char(chartok::Vocab::Chars),
         stop: vec![chartok::EOS],
         lora: None,
     };
@@ -236,7 +237,7 @@ fn finetune(b: BuiltArm, arm: &Arm, r: &MoloraRecipe, ad: &Device, quiet: bool) 
             .iter()
             .flat_map(|e| std::iter::repeat_n(e.clone(), m))
             .collect();
-        let (toks, mask, lm) = demonstrations(&rep, ad)?;
+        let (toks, mask, lm) = demonstrations(chartok::Vocab::Chars, &rep, ad)?;
         let ctx = match b.remix {
             Some(_) => RouteCtx::training(),
             None => RouteCtx::plain(true).recording(),
@@ -289,7 +290,7 @@ fn routing_balance(valid: &Llama, evals: &[Vec<Example>], base: &Device) -> Resu
             ..e.clone()
         })
         .collect();
-    let (toks, mask, _) = demonstrations(&prompts, base)?;
+    let (toks, mask, _) = demonstrations(chartok::Vocab::Chars, &prompts, base)?;
     let ctx = RouteCtx::plain(true)
         .recording()
         .with_pool_mask(mask.clone());

@@ -16,7 +16,6 @@
 use crate::llm::score::Scored;
 use crate::llm::{Policy, Tok};
 use anyhow::{Context, Result, anyhow, bail};
-use ember_llm::chartok;
 use ember_tasks::reward::Check;
 use ember_tasks::task::Example;
 use std::collections::BTreeMap;
@@ -219,7 +218,8 @@ pub fn tokenize(policy: &Policy, groups: &[Group], max_new: usize) -> Result<Vec
             let mut responses = Vec::with_capacity(g.responses.len());
             for s in &g.responses {
                 let mut ids = match &policy.tok {
-                    Tok::Char => chartok::encode(&s.response)
+                    Tok::Char(vocab) => vocab
+                        .encode(&s.response)
                         .map_err(|m| anyhow!("group {gi}: response {:?}: {m}", s.response))?,
                     Tok::Real { tok, .. } => tok.encode(&s.response)?,
                 };

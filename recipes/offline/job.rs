@@ -303,7 +303,8 @@ fn fresh_start(
     ad: &Device,
 ) -> Result<Policy> {
     if let (Some(w), None) = (&r.warmup, &policy.lora) {
-        policy.model = warm_up(policy.model, w, task, rng, ad)?;
+        let vocab = policy.vocab();
+        policy.model = warm_up(policy.model, vocab, w, task, rng, ad)?;
     }
     if policy.lora.is_none() {
         let record = policy.model.clone().into_record();

@@ -95,7 +95,7 @@ pub fn rollouts(
                 pairs += 1;
             }
             let prompt = match policy.tok {
-                crate::llm::Tok::Char => e.prompt.clone(),
+                crate::llm::Tok::Char(_) => e.prompt.clone(),
                 crate::llm::Tok::Real { .. } => e.question.clone(),
             };
             let line = serde_json::json!({

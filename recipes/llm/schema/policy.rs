@@ -22,6 +22,14 @@ pub struct ModelSpec {
     pub kv_heads: usize,
     /// MLP size.
     pub d_ff: usize,
+    /// `chars` (the arithmetic tasks' characters, the default) or `bytes` (the 256 byte
+    /// values: any text, for external environments and datasets).
+    #[serde(default, skip_serializing_if = "is_chars")]
+    pub vocab: chartok::Vocab,
+}
+
+fn is_chars(v: &chartok::Vocab) -> bool {
+    *v == chartok::Vocab::Chars
 }
 
 /// A pretrained checkpoint (Hugging Face directory or GGUF file) trained through LoRA adapters,
@@ -91,7 +99,7 @@ impl ModelSpec {
     pub fn llama_config(&self) -> LlamaConfig {
         LlamaConfig::new(
             Family::Llama,
-            chartok::vocab_size(),
+            self.vocab.size(),
             self.d_model,
             self.d_ff,
             self.layers,

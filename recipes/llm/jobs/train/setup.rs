@@ -88,8 +88,10 @@ impl<'a> Job<'a> {
         } else {
             if let (Some(w), None) = (&r.warmup, &self.policy.lora) {
                 let t0 = Instant::now();
+                let vocab = self.policy.vocab();
                 let model = self.policy.model;
-                self.policy.model = warm_up(model, w, &self.task, &mut self.rng, &self.ad)?;
+                let (task, ad) = (&self.task, &self.ad);
+                self.policy.model = warm_up(model, vocab, w, task, &mut self.rng, ad)?;
                 let secs = t0.elapsed().as_secs_f64();
                 self.run
                     .say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));

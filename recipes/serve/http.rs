@@ -246,17 +246,9 @@ async fn completions_inner(
     let rows = prompts.len() * params.n;
     let max_tokens = check_lengths(st, (&prompts, "prompt"), req.max_tokens, Some(16), rows)?;
     if req.sampling.stream {
-        let usage = req.sampling.stream_options.as_ref();
-        return stream::respond(
-            st,
-            Ask {
-                kind: Kind::Text,
-                model: req.model.clone(),
-                job: (prompts, params, max_tokens),
-                stops,
-                usage: usage.is_some_and(|o| o.include_usage),
-            },
-        );
+        let (job, options) = ((prompts, params, max_tokens), req.sampling.stream_options);
+        let ask = Ask::new(Kind::Text, &req.model, job, (stops, options.as_ref()));
+        return stream::respond(st, ask);
     }
     let (with_ids, as_ids) = (
         req.sampling.return_token_ids,
@@ -381,17 +373,9 @@ async fn chat_inner(
             ("logprobs", req.logprobs),
             ("return_token_ids", req.sampling.return_token_ids),
         ])?;
-        let usage = req.sampling.stream_options.as_ref();
-        return stream::respond(
-            st,
-            Ask {
-                kind: Kind::Chat,
-                model: req.model.clone(),
-                job: (prompts, params, max_tokens),
-                stops,
-                usage: usage.is_some_and(|o| o.include_usage),
-            },
-        );
+        let (job, options) = ((prompts, params, max_tokens), req.sampling.stream_options);
+        let ask = Ask::new(Kind::Chat, &req.model, job, (stops, options.as_ref()));
+        return stream::respond(st, ask);
     }
     let (with_ids, as_ids) = (
         req.sampling.return_token_ids,

@@ -8,7 +8,7 @@
 //! disconnects drops the stream, which the engine sees (the request is no longer generated).
 
 use super::answer::{Answer, cut, finish, queue};
-use super::api::{ApiError, Params, Usage};
+use super::api::{ApiError, Params, StreamOptions, Usage};
 use super::state::{AppState, now};
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -40,6 +40,24 @@ pub(crate) struct Ask {
     pub stops: Vec<String>,
     /// `stream_options.include_usage`.
     pub usage: bool,
+}
+
+impl Ask {
+    /// A stream of `kind` for `model` with the request's `stream_options`.
+    pub(crate) fn new(
+        kind: Kind,
+        model: &str,
+        job: (Vec<Vec<u32>>, Params, usize),
+        (stops, options): (Vec<String>, Option<&StreamOptions>),
+    ) -> Self {
+        Self {
+            kind,
+            model: model.to_string(),
+            job,
+            stops,
+            usage: options.is_some_and(|o| o.include_usage),
+        }
+    }
 }
 
 /// Queues the request and answers with its event stream (errors before the queue, such as a

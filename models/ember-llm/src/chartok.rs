@@ -42,15 +42,37 @@ pub fn decode(ids: &[u32]) -> String {
 /// read as `<pad>`. With [`hf_tokenizer_config`] it makes an exported tiny model a complete
 /// Hugging Face directory (`ember serve`, `ember generate`, `transformers`).
 pub fn hf_tokenizer_json() -> serde_json::Value {
-    let special = ["<pad>", "<bos>", "<eos>"];
-    let mut vocab = serde_json::Map::new();
-    for (i, s) in special.iter().enumerate() {
-        vocab.insert((*s).to_string(), i.into());
-    }
+    let mut vocab = special_vocab();
     for (i, c) in CHARS.chars().enumerate() {
         vocab.insert(c.to_string(), (i + 3).into());
     }
-    let added: Vec<serde_json::Value> = special
+    tokenizer_file(
+        serde_json::json!({"type": "Split", "pattern": {"Regex": "(?s)."},
+            "behavior": "Isolated", "invert": false}),
+        serde_json::json!({"type": "Fuse"}),
+        serde_json::json!({"type": "WordLevel", "vocab": vocab, "unk_token": "<pad>"}),
+    )
+}
+
+/// The special tokens, ids 0 to 2.
+const SPECIAL: [&str; 3] = ["<pad>", "<bos>", "<eos>"];
+
+/// A vocabulary holding the special tokens.
+fn special_vocab() -> serde_json::Map<String, serde_json::Value> {
+    SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ((*s).to_string(), i.into()))
+        .collect()
+}
+
+/// A `tokenizer.json` with the special tokens added, around a pre-tokenizer, decoder and model.
+fn tokenizer_file(
+    pre: serde_json::Value,
+    decoder: serde_json::Value,
+    model: serde_json::Value,
+) -> serde_json::Value {
+    let added: Vec<serde_json::Value> = SPECIAL
         .iter()
         .enumerate()
         .map(|(i, s)| {
@@ -64,11 +86,10 @@ pub fn hf_tokenizer_json() -> serde_json::Value {
         "padding": null,
         "added_tokens": added,
         "normalizer": null,
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(?s)."},
-            "behavior": "Isolated", "invert": false},
+        "pre_tokenizer": pre,
         "post_processor": null,
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<pad>"},
+        "decoder": decoder,
+        "model": model,
     })
 }
 
@@ -171,37 +192,19 @@ fn byte_char(b: u8) -> char {
 }
 
 fn byte_level_json() -> serde_json::Value {
-    let special = ["<pad>", "<bos>", "<eos>"];
-    let mut vocab = serde_json::Map::new();
-    for (i, s) in special.iter().enumerate() {
-        vocab.insert((*s).to_string(), i.into());
-    }
+    let mut vocab = special_vocab();
     for b in 0..=255u8 {
         vocab.insert(byte_char(b).to_string(), (u32::from(b) + 3).into());
     }
-    let added: Vec<serde_json::Value> = special
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            serde_json::json!({"id": i, "content": s, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
     let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
         "trim_offsets": false, "use_regex": false});
-    serde_json::json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": byte_level,
-        "post_processor": null,
-        "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+    tokenizer_file(
+        byte_level.clone(),
+        byte_level,
+        serde_json::json!({"type": "BPE", "dropout": null, "unk_token": null,
             "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
-            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []},
-    })
+            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}),
+    )
 }
 
 #[cfg(test)]

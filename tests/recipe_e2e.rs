@@ -358,3 +358,27 @@ fn openai_rollout_backend_settings() {
     let tiny = std::fs::read_to_string(root.join("recipes/arithmetic-cpu.toml")).unwrap();
     assert!(parse(&tiny, &ok).is_ok());
 }
+
+/// Huge counts from `--set` are refused by name before anything is allocated (they used to
+/// abort with "capacity overflow", or start a step that never ended and ignored SIGTERM).
+#[test]
+fn huge_counts_are_refused_by_name() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let flow = std::fs::read_to_string(root.join("digits-flow.toml")).unwrap();
+    let max = i64::MAX;
+    for (text, key) in [
+        (&flow, "rl.prompts_per_step"),
+        (&flow, "rl.group_size"),
+        (&flow, "eval.samples_per_class"),
+        (&flow, "rl.ram_noisings"),
+        (&flow, "data_parallel.devices"),
+        (&recipe_text(), "data_parallel.devices"),
+    ] {
+        let e = ember::kinds::parse_any(text, &[format!("{key}={max}")])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        let name = key.rsplit('.').next().unwrap_or(key);
+        assert!(e.contains(name) && e.contains("must be"), "{key}: {e}");
+    }
+}

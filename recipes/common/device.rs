@@ -154,10 +154,24 @@ impl Default for DataParallelSpec {
     }
 }
 
+/// The most devices (or CPU replicas) one data-parallel group takes.
+pub const MAX_DEVICES: usize = 256;
+
 impl DataParallelSpec {
     /// One device and the default reduction (left out of resolved recipes).
     pub fn is_default(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// `devices` in 1..=[`MAX_DEVICES`] (a huge count would allocate per replica at start).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(1..=MAX_DEVICES).contains(&self.devices) {
+            anyhow::bail!(
+                "data_parallel.devices = {} must be in 1..={MAX_DEVICES}",
+                self.devices
+            );
+        }
+        Ok(())
     }
 }
 

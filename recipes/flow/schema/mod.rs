@@ -315,12 +315,17 @@ pub(crate) fn from_table(table: toml::Table) -> Result<FlowRecipe> {
     Ok(r)
 }
 
+/// The most images one RL step samples (prompts × group).
+const MAX_ROWS: usize = 100_000;
+/// The most images per class one evaluation draws.
+const MAX_EVAL_SAMPLES: usize = 10_000;
+/// The most re-noisings per sample of RAM's reward.
+const MAX_RAM_NOISINGS: usize = 1_024;
+
 impl FlowRecipe {
     /// Checks every value, naming the first bad one.
     pub fn validate(&self) -> Result<()> {
-        if self.data_parallel.devices == 0 {
-            bail!("data_parallel.devices must be at least 1");
-        }
+        self.data_parallel.validate()?;
         if self.kind != "flow" {
             bail!("kind = {:?}: a flow recipe says kind = \"flow\"", self.kind);
         }
@@ -351,8 +356,12 @@ impl FlowRecipe {
             bail!("reward: weights must be finite and ink_target > 0");
         }
         self.validate_algorithm_options()?;
-        if self.eval.samples_per_class < 2 {
-            bail!("eval.samples_per_class must be >= 2 (diversity is a pairwise distance)");
+        if !(2..=MAX_EVAL_SAMPLES).contains(&self.eval.samples_per_class) {
+            bail!(
+                "eval.samples_per_class = {} must be in 2..={MAX_EVAL_SAMPLES} (diversity is a \
+                 pairwise distance)",
+                self.eval.samples_per_class
+            );
         }
         Ok(())
     }
@@ -366,6 +375,16 @@ impl FlowRecipe {
                  needs two samples per prompt)",
                 rl.run.prompts_per_step,
                 rl.run.group_size
+            );
+        }
+        let rows = rl.run.prompts_per_step.checked_mul(rl.run.group_size);
+        if rows.is_none_or(|n| n > MAX_ROWS) {
+            bail!("rl.prompts_per_step × rl.group_size must be at most {MAX_ROWS}");
+        }
+        if rl.run.ram_noisings > MAX_RAM_NOISINGS {
+            bail!(
+                "rl.ram_noisings = {} must be at most {MAX_RAM_NOISINGS}",
+                rl.run.ram_noisings
             );
         }
         let s = &self.sampler;

@@ -446,9 +446,7 @@ impl Recipe {
                 );
             }
         }
-        if self.data_parallel.devices == 0 {
-            bail!("data_parallel.devices must be at least 1");
-        }
+        self.data_parallel.validate()?;
         critic::validate(
             self.critic.as_ref(),
             self.algorithm,

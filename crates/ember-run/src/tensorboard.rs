@@ -154,32 +154,34 @@ fn event_step(mut e: &[u8]) -> Option<i64> {
 }
 
 /// The bytes of the whole, well-framed records of `data` whose event step is at most `last`
-/// (stops at the first torn or damaged record, or the first later step).
-fn kept_prefix(data: &[u8], last: i64) -> usize {
+/// (up to the first later step, or a torn last record: a failed append leaves a prefix of one
+/// record at the end). A damaged record with the file going on after it is an error naming its
+/// byte offset: cutting there would silently drop the valid history behind it.
+fn kept_prefix(data: &[u8], last: i64) -> Result<usize, String> {
+    let damaged =
+        |at: usize, what: &str| Err(format!("the record at byte {at} is damaged ({what})"));
     let mut at = 0usize;
     loop {
         let Some(header) = data.get(at..at + 12) else {
-            return at;
+            return Ok(at);
         };
         let (len_bytes, crc) = header.split_at(8);
         let len_arr: [u8; 8] = len_bytes.try_into().unwrap_or([0; 8]);
         if crc != masked_crc(&len_arr).to_le_bytes() {
-            return at;
+            return damaged(at, "its length's checksum");
         }
-        let Ok(n) = usize::try_from(u64::from_le_bytes(len_arr)) else {
-            return at;
+        let crc_end = usize::try_from(u64::from_le_bytes(len_arr))
+            .ok()
+            .and_then(|n| at.checked_add(16)?.checked_add(n));
+        let Some(crc_end) = crc_end.filter(|&e| e <= data.len()) else {
+            return Ok(at);
         };
-        let Some(end) = at.checked_add(12).and_then(|s| s.checked_add(n)) else {
-            return at;
-        };
-        let Some(crc_end) = end.checked_add(4) else {
-            return at;
-        };
-        let (Some(body), Some(crc)) = (data.get(at + 12..end), data.get(end..crc_end)) else {
-            return at;
-        };
-        if crc != masked_crc(body).to_le_bytes() || event_step(body).unwrap_or(0) > last {
-            return at;
+        let (body, crc) = data[at + 12..crc_end].split_at(crc_end - 4 - (at + 12));
+        if crc != masked_crc(body).to_le_bytes() {
+            return damaged(at, "its body's checksum");
+        }
+        if event_step(body).unwrap_or(0) > last {
+            return Ok(at);
         }
         at = crc_end;
     }
@@ -210,7 +212,15 @@ impl EventWriter {
         if let (Some(last), Some(path)) = (keep_until, existing.last()) {
             let data =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            let keep = kept_prefix(&data, i64::try_from(last).unwrap_or(i64::MAX));
+            let keep =
+                kept_prefix(&data, i64::try_from(last).unwrap_or(i64::MAX)).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}: {e}; resuming would drop the TensorBoard history after it. Move the \
+                         tensorboard directory away to resume with a new event file \
+                         (metrics.jsonl keeps every step)",
+                        path.display()
+                    )
+                })?;
             let file = std::fs::OpenOptions::new()
                 .append(true)
                 .open(path)
@@ -293,7 +303,8 @@ mod tests {
         assert_eq!(event_step(&e), Some(1234));
     }
 
-    /// Resuming keeps the records up to the step and drops later and torn ones.
+    /// Resuming keeps the records up to the step and drops later and torn ones; damage in the
+    /// middle is an error naming its offset.
     #[test]
     fn kept_prefix_cuts_after_the_step() {
         let mut data = record(&event(0.0, 0, &file_version_body()));
@@ -306,11 +317,25 @@ mod tests {
             )));
             ends.push(data.len());
         }
-        assert_eq!(kept_prefix(&data, 2), ends[2]);
-        assert_eq!(kept_prefix(&data, 9), ends[4]);
-        assert_eq!(kept_prefix(&data[..ends[4] - 3], 9), ends[3]);
+        assert_eq!(kept_prefix(&data, 2), Ok(ends[2]));
+        assert_eq!(kept_prefix(&data, 9), Ok(ends[4]));
+        // A torn last record (a failed append), body or header: dropped.
+        assert_eq!(kept_prefix(&data[..ends[4] - 3], 9), Ok(ends[3]));
+        assert_eq!(kept_prefix(&data[..ends[3] + 5], 9), Ok(ends[3]));
+        // A flipped bit with records after it: named, not cut.
         let mut bad = data.clone();
         bad[ends[1] + 14] ^= 1;
-        assert_eq!(kept_prefix(&bad, 9), ends[1]);
+        let e = kept_prefix(&bad, 9).unwrap_err();
+        assert!(
+            e.contains(&format!("byte {}", ends[1])) && e.contains("body"),
+            "{e}"
+        );
+        let mut bad = data.clone();
+        bad[ends[2] + 9] ^= 1;
+        assert!(kept_prefix(&bad, 9).unwrap_err().contains("length"));
+        // Damage behind a later step is cut with the later records.
+        let mut bad = data.clone();
+        bad[ends[3] + 14] ^= 1;
+        assert_eq!(kept_prefix(&bad, 2), Ok(ends[2]));
     }
 }

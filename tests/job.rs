@@ -102,6 +102,21 @@ fn resume_equals_uninterrupted_run() {
     // Resuming with a different recipe is refused.
     let o = train(&b, &["train.lr=0.5"], &["--resume"]);
     assert!(stderr(&o).contains("recipe differs"), "{}", stderr(&o));
+    // One flipped bit in the model record: refused by name (it used to load as garbage
+    // weights and exit 0), and resumable once the file is whole again.
+    let model = b.join("checkpoints/step-00000003/model.bpk");
+    let whole = std::fs::read(&model).unwrap();
+    let mut flipped = whole.clone();
+    flipped[whole.len() / 2] ^= 0x10;
+    std::fs::write(&model, &flipped).unwrap();
+    let o = train(&b, &[], &["--resume"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("model.bpk is damaged"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(&model, &whole).unwrap();
     let o = train(&b, &[], &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let (ra, rb) = (

@@ -1231,6 +1231,12 @@ fn rerule_replays_stored_groups_and_resumes() {
     let o = train(&part2, &args, &["--resume"]);
     assert!(!o.status.success());
     let e = stderr(&o);
+    assert!(e.contains("replay.json is damaged"), "{e}");
+    // A buffer written bad (its manifest agreeing) is named by the buffer's own check.
+    ember_run::manifest::write(&part2.join("checkpoints/step-00000004")).unwrap();
+    let o = train(&part2, &args, &["--resume"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
     assert!(
         e.contains("replay.json: group 0: a response without tokens"),
         "{e}"

@@ -165,9 +165,12 @@ impl DataParallelSpec {
 
     /// `devices` in 1..=[`MAX_DEVICES`] (a huge count would allocate per replica at start).
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(1..=MAX_DEVICES).contains(&self.devices) {
+        if self.devices == 0 {
+            anyhow::bail!("data_parallel.devices must be at least 1");
+        }
+        if self.devices > MAX_DEVICES {
             anyhow::bail!(
-                "data_parallel.devices = {} must be in 1..={MAX_DEVICES}",
+                "data_parallel.devices = {} must be at most {MAX_DEVICES}",
                 self.devices
             );
         }

@@ -493,7 +493,7 @@ impl Engine {
         let device = self.device.clone();
         let out = catch_unwind(AssertUnwindSafe(|| {
             let mut observe = relay(&group, &stop);
-            let g = generate_observed(model, &prompts, &cfg, &device, &mut observe)?;
+            let g = generate_observed(model, &prompts, &cfg, &device, Some(&mut observe))?;
             let ids = g.response_ids();
             let lps = g.log_probs.clone().try_into_vec_as::<f32>().map_err(|e| {
                 ember_llm::LlmError::Input(format!("reading log-probs back: {e:?}"))

@@ -428,7 +428,7 @@ pub fn generate(
     cfg: &SamplingConfig,
     device: &Device,
 ) -> Result<Generation> {
-    generate_observed(model, prompts, cfg, device, &mut |_| true)
+    generate_observed(model, prompts, cfg, device, None)
 }
 
 /// Called at each stop check with the tokens of every row drawn since the previous check
@@ -437,14 +437,14 @@ pub fn generate(
 /// send.
 pub type Observer<'a> = &'a mut dyn FnMut(&[Vec<u32>]) -> bool;
 
-/// [`generate`], showing `observe` the tokens as they are drawn: one host read of the new
-/// tokens per stop check, beside the check's own.
+/// [`generate`], showing `observe` (if any) the tokens as they are drawn: one host read of the
+/// new tokens per stop check, beside the check's own.
 pub fn generate_observed(
     model: &Llama,
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
     device: &Device,
-    observe: Observer<'_>,
+    mut observe: Option<Observer<'_>>,
 ) -> Result<Generation> {
     check_inputs(model, prompts, cfg)?;
     let rows: Vec<Vec<u32>> = prompts
@@ -511,10 +511,12 @@ pub fn generate_observed(
             break;
         }
         if (step + 1) % cfg.stop_check_every.max(1) == 0 {
-            let every = cfg.stop_check_every.max(1);
-            let fresh = Tensor::cat(toks[toks.len() - every..].to_vec(), 1);
-            if !observe(&host_rows(fresh)) {
-                break;
+            if let Some(f) = observe.as_mut() {
+                let every = cfg.stop_check_every.max(1);
+                let fresh = Tensor::cat(toks[toks.len() - every..].to_vec(), 1);
+                if !f(&host_rows(fresh)) {
+                    break;
+                }
             }
             let any: f32 = alive.clone().sum().into_scalar();
             if any == 0.0 {

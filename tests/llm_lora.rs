@@ -401,6 +401,10 @@ fn shared_prefix_scoring_equals_the_unshared_pass() {
     // Full weights: every parameter trains (embeddings, norms, every projection, the head).
     let full = check(base.clone(), &exp);
     assert!(full >= 2 * 9, "{full} parameters with gradients");
+    // Qwen3: the per-head q/k norms in the shared pass too (and their gradients).
+    let qwen3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_qwen3");
+    let full = check(load(&qwen3, &device).unwrap().model, &exp);
+    assert!(full >= 2 * 11, "{full} parameters with gradients");
     // LoRA on all seven projections, one step in so that B ≠ 0.
     let settings = LoraSettings {
         rank: 4,

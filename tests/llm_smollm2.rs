@@ -118,6 +118,8 @@ fn gguf_tokenizer_saved_as_tokenizer_json_reloads_identically() {
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     let dir = std::env::temp_dir().join(format!("ember-tok-{}", std::process::id()));
     tok.save(&dir).unwrap();
+    let jinja = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap();
+    assert_eq!(Some(jinja), tok.chat_template);
     let again = Tokenizer::from_hf_dir(&dir).unwrap();
     for p in &fx.prompts {
         assert_eq!(again.encode(&p.text).unwrap(), p.ids);

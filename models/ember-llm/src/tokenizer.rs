@@ -223,7 +223,8 @@ impl Tokenizer {
     }
 
     /// Writes `tokenizer.json` and `tokenizer_config.json` (chat template, special tokens) into
-    /// `dir`, so a model exported from GGUF is a complete Hugging Face directory.
+    /// `dir`, so a model exported from GGUF is a complete Hugging Face directory; the chat
+    /// template also as `chat_template.jinja`, where transformers 5 saves and looks for it first.
     pub fn save(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| LlmError::io(dir, e))?;
         let path = dir.join("tokenizer.json");
@@ -236,6 +237,7 @@ impl Tokenizer {
         cfg.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
         if let Some(t) = &self.chat_template {
             cfg.insert("chat_template".into(), json!(t));
+            crate::load::write_atomic(&dir.join("chat_template.jinja"), t.as_bytes())?;
         }
         if let Some(b) = &self.bos_token {
             cfg.insert("bos_token".into(), json!(b));

@@ -281,6 +281,13 @@ fn python_rewards_and_tensorboard_through_a_resume() {
         }
     }
 
+    tensorboard_matches_metrics(&out, &metrics);
+}
+
+/// The run's TensorBoard event file, read back with `tbparse`, holds every metric of
+/// `metrics.jsonl` at the same steps, once each, and the sampled completions at the evaluation
+/// steps (skipped without the assets' Python environment).
+fn tensorboard_matches_metrics(out: &Path, metrics: &[serde_json::Map<String, serde_json::Value>]) {
     let Some(python) = common::assets::cached("py/bin/python") else {
         return;
     };

@@ -2,6 +2,7 @@
 
 use crate::agent;
 use crate::common::config::apply_overrides;
+use crate::control;
 use crate::flow;
 use crate::llm;
 use anyhow::{Result, bail};
@@ -15,6 +16,8 @@ pub enum AnyRecipe {
     Flow(Box<flow::schema::FlowRecipe>),
     /// A multi-turn recipe (`kind = "agent"`).
     Agent(Box<agent::schema::AgentRecipe>),
+    /// A continuous-control recipe (`kind = "control"`).
+    Control(Box<control::schema::ControlRecipe>),
 }
 
 impl AnyRecipe {
@@ -24,6 +27,7 @@ impl AnyRecipe {
             Self::Llm(r) => &r.name,
             Self::Flow(r) => &r.name,
             Self::Agent(r) => &r.name,
+            Self::Control(r) => &r.name,
         }
     }
 }
@@ -41,12 +45,15 @@ pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
         Some(Some("agent")) => Ok(AnyRecipe::Agent(Box::new(agent::schema::from_table(
             table,
         )?))),
+        Some(Some("control")) => Ok(AnyRecipe::Control(Box::new(control::schema::from_table(
+            table,
+        )?))),
         Some(Some("molora")) => bail!(
             "kind = \"molora\" recipes are run by `ember molora <recipe>` (a comparison of \
              adapter arms, not a training run)"
         ),
         Some(k) => bail!(
-            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\"",
+            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\" or \"control\"",
             k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
         ),
     }

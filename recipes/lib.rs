@@ -16,6 +16,7 @@ compile_error!(
 
 pub mod agent;
 pub mod common;
+pub mod control;
 pub mod flow;
 pub mod kinds;
 pub mod llm;

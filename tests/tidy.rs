@@ -197,6 +197,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ember-run", 2),
     ("ember-llm", 2),
     ("ember-flow", 2),
+    ("ember-control", 2),
     ("ember", 3),
 ];
 

@@ -25,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a recipe: an LLM recipe, or an image recipe (kind = "flow"). The first Ctrl-C stops
+    /// Run a recipe: an LLM recipe, an image recipe (kind = "flow"), a multi-turn recipe
+    /// (kind = "agent") or a continuous-control recipe (kind = "control"). The first Ctrl-C stops
     /// after the current step with a checkpoint (exit 130); a second quits at once.
     Train(TrainArgs),
     /// Run every shape of an LLM recipe's job (generation, rescoring, training, evaluation) N
@@ -308,6 +309,7 @@ fn train(a: TrainArgs) -> Result<()> {
         AnyRecipe::Llm(r) => ember::llm::jobs::train::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Flow(r) => ember::flow::job::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Agent(r) => ember::agent::job::train(&r, &out, &opts)?.interrupted,
+        AnyRecipe::Control(r) => ember::control::job::train(&r, &out, &opts)?.interrupted,
     };
     if interrupted {
         std::process::exit(ember_run::stop_exit_code());
@@ -374,6 +376,10 @@ fn warmup(a: WarmupArgs) -> Result<()> {
         ),
         AnyRecipe::Agent(_) => bail!(
             "{path} is a multi-turn (kind = \"agent\") recipe; `ember warmup` covers LLM recipes"
+        ),
+        AnyRecipe::Control(_) => bail!(
+            "{path} is a continuous-control (kind = \"control\") recipe; `ember warmup` covers \
+             LLM recipes"
         ),
     };
     let opts = ember::llm::jobs::warmup::WarmupOptions {

@@ -34,16 +34,19 @@ pub fn take_kind(table: &mut toml::Table) -> Result<&'static str> {
         None => return Ok("llm"),
         Some(toml::Value::String(k)) => k,
         Some(other) => {
-            bail!("kind = {other}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\"")
+            bail!(
+                "kind = {other}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\" or \"control\""
+            )
         }
     };
     Ok(match kind.as_str() {
         "llm" => "llm",
         "flow" => "flow",
         "agent" => "agent",
+        "control" => "control",
         "molora" => "molora",
         _ => bail!(
-            "kind = {kind:?}: a recipe's kind is \"llm\" (the default), \"flow\" or \"agent\""
+            "kind = {kind:?}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\" or \"control\""
         ),
     })
 }
@@ -54,6 +57,7 @@ pub fn describe_kind(kind: &str) -> String {
         "flow" => "an image (kind = \"flow\")".into(),
         "agent" => "a multi-turn (kind = \"agent\")".into(),
         "molora" => "a MoLoRA comparison (kind = \"molora\")".into(),
+        "control" => "a continuous-control (kind = \"control\")".into(),
         k => format!("a kind = {k:?}"),
     }
 }

@@ -1,0 +1,28 @@
+//! Ember's control models: the engine's `[episodes, steps]` currency for continuous control.
+//!
+//! - [`GaussianPolicy`]: a diagonal Gaussian over actions whose mean is an MLP of the
+//!   observation and whose log-std is one learned vector (state-independent), and
+//!   [`ValueNet`], an MLP critic; both with the orthogonal initialisation of PPO's
+//!   implementations;
+//! - [`Env`]: batched environments whose dynamics are burn tensor functions (so a batch of
+//!   episodes steps in one call on the device, and autodiff reaches through a step):
+//!   [`Pendulum`] (gymnasium `Pendulum-v1`) and [`CartPole`] (gymnasium `CartPole-v1` with a
+//!   continuous force);
+//! - [`rollout`]: episodes of a policy in an environment, sampled on the device;
+//! - [`ControlExperience`] + the engine's [`Actor`](ember_train::Actor) and
+//!   [`Critic`](ember_train::Critic): time steps are the engine's `steps` axis, so PPO with
+//!   GAE is the engine's estimator and losses.
+
+mod actor;
+mod env;
+mod error;
+mod gaussian;
+mod net;
+mod rollout;
+
+pub use actor::ControlExperience;
+pub use env::{CartPole, Env, EnvName, Pendulum, Transition};
+pub use error::{ControlError, Result};
+pub use gaussian::{gaussian_entropy, gaussian_log_prob};
+pub use net::{GaussianPolicy, GaussianPolicyConfig, Mlp, MlpConfig, ValueNet, ValueNetConfig};
+pub use rollout::{Adversary, Rollout, Side, rollout};

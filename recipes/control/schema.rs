@@ -1,0 +1,389 @@
+//! The control recipe (`kind = "control"`): the environment, the networks, PPO's loop with the
+//! training configs it embeds from `ember-train`, and the evaluation, each with its defaults
+//! stated once.
+
+use anyhow::{Result, bail};
+use ember_control::EnvName;
+use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
+use serde::{Deserialize, Serialize};
+
+fn control() -> String {
+    "control".into()
+}
+fn sixteen() -> usize {
+    16
+}
+fn hidden() -> Vec<usize> {
+    vec![64, 64]
+}
+
+/// A control recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlRecipe {
+    /// Always `"control"`.
+    #[serde(default = "control")]
+    pub kind: String,
+    /// Run name (`runs/<name>`).
+    pub name: String,
+    /// Seed of everything.
+    #[serde(default)]
+    pub seed: u64,
+    /// `cpu`, `cuda`, `wgpu` or `auto`.
+    #[serde(default = "crate::common::config::defaults::auto")]
+    pub device: String,
+    /// The environment.
+    pub env: EnvSpec,
+    /// The policy and the critic.
+    #[serde(default)]
+    pub policy: PolicySpec,
+    /// PPO.
+    #[serde(default)]
+    pub ppo: PpoSpec,
+    /// RARL's adversary (none without the table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adversary: Option<AdversarySpec>,
+    /// The held-out evaluation.
+    #[serde(default)]
+    pub eval: EvalSpec,
+}
+
+/// `[adversary]`: RARL (Pinto et al. 2017, Algorithm 1). Each iteration trains the protagonist
+/// for `protagonist_iters` rollouts with the adversary fixed, then the adversary for
+/// `adversary_iters` rollouts with the protagonist fixed; the adversary's reward is −r
+/// (zero-sum), its action a force (horizontal, vertical) at the pole's centre.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdversarySpec {
+    /// The bound of each force component, in newtons (0 = no adversary: the baseline).
+    pub max_force: f32,
+    /// N_μ: protagonist rollouts (and updates) per iteration.
+    pub protagonist_iters: usize,
+    /// N_ν: adversary rollouts (and updates) per iteration.
+    pub adversary_iters: usize,
+    /// Hidden widths of the adversary's policy and critic.
+    pub hidden: Vec<usize>,
+    /// The adversary's initial log-std.
+    pub log_std_init: f32,
+}
+
+impl Default for AdversarySpec {
+    fn default() -> Self {
+        Self {
+            max_force: 1.0,
+            protagonist_iters: 1,
+            adversary_iters: 1,
+            hidden: hidden(),
+            log_std_init: 0.0,
+        }
+    }
+}
+
+/// `[env]`: which environment, how many episodes run at once, how long they are, and its
+/// physical constants' multipliers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSpec {
+    /// `"pendulum"` (gymnasium `Pendulum-v1`) or `"cart_pole"` (`CartPole-v1`, continuous).
+    pub name: EnvName,
+    /// Episodes per rollout (run side by side as one batch).
+    #[serde(default = "sixteen")]
+    pub episodes: usize,
+    /// Steps per episode (0 = the reference's time limit: 200, 500).
+    #[serde(default)]
+    pub horizon: usize,
+    /// Multiplier of the pole's (the pendulum's) mass; the cart's stays.
+    #[serde(default = "crate::common::config::defaults::one_f32")]
+    pub mass: f32,
+    /// Multiplier of every length.
+    #[serde(default = "crate::common::config::defaults::one_f32")]
+    pub length: f32,
+    /// Viscous friction: a force −b·ẋ on the cart, or a torque −b·θ̇ on the pendulum's joint
+    /// (0 in the references).
+    #[serde(default)]
+    pub friction: f32,
+}
+
+/// `[policy]`: the Gaussian policy's and the critic's MLPs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Hidden widths of the policy's mean.
+    pub hidden: Vec<usize>,
+    /// Hidden widths of the critic.
+    pub critic_hidden: Vec<usize>,
+    /// The initial log-std of every action dimension.
+    pub log_std_init: f32,
+}
+
+impl Default for PolicySpec {
+    fn default() -> Self {
+        Self {
+            hidden: hidden(),
+            critic_hidden: hidden(),
+            log_std_init: 0.0,
+        }
+    }
+}
+
+/// PPO's own settings (the learning rate, AdamW and update schedule are `ember-train`'s
+/// configs in [`PpoSpec`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PpoLoop {
+    /// Iterations (rollout, then update).
+    pub steps: usize,
+    /// Discount γ.
+    pub gamma: f32,
+    /// GAE's λ.
+    pub lambda: f32,
+    /// The ratio's clip ε.
+    pub clip: f32,
+    /// Entropy bonus coefficient.
+    pub entropy_coef: f32,
+    /// The critic's learning rate (0 = the policy's).
+    pub critic_lr: f64,
+    /// ε_v of the clipped value loss in reward units (0 = unclipped).
+    pub value_clip: f32,
+    /// Rewards are multiplied by this before GAE (the logged returns are not).
+    pub reward_scale: f32,
+    /// The update's rows: segments of this many steps cut from the episodes after GAE, so
+    /// mini-batches mix time steps of many episodes (0 = whole episodes).
+    pub segment: usize,
+    /// Checkpoint every this many iterations (0 = only at the end and on Ctrl-C).
+    pub checkpoint_every: usize,
+    /// Checkpoints kept.
+    pub keep_checkpoints: usize,
+}
+
+impl Default for PpoLoop {
+    fn default() -> Self {
+        Self {
+            steps: 50,
+            gamma: 0.99,
+            lambda: 0.95,
+            clip: 0.2,
+            entropy_coef: 0.0,
+            critic_lr: 0.0,
+            value_clip: 0.0,
+            reward_scale: 1.0,
+            segment: 0,
+            checkpoint_every: 0,
+            keep_checkpoints: 2,
+        }
+    }
+}
+
+/// `[ppo]`: the loop and the configs it embeds, with the control job's defaults
+/// ([`PPO_DEFAULTS`]: cleanrl `ppo_continuous_action`'s learning rate, Adam ε, gradient clip and
+/// epochs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PpoSpec {
+    /// Iterations, discount, clip, critic, segments, checkpoints.
+    #[serde(flatten)]
+    pub run: PpoLoop,
+    /// `lr`, `warmup_steps`, `min_lr_ratio`.
+    #[serde(flatten)]
+    pub schedule: LrConfig,
+    /// `grad_clip`, `weight_decay`, `adam_eps`, `grad_clip_mode`.
+    #[serde(flatten)]
+    pub optim: OptimizerConfig,
+    /// `epochs`, `mini_batches`, `micro_batch_rows`.
+    #[serde(flatten)]
+    pub update: UpdateSchedule,
+}
+
+/// The control job's defaults for the embedded configs' keys: `(key, value)`.
+pub const PPO_DEFAULTS: [(&str, f64); 5] = [
+    ("lr", 3e-4),
+    ("adam_eps", 1e-5),
+    ("grad_clip", 0.5),
+    ("epochs", 10.0),
+    ("mini_batches", 4.0),
+];
+
+impl Default for PpoSpec {
+    fn default() -> Self {
+        toml::from_str::<Self>("").unwrap_or_else(|e| unreachable!("the [ppo] defaults parse: {e}"))
+    }
+}
+
+impl<'de> Deserialize<'de> for PpoSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(d)?;
+        for (key, value) in PPO_DEFAULTS {
+            let value = match key {
+                "epochs" | "mini_batches" => toml::Value::Integer(value as i64),
+                _ => toml::Value::Float(value),
+            };
+            table.entry(key).or_insert(value);
+        }
+        let (run, schedule, optim, update) = crate::common::config::split_training(table, "ppo")
+            .map_err(serde::de::Error::custom)?;
+        Ok(Self {
+            run,
+            schedule,
+            optim,
+            update,
+        })
+    }
+}
+
+/// `[eval]`: the deterministic policy (its mean action) on fixed initial states.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Episodes per evaluation.
+    pub episodes: usize,
+    /// Evaluate every this many iterations (and after the last).
+    pub every: usize,
+    /// Seed of the evaluation's initial states (the same at every evaluation).
+    pub seed: u64,
+    /// After training, the protagonist is also evaluated (without the adversary) under every
+    /// pair of these mass multipliers …
+    pub masses: Vec<f32>,
+    /// … and these friction coefficients (`env.friction`'s units), written to
+    /// `robustness.json` (empty = none).
+    pub frictions: Vec<f32>,
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self {
+            episodes: 32,
+            every: 10,
+            seed: 12_345,
+            masses: Vec::new(),
+            frictions: Vec::new(),
+        }
+    }
+}
+
+/// The most episodes one rollout or evaluation runs at once.
+const MAX_EPISODES: usize = 65_536;
+/// The longest episode.
+const MAX_HORIZON: usize = 100_000;
+
+/// Parses a control recipe's table and checks every value.
+pub(crate) fn from_table(table: toml::Table) -> Result<ControlRecipe> {
+    let r: ControlRecipe = crate::common::config::from_toml(table)?;
+    r.validate()?;
+    Ok(r)
+}
+
+impl ControlRecipe {
+    /// The environment of the recipe.
+    pub fn env(&self) -> Result<ember_control::Env> {
+        let e = &self.env;
+        Ok(ember_control::Env::new(e.name, e.mass, e.length)?.with_friction(e.friction)?)
+    }
+
+    /// The adversary, when one plays (`max_force` > 0).
+    pub fn adversary(&self) -> Option<&AdversarySpec> {
+        self.adversary.as_ref().filter(|a| a.max_force > 0.0)
+    }
+
+    /// The episode length.
+    pub fn horizon(&self) -> Result<usize> {
+        let env = self.env()?;
+        Ok(match self.env.horizon {
+            0 => env.time_limit(),
+            h => h,
+        })
+    }
+
+    /// Rows of the update: segments, or whole episodes.
+    pub fn update_rows(&self) -> Result<usize> {
+        let h = self.horizon()?;
+        Ok(match self.ppo.run.segment {
+            0 => self.env.episodes,
+            s => self.env.episodes * (h / s),
+        })
+    }
+
+    /// Checks every value, naming the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        if self.kind != "control" {
+            bail!(
+                "kind = {:?}: a control recipe says kind = \"control\"",
+                self.kind
+            );
+        }
+        let (e, p) = (&self.env, &self.ppo.run);
+        if !(1..=MAX_EPISODES).contains(&e.episodes)
+            || !(1..=MAX_EPISODES).contains(&self.eval.episodes)
+        {
+            bail!("env.episodes and eval.episodes must be 1 to {MAX_EPISODES}");
+        }
+        let h = self.horizon()?;
+        if h > MAX_HORIZON {
+            bail!("env.horizon = {h} must be at most {MAX_HORIZON}");
+        }
+        if p.segment > 0 && !h.is_multiple_of(p.segment) {
+            bail!("ppo.segment = {} must divide the horizon {h}", p.segment);
+        }
+        let unit = |v: f32| (0.0..=1.0).contains(&v);
+        if !(unit(p.gamma) && unit(p.lambda) && p.clip > 0.0 && p.clip.is_finite()) {
+            bail!("ppo.gamma and ppo.lambda must be in [0, 1], ppo.clip > 0");
+        }
+        let pos = |v: f32| v.is_finite() && v >= 0.0;
+        if !(pos(p.entropy_coef)
+            && pos(p.value_clip)
+            && pos(p.reward_scale)
+            && p.reward_scale > 0.0)
+        {
+            bail!("ppo.entropy_coef and ppo.value_clip must be >= 0, ppo.reward_scale > 0");
+        }
+        let lr_ok = |v: f64| v.is_finite() && v > 0.0 && v <= 1.0;
+        if !lr_ok(self.ppo.schedule.lr) || !(p.critic_lr == 0.0 || lr_ok(p.critic_lr)) {
+            bail!("ppo.lr must be in (0, 1], ppo.critic_lr 0 (the policy's) or in (0, 1]");
+        }
+        let u = &self.ppo.update;
+        let rows = self.update_rows()?;
+        if u.epochs == 0 || u.mini_batches == 0 || u.mini_batches > rows {
+            bail!(
+                "ppo.epochs must be >= 1 and ppo.mini_batches 1 to the update's {rows} rows \
+                 (episodes, or episodes × horizon / segment)"
+            );
+        }
+        if p.steps == 0 || self.eval.every == 0 || p.keep_checkpoints == 0 {
+            bail!("ppo.steps, ppo.keep_checkpoints and eval.every must be >= 1");
+        }
+        let widths = |v: &[usize]| v.len() <= 16 && v.iter().all(|&w| (1..=65_536).contains(&w));
+        if !widths(&self.policy.hidden) || !widths(&self.policy.critic_hidden) {
+            bail!("policy.hidden and policy.critic_hidden: at most 16 widths, each 1 to 65536");
+        }
+        self.validate_rarl(widths)
+    }
+
+    fn validate_rarl(&self, widths: impl Fn(&[usize]) -> bool) -> Result<()> {
+        let ev = &self.eval;
+        let grid = ev.masses.len().saturating_mul(ev.frictions.len());
+        if grid > 1024 {
+            bail!("eval.masses × eval.frictions: at most 1024 pairs, got {grid}");
+        }
+        if let Some(m) = ev.masses.iter().find(|m| !(m.is_finite() && **m > 0.0)) {
+            bail!("eval.masses: {m} is not a multiplier (finite, > 0)");
+        }
+        if let Some(f) = ev.frictions.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
+            bail!("eval.frictions: {f} is not a friction (finite, >= 0)");
+        }
+        let Some(a) = &self.adversary else {
+            return Ok(());
+        };
+        if !(a.max_force.is_finite() && a.max_force >= 0.0) {
+            bail!(
+                "adversary.max_force = {} must be finite and >= 0",
+                a.max_force
+            );
+        }
+        let iters = 1..=1000;
+        if !iters.contains(&a.protagonist_iters) || !iters.contains(&a.adversary_iters) {
+            bail!("adversary.protagonist_iters and adversary.adversary_iters must be 1 to 1000");
+        }
+        if !(widths(&a.hidden) && a.log_std_init.is_finite() && a.log_std_init.abs() <= 10.0) {
+            bail!("adversary.hidden: at most 16 widths, each 1 to 65536; log_std_init within ±10");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,250 @@
+//! The control job's set-up (the run directory, the environment, fresh players or a resumed
+//! run's), what a checkpoint holds beside the run kit's records (the critics, the adversary and
+//! their optimizers), and the evaluations.
+
+use super::job::ControlJob;
+use crate::common::run::open_run;
+use crate::control::schema::ControlRecipe;
+use anyhow::{Result, anyhow};
+use burn::module::Module;
+use burn::store::ModuleRecord;
+use burn::tensor::Device;
+use ember_control::{
+    Adversary, Env, GaussianPolicy, GaussianPolicyConfig, ValueNet, ValueNetConfig, rollout,
+};
+use ember_engine::SplitMix64;
+use ember_run::{RunOptions, checkpoint};
+use ember_train::Optimizer;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A learner: its policy, its critic and their optimizers.
+pub(super) struct Player {
+    pub(super) policy: GaussianPolicy,
+    pub(super) critic: ValueNet,
+    pub(super) optim: Optimizer,
+    pub(super) critic_optim: Optimizer,
+}
+
+impl Player {
+    /// A fresh player acting with `act` dimensions on `ad` (draws from its RNG).
+    fn new(
+        r: &ControlRecipe,
+        (obs, act): (usize, usize),
+        (hidden, critic_hidden, log_std): (&[usize], &[usize], f32),
+        ad: &Device,
+    ) -> Result<Self> {
+        let policy = GaussianPolicyConfig::new(obs, act)
+            .with_hidden(hidden.to_vec())
+            .with_log_std_init(log_std)
+            .init(ad)?;
+        let critic = ValueNetConfig::new(obs)
+            .with_hidden(critic_hidden.to_vec())
+            .init(ad)?;
+        Ok(Self {
+            policy,
+            critic,
+            optim: r.ppo.optim.init(),
+            critic_optim: r.ppo.optim.init(),
+        })
+    }
+
+    /// Writes the player's four records into `d`, named `<prefix><part>.bpk`.
+    fn save(&self, d: &Path, prefix: &str) -> Result<()> {
+        let modules = [
+            ("policy", self.policy.clone().into_record()),
+            ("critic", self.critic.clone().into_record()),
+        ];
+        for (part, rec) in modules {
+            let p = d.join(format!("{prefix}{part}.bpk"));
+            rec.save(&p)
+                .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
+        }
+        for (part, o) in [("optim", &self.optim), ("critic_optim", &self.critic_optim)] {
+            let p = d.join(format!("{prefix}{part}.bpk"));
+            o.to_record()
+                .save(&p)
+                .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The player with the four records of `d` named `<prefix><part>.bpk`.
+    fn load(self, d: &Path, prefix: &str) -> Result<Self> {
+        let module = |part: &str| -> Result<ModuleRecord> {
+            let p = d.join(format!("{prefix}{part}.bpk"));
+            ModuleRecord::load(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))
+        };
+        let optim = |part: &str, o: Optimizer| -> Result<Optimizer> {
+            let p = d.join(format!("{prefix}{part}.bpk"));
+            let rec = burn::optim::OptimizerRecord::load(&p)
+                .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
+            Ok(o.load_record(rec))
+        };
+        let applying = |part: &str| {
+            format!(
+                "applying {}",
+                d.join(format!("{prefix}{part}.bpk")).display()
+            )
+        };
+        Ok(Self {
+            policy: self
+                .policy
+                .try_load_record(module("policy")?)
+                .map_err(|e| anyhow!("{}: {e}", applying("policy")))?,
+            critic: self
+                .critic
+                .try_load_record(module("critic")?)
+                .map_err(|e| anyhow!("{}: {e}", applying("critic")))?,
+            optim: optim("optim", self.optim)?,
+            critic_optim: optim("critic_optim", self.critic_optim)?,
+        })
+    }
+}
+
+/// The checkpoint files' prefixes: the protagonist's beside the run kit's `model.bpk` (its
+/// policy) and `optim.bpk`, the adversary's.
+const PROTAGONIST: &str = "protagonist_";
+const ADVERSARY: &str = "adversary_";
+
+/// Builds a job: [`Setup::new`], then [`ControlJob::start`].
+pub(super) struct Setup;
+
+impl Setup {
+    /// Opens the run directory and builds fresh players (seeded).
+    #[allow(clippy::new_ret_no_self)]
+    pub(super) fn new<'a>(
+        r: &'a ControlRecipe,
+        out: &'a Path,
+        opts: &RunOptions,
+    ) -> Result<ControlJob<'a>> {
+        let p = &r.ppo.run;
+        let run_loop = (p.steps, p.checkpoint_every, p.keep_checkpoints);
+        let curves = ("rollout/return_mean", "eval/return_mean");
+        let run = open_run(out, opts, (&r.name, r), run_loop, curves)?;
+        let base = crate::common::device::device(&r.device)?;
+        let ad = base.clone().autodiff();
+        let env = r.env()?;
+        ad.seed(r.seed ^ 0x434f_4e54);
+        let pol = &r.policy;
+        let sizes = (&pol.hidden[..], &pol.critic_hidden[..], pol.log_std_init);
+        let protagonist = Player::new(r, (env.obs_dim(), env.act_dim()), sizes, &ad)?;
+        let adversary = match r.adversary() {
+            Some(a) => {
+                let sizes = (&a.hidden[..], &a.hidden[..], a.log_std_init);
+                Some(Player::new(
+                    r,
+                    (env.obs_dim(), env.force_dim()),
+                    sizes,
+                    &ad,
+                )?)
+            }
+            None => None,
+        };
+        Ok(ControlJob {
+            horizon: r.horizon()?,
+            rng: SplitMix64(r.seed),
+            schedule: r.ppo.schedule.schedule(p.steps),
+            before: f64::NAN,
+            after: f64::NAN,
+            steps_done: run.first_step(),
+            r,
+            run,
+            base,
+            ad,
+            env,
+            protagonist,
+            adversary,
+        })
+    }
+}
+
+impl ControlJob<'_> {
+    /// A resumed run's players, RNG and evaluations; a fresh run's first evaluation.
+    pub(super) fn start(mut self) -> Result<Self> {
+        let resumed = self
+            .run
+            .resumed()
+            .map(|(d, st)| (d.to_path_buf(), st.clone()));
+        if let Some((dir, st)) = resumed {
+            // The run kit's read checks the checkpoint's manifest; the records are the
+            // players' own files.
+            checkpoint::read_model(&dir, false)?;
+            (self.rng, self.before, self.after) =
+                (SplitMix64(st.rng), st.accuracy_before, st.accuracy_after);
+            self.protagonist = self.protagonist.load(&dir, PROTAGONIST)?;
+            if let Some(a) = self.adversary.take() {
+                self.adversary = Some(a.load(&dir, ADVERSARY)?);
+            }
+        } else {
+            let (r, h) = (self.r, self.horizon);
+            let mu = self.protagonist.policy.valid();
+            self.before = evaluate(&mu, None, &self.env, (h, r), &self.base);
+            self.after = self.before;
+            self.run.log(eval_row(0, self.before))?;
+        }
+        self.run.say(&format!(
+            "initial policy: evaluation return {:.1}",
+            self.before
+        ));
+        Ok(self)
+    }
+}
+
+/// Fills a checkpoint directory: the protagonist's policy and optimizer as the run kit's
+/// records (`model.bpk`, `optim.bpk`), then every record of both players, the run state.
+pub(super) fn save_state(
+    d: &Path,
+    protagonist: &Player,
+    adversary: Option<&Player>,
+    ts: &checkpoint::TrainState,
+) -> Result<()> {
+    let p = protagonist;
+    checkpoint::write_records(d, p.policy.clone().into_record(), &p.optim, ts)?;
+    p.save(d, PROTAGONIST)?;
+    if let Some(a) = adversary {
+        a.save(d, ADVERSARY)?;
+    }
+    Ok(())
+}
+
+/// The mean return of the policy's mean action (against the adversary's mean force, when
+/// given) over `eval.episodes` episodes from initial states drawn with `eval.seed` (the same
+/// states at every evaluation).
+pub(super) fn evaluate(
+    policy: &GaussianPolicy,
+    adversary: Option<Adversary>,
+    env: &Env,
+    (horizon, r): (usize, &ControlRecipe),
+    device: &Device,
+) -> f64 {
+    let mut rng = SplitMix64(r.eval.seed);
+    let state = env.reset(r.eval.episodes, &mut rng, device);
+    let ro = rollout(policy, adversary, env, (state, horizon), false);
+    f64::from(ro.returns().mean().into_scalar::<f32>())
+}
+
+/// The protagonist alone under every (mass multiplier, friction) of the recipe's grid.
+pub(super) fn robustness(
+    policy: &GaussianPolicy,
+    r: &ControlRecipe,
+    horizon: usize,
+    device: &Device,
+) -> Result<Vec<(f32, f32, f64)>> {
+    let mut out = Vec::new();
+    for &m in &r.eval.masses {
+        for &f in &r.eval.frictions {
+            let env = Env::new(r.env.name, r.env.mass * m, r.env.length)?.with_friction(f)?;
+            out.push((m, f, evaluate(policy, None, &env, (horizon, r), device)));
+        }
+    }
+    Ok(out)
+}
+
+/// The evaluation as a metrics row.
+pub(super) fn eval_row(step: usize, ret: f64) -> BTreeMap<String, f64> {
+    BTreeMap::from([
+        ("step".to_string(), step as f64),
+        ("eval/return_mean".to_string(), ret),
+    ])
+}

@@ -6,3 +6,4 @@
 pub mod job;
 pub mod schema;
 mod state;
+pub mod study;

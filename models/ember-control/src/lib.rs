@@ -9,20 +9,29 @@
 //!   [`Pendulum`] (gymnasium `Pendulum-v1`) and [`CartPole`] (gymnasium `CartPole-v1` with a
 //!   continuous force);
 //! - [`rollout`]: episodes of a policy in an environment, sampled on the device;
+//! - [`GradientSamples`]: the first-order (pathwise, through the simulator) and zeroth-order
+//!   estimators of a smoothed objective's gradient, DDCG's switch and IVW(-H)'s
+//!   inverse-variance mixtures; [`BallWithWall`], Suh et al.'s discontinuous test problem;
 //! - [`ControlExperience`] + the engine's [`Actor`](ember_train::Actor) and
 //!   [`Critic`](ember_train::Critic): time steps are the engine's `steps` axis, so PPO with
 //!   GAE is the engine's estimator and losses.
 
 mod actor;
+mod ball;
 mod env;
 mod error;
 mod gaussian;
+mod gradient;
 mod net;
 mod rollout;
 
 pub use actor::ControlExperience;
+pub use ball::BallWithWall;
 pub use env::{CartPole, Env, EnvName, Pendulum, Transition};
 pub use error::{ControlError, Result};
 pub use gaussian::{gaussian_entropy, gaussian_log_prob};
+pub use gradient::{
+    DdcgConfig, GradientSamples, ddcg_smooth, ddcg_weight, ivw_h, ivw_weight, mix, trace_variance,
+};
 pub use net::{GaussianPolicy, GaussianPolicyConfig, Mlp, MlpConfig, ValueNet, ValueNetConfig};
 pub use rollout::{Adversary, Rollout, Side, rollout};

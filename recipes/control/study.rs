@@ -6,8 +6,15 @@
 //! Prints the tables and writes the numbers as JSON (for `scripts/plot_gradient_study.py`).
 
 use anyhow::Result;
+use burn::module::Module;
 use burn::tensor::{Device, Distribution, Tensor};
-use ember_control::{BallWithWall, DdcgConfig, GradientSamples, ddcg_weight, ivw_weight, mix};
+use ember_control::{
+    BallWithWall, DdcgConfig, Env, EnvName, GaussianPolicy, GaussianPolicyConfig, GradientSamples,
+    PathwiseSamples, ddcg_weight, ivw_h, ivw_weight, mix, pathwise_samples, policy_surrogate,
+    rollout,
+};
+use ember_engine::{PolicyLossInput, PolicyLossKind, SplitMix64, policy_loss};
+use ember_train::accumulated_step;
 use serde::Serialize;
 use std::path::Path;
 
@@ -223,4 +230,169 @@ fn report(all: &[TaskStudy], repeats: usize) {
             100.0 * fell_near
         );
     }
+}
+
+/// One multi-step learning run's settings: the task, its horizon, the action noise, the
+/// episodes per update, the updates, the learning rate.
+#[derive(Debug, Clone, Copy)]
+pub struct Learning {
+    /// The environment.
+    pub env: Env,
+    /// Steps per episode (training and evaluation).
+    pub horizon: usize,
+    /// σ of the action noise.
+    pub sigma: f32,
+    /// Episodes per update.
+    pub episodes: usize,
+    /// Updates.
+    pub updates: usize,
+    /// Adam's learning rate.
+    pub lr: f64,
+}
+
+/// The policy gradient of one estimator from a batch's samples, as the surrogate loss whose
+/// gradient is minus it: the zeroth-order one through the engine's REINFORCE loss
+/// (`PolicyLossKind::Vanilla` with the per-step advantages G_t − b_t), the others as
+/// action-space mixtures carried through the policy ([`policy_surrogate`]).
+fn surrogate(
+    policy: &GaussianPolicy,
+    s: &PathwiseSamples,
+    which: &str,
+    sigma: f32,
+) -> Result<Tensor<1>> {
+    let [n, h, a] = s.first.dims();
+    let mixed = match which {
+        "first" => s.first.clone(),
+        "ddcg" => {
+            let flat = GradientSamples {
+                values: s.returns.clone(),
+                first: s.first.clone().reshape([n, h * a]),
+                zeroth: s.zeroth.clone().reshape([n, h * a]),
+            };
+            let alpha = ddcg_weight(&flat, sigma, DdcgConfig::default()).reshape([1, 1, 1]);
+            s.first.clone() * alpha.clone() + s.zeroth.clone() * alpha.neg().add_scalar(1.0)
+        }
+        "ivw" => ivw_h(s.zeroth.clone(), s.first.clone()).1,
+        _ => {
+            let [_, _, o] = s.obs.dims();
+            let lp = policy.log_prob(
+                s.obs.clone().reshape([n * h, o]),
+                s.actions.clone().reshape([n * h, a]),
+            );
+            let lp = lp.reshape([n, h]);
+            let input = PolicyLossInput {
+                old_log_probs: lp.clone().detach(),
+                log_probs: lp,
+                advantages: s.advantages.clone(),
+                mask: Tensor::ones([n, h], &s.advantages.device()),
+                ref_log_probs: None,
+            };
+            let l = policy_loss(&PolicyLossKind::Vanilla, &input)?;
+            return Ok(l.per_step.sum() / n as f32);
+        }
+    };
+    Ok(policy_surrogate(policy, s.obs.clone(), mixed))
+}
+
+/// A learning curve: the mean-action return on 32 fixed initial states before each of
+/// `updates / 10` blocks of updates and after the last, for `seed`.
+pub fn learning_curve(l: &Learning, which: &str, seed: u64) -> Result<Vec<f64>> {
+    let ad = Device::flex().autodiff();
+    ad.seed(seed ^ 0x4444_4347);
+    let mut policy = GaussianPolicyConfig::new(l.env.obs_dim(), l.env.act_dim())
+        .with_log_std_init(l.sigma.ln())
+        .init(&ad)?
+        .with_fixed_std();
+    let mut optim = ember_train::OptimizerConfig::default()
+        .with_epsilon(1e-8)
+        .init();
+    let mut rng = SplitMix64(seed);
+    let eval = |p: &GaussianPolicy| {
+        let s0 = l.env.reset(32, &mut SplitMix64(12_345), &ad);
+        let ro = rollout(&p.clone().no_grad(), None, &l.env, (s0, l.horizon), false);
+        f64::from(ro.returns().mean().into_scalar::<f32>())
+    };
+    let mut curve = vec![eval(&policy)];
+    for u in 0..l.updates {
+        let s0 = l.env.reset(l.episodes, &mut rng, &ad);
+        let s = pathwise_samples(&policy, &l.env, (s0, l.horizon), l.sigma);
+        let loss = surrogate(&policy, &s, which, l.sigma)?;
+        let (p, _, _) = accumulated_step(policy, &mut optim, l.lr, 1, |_, _| loss.clone());
+        policy = p;
+        if (u + 1) % 10 == 0 {
+            curve.push(eval(&policy));
+        }
+    }
+    Ok(curve)
+}
+
+/// One task's learning curves: per estimator (in [`ESTIMATORS`] order), per seed.
+#[derive(Debug, Clone, Serialize)]
+pub struct LearningStudy {
+    /// `"pendulum"` or `"cart_pole"`.
+    pub task: &'static str,
+    /// Steps per episode.
+    pub horizon: usize,
+    /// Updates between two points of a curve.
+    pub every: usize,
+    /// The curves.
+    pub curves: Vec<Vec<Vec<f64>>>,
+}
+
+/// The learning study's tasks: the smooth swing-up (100-step episodes) and the cart-pole,
+/// whose reward stops when it falls (a jump the pathwise gradient cannot see), 200 steps.
+pub fn learning_tasks() -> Result<Vec<(&'static str, Learning)>> {
+    let base = |env: Env, horizon: usize| Learning {
+        env,
+        horizon,
+        sigma: 0.5,
+        episodes: 16,
+        updates: 100,
+        lr: 1e-2,
+    };
+    Ok(vec![
+        (
+            "pendulum",
+            base(Env::new(EnvName::Pendulum, 1.0, 1.0)?, 100),
+        ),
+        (
+            "cart_pole",
+            base(Env::new(EnvName::CartPole, 1.0, 1.0)?, 200),
+        ),
+    ])
+}
+
+/// Every estimator's learning curves on every task, three seeds; prints the final returns.
+pub fn learning_study(seeds: u64) -> Result<Vec<LearningStudy>> {
+    let mut out = Vec::new();
+    for (task, l) in learning_tasks()? {
+        let mut curves = Vec::new();
+        println!(
+            "\n{task}: {}-step episodes, σ = {}, {} episodes × {} updates",
+            l.horizon, l.sigma, l.episodes, l.updates
+        );
+        println!("| estimator | return before | after, per seed | mean |");
+        println!("|---|---|---|---|");
+        for e in ESTIMATORS {
+            let runs: Vec<Vec<f64>> = (0..seeds)
+                .map(|s| learning_curve(&l, e, s))
+                .collect::<Result<_>>()?;
+            let finals: Vec<f64> = runs.iter().map(|c| c[c.len() - 1]).collect();
+            let mean = finals.iter().sum::<f64>() / finals.len() as f64;
+            let shown: Vec<String> = finals.iter().map(|f| format!("{f:.1}")).collect();
+            println!(
+                "| {e} | {:.1} | {} | {mean:.1} |",
+                runs[0][0],
+                shown.join(", ")
+            );
+            curves.push(runs);
+        }
+        out.push(LearningStudy {
+            task,
+            horizon: l.horizon,
+            every: 10,
+            curves,
+        });
+    }
+    Ok(out)
 }

@@ -23,6 +23,7 @@ mod error;
 mod gaussian;
 mod gradient;
 mod net;
+mod pathwise;
 mod rollout;
 
 pub use actor::ControlExperience;
@@ -34,4 +35,5 @@ pub use gradient::{
     DdcgConfig, GradientSamples, ddcg_smooth, ddcg_weight, ivw_h, ivw_weight, mix, trace_variance,
 };
 pub use net::{GaussianPolicy, GaussianPolicyConfig, Mlp, MlpConfig, ValueNet, ValueNetConfig};
+pub use pathwise::{PathwiseSamples, pathwise_samples, policy_surrogate, reward_to_go};
 pub use rollout::{Adversary, Rollout, Side, rollout};

@@ -63,6 +63,15 @@ impl MlpConfig {
             .map(|i| orthogonal(sizes[i], sizes[i + 1], 2f64.sqrt(), device))
             .collect();
         layers.push(orthogonal(sizes[last], self.output, self.out_gain, device));
+        // Drawn now, in a fixed order: a lazily drawn parameter is shared by the module's
+        // clones until first use, so a clone made `no_grad` before that use would freeze the
+        // original too.
+        for l in &layers {
+            let _ = l.weight.val();
+            if let Some(b) = &l.bias {
+                let _ = b.val();
+            }
+        }
         Mlp { layers }
     }
 }
@@ -136,6 +145,14 @@ impl GaussianPolicy {
     /// The log-std `[act]`.
     pub fn log_std(&self) -> Tensor<1> {
         self.log_std.val()
+    }
+
+    /// The policy with its log-std frozen (no gradient reaches it): a fixed exploration noise.
+    pub fn with_fixed_std(self) -> Self {
+        Self {
+            log_std: self.log_std.set_require_grad(false),
+            ..self
+        }
     }
 
     /// The action width.

@@ -2,6 +2,8 @@
 //! game, resumes exactly, plays an external environment exactly like the built-in it mirrors,
 //! and refuses what it cannot run with errors that name the key.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -62,20 +64,6 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into()
 }
 
-/// Rows without wall times.
-fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(p.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(l).unwrap();
-            m.retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
-            m
-        })
-        .collect()
-}
-
 /// Held-out success rises by at least 20 points in 80 steps (seed 0), and stopping at step 7
 /// then resuming gives the uninterrupted run's metrics, step for step.
 #[test]
@@ -107,7 +95,7 @@ fn agent_job_learns_and_resumes_exactly() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = train(&part, &steps, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_rows_match(&rows(&part), &rows(&full));
+    assert_rows_match(&common::metric_rows(&part), &common::metric_rows(&full));
     std::fs::remove_dir_all(&full).ok();
     std::fs::remove_dir_all(&part).ok();
 }
@@ -127,7 +115,7 @@ fn calculator_recipe_learns_to_use_the_tool() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out);
+    let r = common::metric_rows(&out);
     let (before, after) = (
         r[0]["eval/success"].as_f64().unwrap(),
         r.last().unwrap()["eval/success"].as_f64().unwrap(),
@@ -178,7 +166,10 @@ fn external_env_run_equals_the_builtin_run() {
     );
     let o = train(&external, &["train.steps=6", &env], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_rows_match(&rows(&external), &rows(&builtin));
+    assert_rows_match(
+        &common::metric_rows(&external),
+        &common::metric_rows(&builtin),
+    );
     std::fs::remove_dir_all(&builtin).ok();
     std::fs::remove_dir_all(&external).ok();
 }
@@ -190,7 +181,7 @@ fn seeupo_learns_the_guessing_game() {
     let out = tmp("seeupo");
     let o = train(&out, &["algorithm=seeupo"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out);
+    let r = common::metric_rows(&out);
     let (before, after) = (
         r[0]["eval/success"].as_f64().unwrap(),
         r.last().unwrap()["eval/success"].as_f64().unwrap(),
@@ -205,7 +196,7 @@ fn seeupo_learns_the_guessing_game() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = train(&part, &["algorithm=seeupo"], &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_rows_match(&rows(&part), &r);
+    assert_rows_match(&common::metric_rows(&part), &r);
     std::fs::remove_dir_all(&out).ok();
     std::fs::remove_dir_all(&part).ok();
 }
@@ -261,7 +252,7 @@ fn agent_recipe_errors_name_the_key() {
     let env = format!("env={{kind=\"external\", command=[\"python3\", \"-c\", {program:?}]}}");
     let o = train(&out, &[&env, "train.steps=2"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out);
+    let r = common::metric_rows(&out);
     assert_eq!(
         r[1]["rollout/invalid_rewards"].as_f64(),
         Some(64.0),

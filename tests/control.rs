@@ -3,6 +3,8 @@
 //! gradient against finite differences, batched rescoring against the sampler's log-probs, and
 //! the job end to end: it learns, resumes exactly, and refuses bad recipes by name.
 
+mod common;
+
 use burn::optim::{GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_control::{
@@ -216,20 +218,6 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into()
 }
 
-/// Rows without wall times.
-fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(p.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(l).unwrap();
-            m.retain(|k, _| !k.starts_with("perf/"));
-            m
-        })
-        .collect()
-}
-
 /// The cart-pole recipe at a small budget: the deterministic policy's return (200 at most here)
 /// rises by at least 100 within 12 iterations on two seeds; a run stopped after 5 and resumed
 /// logs the uninterrupted run's metrics.
@@ -253,7 +241,7 @@ fn control_job_learns_and_resumes_exactly() {
             assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
             let o = train("cart-pole-ppo.toml", &part, &sets, &["--resume"]);
             assert!(o.status.success(), "{}", stderr(&o));
-            assert_eq!(rows(&part), rows(&out));
+            assert_eq!(common::metric_rows(&part), common::metric_rows(&out));
             std::fs::remove_dir_all(&part).ok();
         }
         std::fs::remove_dir_all(&out).ok();
@@ -306,7 +294,7 @@ fn rarl_job_resumes_exactly_and_evaluates_the_grid() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = train("pendulum-rarl.toml", &part, &sets, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let (a, b) = (rows(&part), rows(&full));
+    let (a, b) = (common::metric_rows(&part), common::metric_rows(&full));
     assert_eq!(a, b);
     let last = &b[b.len() - 1];
     for key in [

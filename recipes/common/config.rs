@@ -118,6 +118,26 @@ pub(crate) fn split_training<L: serde::de::DeserializeOwned>(
     parts.map_err(|e: String| format!("{area}: {e}"))
 }
 
+/// Fills `defaults` (`(key, value)`: a kind's own defaults for the embedded configs' keys;
+/// the update schedule's counts as integers) into `table` where a key is absent, then splits
+/// it as [`split_training`] does.
+pub(crate) fn split_with_defaults<L: serde::de::DeserializeOwned>(
+    mut table: toml::Table,
+    area: &str,
+    defaults: &[(&str, f64)],
+) -> std::result::Result<Training<L>, String> {
+    for &(key, value) in defaults {
+        let value = match key {
+            "epochs" | "mini_batches" | "micro_batch_rows" | "warmup_steps" => {
+                toml::Value::Integer(value as i64)
+            }
+            _ => toml::Value::Float(value),
+        };
+        table.entry(key).or_insert(value);
+    }
+    split_training(table, area)
+}
+
 /// One recipe table shared by several structs (a recipe's own keys and the configs it embeds
 /// from the crates, each with its serde defaults): each [`Split::take`] takes its struct's keys,
 /// and [`Split::finish`] refuses any key none took, listing the valid ones as serde's

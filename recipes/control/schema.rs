@@ -210,16 +210,10 @@ impl Default for PpoSpec {
 
 impl<'de> Deserialize<'de> for PpoSpec {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let mut table = toml::Table::deserialize(d)?;
-        for (key, value) in PPO_DEFAULTS {
-            let value = match key {
-                "epochs" | "mini_batches" => toml::Value::Integer(value as i64),
-                _ => toml::Value::Float(value),
-            };
-            table.entry(key).or_insert(value);
-        }
-        let (run, schedule, optim, update) = crate::common::config::split_training(table, "ppo")
-            .map_err(serde::de::Error::custom)?;
+        let table = toml::Table::deserialize(d)?;
+        let (run, schedule, optim, update) =
+            crate::common::config::split_with_defaults(table, "ppo", &PPO_DEFAULTS)
+                .map_err(serde::de::Error::custom)?;
         Ok(Self {
             run,
             schedule,

@@ -94,3 +94,18 @@ pub fn from_f64_on(v: &[f64], rows: usize, cols: usize, device: &Device) -> Tens
     let f: Vec<f32> = v.iter().map(|x| *x as f32).collect();
     Tensor::from_data(TensorData::new(f, [rows, cols]), device)
 }
+
+/// The rows of a run's `metrics.jsonl` without wall times (`perf/*`, `timing_s/*`), to compare
+/// two runs step for step.
+pub fn metric_rows(run: &std::path::Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut m: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(l).unwrap();
+            m.retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
+            m
+        })
+        .collect()
+}

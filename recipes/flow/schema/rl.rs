@@ -129,16 +129,10 @@ impl Default for RlSpec {
 
 impl<'de> Deserialize<'de> for RlSpec {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let mut table = toml::Table::deserialize(d)?;
-        for (key, value) in RL_DEFAULTS {
-            let value = match key {
-                "mini_batches" => toml::Value::Integer(value as i64),
-                _ => toml::Value::Float(value),
-            };
-            table.entry(key).or_insert(value);
-        }
+        let table = toml::Table::deserialize(d)?;
         let (run, schedule, optim, update) =
-            crate::common::config::split_training(table, "rl").map_err(serde::de::Error::custom)?;
+            crate::common::config::split_with_defaults(table, "rl", &RL_DEFAULTS)
+                .map_err(serde::de::Error::custom)?;
         Ok(Self {
             run,
             schedule,

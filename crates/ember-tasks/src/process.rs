@@ -2,7 +2,10 @@
 //! stdout. External rewards and external environments both run through it: a writer thread (so a
 //! program that does not read cannot block past the timeout), a reader thread that reports the
 //! end of the program's output at once, a timeout per request, and a registry of live programs
-//! that a second stop signal kills ([`kill_all`]).
+//! that a second stop signal kills ([`kill_all`]). On Unix each program leads a process group of
+//! its own, and ending it kills the whole group: what it started (a shell's children, a
+//! simulator it launched) does not outlive the run, and a terminal's Ctrl-C reaches the trainer
+//! alone, which finishes its step before the programs are stopped.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -54,10 +57,23 @@ pub fn kill_all() {
     };
     for child in live.iter().filter_map(Weak::upgrade) {
         if let Ok(mut c) = child.try_lock() {
-            let _ = c.kill();
-            let _ = c.wait();
+            end(&mut c);
         }
     }
+}
+
+/// Kills `child`'s process group (Unix: the program and everything it started), then the
+/// program itself, and reaps it.
+fn end(child: &mut Child) {
+    #[cfg(unix)]
+    if let Some(pid) = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl JsonLinesProcess {
@@ -91,16 +107,17 @@ impl JsonLinesProcess {
                 });
             }
         };
-        let mut child = Command::new(program)
-            .args(&command[1..])
+        let mut cmd = Command::new(program);
+        cmd.args(&command[1..])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|source| ProcessError::Spawn {
-                command: line.clone(),
-                source,
-            })?;
+            .stderr(Stdio::inherit());
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            command: line.clone(),
+            source,
+        })?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let child = Arc::new(Mutex::new(child));
@@ -226,8 +243,47 @@ impl Drop for JsonLinesProcess {
     fn drop(&mut self) {
         drop(self.requests.take());
         if let Ok(mut c) = self.child.lock() {
-            let _ = c.kill();
-            let _ = c.wait();
+            end(&mut c);
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Whether `pid` runs (a zombie waiting to be reaped does not).
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+    }
+
+    /// A program that starts a child of its own (a `sleep` in the background), then answers:
+    /// ending the program ends its child too (the child used to outlive the run).
+    #[test]
+    fn ending_a_program_ends_what_it_started() {
+        let dir = std::env::temp_dir().join(format!("ember-group-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("pid");
+        let script = format!(
+            "sleep 300 & echo $! > {}; while read l; do echo '{{}}'; done",
+            pidfile.display()
+        );
+        let command = ["sh".to_string(), "-c".to_string(), script];
+        let mut p = JsonLinesProcess::spawn(&command, 10.0, "test").unwrap();
+        assert_eq!(p.request("{}", "a request").unwrap(), "{}");
+        let pid: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(alive(pid));
+        drop(p);
+        let gone = (0..300).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            !alive(pid)
+        });
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(gone, "the program's child {pid} outlived it");
     }
 }

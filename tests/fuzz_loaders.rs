@@ -287,3 +287,79 @@ fn real_gguf_header_survives_damage() {
     }
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// Calls `f` in a thread: its answer, or None when it has not answered within 20 s (a reader
+/// blocked on a FIFO).
+fn within_20s(f: impl FnOnce() -> String + Send + 'static) -> Option<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20)).ok()
+}
+
+/// A FIFO named as a GGUF model, as a checkpoint's weights or tokenizer, or as a JSONL dataset
+/// is refused at once with an error naming it (opening one for reading used to wait for a
+/// writer forever).
+#[cfg(unix)]
+#[test]
+fn fifo_paths_are_refused_not_waited_on() {
+    let d = tmpdir("fifo");
+    let mkfifo = |p: &Path| {
+        let ok = std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mkfifo {}", p.display());
+    };
+    let fifo = d.join("pipe");
+    mkfifo(&fifo);
+    let weights = d.join("weights");
+    let tokenizer = d.join("tokenizer");
+    for (dir, pipe) in [
+        (&weights, "model.safetensors"),
+        (&tokenizer, "tokenizer.json"),
+    ] {
+        std::fs::create_dir_all(dir).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_llama");
+        for f in ["config.json", "model.safetensors"] {
+            if f != pipe {
+                std::fs::copy(src.join(f), dir.join(f)).unwrap();
+            }
+        }
+        mkfifo(&dir.join(pipe));
+    }
+    let (f1, f2) = (fifo.clone(), fifo.clone());
+    let cases: Vec<(&str, Box<dyn FnOnce() -> String + Send>)> = vec![
+        (
+            "gguf",
+            Box::new(move || format!("{:?}", GgufFile::open(&f1).err())),
+        ),
+        (
+            "weights",
+            Box::new(move || format!("{:?}", ember_llm::load(&weights, &dev()).err())),
+        ),
+        (
+            "tokenizer",
+            Box::new(move || {
+                format!(
+                    "{:?}",
+                    ember_llm::Tokenizer::for_checkpoint(&tokenizer).err()
+                )
+            }),
+        ),
+        (
+            "jsonl",
+            Box::new(move || format!("{:?}", ember_tasks::task::JsonlData::load(&f2).err())),
+        ),
+    ];
+    for (what, f) in cases {
+        let answer = within_20s(f).unwrap_or_else(|| panic!("{what}: still waiting on the FIFO"));
+        assert!(
+            answer.contains("FIFO") || answer.contains("not a regular file"),
+            "{what}: {answer}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -43,8 +43,8 @@ pub fn load(path: &Path) -> Result<Vec<Group>> {
     if len > MAX_BYTES {
         bail!("{}: {len} bytes, more than the 1 GiB limit", path.display());
     }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = ember_train::io::read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))?;
     let mut groups: Vec<Group> = Vec::new();
     let mut by_prompt: BTreeMap<String, usize> = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {

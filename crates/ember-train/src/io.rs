@@ -2,6 +2,8 @@
 //! exported models): a temporary file in the same directory, flushed to disk (`fsync`), renamed
 //! over the target, then the directory synced so that the rename itself survives a power loss.
 //! A failure at any point leaves the previous file untouched and removes the temporary one.
+//! And the reads of files a user names: only regular files are opened ([`read`],
+//! [`read_to_string`], [`require_regular_file`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -137,4 +139,63 @@ mod tests {
         assert!(dst.join("new").exists() && !dst.join("old").exists() && !tmp.exists());
         std::fs::remove_dir_all(&d).ok();
     }
+}
+
+/// Refuses a path that is not a regular file before anything opens it: opening a FIFO for
+/// reading blocks until a writer comes, and a device or socket never ends, so a model, adapter
+/// or data path naming one would hang the run. Symbolic links are followed.
+///
+/// # Errors
+/// `InvalidInput` naming the path and what it is; the metadata's own error (not found, …).
+pub fn require_regular_file(path: &Path) -> std::io::Result<()> {
+    let t = std::fs::metadata(path)?.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    let what = if t.is_dir() {
+        "a directory"
+    } else {
+        special_kind(&t)
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{} is {what}, not a regular file", path.display()),
+    ))
+}
+
+#[cfg(unix)]
+fn special_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_: &std::fs::FileType) -> &'static str {
+    "a special file"
+}
+
+/// `std::fs::read` of a regular file only ([`require_regular_file`]).
+///
+/// # Errors
+/// As [`require_regular_file`], or the read's.
+pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
+    require_regular_file(path)?;
+    std::fs::read(path)
+}
+
+/// `std::fs::read_to_string` of a regular file only ([`require_regular_file`]).
+///
+/// # Errors
+/// As [`require_regular_file`], or the read's.
+pub fn read_to_string(path: &Path) -> std::io::Result<String> {
+    require_regular_file(path)?;
+    std::fs::read_to_string(path)
 }

@@ -275,6 +275,10 @@ impl GgufFile {
     /// Reads the header, metadata and tensor directory of `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref().to_path_buf();
+        ember_train::io::require_regular_file(&path).map_err(|e| GgufError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
         let file = File::open(&path).map_err(|e| GgufError::Io {
             path: path.clone(),
             source: e,

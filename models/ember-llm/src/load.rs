@@ -37,8 +37,8 @@ impl SafetensorsSource {
         let shard_names: Vec<String> = if single.exists() {
             vec!["model.safetensors".into()]
         } else if index_path.exists() {
-            let text =
-                std::fs::read_to_string(&index_path).map_err(|e| LlmError::io(&index_path, e))?;
+            let text = ember_train::io::read_to_string(&index_path)
+                .map_err(|e| LlmError::io(&index_path, e))?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| LlmError::Checkpoint {
                     path: index_path.clone(),
@@ -80,7 +80,7 @@ impl SafetensorsSource {
         let mut index = HashMap::new();
         for (i, name) in shard_names.iter().enumerate() {
             let p = dir.join(name);
-            let bytes = std::fs::read(&p).map_err(|e| LlmError::io(&p, e))?;
+            let bytes = ember_train::io::read(&p).map_err(|e| LlmError::io(&p, e))?;
             let st = SafeTensors::deserialize(&bytes).map_err(|e| LlmError::Checkpoint {
                 path: p.clone(),
                 reason: e.to_string(),
@@ -101,7 +101,7 @@ impl SafetensorsSource {
 impl SafetensorsSource {
     /// Opens one `.safetensors` file.
     pub fn open_file(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| LlmError::io(path, e))?;
+        let bytes = ember_train::io::read(path).map_err(|e| LlmError::io(path, e))?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| LlmError::Checkpoint {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -505,14 +505,16 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
         });
     }
     let cfg_path = path.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
+    let text =
+        ember_train::io::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
     let hf = HfConfig::from_json(&text)?;
     let config = hf.to_config()?;
     let mut eos_ids = hf.eos_ids();
     let mut generation = GenerationDefaults::default();
     let gen_path = path.join("generation_config.json");
     if gen_path.exists() {
-        let text = std::fs::read_to_string(&gen_path).map_err(|e| LlmError::io(&gen_path, e))?;
+        let text =
+            ember_train::io::read_to_string(&gen_path).map_err(|e| LlmError::io(&gen_path, e))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| LlmError::Config {
             field: "generation_config.json",
             reason: e.to_string(),

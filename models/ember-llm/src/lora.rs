@@ -256,7 +256,8 @@ impl Reparameterizer for PeftLoad {
 /// Loads PEFT adapters from `dir` onto `model` (which must have none yet).
 pub fn load_peft(model: Llama, dir: &Path, device: &Device) -> Result<(Llama, LoraSettings)> {
     let cfg_path = dir.join("adapter_config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
+    let text =
+        ember_train::io::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| LlmError::Config {
         field: "adapter_config.json",
         reason: e.to_string(),

@@ -75,6 +75,7 @@ impl Tokenizer {
                 path.display()
             )));
         }
+        ember_train::io::require_regular_file(&path).map_err(|e| LlmError::io(&path, e))?;
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
         let mut t = Self {
@@ -87,8 +88,8 @@ impl Tokenizer {
         };
         let cfg_path = dir.join("tokenizer_config.json");
         if cfg_path.exists() {
-            let text =
-                std::fs::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;
+            let text = ember_train::io::read_to_string(&cfg_path)
+                .map_err(|e| LlmError::io(&cfg_path, e))?;
             let cfg: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| tok_err(format!("{}: {e}", cfg_path.display())))?;
             t.chat_template = named_template(cfg.get("chat_template"));
@@ -107,7 +108,8 @@ impl Tokenizer {
         // config's copy (`chat_template.jinja`, as `PreTrainedTokenizerBase.save_pretrained`).
         let jinja = dir.join("chat_template.jinja");
         if jinja.exists() {
-            let text = std::fs::read_to_string(&jinja).map_err(|e| LlmError::io(&jinja, e))?;
+            let text =
+                ember_train::io::read_to_string(&jinja).map_err(|e| LlmError::io(&jinja, e))?;
             t.chat_template = Some(text);
         }
         if let Some(eos) = &t.eos_token {

@@ -128,6 +128,22 @@ fn kind_of(v: &serde_json::Value) -> &'static str {
     }
 }
 
+/// The text of `path` when it is a regular file: a FIFO (opening it for reading blocks until a
+/// writer comes) or a device is refused, naming what it is (as `ember_train::io::read_to_string`,
+/// a crate of the same layer).
+fn read_regular(path: &Path) -> std::io::Result<String> {
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a regular file (a FIFO, a device or a directory)",
+                path.display()
+            ),
+        ));
+    }
+    std::fs::read_to_string(path)
+}
+
 impl JsonlData {
     /// Reads `path` with the default keys.
     pub fn load(path: &Path) -> Result<Self, DataError> {
@@ -136,7 +152,7 @@ impl JsonlData {
 
     /// Reads `path`, the prompt and answer under `keys`.
     pub fn load_with(path: &Path, keys: &JsonlKeys) -> Result<Self, DataError> {
-        let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
+        let text = read_regular(path).map_err(|source| DataError::Io {
             path: path.to_path_buf(),
             source,
         })?;

@@ -66,20 +66,6 @@ fn train_recipe(recipe: &str, out: &Path, extra: &[&str], flags: &[&str]) -> Out
     c.args(flags).output().unwrap()
 }
 
-fn rows(p: &Path) -> Vec<serde_json::Map<String, serde_json::Value>> {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut m: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(l).unwrap();
-            // Wall times (perf/*, timing_s/*) differ from run to run.
-            m.retain(|k, _| !k.starts_with("perf/") && !k.starts_with("timing_s/"));
-            m
-        })
-        .collect()
-}
-
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into()
 }
@@ -119,10 +105,7 @@ fn resume_equals_uninterrupted_run() {
     std::fs::write(&model, &whole).unwrap();
     let o = train(&b, &[], &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let (ra, rb) = (
-        rows(&a.join("metrics.jsonl")),
-        rows(&b.join("metrics.jsonl")),
-    );
+    let (ra, rb) = (common::metric_rows(&a), common::metric_rows(&b));
     assert_eq!(ra.len(), 7);
     let rewards: f64 = ra
         .iter()
@@ -264,7 +247,7 @@ fn an_error_mid_run_keeps_the_last_completed_step() {
     );
     let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
     assert_eq!(latest.trim(), "step-00000002");
-    let rows = rows(&out.join("metrics.jsonl"));
+    let rows = common::metric_rows(&out);
     assert_eq!(rows.last().unwrap()["step"], 2.0);
     std::fs::remove_dir_all(&out).ok();
 }
@@ -382,7 +365,7 @@ fn nan_rewards_are_masked_and_counted() {
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out.join("metrics.jsonl"));
+    let r = common::metric_rows(&out);
     assert_eq!(r.len(), 3);
     for row in &r[1..] {
         assert_eq!(
@@ -428,7 +411,7 @@ fn countdown_and_format_reward_run() {
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out.join("metrics.jsonl"));
+    let r = common::metric_rows(&out);
     assert_eq!(r.len(), 3);
     assert!(r[2].contains_key("reward/format_mean"), "{:?}", r[2]);
     std::fs::remove_dir_all(&out).ok();
@@ -729,10 +712,7 @@ fn lora_resume(tag: &str, extra: &[&str], small: &[&str], check: &dyn Fn(&Path))
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = run(&b, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let (ra, rb) = (
-        rows(&a.join("metrics.jsonl")),
-        rows(&b.join("metrics.jsonl")),
-    );
+    let (ra, rb) = (common::metric_rows(&a), common::metric_rows(&b));
     assert_eq!(ra.len(), 3);
     assert_eq!(
         ra, rb,
@@ -775,10 +755,7 @@ fn shape_buckets_leave_the_step_unchanged() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = train(&b, &[&sets[..], &["rollout.shape_bucket=16"]].concat(), &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let (ra, rb) = (
-        rows(&a.join("metrics.jsonl")),
-        rows(&b.join("metrics.jsonl")),
-    );
+    let (ra, rb) = (common::metric_rows(&a), common::metric_rows(&b));
     assert_eq!(ra.len(), 2);
     for (k, v) in ra[1].iter().filter(|(k, _)| *k != "eval/accuracy") {
         let (x, y) = (v.as_f64().unwrap(), rb[1][k].as_f64().unwrap());
@@ -1047,7 +1024,7 @@ fn reinforce_ada_draws_in_rounds_and_keeps_n() {
     let out = tmp("ada");
     let o = train(&out, &["algorithm=reinforce-ada"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out.join("metrics.jsonl"));
+    let r = common::metric_rows(&out);
     let rl: Vec<_> = r
         .iter()
         .filter(|x| x.contains_key("rollout/ada_rounds"))
@@ -1066,7 +1043,7 @@ fn reinforce_ada_draws_in_rounds_and_keeps_n() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = train(&part, &["algorithm=reinforce-ada"], &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(rows(&part.join("metrics.jsonl")), r);
+    assert_eq!(common::metric_rows(&part), r);
     let pf = tmp("ada-pf");
     let o = train(
         &pf,
@@ -1074,7 +1051,7 @@ fn reinforce_ada_draws_in_rounds_and_keeps_n() {
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&pf.join("metrics.jsonl"));
+    let r = common::metric_rows(&pf);
     for x in r.iter().filter(|x| x.contains_key("rollout/ada_rounds")) {
         assert!(x["rollout/ada_rounds"].as_f64().unwrap() <= 2.0);
         assert!(x["rollout/ada_samples_drawn"].as_f64().unwrap() <= 48.0);
@@ -1110,7 +1087,7 @@ fn ppo_critic_logs_checkpoints_and_resumes() {
     let args = ["algorithm=ppo-pact", "critic={lr=3e-3, warmup_steps=1}"];
     let o = train(&out, &args, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out.join("metrics.jsonl"));
+    let r = common::metric_rows(&out);
     let steps: Vec<_> = r
         .iter()
         .filter(|x| x.contains_key("critic/vf_loss"))
@@ -1143,7 +1120,7 @@ fn ppo_critic_logs_checkpoints_and_resumes() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = train(&part, &args, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(rows(&part.join("metrics.jsonl")), r);
+    assert_eq!(common::metric_rows(&part), r);
     fails_with(
         None,
         &["critic={lr=1e-3}"],
@@ -1192,7 +1169,7 @@ fn rerule_replays_stored_groups_and_resumes() {
     ];
     let o = train(&out, &args, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out.join("metrics.jsonl"));
+    let r = common::metric_rows(&out);
     let steps: Vec<_> = r
         .iter()
         .filter(|x| x.contains_key("replay/admitted"))
@@ -1221,7 +1198,7 @@ fn rerule_replays_stored_groups_and_resumes() {
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let o = train(&part, &args, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(rows(&part.join("metrics.jsonl")), r);
+    assert_eq!(common::metric_rows(&part), r);
     // A damaged buffer file is named, not a panic.
     let part2 = tmp("rerule-bad");
     let o = train(&part2, &args, &["--stop-after", "4"]);
@@ -1274,7 +1251,7 @@ fn basis_single_rollout_and_value_mse() {
     ];
     let o = train(&out, &args, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let r = rows(&out.join("metrics.jsonl"));
+    let r = common::metric_rows(&out);
     let v: Vec<f64> = r
         .iter()
         .filter_map(|x| x.get("advantage/basis_value_mean")?.as_f64())
@@ -1359,7 +1336,7 @@ fn offline_objectives_train_on_rollouts_and_resume() {
             &[],
         );
         assert!(o.status.success(), "{obj}: {}", stderr(&o));
-        let r = rows(&out.join("metrics.jsonl"));
+        let r = common::metric_rows(&out);
         let steps: Vec<_> = r
             .iter()
             .filter(|x| x.contains_key("offline/loss"))
@@ -1385,10 +1362,7 @@ fn offline_objectives_train_on_rollouts_and_resume() {
     );
     let o = train(&b, &args, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(
-        rows(&a.join("metrics.jsonl")),
-        rows(&b.join("metrics.jsonl"))
-    );
+    assert_eq!(common::metric_rows(&a), common::metric_rows(&b));
     // RPO's ablations: the first k responses per prompt, and all pairs. summary.json counts
     // what a step draws from, as computed here from the file.
     let (mut pairs2, mut best_worst, mut all_pairs) = (0, 0, 0);
@@ -1530,7 +1504,7 @@ fn offline_lora_policy_uses_adapters_off_reference() {
         assert!(o.status.success(), "{obj}: {}", stderr(&o));
         assert!(!out.join("reference.bpk").exists());
         assert!(out.join("final/adapter_model.safetensors").exists());
-        let r = rows(&out.join("metrics.jsonl"));
+        let r = common::metric_rows(&out);
         if obj.contains("dpo") {
             let margin = r[1]["preference/margin"].as_f64().unwrap();
             assert!(margin.abs() < 1e-4, "first step's margin {margin}");

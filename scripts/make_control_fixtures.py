@@ -17,6 +17,21 @@ import gymnasium as gym
 import numpy as np
 
 
+def step(env, action, stored_action):
+    """One step of `env`, recorded with the state before it."""
+    state = [float(v) for v in env.unwrapped.state]
+    obs, r, term, trunc, _ = env.step(action)
+    row = {
+        "state": state,
+        "action": [stored_action],
+        "next": [float(v) for v in env.unwrapped.state],
+        "obs": [float(v) for v in obs],
+        "reward": float(r),
+        "terminated": bool(term),
+    }
+    return row, term or trunc
+
+
 def pendulum(episodes=3, seed=0):
     env = gym.make("Pendulum-v1")
     rng = np.random.default_rng(seed)
@@ -24,18 +39,10 @@ def pendulum(episodes=3, seed=0):
     for e in range(episodes):
         env.reset(seed=seed + e)
         for _ in range(200):
-            state = [float(v) for v in env.unwrapped.state]
             u = float(rng.uniform(-3.0, 3.0))
-            obs, r, term, trunc, _ = env.step(np.array([u], dtype=np.float32))
-            rows.append({
-                "state": state,
-                "action": [float(np.float32(u))],
-                "next": [float(v) for v in env.unwrapped.state],
-                "obs": [float(v) for v in obs],
-                "reward": float(r),
-                "terminated": bool(term),
-            })
-            if term or trunc:
+            row, done = step(env, np.array([u], dtype=np.float32), float(np.float32(u)))
+            rows.append(row)
+            if done:
                 break
     return rows
 
@@ -47,18 +54,10 @@ def cart_pole(episodes=20, seed=100):
     for e in range(episodes):
         env.reset(seed=seed + e)
         while True:
-            state = [float(v) for v in env.unwrapped.state]
             a = int(rng.integers(0, 2))
-            obs, r, term, trunc, _ = env.step(a)
-            rows.append({
-                "state": state,
-                "action": [1.0 if a == 1 else -1.0],
-                "next": [float(v) for v in env.unwrapped.state],
-                "obs": [float(v) for v in obs],
-                "reward": float(r),
-                "terminated": bool(term),
-            })
-            if term or trunc:
+            row, done = step(env, a, 1.0 if a == 1 else -1.0)
+            rows.append(row)
+            if done:
                 break
     return rows
 

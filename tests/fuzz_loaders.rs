@@ -288,6 +288,9 @@ fn real_gguf_header_survives_damage() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// A loader call answering its error's text.
+type Loader = Box<dyn FnOnce() -> String + Send>;
+
 /// Calls `f` in a thread: its answer, or None when it has not answered within 20 s (a reader
 /// blocked on a FIFO).
 fn within_20s(f: impl FnOnce() -> String + Send + 'static) -> Option<String> {
@@ -331,7 +334,7 @@ fn fifo_paths_are_refused_not_waited_on() {
         mkfifo(&dir.join(pipe));
     }
     let (f1, f2) = (fifo.clone(), fifo.clone());
-    let cases: Vec<(&str, Box<dyn FnOnce() -> String + Send>)> = vec![
+    let cases: Vec<(&str, Loader)> = vec![
         (
             "gguf",
             Box::new(move || format!("{:?}", GgufFile::open(&f1).err())),

@@ -138,6 +138,32 @@ pub(crate) fn split_with_defaults<L: serde::de::DeserializeOwned>(
     split_training(table, area)
 }
 
+/// `Deserialize` for a recipe table holding a loop's own settings beside the three training
+/// configs it embeds from `ember-train` (fields `run`, `schedule`, `optim`, `update`): the
+/// table's `defaults` filled in ([`split_with_defaults`]), every key taken by one part, errors
+/// prefixed `area: `.
+macro_rules! training_table {
+    ($ty:ty, $area:literal, $defaults:expr) => {
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> std::result::Result<Self, D::Error> {
+                let table = <toml::Table as serde::Deserialize>::deserialize(d)?;
+                let (run, schedule, optim, update) =
+                    $crate::common::config::split_with_defaults(table, $area, $defaults)
+                        .map_err(serde::de::Error::custom)?;
+                Ok(Self {
+                    run,
+                    schedule,
+                    optim,
+                    update,
+                })
+            }
+        }
+    };
+}
+pub(crate) use training_table;
+
 /// One recipe table shared by several structs (a recipe's own keys and the configs it embeds
 /// from the crates, each with its serde defaults): each [`Split::take`] takes its struct's keys,
 /// and [`Split::finish`] refuses any key none took, listing the valid ones as serde's

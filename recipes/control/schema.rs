@@ -208,20 +208,7 @@ impl Default for PpoSpec {
     }
 }
 
-impl<'de> Deserialize<'de> for PpoSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let table = toml::Table::deserialize(d)?;
-        let (run, schedule, optim, update) =
-            crate::common::config::split_with_defaults(table, "ppo", &PPO_DEFAULTS)
-                .map_err(serde::de::Error::custom)?;
-        Ok(Self {
-            run,
-            schedule,
-            optim,
-            update,
-        })
-    }
-}
+crate::common::config::training_table!(PpoSpec, "ppo", &PPO_DEFAULTS);
 
 /// `[eval]`: the deterministic policy (its mean action) on fixed initial states.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -127,20 +127,7 @@ impl Default for RlSpec {
     }
 }
 
-impl<'de> Deserialize<'de> for RlSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let table = toml::Table::deserialize(d)?;
-        let (run, schedule, optim, update) =
-            crate::common::config::split_with_defaults(table, "rl", &RL_DEFAULTS)
-                .map_err(serde::de::Error::custom)?;
-        Ok(Self {
-            run,
-            schedule,
-            optim,
-            update,
-        })
-    }
-}
+crate::common::config::training_table!(RlSpec, "rl", &RL_DEFAULTS);
 
 /// The form of the flow KL penalty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

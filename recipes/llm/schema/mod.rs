@@ -98,19 +98,7 @@ pub struct TrainSpec {
     pub update: UpdateSchedule,
 }
 
-impl<'de> Deserialize<'de> for TrainSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let table = toml::Table::deserialize(d)?;
-        let (run, schedule, optim, update) = crate::common::config::split_training(table, "train")
-            .map_err(serde::de::Error::custom)?;
-        Ok(Self {
-            run,
-            schedule,
-            optim,
-            update,
-        })
-    }
-}
+crate::common::config::training_table!(TrainSpec, "train", &[]);
 
 /// The RL loop's own settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::store::ModuleRecord;
 use burn::tensor::Device;
 use ember_control::{
-    Adversary, Env, GaussianPolicy, GaussianPolicyConfig, ValueNet, ValueNetConfig, rollout,
+    Adversary, Env, GaussianPolicy, GaussianPolicyConfig, Side, ValueNet, ValueNetConfig, rollout,
 };
 use ember_engine::SplitMix64;
 use ember_run::{RunOptions, checkpoint};
@@ -49,63 +49,88 @@ impl Player {
         })
     }
 
-    /// Writes the player's four records into `d`, named `<prefix><part>.bpk`.
-    fn save(&self, d: &Path, prefix: &str) -> Result<()> {
-        let modules = [
-            ("policy", self.policy.clone().into_record()),
-            ("critic", self.critic.clone().into_record()),
-        ];
-        for (part, rec) in modules {
-            let p = d.join(format!("{prefix}{part}.bpk"));
-            rec.save(&p)
-                .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
+    /// Writes the player's records into `d`. The protagonist's policy and optimizer are the
+    /// run kit's `model.bpk` and `optim.bpk` (written by [`save_state`]), its critic
+    /// `critic.bpk` and `critic_optim.bpk`; the adversary's are `adversary[_critic].bpk` and
+    /// `adversary[_critic]_optim.bpk`.
+    fn save(&self, d: &Path, side: Side) -> Result<()> {
+        if side == Side::Adversary {
+            save_pair(d, ADVERSARY, self.policy.clone().into_record(), &self.optim)?;
         }
-        for (part, o) in [("optim", &self.optim), ("critic_optim", &self.critic_optim)] {
-            let p = d.join(format!("{prefix}{part}.bpk"));
-            o.to_record()
-                .save(&p)
-                .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
-        }
-        Ok(())
+        let stem = critic_stem(side);
+        save_pair(
+            d,
+            &stem,
+            self.critic.clone().into_record(),
+            &self.critic_optim,
+        )
     }
 
-    /// The player with the four records of `d` named `<prefix><part>.bpk`.
-    fn load(self, d: &Path, prefix: &str) -> Result<Self> {
-        let module = |part: &str| -> Result<ModuleRecord> {
-            let p = d.join(format!("{prefix}{part}.bpk"));
-            ModuleRecord::load(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))
+    /// The player with its records of `d` ([`Player::save`]'s names); the protagonist's policy
+    /// through the run kit's reader, which checks the checkpoint's manifest.
+    fn load(self, d: &Path, side: Side) -> Result<Self> {
+        let (policy, optim) = match side {
+            Side::Adversary => load_pair(d, ADVERSARY, self.policy, self.optim)?,
+            Side::Protagonist => {
+                let p = d.join(checkpoint::MODEL);
+                let policy = self
+                    .policy
+                    .try_load_record(checkpoint::read_model(d, false)?)
+                    .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+                (policy, checkpoint::load_optimizer(d, self.optim)?)
+            }
         };
-        let optim = |part: &str, o: Optimizer| -> Result<Optimizer> {
-            let p = d.join(format!("{prefix}{part}.bpk"));
-            let rec = burn::optim::OptimizerRecord::load(&p)
-                .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
-            Ok(o.load_record(rec))
-        };
-        let applying = |part: &str| {
-            format!(
-                "applying {}",
-                d.join(format!("{prefix}{part}.bpk")).display()
-            )
-        };
+        let (critic, critic_optim) =
+            load_pair(d, &critic_stem(side), self.critic, self.critic_optim)?;
         Ok(Self {
-            policy: self
-                .policy
-                .try_load_record(module("policy")?)
-                .map_err(|e| anyhow!("{}: {e}", applying("policy")))?,
-            critic: self
-                .critic
-                .try_load_record(module("critic")?)
-                .map_err(|e| anyhow!("{}: {e}", applying("critic")))?,
-            optim: optim("optim", self.optim)?,
-            critic_optim: optim("critic_optim", self.critic_optim)?,
+            policy,
+            critic,
+            optim,
+            critic_optim,
         })
     }
 }
 
-/// The checkpoint files' prefixes: the protagonist's beside the run kit's `model.bpk` (its
-/// policy) and `optim.bpk`, the adversary's.
-const PROTAGONIST: &str = "protagonist_";
-const ADVERSARY: &str = "adversary_";
+/// The adversary's files' stem.
+const ADVERSARY: &str = "adversary";
+
+fn critic_stem(side: Side) -> String {
+    match side {
+        Side::Protagonist => "critic".into(),
+        Side::Adversary => format!("{ADVERSARY}_critic"),
+    }
+}
+
+/// Writes `<stem>.bpk` (a module's record) and `<stem>_optim.bpk` (its optimizer's).
+fn save_pair(d: &Path, stem: &str, record: ModuleRecord, optim: &Optimizer) -> Result<()> {
+    let p = d.join(format!("{stem}.bpk"));
+    record
+        .save(&p)
+        .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
+    let p = d.join(format!("{stem}_optim.bpk"));
+    optim
+        .to_record()
+        .save(&p)
+        .map_err(|e| anyhow!("writing {}: {e}", p.display()))
+}
+
+/// `module` and `optim` with the records [`save_pair`] wrote under `stem`.
+fn load_pair<M: Module>(
+    d: &Path,
+    stem: &str,
+    module: M,
+    optim: Optimizer,
+) -> Result<(M, Optimizer)> {
+    let p = d.join(format!("{stem}.bpk"));
+    let rec = ModuleRecord::load(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
+    let module = module
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+    let p = d.join(format!("{stem}_optim.bpk"));
+    let rec = burn::optim::OptimizerRecord::load(&p)
+        .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
+    Ok((module, optim.load_record(rec)))
+}
 
 /// Builds a job: [`Setup::new`], then [`ControlJob::start`].
 pub(super) struct Setup;
@@ -167,14 +192,11 @@ impl ControlJob<'_> {
             .resumed()
             .map(|(d, st)| (d.to_path_buf(), st.clone()));
         if let Some((dir, st)) = resumed {
-            // The run kit's read checks the checkpoint's manifest; the records are the
-            // players' own files.
-            checkpoint::read_model(&dir, false)?;
             (self.rng, self.before, self.after) =
                 (SplitMix64(st.rng), st.accuracy_before, st.accuracy_after);
-            self.protagonist = self.protagonist.load(&dir, PROTAGONIST)?;
+            self.protagonist = self.protagonist.load(&dir, Side::Protagonist)?;
             if let Some(a) = self.adversary.take() {
-                self.adversary = Some(a.load(&dir, ADVERSARY)?);
+                self.adversary = Some(a.load(&dir, Side::Adversary)?);
             }
         } else {
             let (r, h) = (self.r, self.horizon);
@@ -192,7 +214,7 @@ impl ControlJob<'_> {
 }
 
 /// Fills a checkpoint directory: the protagonist's policy and optimizer as the run kit's
-/// records (`model.bpk`, `optim.bpk`), then every record of both players, the run state.
+/// records (`model.bpk`, `optim.bpk`) with the run state, then the players' other records.
 pub(super) fn save_state(
     d: &Path,
     protagonist: &Player,
@@ -201,9 +223,9 @@ pub(super) fn save_state(
 ) -> Result<()> {
     let p = protagonist;
     checkpoint::write_records(d, p.policy.clone().into_record(), &p.optim, ts)?;
-    p.save(d, PROTAGONIST)?;
+    p.save(d, Side::Protagonist)?;
     if let Some(a) = adversary {
-        a.save(d, ADVERSARY)?;
+        a.save(d, Side::Adversary)?;
     }
     Ok(())
 }

@@ -25,8 +25,9 @@ pub const ESTIMATORS: [&str; 4] = ["first", "zeroth", "ddcg", "ivw"];
 const SIGMA: f32 = 0.05;
 const SAMPLES: usize = 100;
 
-/// One estimator's combined gradient from one batch of samples.
-fn estimate(s: &GradientSamples, which: &str) -> f32 {
+/// One estimator's combined gradient from one batch of samples, and the first-order weight α
+/// it used.
+fn estimate(s: &GradientSamples, which: &str) -> (f32, f32) {
     let alpha = match which {
         "first" => 1.0,
         "zeroth" => 0.0,
@@ -34,7 +35,10 @@ fn estimate(s: &GradientSamples, which: &str) -> f32 {
         _ => ivw_weight(s).into_scalar::<f32>(),
     };
     let d = s.values.device();
-    mix(s, Tensor::from_floats([alpha], &d)).into_scalar::<f32>()
+    (
+        mix(s, Tensor::from_floats([alpha], &d)).into_scalar::<f32>(),
+        alpha,
+    )
 }
 
 /// Bias and variance of each estimator at one angle.
@@ -65,10 +69,10 @@ fn point(task: &BallWithWall, theta: f32, repeats: usize, device: &Device) -> Po
     for _ in 0..repeats {
         let s = task.samples(theta, noise(SAMPLES, device), SIGMA);
         for (i, e) in ESTIMATORS.iter().enumerate() {
-            est[i].push(f64::from(estimate(&s, e)));
+            let (g, alpha) = estimate(&s, e);
+            est[i].push(f64::from(g));
+            fell_back += usize::from(*e == "ddcg" && alpha == 0.0);
         }
-        let a: f32 = ddcg_weight(&s, SIGMA, DdcgConfig::default()).into_scalar();
-        fell_back += usize::from(a == 0.0);
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let var = |v: &[f64]| {
@@ -100,7 +104,7 @@ fn curve(
     let mut out = vec![dist(theta)];
     for _ in 0..steps {
         let s = task.samples(theta, noise(SAMPLES, device), SIGMA);
-        theta = (theta + lr * estimate(&s, which)).clamp(0.0, std::f32::consts::FRAC_PI_2);
+        theta = (theta + lr * estimate(&s, which).0).clamp(0.0, std::f32::consts::FRAC_PI_2);
         out.push(dist(theta));
     }
     out

@@ -3,6 +3,7 @@
 //! back to the host until the caller asks for metrics.
 
 use crate::env::Env;
+use crate::gaussian::gaussian_log_prob;
 use crate::net::GaussianPolicy;
 use burn::tensor::{Distribution, Tensor};
 
@@ -75,7 +76,8 @@ pub struct Adversary<'a> {
     pub max_force: f32,
 }
 
-/// One player's action in observation `o`: sampled (with its log-prob) or the mean.
+/// One player's action in observation `o`: sampled (with its log-prob, from the same mean)
+/// or the mean.
 fn act(policy: &GaussianPolicy, o: &Tensor<2>, sample: bool) -> (Tensor<2>, Tensor<1>) {
     let [n, _] = o.dims();
     let device = o.device();
@@ -83,11 +85,11 @@ fn act(policy: &GaussianPolicy, o: &Tensor<2>, sample: bool) -> (Tensor<2>, Tens
     if !sample {
         return (mean, Tensor::zeros([n], &device));
     }
-    let act = policy.act_dim();
-    let std = policy.log_std().exp().reshape([1, act]);
+    let log_std = policy.log_std();
+    let [act] = log_std.dims();
     let z = Tensor::<2>::random([n, act], Distribution::Normal(0.0, 1.0), &device);
-    let a = mean + z * std;
-    let lp = policy.log_prob(o.clone(), a.clone());
+    let a = mean.clone() + z * log_std.clone().exp().reshape([1, act]);
+    let lp = gaussian_log_prob(a.clone(), mean, log_std);
     (a, lp)
 }
 

@@ -549,3 +549,43 @@ fn guide_and_readme_links_resolve() {
     }
     assert!(broken.is_empty(), "links that do not resolve: {broken:#?}");
 }
+
+/// The code before a file's `#[cfg(test)]` module (tests may pick the CPU device directly).
+fn non_test_part(text: &str) -> &str {
+    text.find("#[cfg(test)]").map_or(text, |i| &text[..i])
+}
+
+/// A backend's device is named in one place, `recipes/common/device.rs`, under its feature:
+/// elsewhere `Device::flex()` (the CPU backend) would not compile in a `cuda`- or `wgpu`-only
+/// build, which CI type-checks only at its very end.
+#[test]
+fn only_the_device_module_names_a_backend_device() {
+    let root = root();
+    let mut offenders = Vec::new();
+    for dir in ["recipes", "crates", "models", "benches"] {
+        for f in rust_files(&root.join(dir)) {
+            let rel = f
+                .strip_prefix(&root)
+                .unwrap_or(&f)
+                .to_string_lossy()
+                .to_string();
+            if rel == "recipes/common/device.rs" || rel.contains("/tests/") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            for line in code_lines(non_test_part(&text)) {
+                if ["Device::flex()", "Device::cuda(", "Device::wgpu("]
+                    .iter()
+                    .any(|d| line.contains(d))
+                {
+                    offenders.push(format!("{rel}: {line}"));
+                }
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "use crate::common::device::device(name) (or take a &Device) instead:\n{}",
+        offenders.join("\n")
+    );
+}

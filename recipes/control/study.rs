@@ -125,7 +125,7 @@ pub struct TaskStudy {
 
 /// Runs the study and writes `out` (JSON); `repeats` estimates per angle.
 pub fn run(out: &Path, repeats: usize) -> Result<Vec<TaskStudy>> {
-    let device = Device::flex().autodiff();
+    let device = crate::common::device::device("auto")?.autodiff();
     // The wall's curves start 0.14 rad (2.9σ) below the angle that clears it, on the flat
     // where the ball hits the wall; the smooth task's from a short throw.
     let smooth = BallWithWall {
@@ -301,7 +301,7 @@ fn surrogate(
 /// A learning curve: the mean-action return on 32 fixed initial states before each of
 /// `updates / 10` blocks of updates and after the last, for `seed`.
 pub fn learning_curve(l: &Learning, which: &str, seed: u64) -> Result<Vec<f64>> {
-    let ad = Device::flex().autodiff();
+    let ad = crate::common::device::device("auto")?.autodiff();
     ad.seed(seed ^ 0x4444_4347);
     let mut policy = GaussianPolicyConfig::new(l.env.obs_dim(), l.env.act_dim())
         .with_log_std_init(l.sigma.ln())

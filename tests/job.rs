@@ -120,8 +120,37 @@ fn resume_equals_uninterrupted_run() {
         assert!(b.join(f).exists(), "{f} missing");
     }
     eval_matches_last(&b, &ra);
+    final_damage_is_named(&b);
     std::fs::remove_dir_all(&a).ok();
     std::fs::remove_dir_all(&b).ok();
+}
+
+/// `final/` carries a manifest: a flipped bit in its weights makes `ember eval` fail naming the
+/// file (it used to evaluate the damaged weights and exit 0); a file added to it is allowed.
+fn final_damage_is_named(run: &Path) {
+    let eval = || {
+        Command::new(env!("CARGO_BIN_EXE_ember"))
+            .arg("eval")
+            .arg(run)
+            .output()
+            .unwrap()
+    };
+    std::fs::write(run.join("final/README.md"), "notes").unwrap();
+    let o = eval();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let weights = run.join("final/model.safetensors");
+    let whole = std::fs::read(&weights).unwrap();
+    let mut flipped = whole.clone();
+    flipped[whole.len() - 9] ^= 0x04;
+    std::fs::write(&weights, &flipped).unwrap();
+    let o = eval();
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("model.safetensors is damaged"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(&weights, &whole).unwrap();
 }
 
 /// `ember eval` scores the final model as the run's last evaluation did.
@@ -1210,7 +1239,7 @@ fn rerule_replays_stored_groups_and_resumes() {
     let e = stderr(&o);
     assert!(e.contains("replay.json is damaged"), "{e}");
     // A buffer written bad (its manifest agreeing) is named by the buffer's own check.
-    ember_run::manifest::write(&part2.join("checkpoints/step-00000004")).unwrap();
+    ember_train::manifest::write(&part2.join("checkpoints/step-00000004")).unwrap();
     let o = train(&part2, &args, &["--resume"]);
     assert!(!o.status.success());
     let e = stderr(&o);

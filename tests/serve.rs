@@ -476,6 +476,23 @@ fn main_job_pushes_its_weights_to_the_servers() {
                 .ends_with("-step2")
         );
     }
+    // A directory pushed to the servers carries a manifest: after a flipped bit, loading it is
+    // refused naming the file, and the server keeps the weights it had.
+    let pushed = two.join("serving/step-00000002");
+    let weights = pushed.join("model.safetensors");
+    let whole = std::fs::read(&weights).unwrap();
+    let mut flipped = whole.clone();
+    flipped[whole.len() - 9] ^= 0x04;
+    std::fs::write(&weights, &flipped).unwrap();
+    let (code, text) = post(
+        a.port,
+        "/update_weights_from_disk",
+        &json_path(&pushed.display().to_string()),
+    );
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("model.safetensors is damaged"), "{text}");
+    assert!(get(a.port, "/v1/models").1.contains("serving/step-00000002"));
+    std::fs::write(&weights, &whole).unwrap();
     // Errors: no such path; another architecture; an unsupported format; an unknown field.
     let other = base.join("other");
     let o = tiny_train(
@@ -572,6 +589,57 @@ fn closed_by_default(base: &Path, other: &Path, admin_port: u16) {
     assert_eq!(get_with_key(c.port, "/v1/models", "wrong").0, 401);
     assert_eq!(get_with_key(c.port, "/v1/models", "k").0, 200);
     std::fs::remove_dir_all(&elsewhere).ok();
+    slow_clients_are_cut(&other.join("final"));
+}
+
+/// Clients that never finish their request's head are cut after --header-read-timeout (they
+/// used to hold their connection, and a descriptor, for ever), and at most --max-connections
+/// are served at once: a third client waits until a slow one is cut, then is answered.
+fn slow_clients_are_cut(model: &Path) {
+    let e = Server::named(
+        model,
+        "slow",
+        &["--header-read-timeout", "2", "--max-connections", "2"],
+    );
+    let head = b"GET /health HTTP/1.1\r\nhost: x\r\n";
+    let mut slow: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", e.port)).unwrap())
+        .collect();
+    for s in &mut slow {
+        s.write_all(head).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    third
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(800)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let waited = third.read(&mut byte);
+    assert!(
+        waited.is_err(),
+        "a third connection was served past --max-connections 2: {waited:?}"
+    );
+    for s in &mut slow {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        let cut = s.read_to_end(&mut rest);
+        assert!(
+            cut.is_ok()
+                || cut
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "a client that never finished its head was not cut: {cut:?}"
+        );
+    }
+    third
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut answer = String::new();
+    third.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
 /// A GET with `Authorization: Bearer key`; the status and body.

@@ -488,7 +488,7 @@ pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
         }
         _ => save_tiny(policy, &tmp)?,
     }
-    ember_train::io::publish_dir(&tmp, &final_dir)
+    ember_train::manifest::publish(&tmp, &final_dir)
         .with_context(|| format!("writing {}", final_dir.display()))
 }
 

@@ -281,7 +281,7 @@ impl Remote {
                 ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, &tmp)?;
             }
         }
-        ember_train::io::publish_dir(&tmp, &dir)
+        ember_train::manifest::publish(&tmp, &dir)
             .with_context(|| format!("writing {}", dir.display()))?;
         let path = std::fs::canonicalize(&dir)?.display().to_string();
         let version = format!("{}-step{step}", self.run_tag);
@@ -323,7 +323,7 @@ impl Remote {
             std::fs::remove_dir_all(&tmp)?;
         }
         ember_llm::save_peft(&policy.model.valid(), settings, &self.base_model, &tmp)?;
-        ember_train::io::publish_dir(&tmp, &dir)
+        ember_train::manifest::publish(&tmp, &dir)
             .with_context(|| format!("writing {}", dir.display()))?;
         let path = std::fs::canonicalize(&dir)?.display().to_string();
         for url in &self.urls {

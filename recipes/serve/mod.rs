@@ -11,6 +11,7 @@
 //! - `state.rs`: what the handlers share;
 //! - `access.rs`: the API key, the admin routes (off unless enabled) and the directories they
 //!   may load from;
+//! - `listen.rs`: the accept loop (a header-read timeout and a bound on open connections);
 //! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
 //!   log-likelihood tasks).
 //!
@@ -23,6 +24,7 @@ pub mod api;
 mod echo;
 pub mod engine;
 pub mod http;
+mod listen;
 pub mod state;
 mod stream;
 
@@ -67,6 +69,13 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger gets 413.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a client may take to send a request's head (and may idle between requests on a
+    /// kept-alive connection) before its connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub header_read_timeout: u64,
+    /// Connections served at once; more wait in the kernel's backlog until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
     /// Context length to serve (default: the model's); prompt + max_tokens must fit.
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -105,8 +114,29 @@ pub struct ModelInfo {
 
 /// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
 pub fn serve(a: ServeArgs) -> Result<()> {
-    if a.max_batch == 0 || a.max_queue == 0 || a.max_body_bytes == 0 || a.max_batch_tokens == 0 {
-        bail!("--max-batch, --max-batch-tokens, --max-queue and --max-body-bytes must be >= 1");
+    if [
+        a.max_batch,
+        a.max_queue,
+        a.max_body_bytes,
+        a.max_batch_tokens,
+        a.max_connections,
+    ]
+    .contains(&0)
+    {
+        bail!(
+            "--max-batch, --max-batch-tokens, --max-queue, --max-body-bytes and \
+             --max-connections must be >= 1"
+        );
+    }
+    if !(1..=86_400).contains(&a.header_read_timeout) {
+        bail!(
+            "--header-read-timeout {} must be in 1..=86400 seconds",
+            a.header_read_timeout
+        );
+    }
+    // tokio's semaphore holds at most usize::MAX >> 3 permits.
+    if a.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+        bail!("--max-connections {} is too large", a.max_connections);
     }
     let mut adapters = Vec::new();
     for spec in &a.adapters {
@@ -247,22 +277,25 @@ async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
     use std::io::Write;
     std::io::stdout().flush().ok();
     let st = state.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
+    let limits = listen::Limits {
+        header_read_timeout: std::time::Duration::from_secs(a.header_read_timeout),
+        max_connections: a.max_connections,
+    };
+    listen::serve(listener, app, limits, async move {
+        shutdown_signal().await;
+        st.begin_shutdown();
+        eprintln!(
+            "ember serve: shutting down; answering the requests already taken (a second \
+             signal exits at once)"
+        );
+        tokio::spawn(async {
             shutdown_signal().await;
-            st.begin_shutdown();
-            eprintln!(
-                "ember serve: shutting down; answering the requests already taken (a second \
-                 signal exits at once)"
-            );
-            tokio::spawn(async {
-                shutdown_signal().await;
-                eprintln!("ember serve: second signal, exiting now");
-                std::process::exit(130);
-            });
-        })
-        .await
-        .context("serving HTTP")?;
+            eprintln!("ember serve: second signal, exiting now");
+            std::process::exit(130);
+        });
+    })
+    .await
+    .context("serving HTTP")?;
     state.close_queue();
     Ok(())
 }

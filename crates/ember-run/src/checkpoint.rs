@@ -2,7 +2,7 @@
 //! `step-XXXXXXXX/` (`ember_train::io::publish_dir`), and only then does the `latest` pointer
 //! move (itself written atomically). A failure at any point (disk full, I/O error) leaves the
 //! previous checkpoint and pointer untouched. Each directory carries a manifest of its files'
-//! checksums (`crate::manifest`), checked when it is read back.
+//! checksums (`ember_train::manifest`), checked when it is read back.
 
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
@@ -55,7 +55,7 @@ pub fn write_records(
 
 /// The model (or, with `partial`, adapter) record stored in checkpoint `dir`.
 pub fn read_model(dir: &Path, partial: bool) -> Result<burn::store::ModuleRecord> {
-    crate::manifest::verify(dir)?;
+    ember_train::manifest::verify(dir)?;
     let p = dir.join(MODEL);
     Ok(burn::store::ModuleRecord::load(&p)
         .map_err(|e| anyhow!("reading {}: {e}", p.display()))?
@@ -94,8 +94,7 @@ pub fn save(
     let written = std::fs::create_dir_all(&tmp)
         .map_err(anyhow::Error::from)
         .and_then(|()| write(&tmp))
-        .and_then(|()| crate::manifest::write(&tmp))
-        .and_then(|()| Ok(ember_train::io::publish_dir(&tmp, &dst)?));
+        .and_then(|()| Ok(ember_train::manifest::publish(&tmp, &dst)?));
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e.context(format!(
@@ -151,9 +150,9 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
 }
 
 /// Reads the state of checkpoint `dir`.
-/// Checks the whole directory against its manifest first (`crate::manifest`).
+/// Checks the whole directory against its manifest first (`ember_train::manifest`).
 pub fn read_state(dir: &Path) -> Result<TrainState> {
-    crate::manifest::verify(dir)?;
+    ember_train::manifest::verify(dir)?;
     let p = dir.join(STATE);
     let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))

@@ -8,7 +8,6 @@
 //! 3. after a stop, tell the user how to resume, and end the loop (the process exits 130).
 
 pub mod checkpoint;
-pub mod manifest;
 mod metrics;
 pub mod plot;
 pub mod tensorboard;

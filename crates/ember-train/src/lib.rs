@@ -10,6 +10,7 @@
 
 mod critic;
 pub mod io;
+pub mod manifest;
 mod optim;
 mod parallel;
 mod precision;

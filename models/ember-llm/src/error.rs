@@ -30,6 +30,9 @@ pub enum LlmError {
         /// What is wrong.
         reason: String,
     },
+    /// A directory's files do not match its `manifest.json` (a damaged export).
+    #[error(transparent)]
+    Manifest(#[from] ember_train::manifest::ManifestError),
     /// GGUF reading failed.
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),

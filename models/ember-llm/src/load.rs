@@ -504,6 +504,8 @@ pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
             generation: GenerationDefaults::default(),
         });
     }
+    // A run's `final/` or a directory pushed to servers carries a manifest: damage is an error.
+    ember_train::manifest::verify_export(path)?;
     let cfg_path = path.join("config.json");
     let text =
         ember_train::io::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;

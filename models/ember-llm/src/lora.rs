@@ -255,6 +255,7 @@ impl Reparameterizer for PeftLoad {
 
 /// Loads PEFT adapters from `dir` onto `model` (which must have none yet).
 pub fn load_peft(model: Llama, dir: &Path, device: &Device) -> Result<(Llama, LoraSettings)> {
+    ember_train::manifest::verify_export(dir)?;
     let cfg_path = dir.join("adapter_config.json");
     let text =
         ember_train::io::read_to_string(&cfg_path).map_err(|e| LlmError::io(&cfg_path, e))?;

@@ -491,7 +491,11 @@ fn main_job_pushes_its_weights_to_the_servers() {
     );
     assert_eq!(code, 400, "{text}");
     assert!(text.contains("model.safetensors is damaged"), "{text}");
-    assert!(get(a.port, "/v1/models").1.contains("serving/step-00000002"));
+    assert!(
+        get(a.port, "/v1/models")
+            .1
+            .contains("serving/step-00000002")
+    );
     std::fs::write(&weights, &whole).unwrap();
     // Errors: no such path; another architecture; an unsupported format; an unknown field.
     let other = base.join("other");
@@ -522,7 +526,105 @@ fn main_job_pushes_its_weights_to_the_servers() {
         assert!(text.contains(says), "{body}: {text}");
     }
     closed_by_default(&base, &other, a.port);
+    // A server that fails in the middle of a rollout: its share goes to the healthy one with
+    // the same seeds, so the run equals the run on two healthy servers; it joins again at the
+    // next push, once it has loaded the weights.
+    let (flaky_port, completions) = flaky_proxy(a.port, 1);
+    let flaky = base.join("flaky");
+    let mut sets = remote(&[a.port, flaky_port]);
+    // (No retry on the same server, so that one failure takes it out.)
+    sets.push("rollout.request_retries=0".into());
+    let o = tiny_train(&flaky, &sets);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (f, t) = (metric_rows(&flaky), metric_rows(&two));
+    let pool: Vec<(f64, f64)> = f
+        .iter()
+        .filter_map(|r| {
+            let h = r.get("rollout/servers_healthy")?.as_f64()?;
+            Some((h, r["rollout/resent_rows"].as_f64()?))
+        })
+        .collect();
+    assert_eq!(pool, [(1.0, 32.0), (2.0, 0.0), (2.0, 0.0)]);
+    assert_eq!(completions.load(std::sync::atomic::Ordering::SeqCst), 3);
+    for (x, y) in f.iter().zip(&t).skip(1) {
+        assert_eq!(x["rollout/reward_mean"], y["rollout/reward_mean"]);
+        let (g1, g2) = (
+            x["actor/grad_norm"].as_f64().unwrap(),
+            y["actor/grad_norm"].as_f64().unwrap(),
+        );
+        assert!((g1 - g2).abs() <= 1e-3 * g1.abs(), "{g1} vs {g2}");
+    }
     std::fs::remove_dir_all(&base).ok();
+}
+
+/// A proxy in front of the server on `port` that answers the first `fail` completion requests
+/// with 500 (a server that breaks in the middle of a rollout, then comes back) and forwards
+/// everything else; its port, and how many completion requests it saw.
+fn flaky_proxy(port: u16, fail: usize) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let me = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let Some((head, body)) = read_request(&mut c) else {
+                continue;
+            };
+            if head.starts_with("POST /v1/completions")
+                && counter.fetch_add(1, Ordering::SeqCst) < fail
+            {
+                let msg = r#"{"error": {"message": "injected failure"}}"#;
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{msg}",
+                    msg.len()
+                );
+                continue;
+            }
+            let kept: Vec<&str> = head
+                .trim_end()
+                .split("\r\n")
+                .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                .collect();
+            let Ok(mut up) = TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            let mut request =
+                format!("{}\r\nconnection: close\r\n\r\n", kept.join("\r\n")).into_bytes();
+            request.extend(body);
+            let mut answer = Vec::new();
+            if up.write_all(&request).is_ok() && up.read_to_end(&mut answer).is_ok() {
+                let _ = c.write_all(&answer);
+            }
+        }
+    });
+    (me, seen)
+}
+
+/// One HTTP/1.1 request's head and body (by `content-length`).
+fn read_request(c: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if c.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).ok()?;
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let l = l.to_ascii_lowercase();
+            l.strip_prefix("content-length:")
+                .and_then(|v| v.trim().parse::<usize>().ok())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    c.read_exact(&mut body).ok()?;
+    Some((head, body))
 }
 
 /// Closed by default, checked on servers of the export `other/final` (the admin server on

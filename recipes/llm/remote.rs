@@ -15,8 +15,13 @@
 //!   and loaded with SGLang's `update_weights_from_disk`; each server's `/v1/models` must then
 //!   name that directory as the base model's `root` before the rollout.
 //! - **Faults**: a request that fails (unreachable, timeout, 429, 5xx) is retried with backoff
-//!   1, 2, 4 … s, then the step fails with the server and the last error named; the job then
-//!   writes the last completed step's checkpoint (the run kit's error path).
+//!   1, 2, 4 … s. A server whose request still fails (or whose answer is malformed, or which
+//!   does not load the new weights) leaves the pool, and its share of the rollout is re-sent to
+//!   the healthy servers with the same seeds; the step fails, naming every server's error, only
+//!   when none is left (the job then writes the last completed step's checkpoint). A server
+//!   out of the pool is offered the weights at each later sync, one attempt, and joins again
+//!   once it has loaded them (and, for full weights, names them in `/v1/models`).
+//!   `rollout/servers_healthy` and `rollout/resent_rows` are logged.
 
 use super::Policy;
 use crate::llm::schema::ServerKeys;
@@ -41,6 +46,10 @@ pub struct Remote {
     /// The step whose weights the servers have.
     pushed: Option<usize>,
     keys: ServerKeys,
+    /// Which servers are in the pool (`urls`' order).
+    healthy: Vec<bool>,
+    /// Rows of the last rollout that were re-sent after their server failed.
+    resent_rows: usize,
 }
 
 /// The routes that change what a server serves (sent the admin key when there is one).
@@ -98,6 +107,8 @@ impl Remote {
             current: None,
             pushed: None,
             keys,
+            healthy: vec![true; urls.len()],
+            resent_rows: 0,
         };
         // Adapters of an earlier process of this run (a resume) are not this one's.
         if remote.adapters_dir.exists() {
@@ -120,18 +131,32 @@ impl Remote {
         Ok(remote)
     }
 
+    /// Servers in the pool, and the rows of the last rollout that were re-sent.
+    pub fn health(&self) -> (usize, usize) {
+        let up = self.healthy.iter().filter(|&&h| h).count();
+        (up, self.resent_rows)
+    }
+
     /// One JSON request with retries and backoff; 4xx other than 429 fails at once.
     /// A GET without `body`, else a POST of it.
     fn request(&self, url: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        self.request_with(url, path, body, self.retries)
+    }
+
+    /// [`Self::request`] with `retries` retries.
+    fn request_with(
+        &self,
+        url: &str,
+        path: &str,
+        body: Option<&Value>,
+        retries: u32,
+    ) -> Result<Value> {
         let full = format!("{url}{path}");
         let mut last = String::new();
-        for attempt in 0..=self.retries {
+        for attempt in 0..=retries {
             if attempt > 0 {
                 let wait = Duration::from_secs(1u64 << (attempt - 1).min(6));
-                log::warn!(
-                    "{full}: {last}; retry {attempt}/{} in {wait:?}",
-                    self.retries
-                );
+                log::warn!("{full}: {last}; retry {attempt}/{retries} in {wait:?}");
                 std::thread::sleep(wait);
             }
             let key = match ADMIN_PATHS.contains(&path) {
@@ -186,9 +211,10 @@ impl Remote {
     }
 
     /// Samples `sc.n` responses of each prompt on the servers, as [`ember_llm::generate`] would
-    /// (same shapes and row order), with the servers' log-probs.
+    /// (same shapes and row order), with the servers' log-probs. A request that fails takes its
+    /// server out of the pool and goes, with its seed, to a healthy one.
     pub fn generate(
-        &self,
+        &mut self,
         prompts: &[Vec<u32>],
         sc: &SamplingConfig,
         vocab: usize,
@@ -198,22 +224,118 @@ impl Remote {
             .current
             .clone()
             .ok_or_else(|| anyhow!("no adapter was pushed to the servers before the rollout"))?;
-        // Equal contiguous shares, one per server, each sent as requests of at most
+        let live = self.live()?;
+        // Equal contiguous shares, one per healthy server, each sent as requests of at most
         // REQUEST_ROWS rows (`ember serve`'s default --max-batch), all at once.
-        let shares = self.urls.len().min(prompts.len()).max(1);
-        let per = prompts.len().div_ceil(shares);
+        let shares = live.len().min(prompts.len()).max(1);
+        let per = prompts.len().div_ceil(shares).max(1);
         let per_request = (REQUEST_ROWS / sc.n.max(1)).max(1);
-        let chunks: Vec<(usize, &[Vec<u32>])> = prompts
+        let chunks: Vec<&[Vec<u32>]> = prompts
+            .chunks(per)
+            .flat_map(|share| share.chunks(per_request))
+            .collect();
+        let mut target: Vec<usize> = prompts
             .chunks(per)
             .enumerate()
-            .flat_map(|(server, share)| share.chunks(per_request).map(move |c| (server, c)))
+            .flat_map(|(i, share)| {
+                let server = live[i % live.len()];
+                share.chunks(per_request).map(move |_| server)
+            })
             .collect();
-        let answers: Vec<Result<Vec<Choice>>> = std::thread::scope(|s| {
-            let hs: Vec<_> = chunks
+        let mut answers: Vec<Option<Vec<Choice>>> = chunks.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..chunks.len()).collect();
+        let mut errors = Vec::new();
+        self.resent_rows = 0;
+        while !pending.is_empty() {
+            let results = self.send(&model, &chunks, &pending, &target, sc, vocab);
+            let mut failed = Vec::new();
+            for (&j, r) in pending.iter().zip(results) {
+                match r {
+                    Ok(c) => answers[j] = Some(c),
+                    Err(e) => {
+                        let s = target[j];
+                        if std::mem::replace(&mut self.healthy[s], false) {
+                            log::warn!("{} leaves the rollout pool: {e:#}", self.urls[s]);
+                            errors.push(format!("{e:#}"));
+                        }
+                        failed.push(j);
+                    }
+                }
+            }
+            if !failed.is_empty() {
+                let live = self
+                    .live()
+                    .with_context(|| format!("the rollout failed: {}", errors.join("; ")))?;
+                for (pos, &j) in failed.iter().enumerate() {
+                    target[j] = live[pos % live.len()];
+                    self.resent_rows += chunks[j].len() * sc.n;
+                }
+            }
+            pending = failed;
+        }
+        let choices: Vec<Choice> = answers.into_iter().flatten().flatten().collect();
+        Ok(to_generation(prompts, choices, sc, device))
+    }
+
+    /// Runs `load(self, url, retries)` on every server: one in the pool with the recipe's
+    /// retries, one out of it with a single attempt, joining again when it succeeds. A server in
+    /// the pool that fails leaves it; an error, naming each failure, only when none is left.
+    fn on_every_server(
+        &mut self,
+        what: &str,
+        load: impl Fn(&Self, &str, u32) -> Result<()>,
+    ) -> Result<()> {
+        let mut errors = Vec::new();
+        for i in 0..self.urls.len() {
+            let (url, was) = (self.urls[i].clone(), self.healthy[i]);
+            let retries = if was { self.retries } else { 0 };
+            let loaded = load(self, &url, retries);
+            match &loaded {
+                Ok(()) if !was => log::info!("{url} joins the rollout pool again ({what} loaded)"),
+                Ok(()) => {}
+                Err(e) if was => {
+                    log::warn!("{url} leaves the rollout pool (loading {what}): {e:#}")
+                }
+                Err(_) => {}
+            }
+            if let Err(e) = &loaded {
+                errors.push(format!("{e:#}"));
+            }
+            self.healthy[i] = loaded.is_ok();
+        }
+        self.live()
+            .with_context(|| format!("loading {what}: {}", errors.join("; ")))?;
+        Ok(())
+    }
+
+    /// The servers in the pool (indices into `urls`); an error when none is.
+    fn live(&self) -> Result<Vec<usize>> {
+        let live: Vec<usize> = (0..self.urls.len()).filter(|&i| self.healthy[i]).collect();
+        if live.is_empty() {
+            bail!(
+                "no rollout server is left in the pool ({} failed)",
+                self.urls.join(", ")
+            );
+        }
+        Ok(live)
+    }
+
+    /// Sends chunks `pending` (chunk `j` to server `target[j]`, with seed `sc.seed + j`) at
+    /// once; their parsed answers in `pending`'s order.
+    fn send(
+        &self,
+        model: &str,
+        chunks: &[&[Vec<u32>]],
+        pending: &[usize],
+        target: &[usize],
+        sc: &SamplingConfig,
+        vocab: usize,
+    ) -> Vec<Result<Vec<Choice>>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = pending
                 .iter()
-                .enumerate()
-                .map(|(k, (i, chunk))| {
-                    let url = &self.urls[*i % self.urls.len()];
+                .map(|&j| {
+                    let (url, chunk) = (&self.urls[target[j]], chunks[j]);
                     let body = json!({
                         "model": model,
                         "prompt": chunk,
@@ -224,7 +346,7 @@ impl Remote {
                         // (−1 = off: older vLLM refuses 0.)
                         "top_k": if sc.top_k == 0 { -1 } else { sc.top_k as i64 },
                         "min_p": sc.min_p,
-                        "seed": sc.seed.wrapping_add(k as u64) as i64,
+                        "seed": sc.seed.wrapping_add(j as u64) as i64,
                         "logprobs": 1,
                         "return_token_ids": true,
                         "stop_token_ids": sc.stop_tokens,
@@ -242,12 +364,7 @@ impl Remote {
                         .unwrap_or_else(|_| Err(anyhow!("a request thread panicked")))
                 })
                 .collect()
-        });
-        let mut choices = Vec::with_capacity(prompts.len() * sc.n);
-        for a in answers {
-            choices.extend(a?);
-        }
-        Ok(to_generation(prompts, choices, sc, device))
+        })
     }
 
     /// Before the rollout of `step`: the policy's adapter on every server, unless it was pushed
@@ -285,23 +402,23 @@ impl Remote {
             .with_context(|| format!("writing {}", dir.display()))?;
         let path = std::fs::canonicalize(&dir)?.display().to_string();
         let version = format!("{}-step{step}", self.run_tag);
-        for url in &self.urls {
-            let body = json!({"model_path": path, "weight_version": version});
-            self.request(url, "/update_weights_from_disk", Some(&body))
-                .with_context(|| format!("loading the step-{step} weights on {url}"))?;
-            let models = self.request(url, "/v1/models", None)?;
+        let body = json!({"model_path": path, "weight_version": version});
+        self.on_every_server(&format!("the step-{step} weights"), |me, url, retries| {
+            me.request_with(url, "/update_weights_from_disk", Some(&body), retries)?;
+            let models = me.request_with(url, "/v1/models", None, retries)?;
             let root = models["data"].as_array().and_then(|d| {
                 d.iter()
-                    .find(|m| m["id"].as_str() == Some(self.base_model.as_str()))
+                    .find(|m| m["id"].as_str() == Some(me.base_model.as_str()))
                     .and_then(|m| m["root"].as_str())
             });
             if root != Some(path.as_str()) {
                 bail!(
                     "{url} answered the weight update but serves `{}` from {root:?}, not {path}",
-                    self.base_model
+                    me.base_model
                 );
             }
-        }
+            Ok(())
+        })?;
         if let Some(p) = self.pushed.filter(|&p| p != step) {
             std::fs::remove_dir_all(self.adapters_dir.join(format!("step-{p:08}"))).ok();
         }
@@ -326,14 +443,17 @@ impl Remote {
         ember_train::manifest::publish(&tmp, &dir)
             .with_context(|| format!("writing {}", dir.display()))?;
         let path = std::fs::canonicalize(&dir)?.display().to_string();
-        for url in &self.urls {
-            let body = json!({"lora_name": name, "lora_path": path, "load_inplace": true});
-            self.request(url, "/v1/load_lora_adapter", Some(&body))
-                .with_context(|| format!("loading the step-{step} adapter on {url}"))?;
-        }
+        let body = json!({"lora_name": name, "lora_path": path, "load_inplace": true});
+        self.on_every_server(&format!("the step-{step} adapter"), |me, url, retries| {
+            me.request_with(url, "/v1/load_lora_adapter", Some(&body), retries)?;
+            Ok(())
+        })?;
         let previous = self.pushed;
         if let Some(old) = self.current.replace(name) {
-            for url in &self.urls {
+            let live: Vec<&String> = (self.urls.iter().zip(&self.healthy))
+                .filter_map(|(u, &h)| h.then_some(u))
+                .collect();
+            for url in live {
                 // A failed unload costs memory on that server, not correctness.
                 if let Err(e) = self.request(
                     url,

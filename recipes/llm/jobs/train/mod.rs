@@ -274,7 +274,11 @@ impl Job<'_> {
                 rm.sync(&self.policy, step)?;
                 row.insert("timing_s/sync".into(), t_sync.elapsed().as_secs_f64());
                 let vocab = self.policy.model.vocab_size();
-                (rm.generate(&prompts, &sc, vocab, base)?, None, None)
+                let g = rm.generate(&prompts, &sc, vocab, base)?;
+                let (up, resent) = rm.health();
+                row.insert("rollout/servers_healthy".into(), up as f64);
+                row.insert("rollout/resent_rows".into(), resent as f64);
+                (g, None, None)
             }
             (None, None) => (generate(&sampler, &prompts, &sc, base)?, None, None),
             (Some(ada), _) => {

@@ -121,6 +121,15 @@ fn recipe_errors_name_the_problem() {
             "train.grad_clip = -1 must be a finite",
         ),
         ("train.adam_eps=0", "train.adam_eps = 0 must be a finite"),
+        // (A huge epoch count made a step that never ended; an epsilon of 1 trains nothing.)
+        (
+            "train.epochs=9223372036854775807",
+            "train.epochs = 9223372036854775807",
+        ),
+        (
+            "train.adam_eps=1",
+            "train.adam_eps = 1 must be a finite number in [0, 0.1]",
+        ),
         (
             "reward.external={command=[\"x\"], timeout_s=1e300}",
             "reward.external.timeout_s = 1e300",

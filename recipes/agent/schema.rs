@@ -3,7 +3,7 @@
 //! preset `algorithm` whose advantages are computed over whole trajectories.
 
 use crate::common::config::defaults::{auto, one_f32};
-use crate::common::config::{check_lr, check_positive, check_range};
+use crate::common::config::{check_lr, check_range, check_training};
 use crate::llm::schema::{
     ModelSpec, PolicyChoice, PretrainedSpec, TrainSpec, Warmup, choose_policy,
 };
@@ -165,26 +165,8 @@ impl AgentRecipe {
             );
         }
         check_range("rollout.temperature", ro.temperature.into(), 1e-3, 100.0)?;
-        check_lr("train.lr", self.train.schedule.lr)?;
-        check_range(
-            "train.min_lr_ratio",
-            self.train.schedule.min_lr_ratio,
-            0.0,
-            1.0,
-        )?;
-        check_range(
-            "train.weight_decay",
-            self.train.optim.weight_decay.into(),
-            0.0,
-            1e6,
-        )?;
-        check_range(
-            "train.grad_clip",
-            self.train.optim.grad_clip.into(),
-            0.0,
-            f64::MAX,
-        )?;
-        check_positive("train.adam_eps", self.train.optim.epsilon.into())?;
+        let t = &self.train;
+        check_training("train", &t.schedule, &t.optim, &t.update)?;
         self.validate_algorithm()?;
         self.validate_env()
     }

@@ -255,6 +255,37 @@ pub(crate) fn check_lr(key: &str, value: f64) -> Result<()> {
     Ok(())
 }
 
+/// The most passes over one step's rollout (`epochs`): more is a step that never ends.
+pub(crate) const MAX_EPOCHS: usize = 1000;
+
+/// The training settings every kind embeds (`ember_train`'s schedule, optimizer and update
+/// schedule) under `prefix` (`train`, `rl`, `ppo`): finite and in range, so that no setting
+/// fills the weights with NaN, makes a step that never ends or silently trains nothing.
+pub(crate) fn check_training(
+    prefix: &str,
+    schedule: &ember_train::LrConfig,
+    optim: &ember_train::OptimizerConfig,
+    update: &ember_train::UpdateSchedule,
+) -> Result<()> {
+    let key = |k: &str| format!("{prefix}.{k}");
+    check_lr(&key("lr"), schedule.lr)?;
+    check_range(&key("min_lr_ratio"), schedule.min_lr_ratio, 0.0, 1.0)?;
+    check_range(&key("grad_clip"), optim.grad_clip.into(), 0.0, f64::MAX)?;
+    check_range(&key("weight_decay"), optim.weight_decay.into(), 0.0, 1e6)?;
+    // An epsilon near 1 or above divides every AdamW step away: nothing trains.
+    check_positive(&key("adam_eps"), optim.epsilon.into())?;
+    check_range(&key("adam_eps"), optim.epsilon.into(), 0.0, 0.1)?;
+    if !(1..=MAX_EPOCHS).contains(&update.epochs) || update.mini_batches == 0 {
+        bail!(
+            "{} = {} must be 1 to {MAX_EPOCHS}, and {} >= 1",
+            key("epochs"),
+            update.epochs,
+            key("mini_batches")
+        );
+    }
+    Ok(())
+}
+
 /// Deserialises a recipe table, naming the first bad key or value.
 pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
     toml::Value::Table(table)

@@ -244,6 +244,10 @@ impl Default for EvalSpec {
 const MAX_EPISODES: usize = 65_536;
 /// The longest episode.
 const MAX_HORIZON: usize = 100_000;
+/// The largest mass or length multiplier, friction coefficient or adversary force a recipe
+/// takes: far beyond any robustness study (RARL's varies the mass 0.5–2×), and small enough that
+/// the f32 dynamics stay finite.
+const MAX_PHYSICAL: f32 = 1000.0;
 
 /// Parses a control recipe's table and checks every value.
 pub(crate) fn from_table(table: toml::Table) -> Result<ControlRecipe> {
@@ -307,19 +311,24 @@ impl ControlRecipe {
         if !(unit(p.gamma) && unit(p.lambda) && p.clip > 0.0 && p.clip.is_finite()) {
             bail!("ppo.gamma and ppo.lambda must be in [0, 1], ppo.clip > 0");
         }
-        let pos = |v: f32| v.is_finite() && v >= 0.0;
+        let pos = |v: f32| v.is_finite() && (0.0..=1e6).contains(&v);
         if !(pos(p.entropy_coef)
             && pos(p.value_clip)
             && pos(p.reward_scale)
             && p.reward_scale > 0.0)
         {
-            bail!("ppo.entropy_coef and ppo.value_clip must be >= 0, ppo.reward_scale > 0");
+            bail!(
+                "ppo.entropy_coef and ppo.value_clip must be in [0, 1e6], ppo.reward_scale in \
+                 (0, 1e6]"
+            );
         }
+        self.validate_physics()?;
         let lr_ok = |v: f64| v.is_finite() && v > 0.0 && v <= 1.0;
         if !lr_ok(self.ppo.schedule.lr) || !(p.critic_lr == 0.0 || lr_ok(p.critic_lr)) {
             bail!("ppo.lr must be in (0, 1], ppo.critic_lr 0 (the policy's) or in (0, 1]");
         }
         let u = &self.ppo.update;
+        crate::common::config::check_training("ppo", &self.ppo.schedule, &self.ppo.optim, u)?;
         let rows = self.update_rows()?;
         if u.epochs == 0 || u.mini_batches == 0 || u.mini_batches > rows {
             bail!(
@@ -337,27 +346,47 @@ impl ControlRecipe {
         self.validate_rarl(widths)
     }
 
+    /// The body, its variations and the adversary's force within [`MAX_PHYSICAL`].
+    fn validate_physics(&self) -> Result<()> {
+        let (e, ev) = (&self.env, &self.eval);
+        let multiplier = |v: f32| v.is_finite() && v > 0.0 && v <= MAX_PHYSICAL;
+        let friction = |v: f32| v.is_finite() && (0.0..=MAX_PHYSICAL).contains(&v);
+        if !(multiplier(e.mass) && multiplier(e.length) && friction(e.friction)) {
+            bail!(
+                "env.mass and env.length must be in (0, {MAX_PHYSICAL}], env.friction in [0, \
+                 {MAX_PHYSICAL}] (got {}, {}, {})",
+                e.mass,
+                e.length,
+                e.friction
+            );
+        }
+        if let Some(m) = ev.masses.iter().find(|m| !multiplier(**m)) {
+            bail!("eval.masses: {m} is not a multiplier in (0, {MAX_PHYSICAL}]");
+        }
+        if let Some(f) = ev.frictions.iter().find(|f| !friction(**f)) {
+            bail!("eval.frictions: {f} is not a friction in [0, {MAX_PHYSICAL}]");
+        }
+        if !(self.policy.log_std_init.is_finite() && self.policy.log_std_init.abs() <= 10.0) {
+            bail!("policy.log_std_init must be within ±10");
+        }
+        if let Some(a) = self.adversary.as_ref().filter(|a| !friction(a.max_force)) {
+            bail!(
+                "adversary.max_force = {} must be in [0, {MAX_PHYSICAL}]",
+                a.max_force
+            );
+        }
+        Ok(())
+    }
+
     fn validate_rarl(&self, widths: impl Fn(&[usize]) -> bool) -> Result<()> {
         let ev = &self.eval;
         let grid = ev.masses.len().saturating_mul(ev.frictions.len());
         if grid > 1024 {
             bail!("eval.masses × eval.frictions: at most 1024 pairs, got {grid}");
         }
-        if let Some(m) = ev.masses.iter().find(|m| !(m.is_finite() && **m > 0.0)) {
-            bail!("eval.masses: {m} is not a multiplier (finite, > 0)");
-        }
-        if let Some(f) = ev.frictions.iter().find(|f| !(f.is_finite() && **f >= 0.0)) {
-            bail!("eval.frictions: {f} is not a friction (finite, >= 0)");
-        }
         let Some(a) = &self.adversary else {
             return Ok(());
         };
-        if !(a.max_force.is_finite() && a.max_force >= 0.0) {
-            bail!(
-                "adversary.max_force = {} must be finite and >= 0",
-                a.max_force
-            );
-        }
         let iters = 1..=1000;
         if !iters.contains(&a.protagonist_iters) || !iters.contains(&a.adversary_iters) {
             bail!("adversary.protagonist_iters and adversary.adversary_iters must be 1 to 1000");

@@ -395,6 +395,7 @@ impl FlowRecipe {
                 s.steps
             );
         }
+        crate::common::config::check_training("rl", &rl.schedule, &rl.optim, &rl.update)?;
         if !lr_ok(rl.schedule.lr)
             || !(0.0..=1.0).contains(&rl.schedule.min_lr_ratio)
             || rl.update.epochs == 0

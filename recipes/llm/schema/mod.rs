@@ -329,7 +329,7 @@ impl Recipe {
 
     /// `[train]` and `[loss.kl]`: learning rates, clipping, the KL coefficient given once.
     fn validate_train(&self) -> Result<()> {
-        use crate::common::config::{check_lr, check_positive, check_range};
+        use crate::common::config::{check_lr, check_range, check_training};
         if let Some(kl) = self.loss.and_then(|l| l.kl) {
             if self.train.run.kl_coef <= 0.0 || self.train.run.kl_coef.is_nan() {
                 bail!(
@@ -347,12 +347,8 @@ impl Recipe {
             }
         }
         let t = &self.train;
-        check_lr("train.lr", t.schedule.lr)?;
-        check_range("train.min_lr_ratio", t.schedule.min_lr_ratio, 0.0, 1.0)?;
+        check_training("train", &t.schedule, &t.optim, &t.update)?;
         check_range("train.kl_coef", t.run.kl_coef.into(), 0.0, 1e6)?;
-        check_range("train.grad_clip", t.optim.grad_clip.into(), 0.0, f64::MAX)?;
-        check_range("train.weight_decay", t.optim.weight_decay.into(), 0.0, 1e6)?;
-        check_positive("train.adam_eps", t.optim.epsilon.into())?;
         if let Some(w) = &self.warmup {
             check_lr("warmup.lr", w.lr)?;
         }

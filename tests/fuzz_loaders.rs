@@ -1,6 +1,6 @@
 //! Mutation fuzzing, bounded and seeded so that it runs in every CI build: a small valid GGUF
-//! model written here, the real SmolLM2 GGUF, the tiny safetensors checkpoint of the fixtures and
-//! the main recipe are damaged in many random ways (bytes flipped, 64-bit fields overwritten, files cut short), and
+//! model written here, the real SmolLM2 GGUF, the tiny safetensors checkpoint of the fixtures,
+//! a directory's manifest and the main recipe are damaged in many random ways (bytes flipped, 64-bit fields overwritten, files cut short), and
 //! every loader must answer each one with `Ok` or an error, never a panic. (An allocation
 //! abort would kill the test process, which fails the test too.)
 
@@ -228,6 +228,37 @@ fn recipe_parser_survives_damaged_recipes() {
             }
         });
     }
+}
+
+/// A directory's `manifest.json` (checkpoints, `final/`, pushed weights), damaged 300 ways: its
+/// strict and export checks answer `Ok` or an error, never panic, and never pass when a listed
+/// file's recorded size or checksum no longer matches.
+#[test]
+fn manifest_checks_survive_damaged_manifests() {
+    use ember_train::manifest::{MANIFEST, verify, verify_export};
+    let d = tmpdir("manifest");
+    std::fs::create_dir_all(d.join("sub")).unwrap();
+    std::fs::write(d.join("model.bpk"), vec![7u8; 4096]).unwrap();
+    std::fs::write(d.join("sub/replay.json"), b"{\"rows\": []}").unwrap();
+    ember_train::manifest::write(&d).unwrap();
+    let good = std::fs::read(d.join(MANIFEST)).unwrap();
+    let mut rng = SplitMix64(0x6d61_6e69);
+    for case in 0..300 {
+        let bad = mutate(&good, good.len(), &mut rng);
+        std::fs::write(d.join(MANIFEST), &bad).unwrap();
+        no_panic("manifest", case, || {
+            let strict = verify(&d);
+            let export = verify_export(&d);
+            // A manifest that still parses to the same entries passes; any other passing one
+            // would be a check that checks nothing.
+            if strict.is_ok() || export.is_ok() {
+                let same = serde_json::from_slice::<serde_json::Value>(&bad).ok()
+                    == serde_json::from_slice::<serde_json::Value>(&good).ok();
+                assert!(same, "case {case}: a damaged manifest passed");
+            }
+        });
+    }
+    std::fs::remove_dir_all(&d).ok();
 }
 
 /// The real SmolLM2-135M GGUF (from `scripts/fetch_assets.sh`), damaged in place: bits flipped

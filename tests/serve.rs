@@ -443,22 +443,9 @@ fn main_job_pushes_its_weights_to_the_servers() {
     let (l, r) = (metric_rows(&local), metric_rows(&one));
     assert_eq!(l.len(), r.len());
     for (x, y) in l.iter().zip(&r).skip(1) {
-        assert_eq!(
-            x["rollout/reward_mean"], y["rollout/reward_mean"],
-            "step {}",
-            x["step"]
-        );
+        same_step(x, y);
         let max = y["mismatch/is_ratio_max"].as_f64().unwrap();
         assert!((max - 1.0).abs() < 1e-3, "step {}: {max}", y["step"]);
-        let (g1, g2) = (
-            x["actor/grad_norm"].as_f64().unwrap(),
-            y["actor/grad_norm"].as_f64().unwrap(),
-        );
-        assert!(
-            (g1 - g2).abs() <= 1e-3 * g1.abs(),
-            "step {}: {g1} vs {g2}",
-            x["step"]
-        );
     }
     let o = tiny_train(&two, &remote(&[a.port, b.port]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -476,27 +463,7 @@ fn main_job_pushes_its_weights_to_the_servers() {
                 .ends_with("-step2")
         );
     }
-    // A directory pushed to the servers carries a manifest: after a flipped bit, loading it is
-    // refused naming the file, and the server keeps the weights it had.
-    let pushed = two.join("serving/step-00000002");
-    let weights = pushed.join("model.safetensors");
-    let whole = std::fs::read(&weights).unwrap();
-    let mut flipped = whole.clone();
-    flipped[whole.len() - 9] ^= 0x04;
-    std::fs::write(&weights, &flipped).unwrap();
-    let (code, text) = post(
-        a.port,
-        "/update_weights_from_disk",
-        &json_path(&pushed.display().to_string()),
-    );
-    assert_eq!(code, 400, "{text}");
-    assert!(text.contains("model.safetensors is damaged"), "{text}");
-    assert!(
-        get(a.port, "/v1/models")
-            .1
-            .contains("serving/step-00000002")
-    );
-    std::fs::write(&weights, &whole).unwrap();
+    pushed_damage_is_refused(&two.join("serving/step-00000002"), a.port);
     // Errors: no such path; another architecture; an unsupported format; an unknown field.
     let other = base.join("other");
     let o = tiny_train(
@@ -526,34 +493,7 @@ fn main_job_pushes_its_weights_to_the_servers() {
         assert!(text.contains(says), "{body}: {text}");
     }
     closed_by_default(&base, &other, a.port);
-    // A server that fails in the middle of a rollout: its share goes to the healthy one with
-    // the same seeds, so the run equals the run on two healthy servers; it joins again at the
-    // next push, once it has loaded the weights.
-    let (flaky_port, completions) = flaky_proxy(a.port, 1);
-    let flaky = base.join("flaky");
-    let mut sets = remote(&[a.port, flaky_port]);
-    // (No retry on the same server, so that one failure takes it out.)
-    sets.push("rollout.request_retries=0".into());
-    let o = tiny_train(&flaky, &sets);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (f, t) = (metric_rows(&flaky), metric_rows(&two));
-    let pool: Vec<(f64, f64)> = f
-        .iter()
-        .filter_map(|r| {
-            let h = r.get("rollout/servers_healthy")?.as_f64()?;
-            Some((h, r["rollout/resent_rows"].as_f64()?))
-        })
-        .collect();
-    assert_eq!(pool, [(1.0, 32.0), (2.0, 0.0), (2.0, 0.0)]);
-    assert_eq!(completions.load(std::sync::atomic::Ordering::SeqCst), 3);
-    for (x, y) in f.iter().zip(&t).skip(1) {
-        assert_eq!(x["rollout/reward_mean"], y["rollout/reward_mean"]);
-        let (g1, g2) = (
-            x["actor/grad_norm"].as_f64().unwrap(),
-            y["actor/grad_norm"].as_f64().unwrap(),
-        );
-        assert!((g1 - g2).abs() <= 1e-3 * g1.abs(), "{g1} vs {g2}");
-    }
+    failover_equals_the_healthy_run(&base.join("flaky"), a.port, &remote, &two);
     std::fs::remove_dir_all(&base).ok();
 }
 
@@ -625,6 +565,75 @@ fn read_request(c: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut body = vec![0; len];
     c.read_exact(&mut body).ok()?;
     Some((head, body))
+}
+
+/// A directory pushed to the servers carries a manifest: after a flipped bit, loading `pushed`
+/// on the server at `port` is refused naming the file, and the server keeps the weights it had.
+fn pushed_damage_is_refused(pushed: &Path, port: u16) {
+    let weights = pushed.join("model.safetensors");
+    let whole = std::fs::read(&weights).unwrap();
+    let mut flipped = whole.clone();
+    flipped[whole.len() - 9] ^= 0x04;
+    std::fs::write(&weights, &flipped).unwrap();
+    let (code, text) = post(
+        port,
+        "/update_weights_from_disk",
+        &json_path(&pushed.display().to_string()),
+    );
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("model.safetensors is damaged"), "{text}");
+    assert!(get(port, "/v1/models").1.contains("serving/step-00000002"));
+    std::fs::write(&weights, &whole).unwrap();
+}
+
+/// A server that fails in the middle of a rollout (a proxy in front of the server on `port` that
+/// answers one request with 500): its share goes to the healthy one with the same seeds, so the
+/// run in `out` equals the run in `two` on two healthy servers; it joins again at the next
+/// push, once it has loaded the weights. `remote` gives the recipe settings for servers on
+/// these ports.
+fn failover_equals_the_healthy_run(
+    out: &Path,
+    port: u16,
+    remote: &dyn Fn(&[u16]) -> Vec<String>,
+    two: &Path,
+) {
+    let (flaky_port, completions) = flaky_proxy(port, 1);
+    let mut sets = remote(&[port, flaky_port]);
+    // (No retry on the same server, so that one failure takes it out.)
+    sets.push("rollout.request_retries=0".into());
+    let o = tiny_train(out, &sets);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (f, t) = (metric_rows(out), metric_rows(two));
+    let pool: Vec<(f64, f64)> = f
+        .iter()
+        .filter_map(|r| {
+            let h = r.get("rollout/servers_healthy")?.as_f64()?;
+            Some((h, r["rollout/resent_rows"].as_f64()?))
+        })
+        .collect();
+    assert_eq!(pool, [(1.0, 32.0), (2.0, 0.0), (2.0, 0.0)]);
+    assert_eq!(completions.load(std::sync::atomic::Ordering::SeqCst), 3);
+    for (x, y) in f.iter().zip(&t).skip(1) {
+        same_step(x, y);
+    }
+}
+
+/// Two runs' rows of one step: the same rewards, gradient norms within 1e-3 relative.
+fn same_step(x: &serde_json::Value, y: &serde_json::Value) {
+    assert_eq!(
+        x["rollout/reward_mean"], y["rollout/reward_mean"],
+        "step {}",
+        x["step"]
+    );
+    let (g1, g2) = (
+        x["actor/grad_norm"].as_f64().unwrap(),
+        y["actor/grad_norm"].as_f64().unwrap(),
+    );
+    assert!(
+        (g1 - g2).abs() <= 1e-3 * g1.abs(),
+        "step {}: {g1} vs {g2}",
+        x["step"]
+    );
 }
 
 /// Closed by default, checked on servers of the export `other/final` (the admin server on

@@ -230,18 +230,15 @@ impl Remote {
         let shares = live.len().min(prompts.len()).max(1);
         let per = prompts.len().div_ceil(shares).max(1);
         let per_request = (REQUEST_ROWS / sc.n.max(1)).max(1);
-        let chunks: Vec<&[Vec<u32>]> = prompts
-            .chunks(per)
-            .flat_map(|share| share.chunks(per_request))
-            .collect();
-        let mut target: Vec<usize> = prompts
+        // Chunk j and the server it goes to first (its share's).
+        let (mut target, chunks): (Vec<usize>, Vec<&[Vec<u32>]>) = prompts
             .chunks(per)
             .enumerate()
             .flat_map(|(i, share)| {
                 let server = live[i % live.len()];
-                share.chunks(per_request).map(move |_| server)
+                share.chunks(per_request).map(move |c| (server, c))
             })
-            .collect();
+            .unzip();
         let mut answers: Vec<Option<Vec<Choice>>> = chunks.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = (0..chunks.len()).collect();
         let mut errors = Vec::new();

@@ -397,3 +397,170 @@ fn fifo_paths_are_refused_not_waited_on() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// An `[offline]` dataset in its three shapes, damaged 1000 ways, plus hand-made hostile
+/// lines: the reader answers `Ok` or an error naming `file:line`, never panics, and a dataset it
+/// accepts holds only rewards the engine counts (within ±1e9) or `null`.
+#[test]
+fn offline_dataset_reader_survives_damaged_files() {
+    let d = tmpdir("offline");
+    let p = d.join("data.jsonl");
+    let good = concat!(
+        r#"{"prompt": "1+2=", "responses": [{"response": "3", "reward": 1.0}, {"response": "4", "reward": 0.0, "truncated": true}]}"#,
+        "\n",
+        r#"{"prompt": "2+2=", "response": "4", "reward": 1.0, "answer": "4"}"#,
+        "\n",
+        r#"{"prompt": "2+2=", "response": "5", "reward": null}"#,
+        "\n",
+        r#"{"prompt": "3+3=", "chosen": "6", "rejected": "7", "chosen_reward": 0.5}"#,
+        "\n"
+    );
+    let check = |case: usize| {
+        if let Ok(groups) = ember::offline::data::load(&p) {
+            for g in &groups {
+                assert!(!g.responses.is_empty(), "case {case}: an empty group");
+                for s in &g.responses {
+                    let ok = s
+                        .reward
+                        .is_none_or(|r| ember_engine::is_valid_reward(r.into()));
+                    assert!(ok, "case {case}: reward {:?} was accepted", s.reward);
+                }
+                let _ = ember::offline::data::keep_first(vec![g.clone()], 1);
+            }
+        }
+    };
+    let hostile = [
+        r#"{"prompt": "1+2=", "responses": [{"response": "3", "reward": 1e300}]}"#,
+        r#"{"prompt": "1+2=", "responses": [{"response": "3", "reward": 5e9}, {"response": "4", "reward": 0}]}"#,
+        r#"{"prompt": "1+2=", "responses": [{"response": "3", "reward": -1e39}]}"#,
+        r#"{"prompt": "1+2=", "response": "3", "reward": 1e300}"#,
+        r#"{"prompt": "1+2=", "chosen": "3", "rejected": "4", "rejected_reward": -1e300}"#,
+        r#"{"prompt": "1+2=", "responses": [{"response": "3", "reward": "1"}]}"#,
+        r#"{"prompt": "", "response": "3", "reward": 1}"#,
+        r#"[1, 2]"#,
+        r#"{"prompt": 7, "response": "3", "reward": 1}"#,
+    ];
+    for (case, line) in hostile.iter().enumerate() {
+        std::fs::write(&p, format!("{good}{line}\n")).unwrap();
+        no_panic("offline", case, || check(case));
+    }
+    let mut rng = SplitMix64(0x6f66_666c);
+    for case in 0..1000 {
+        std::fs::write(&p, mutate(good.as_bytes(), good.len(), &mut rng)).unwrap();
+        no_panic("offline", case, || check(case));
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A checkpoint's `replay.json`, damaged 600 ways: it loads only when every stored group still
+/// fits the run (token ids, lengths, finite log-probs and rewards, steps), never panics.
+#[test]
+fn replay_buffer_reader_survives_damaged_files() {
+    use ember::llm::replay::{Limits, REPLAY, Replay, StoredGroup};
+    let d = tmpdir("replay");
+    let cfg = ember_engine::ReplayConfig::default();
+    let mut buffer = ember_engine::ReplayBuffer::default();
+    for step in 1..=3 {
+        let group = StoredGroup {
+            prompt: vec![1, 2, 3],
+            responses: vec![vec![4, 5], vec![6]],
+            log_probs: vec![vec![-0.5, -1.25], vec![-2.0]],
+            rewards: vec![Some(1.0), None],
+            truncated: vec![false, true],
+        };
+        buffer.push(&cfg, step, group);
+    }
+    let limits = Limits {
+        step: 3,
+        vocab: 16,
+        context: 8,
+        max_new: 2,
+        samples: 2,
+    };
+    Replay {
+        cfg: cfg.clone(),
+        buffer,
+    }
+    .save(&d)
+    .unwrap();
+    let fresh = || Replay {
+        cfg: cfg.clone(),
+        buffer: ember_engine::ReplayBuffer::default(),
+    };
+    let back = fresh()
+        .load(&d, &limits)
+        .expect("the undamaged buffer loads");
+    assert_eq!(back.buffer.len(), 3);
+    let good = std::fs::read(d.join(REPLAY)).unwrap();
+    let mut rng = SplitMix64(0x7265_706c);
+    let mut loaded = 0;
+    for case in 0..600 {
+        std::fs::write(d.join(REPLAY), mutate(&good, good.len(), &mut rng)).unwrap();
+        no_panic("replay", case, || {
+            if let Ok(mut r) = fresh().load(&d, &limits) {
+                loaded += 1;
+                let _ = r.buffer.draw(&cfg, 2);
+            }
+        });
+    }
+    // Flips inside digits or names mostly make the file unreadable; some stay valid.
+    assert!(loaded < 600, "every damaged buffer loaded");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A run's `plop.json` (the recorded PLoP choice `ember eval` applies), damaged 600 ways: the
+/// choice applied is always `plop_count` distinct known projection types, or an error.
+#[test]
+fn plop_choice_reader_survives_damaged_files() {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes/smollm2-lora-grpo.toml"),
+    )
+    .unwrap();
+    let sets = ["pretrained.lora.targets=\"plop\"".to_string()];
+    let Ok(ember::kinds::AnyRecipe::Llm(r)) = ember::kinds::parse_any(&text, &sets) else {
+        panic!("the PLoP recipe parses");
+    };
+    let d = tmpdir("plop");
+    let good = br#"{"targets": ["q_proj", "v_proj", "down_proj"], "scores": {"q_proj": 1.5}, "per_layer": [{"q_proj": 1.5}], "prompts": 4, "tokens": 40}"#;
+    std::fs::write(d.join(ember::llm::plop::FILE), good).unwrap();
+    let known = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    let targets = |r: &ember::llm::schema::Recipe| -> Vec<String> {
+        let t = toml::to_string(&r.pretrained.as_ref().unwrap().lora).unwrap();
+        let v: toml::Value = toml::from_str(&t).unwrap();
+        v["targets"]
+            .as_array()
+            .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    };
+    let applied = ember::llm::plop::apply_recorded(&r, &d).expect("the undamaged choice applies");
+    assert_eq!(targets(&applied), ["q_proj", "v_proj", "down_proj"]);
+    let mut rng = SplitMix64(0x706c_6f70);
+    for case in 0..600 {
+        std::fs::write(
+            d.join(ember::llm::plop::FILE),
+            mutate(good, good.len(), &mut rng),
+        )
+        .unwrap();
+        no_panic("plop", case, || {
+            if let Ok(a) = ember::llm::plop::apply_recorded(&r, &d) {
+                let t = targets(&a);
+                let mut u = t.clone();
+                u.sort();
+                u.dedup();
+                assert!(
+                    t.len() == 3 && u.len() == 3 && t.iter().all(|x| known.contains(&x.as_str())),
+                    "case {case}: applied {t:?}"
+                );
+            }
+        });
+    }
+    std::fs::remove_dir_all(&d).ok();
+}

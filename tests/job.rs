@@ -281,6 +281,43 @@ fn an_error_mid_run_keeps_the_last_completed_step() {
     std::fs::remove_dir_all(&out).ok();
 }
 
+/// A reward program that answers only `null` trains nothing: each such step says so on stderr
+/// (the run used to end with exit status 0 and no word), and the rows count every sample invalid.
+#[test]
+fn steps_without_a_valid_reward_are_said() {
+    let out = tmp("allnull");
+    let program = "import sys, json\n\
+                   for line in sys.stdin:\n    \
+                   n = len(json.loads(line)['items'])\n    \
+                   print(json.dumps({'rewards': [None] * n}), flush=True)";
+    let external = format!(
+        "reward.external={{command=[\"python3\", \"-c\", {program:?}], weight=1.0, timeout_s=30}}"
+    );
+    let o = train(
+        &out,
+        &[
+            "warmup.steps=2",
+            "train.steps=2",
+            "task.eval_size=5",
+            "rollout.prompts_per_step=4",
+            &external,
+        ],
+        &[],
+    );
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    for step in [1, 2] {
+        let said = format!("step {step}: none of its 16 rewards is valid");
+        assert!(e.contains(&said), "{e}");
+    }
+    let invalid: Vec<_> = common::metric_rows(&out)
+        .iter()
+        .filter_map(|r| r.get("rollout/invalid_rewards")?.as_f64())
+        .collect();
+    assert_eq!(invalid, [16.0, 16.0]);
+    std::fs::remove_dir_all(&out).ok();
+}
+
 /// The JSON-lines protocol with a real subprocess: lengths back, NaN for the first item.
 #[test]
 fn external_reward_round_trip() {
@@ -1474,6 +1511,63 @@ fn offline_objectives_train_on_rollouts_and_resume() {
         None,
         &["offline={data=\"x.jsonl\", objective={kind=\"dpo\", beta=0}}"],
         &["preference.beta"],
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// One prompt with 4 200 scored responses: an A-LoL step over all of them (two draws, 8 400
+/// rows) runs in micro-batches: the trainer peaks near 50 MB, where one pass over
+/// every row held 0.7 GB (8.2 GB with 20 000 responses and four draws); `pairs =
+/// "all"` over the same file (2 100² = 4.4 M pairs) is refused by name instead of listing them.
+#[test]
+fn one_prompt_with_thousands_of_responses_stays_bounded() {
+    let dir = tmp("one-prompt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("one.jsonl");
+    let responses: Vec<serde_json::Value> = (0..4200)
+        .map(|i| serde_json::json!({"response": format!("{}", i % 97), "reward": i % 2}))
+        .collect();
+    let line = serde_json::json!({"prompt": "12+34=", "responses": responses});
+    std::fs::write(&data, format!("{line}\n")).unwrap();
+    let set = |objective: &str| {
+        format!(
+            "offline={{data=\"{}\", objective={{kind=\"{objective}\"}}, batch=2}}",
+            data.display()
+        )
+    };
+    let out = dir.join("run");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+    c.args(["train", &recipe(), "--quiet", "--out"]).arg(&out);
+    for s in SMALL
+        .iter()
+        .copied()
+        .chain(["train.steps=1", "warmup.steps=2", "task.eval_size=4"])
+        .chain([set("a_lol").as_str()])
+    {
+        c.args(["--set", s]);
+    }
+    let mut child = c.stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let hwm_kib = || -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut peak = 0;
+    while child.try_wait().unwrap().is_none() {
+        peak = peak.max(hwm_kib().unwrap_or(0));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        peak > 0 && peak < 200 * 1024,
+        "peak resident memory {peak} KiB"
+    );
+    fails_with(
+        None,
+        &[&set("dpo"), "offline.pairs=\"all\""],
+        &["makes 4410000 pairs", "offline.responses"],
     );
     std::fs::remove_dir_all(&dir).ok();
 }

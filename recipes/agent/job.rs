@@ -269,6 +269,7 @@ impl<'a> AgentJob<'a> {
                 r.rollout.max_new_tokens
             );
         }
+        crate::llm::step::warn_if_nothing_valid(&r.name, self.steps_done, &outcome);
         // Rows made invalid above contribute no per-step reward either.
         let turn_rewards = x.turn_rewards.clone();
         let insane = turn_rewards.clone().abs().greater_elem(REWARD_LIMIT);

@@ -309,6 +309,20 @@ pub fn keep_rows(
     Ok((batch.select(rows)?, e))
 }
 
+/// Warns when step `step` (0-based) of run `name` has no valid reward among its samples: every
+/// one is masked, so the step trains nothing (a reward program or environment answering only
+/// `null`, NaN, ±inf or values beyond ±1e9 would otherwise run to the end in silence).
+pub fn warn_if_nothing_valid(name: &str, step: usize, rewards: &[f32]) {
+    if !rewards.is_empty() && valid_mean(rewards).1 == 0 {
+        log::warn!(
+            "[{name}] step {}: none of its {} rewards is valid (null, NaN, ±inf or beyond \
+             ±1e9), so it trains nothing; see rollout/invalid_rewards",
+            step + 1,
+            rewards.len()
+        );
+    }
+}
+
 /// The rollout's metrics (verl's names where verl has them).
 pub fn rollout_metrics(
     row: &mut BTreeMap<String, f64>,

@@ -88,6 +88,16 @@ pub fn load(path: &Path) -> Result<Vec<Group>> {
             if responses.is_empty() {
                 bail!("{}: \"responses\" is empty", at());
             }
+            let beyond = |s: &Scored| {
+                s.reward
+                    .is_some_and(|r| !ember_engine::is_valid_reward(r.into()))
+            };
+            if let Some(k) = responses.iter().position(beyond) {
+                bail!(
+                    "{}: the \"reward\" of response {k} must be a number within ±1e9 or null",
+                    at()
+                );
+            }
             Group {
                 prompt,
                 responses,
@@ -163,6 +173,20 @@ pub struct TokGroup {
 }
 
 impl TokGroup {
+    /// How many pairs [`pairs`](Self::pairs) with `all` would list for a group without an
+    /// explicit pair, counted without listing them.
+    pub fn pair_count(&self) -> usize {
+        let mut valid: Vec<f32> = self.rewards.iter().copied().filter(|r| valid(*r)).collect();
+        valid.sort_by(f32::total_cmp);
+        let n = valid.len();
+        // Ordered pairs with different rewards: (n² − Σ_v c_v²) / 2 over the values' counts c_v.
+        let same: usize = valid
+            .chunk_by(|a, b| a == b)
+            .map(|c| c.len().saturating_mul(c.len()))
+            .fold(0, usize::saturating_add);
+        n.saturating_mul(n).saturating_sub(same) / 2
+    }
+
     /// The group's (chosen, rejected) pairs: its [`pair`](Self::pair), or with `all`, every
     /// ordered pair of valid responses whose rewards differ, the higher first (RPO's
     /// multi-response form; a dataset's explicit pair stays the only one).
@@ -290,6 +314,14 @@ mod tests {
         };
         assert_eq!(g.pairs(false), vec![(0, 1)]);
         assert_eq!(g.pairs(true), vec![(0, 1), (0, 3), (3, 1)]);
+        assert_eq!(g.pair_count(), 3);
+        let ties = TokGroup {
+            rewards: vec![1.0, 1.0, 0.0, 0.0, f32::NAN],
+            responses: vec![vec![2]; 5],
+            pair: None,
+            ..g.clone()
+        };
+        assert_eq!((ties.pair_count(), ties.pairs(true).len()), (4, 4));
         let e = TokGroup {
             explicit: true,
             ..g.clone()

@@ -127,6 +127,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
             policy: &policy,
             base: &base,
             ad: &ad,
+            micro_rows: group_micro_rows(r.train.update.micro_batch_rows),
         };
         let (m, loss) = objective_step(&refm, &groups, &picked, spec, &mut optim, lr)?;
         policy.model = m;
@@ -223,6 +224,9 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
     let groups = tokenize(policy, &raw, max_new)
         .with_context(|| format!("tokenizing {}", path.display()))?;
     let pairwise = spec.objective.pairwise();
+    if pairwise.is_some() && spec.pairs == Pairs::All {
+        check_pair_count(&groups, &path)?;
+    }
     // What a step draws: (group, pair) for the pairwise objectives, groups with two valid
     // rewards for the others.
     let units: Vec<Unit> = match pairwise {
@@ -339,6 +343,30 @@ fn objective_step(
     }
 }
 
+/// The most (chosen, rejected) pairs `pairs = "all"` may list: each is kept as a draw, and one
+/// prompt with n responses gives up to n²/4 of them with 0/1 rewards.
+const MAX_PAIRS: usize = 1 << 22;
+
+/// An error when `pairs = "all"` would list more than [`MAX_PAIRS`] pairs (20 000 responses to
+/// one prompt would give 10⁸, gigabytes of draws), naming the largest group and the fix.
+fn check_pair_count(groups: &[TokGroup], path: &std::path::Path) -> Result<()> {
+    let counts: Vec<usize> = groups.iter().map(TokGroup::pair_count).collect();
+    let total = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
+    if total > MAX_PAIRS {
+        let (gi, most) = counts
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, c)| **c)
+            .map_or((0, 0), |(i, c)| (i, *c));
+        bail!(
+            "{}: pairs = \"all\" makes {total} pairs (group {gi} alone {most}), more than \
+             {MAX_PAIRS}; keep fewer responses per prompt with offline.responses",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// What a step draws: a group, and for the pairwise objectives one of its (chosen, rejected)
 /// pairs.
 type Unit = (usize, Option<(usize, usize)>);
@@ -427,12 +455,22 @@ fn reference_log_probs(
     Ok(out)
 }
 
-/// What a step scores with: the reference's stored log-probs, the policy, the devices.
+/// What a step scores with: the reference's stored log-probs, the policy, the devices, and the
+/// rows per forward/backward of a group step.
 struct Scorer<'a> {
     ref_lp: &'a [Vec<Vec<f32>>],
     policy: &'a Policy,
     base: &'a Device,
     ad: &'a Device,
+    micro_rows: usize,
+}
+
+/// Rows per forward/backward of a group objective's step: `train.micro_batch_rows`, or 256 when
+/// it is 0. A step takes every response of its groups, and a dataset may give one prompt
+/// thousands of them: one pass over all of them held memory in proportion (8.2 GB for 20 000
+/// responses × 4 draws), where micro-batches accumulate the same gradient in bounded memory.
+fn group_micro_rows(configured: usize) -> usize {
+    if configured == 0 { 256 } else { configured }
 }
 
 impl Scorer<'_> {
@@ -556,7 +594,10 @@ fn group_step(
     let adv = compute_advantages(&adv_cfg, &batch, 0)?;
     let mut out = adv.metrics.to_host();
     let cfg = UpdateConfig {
-        schedule: UpdateSchedule::default(),
+        schedule: UpdateSchedule {
+            micro_batch_rows: s.micro_rows,
+            ..UpdateSchedule::default()
+        },
         loss,
     };
     let (model, stats) = update(

@@ -133,22 +133,7 @@ impl JsonLinesProcess {
             req_tx
         });
         if let Some(out) = stdout {
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines() {
-                    let line = line.map_err(|e| {
-                        std::io::Error::new(e.kind(), format!("reading its answer failed: {e}"))
-                    });
-                    if tx.send(line).is_err() {
-                        return;
-                    }
-                }
-                // End of output: the program exited (the writer thread still holds a sender,
-                // so the channel alone would not tell `request` before its timeout).
-                let _ = tx.send(Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "closed its stdout",
-                )));
-            });
+            std::thread::spawn(move || reader(BufReader::new(out), &tx));
         }
         Ok(Self {
             child,
@@ -176,6 +161,7 @@ impl JsonLinesProcess {
     /// names the request in errors (`step 3 (12 items)`). The timeout covers writing the request
     /// and reading the answer.
     pub fn request(&mut self, request: &str, what: &str) -> Result<String, ProcessError> {
+        self.nothing_unasked(what)?;
         let sent = self
             .requests
             .as_ref()
@@ -185,11 +171,7 @@ impl JsonLinesProcess {
         }
         match self.lines.recv_timeout(self.timeout) {
             Ok(Ok(line)) => Ok(line),
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                let status = self.exit_status();
-                Err(self.fail(format!("{status} before answering {what}")))
-            }
-            Ok(Err(e)) => Err(self.fail(e.to_string())),
+            Ok(Err(e)) => Err(self.output_error(&e, what)),
             Err(RecvTimeoutError::Timeout) => Err(self.fail(format!(
                 "no answer within {:.1} s for {what}",
                 self.timeout.as_secs_f64()
@@ -198,6 +180,31 @@ impl JsonLinesProcess {
                 let status = self.exit_status();
                 Err(self.fail(format!("{status} before answering {what}")))
             }
+        }
+    }
+
+    /// An error for a line the program wrote before `what` was asked: each request gets exactly
+    /// one line, so a second line (a debugging `print`) would otherwise be read as the answer to
+    /// the next request, a step late.
+    fn nothing_unasked(&mut self, what: &str) -> Result<(), ProcessError> {
+        match self.lines.try_recv() {
+            Ok(Ok(line)) => Err(self.fail(format!(
+                "wrote a line nobody asked for before {what}: {:?}; a helper answers each \
+                 request with one line on stdout (write anything else to stderr)",
+                line.chars().take(200).collect::<String>()
+            ))),
+            Ok(Err(e)) => Err(self.output_error(&e, what)),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// The error for a failed read of the program's output while waiting for `what`.
+    fn output_error(&mut self, e: &std::io::Error, what: &str) -> ProcessError {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            let status = self.exit_status();
+            self.fail(format!("{status} before answering {what}"))
+        } else {
+            self.fail(e.to_string())
         }
     }
 
@@ -215,6 +222,76 @@ impl JsonLinesProcess {
             std::thread::sleep(Duration::from_millis(10));
         }
         "closed its stdout".into()
+    }
+}
+
+/// The longest answer line read (64 MiB): a program that writes without a newline is stopped
+/// by an error, not by the trainer's memory.
+pub const MAX_LINE: usize = 64 << 20;
+
+/// Sends each line of the program's output to `tx` (an error for a line that is not UTF-8, and
+/// a last error for a line longer than [`MAX_LINE`]), then the end of its output: the program
+/// exited (the writer thread still holds a sender, so the channel alone would not tell
+/// `request` before its timeout).
+fn reader(mut out: impl BufRead, tx: &Sender<std::io::Result<String>>) {
+    loop {
+        let line = match read_line(&mut out, MAX_LINE) {
+            Ok(None) => break,
+            Ok(Some(bytes)) => String::from_utf8(bytes).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "its answer is not UTF-8 text",
+                )
+            }),
+            Err(e) => {
+                let _ = tx.send(Err(std::io::Error::new(
+                    e.kind(),
+                    format!("reading its answer failed: {e}"),
+                )));
+                return;
+            }
+        };
+        if tx.send(line).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(Err(std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "closed its stdout",
+    )));
+}
+
+/// One line of `r` without its `\n` (or `\r\n`); `None` at the end of the output; an error
+/// once the line passes `max` bytes.
+fn read_line(r: &mut impl BufRead, max: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok((!line.is_empty()).then_some(line));
+        }
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        line.extend_from_slice(&chunk[..take]);
+        r.consume(take + usize::from(done));
+        if line.len() > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("an answer line longer than {} MiB", max >> 20),
+            ));
+        }
+        if done {
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Ok(Some(line));
+        }
     }
 }
 
@@ -285,5 +362,47 @@ mod tests {
         });
         std::fs::remove_dir_all(&dir).ok();
         assert!(gone, "the program's child {pid} outlived it");
+    }
+
+    /// Lines end at `\n` or `\r\n`, the last may lack one, and a line past the bound is an
+    /// error instead of memory.
+    #[test]
+    fn lines_are_read_up_to_a_bound() {
+        let mut r = std::io::Cursor::new(b"ab\r\n\ncd\nlast".to_vec());
+        let got: Vec<_> = std::iter::from_fn(|| read_line(&mut r, 8).unwrap()).collect();
+        assert_eq!(got, [&b"ab"[..], b"", b"cd", b"last"]);
+        let mut r = std::io::BufReader::with_capacity(3, &b"0123456789\nok\n"[..]);
+        let e = read_line(&mut r, 8).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+    }
+
+    /// A program that answers twice (a debugging `print` on stdout): the second request names
+    /// the stray line instead of taking it as its answer (it did, a step late).
+    #[test]
+    fn a_line_nobody_asked_for_is_named() {
+        let script = "while read l; do echo '{\"n\": 1}'; echo 'debug'; done";
+        let command = ["sh".to_string(), "-c".to_string(), script.to_string()];
+        let mut p = JsonLinesProcess::spawn(&command, 10.0, "test").unwrap();
+        assert_eq!(p.request("{}", "step 1").unwrap(), r#"{"n": 1}"#);
+        std::thread::sleep(Duration::from_millis(300));
+        let e = p.request("{}", "step 2").unwrap_err().to_string();
+        assert!(
+            e.contains("nobody asked for before step 2: \"debug\""),
+            "{e}"
+        );
+    }
+
+    /// A program that writes without end: an error once the line passes the bound, and the
+    /// trainer's memory stays bounded by it.
+    #[test]
+    fn an_endless_line_is_an_error() {
+        let command = [
+            "sh".to_string(),
+            "-c".to_string(),
+            "read l; yes | tr -d '\\n'".to_string(),
+        ];
+        let mut p = JsonLinesProcess::spawn(&command, 60.0, "test").unwrap();
+        let e = p.request("{}", "step 1").unwrap_err().to_string();
+        assert!(e.contains("longer than 64 MiB"), "{e}");
     }
 }

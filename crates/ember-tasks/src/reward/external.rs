@@ -218,6 +218,19 @@ fn check_component_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The most components or metrics one answer may name: each becomes a metric column of every
+/// log, so a program that invents names without end would grow them without end.
+pub const MAX_NAMES: usize = 64;
+
+fn check_count(what: &str, n: usize) -> Result<(), String> {
+    if n > MAX_NAMES {
+        return Err(format!(
+            "`{what}` names {n} entries; at most {MAX_NAMES} (each is a metric of every log)"
+        ));
+    }
+    Ok(())
+}
+
 /// `line` with the bare JavaScript numbers `NaN`, `Infinity` and `-Infinity` (which Python's
 /// `json` writes) replaced by `null` outside strings.
 pub(crate) fn nulls_for_non_finite(line: &str) -> String {
@@ -288,6 +301,7 @@ pub fn parse_rewards(line: &str, expected: usize) -> Result<Scores, String> {
     match v.get("components") {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::Object(m)) => {
+            check_count("components", m.len())?;
             for (name, values) in m {
                 check_component_name(name)?;
                 components.push((
@@ -302,9 +316,14 @@ pub fn parse_rewards(line: &str, expected: usize) -> Result<Scores, String> {
     match v.get("metrics") {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::Object(m)) => {
+            check_count("metrics", m.len())?;
             for (name, x) in m {
                 check_component_name(name)?;
-                let x = x.as_f64().unwrap_or(f64::NAN);
+                let x = match x {
+                    serde_json::Value::Null => f64::NAN,
+                    serde_json::Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+                    other => return Err(format!("metric {name:?} is {other}, not a number")),
+                };
                 metrics.push((name.clone(), x));
             }
         }
@@ -362,6 +381,24 @@ mod tests {
             assert!(parse_rewards(bad, 1).is_err(), "{bad}");
         }
         assert!(parse_rewards("oops", 1).unwrap_err().contains("not JSON"));
+        // A metric that is not a number is an error (it was logged as NaN); names are bounded.
+        let e = parse_rewards(r#"{"rewards": [1], "metrics": {"m": "x"}}"#, 1).unwrap_err();
+        assert!(e.contains("metric \"m\" is \"x\", not a number"), "{e}");
+        let named = |n: usize, key: &str| {
+            let entries: Vec<String> = (0..n).map(|i| format!(r#""c{i}": [1]"#)).collect();
+            let entries = entries.join(", ");
+            format!(r#"{{"rewards": [1], "{key}": {{{entries}}}}}"#)
+        };
+        assert!(parse_rewards(&named(MAX_NAMES, "components"), 1).is_ok());
+        let e = parse_rewards(&named(MAX_NAMES + 1, "components"), 1).unwrap_err();
+        assert!(e.contains("names 65 entries; at most 64"), "{e}");
+        let metrics = named(MAX_NAMES + 1, "metrics").replace("\": [1]", "\": 1");
+        let metrics = metrics.replacen("\"rewards\": 1", "\"rewards\": [1]", 1);
+        assert!(
+            parse_rewards(&metrics, 1)
+                .unwrap_err()
+                .contains("at most 64")
+        );
         assert!(
             parse_rewards(r#"{"rewards": ["x"]}"#, 1)
                 .unwrap_err()

@@ -236,6 +236,7 @@ impl Job<'_> {
             ((0..batch.dims()[0]).collect(), 0)
         };
         rollout_metrics(row, step, &rewards, &responses, &g, dropped_groups);
+        crate::llm::step::warn_if_nothing_valid(&r.name, step, &rewards);
         let shown = shown_samples(
             r.train.run.log_samples,
             &g,

@@ -183,6 +183,44 @@ fn sigterm_and_sighup_write_a_checkpoint() {
     stop_by_signal("HUP", 129);
 }
 
+/// SIGTERM during a warm-up that would take for ever (2^62 steps) ends it at its next step with
+/// the signal's exit status; the warm-up used to ignore the signal until it finished.
+#[test]
+fn sigterm_stops_a_warm_up() {
+    let out = tmp("sigwarm");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["train", &recipe(), "--quiet", "--out"])
+        .arg(&out)
+        .args(["--set", "warmup.steps=4611686018427387904"])
+        .args(["--set", "task.eval_size=4"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !out.join("recipe.resolved.toml").exists() {
+        assert!(t0.elapsed().as_secs() < 60, "the run never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t1 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t1.elapsed().as_secs() > 60 {
+            child.kill().ok();
+            panic!("the warm-up ignored SIGTERM for 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stopped during the warm-up after"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&out).ok();
+}
+
 fn stop_by_signal(signal: &str, code: i32) {
     let out = tmp(&format!("sig{signal}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))

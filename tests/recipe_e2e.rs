@@ -382,6 +382,10 @@ fn huge_counts_are_refused_by_name() {
         (&flow, "rl.ram_noisings"),
         (&flow, "data_parallel.devices"),
         (&recipe_text(), "data_parallel.devices"),
+        // scripts/fuzz_set.py over the main recipe, 2026-12-03: these three panicked.
+        (&recipe_text(), "task.eval_size"),
+        (&recipe_text(), "warmup.batch"),
+        (&recipe_text(), "rollout.shape_bucket"),
     ] {
         let e = ember::kinds::parse_any(text, &[format!("{key}={max}")])
             .map(|_| ())
@@ -390,4 +394,25 @@ fn huge_counts_are_refused_by_name() {
         let name = key.rsplit('.').next().unwrap_or(key);
         assert!(e.contains(name) && e.contains("must be"), "{key}: {e}");
     }
+}
+
+/// Numbers of the main recipe that the `--set` pass found accepted and useless (2026-12-03):
+/// an evaluation temperature of NaN while sampled evaluation is off, reward weights of 2^63
+/// (every reward beyond the engine's ±1e9, so nothing trains), a rollout temperature of 2^63.
+#[test]
+fn unused_or_useless_numbers_are_refused() {
+    for (set, says) in [
+        ("eval.temperature=nan", "eval.temperature = NaN must be a finite number"),
+        ("eval.temperature=-1", "eval.temperature = -1 must be"),
+        ("reward.correct=9223372036854775807", "reward.correct = 9.223372036854776e18 must be"),
+        ("reward.format=-9223372036854775808", "reward.format = -9.223372036854776e18 must be"),
+        ("rollout.temperature=1e300", "temperature in (0, 100]"),
+    ] {
+        let e = ember::kinds::parse_any(&recipe_text(), &[set.to_string()])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{set}: {e}");
+    }
+    assert!(ember::kinds::parse_any(&recipe_text(), &["reward.correct=-1".into()]).is_ok());
 }

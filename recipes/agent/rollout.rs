@@ -432,7 +432,8 @@ pub fn warm_up(
     use burn::optim::GradientsParams;
     use ember_train::Actor;
     let mut optim = ember_train::OptimizerConfig::default().init();
-    for _ in 0..steps {
+    for step in 0..steps {
+        ember_run::check_stop("the warm-up", step, steps)?;
         let seeds = ember_tasks::env::EpisodeSource::train(rng, batch);
         let t = demonstrations(&policy, env, &seeds, rng)?;
         let x = t.tensors(device)?;

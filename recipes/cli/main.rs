@@ -212,7 +212,14 @@ fn main() {
     };
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        // After a stop signal the error is most likely the stop's (a warm-up cut short): exit
+        // with the signal's status, as a stopped run does.
+        let code = if ember_run::stop_requested() {
+            ember_run::stop_exit_code()
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
 }
 

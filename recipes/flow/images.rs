@@ -102,6 +102,7 @@ fn pretrain(
     // The average lives on the non-autodiff device and is blended from `model.valid()`.
     let mut average = (p.ema > 0.0).then(|| model.valid());
     for step in 0..p.steps {
+        ember_run::check_stop("the pre-training", step, p.steps)?;
         let idx: Vec<usize> = (0..p.batch)
             .map(|_| rng.below(digits.len() as u64) as usize)
             .collect();

@@ -268,7 +268,8 @@ pub fn warm_up(
     device: &Device,
 ) -> Result<Llama> {
     let mut optim = OptimizerConfig::default().init();
-    for _ in 0..w.steps {
+    for step in 0..w.steps {
+        ember_run::check_stop("the warm-up", step, w.steps)?;
         let batch = task.train(rng, w.batch);
         let (toks, mask, lm) = demonstrations(vocab, &batch, device)?;
         let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);

@@ -60,6 +60,19 @@ pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
 
+/// An error once a stop was asked for, for the phases that write no checkpoint of their own (a
+/// warm-up, a pre-training): they end at their next step instead of running on, and the run
+/// exits with the stop's status (a long warm-up used to ignore SIGTERM until it finished).
+pub fn check_stop(what: &str, step: usize, total: usize) -> Result<()> {
+    if stop_requested() {
+        anyhow::bail!(
+            "stopped during {what} after {step} of {total} steps; it writes no checkpoint, so the \
+             next run starts it again"
+        );
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` atomically and durably (`ember_train::io::write_atomic`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     ember_train::io::write_atomic(path, bytes)

@@ -260,9 +260,9 @@ impl Recipe {
         if let Some(o) = &self.reward.overlong {
             o.validate()?;
         }
-        if !(self.reward.correct.is_finite() && self.reward.format.is_finite()) {
-            bail!("reward.correct and reward.format must be finite");
-        }
+        // A weight beyond ±1e9 makes every reward invalid (the engine's limit), so nothing trains.
+        check_range("reward.correct", self.reward.correct.into(), -1e9, 1e9)?;
+        check_range("reward.format", self.reward.format.into(), -1e9, 1e9)?;
         if let Some(x) = &self.reward.external {
             check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
             check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;
@@ -279,9 +279,9 @@ impl Recipe {
     /// `[rollout]` and the batch sizes: temperature, token budget, samples per prompt.
     fn validate_rollout(&self) -> Result<()> {
         let t = self.rollout.temperature;
-        if !(t > 0.0 && t.is_finite()) {
+        if !(t > 0.0 && t <= 100.0) {
             bail!(
-                "rollout.temperature = {t}: RL rollouts need a finite temperature > 0 (at 0 every \
+                "rollout.temperature = {t}: RL rollouts need a temperature in (0, 100] (at 0 every \
                  sample of a prompt is the same greedy answer, so every group advantage is 0; \
                  greedy decoding is for `ember eval` and `ember generate`)"
             );
@@ -315,6 +315,16 @@ impl Recipe {
             || self.warmup.as_ref().is_some_and(|w| w.batch == 0)
         {
             bail!("rollout.prompts_per_step, task.eval_size and warmup.batch must be >= 1");
+        }
+        // Each is the length of a list built up front: a huge value aborted on allocation.
+        for (key, v, max) in [
+            ("task.eval_size", self.task.eval_size, 1_000_000),
+            ("warmup.batch", self.warmup.as_ref().map_or(1, |w| w.batch), 100_000),
+            ("rollout.shape_bucket", self.rollout.shape_bucket, 1 << 20),
+        ] {
+            if v > max {
+                bail!("{key} = {v} must be at most {max}");
+            }
         }
         if self
             .rollout
@@ -481,14 +491,13 @@ impl Recipe {
         if self.eval.samples > 1024 {
             bail!("eval.samples = {} must be at most 1024", self.eval.samples);
         }
-        if self.eval.samples > 0 {
-            crate::common::config::check_range(
-                "eval.temperature",
-                self.eval.temperature.into(),
-                1e-3,
-                100.0,
-            )?;
-        }
+        // Checked even when unused (eval.samples = 0): no recipe number is taken as NaN.
+        crate::common::config::check_range(
+            "eval.temperature",
+            self.eval.temperature.into(),
+            1e-3,
+            100.0,
+        )?;
         if self.train.run.eval_every == 0 {
             bail!("train.eval_every must be >= 1");
         }

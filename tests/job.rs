@@ -217,7 +217,11 @@ fn sigterm_stops_a_warm_up() {
     }
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
-    assert!(stderr(&o).contains("stopped during the warm-up after"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("stopped during the warm-up after"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_dir_all(&out).ok();
 }
 

@@ -386,6 +386,13 @@ fn huge_counts_are_refused_by_name() {
         (&recipe_text(), "task.eval_size"),
         (&recipe_text(), "warmup.batch"),
         (&recipe_text(), "rollout.shape_bucket"),
+        // ... and over the image recipe: these six panicked.
+        (&flow, "model.layers"),
+        (&flow, "model.mlp_ratio"),
+        (&flow, "pretrain.batch"),
+        (&flow, "sampler.steps"),
+        (&flow, "sampler.eval_steps"),
+        (&flow, "rl.lora.rank"),
     ] {
         let e = ember::kinds::parse_any(text, &[format!("{key}={max}")])
             .map(|_| ())
@@ -402,10 +409,19 @@ fn huge_counts_are_refused_by_name() {
 #[test]
 fn unused_or_useless_numbers_are_refused() {
     for (set, says) in [
-        ("eval.temperature=nan", "eval.temperature = NaN must be a finite number"),
+        (
+            "eval.temperature=nan",
+            "eval.temperature = NaN must be a finite number",
+        ),
         ("eval.temperature=-1", "eval.temperature = -1 must be"),
-        ("reward.correct=9223372036854775807", "reward.correct = 9.223372036854776e18 must be"),
-        ("reward.format=-9223372036854775808", "reward.format = -9.223372036854776e18 must be"),
+        (
+            "reward.correct=9223372036854775807",
+            "reward.correct = 9.223372036854776e18 must be",
+        ),
+        (
+            "reward.format=-9223372036854775808",
+            "reward.format = -9.223372036854776e18 must be",
+        ),
         ("rollout.temperature=1e300", "temperature in (0, 100]"),
     ] {
         let e = ember::kinds::parse_any(&recipe_text(), &[set.to_string()])
@@ -415,4 +431,46 @@ fn unused_or_useless_numbers_are_refused() {
         assert!(e.contains(says), "{set}: {e}");
     }
     assert!(ember::kinds::parse_any(&recipe_text(), &["reward.correct=-1".into()]).is_ok());
+    // The image recipe: a guidance scale, reward weights and coefficients of 2^63, an ink
+    // target above 1 (a fraction).
+    let flow = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/digits-flow.toml"),
+    )
+    .unwrap();
+    for (set, says) in [
+        (
+            "sampler.guidance=9223372036854775807",
+            "sampler.guidance = 9.223372036854776e18",
+        ),
+        (
+            "reward.class_prob=9223372036854775807",
+            "reward.class_prob = 9.223372036854776e18",
+        ),
+        (
+            "reward.ink=-9223372036854775808",
+            "reward.ink = -9.223372036854776e18",
+        ),
+        (
+            "reward.ink_target=2",
+            "reward.ink_target = 2 must be a fraction",
+        ),
+        (
+            "rl.ram_scale=-9223372036854775808",
+            "rl.ram_scale = -9.223372036854776e18",
+        ),
+        (
+            "rl.clip_range=9223372036854775807",
+            "rl.clip_range = 9.223372036854776e18",
+        ),
+        (
+            "rl.lora.alpha=9223372036854775807",
+            "rl.lora.alpha = 9.223372036854776e18",
+        ),
+    ] {
+        let e = ember::kinds::parse_any(&flow, &[set.to_string()])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{set}: {e}");
+    }
 }

@@ -331,6 +331,19 @@ impl FlowRecipe {
         }
         self.model.config().validate()?;
         let p = &self.pretrain;
+        // Sizes of what is built up front: 2^63 aborted with "capacity overflow".
+        for (key, v, max) in [
+            ("model.d_model", self.model.d_model, 4096),
+            ("model.layers", self.model.layers, 256),
+            ("model.mlp_ratio", self.model.mlp_ratio, 64),
+            ("pretrain.batch", p.batch, MAX_ROWS),
+            ("sampler.steps", self.sampler.steps, 10_000),
+            ("sampler.eval_steps", self.sampler.eval_steps, 10_000),
+        ] {
+            if v > max {
+                bail!("{key} = {v} must be at most {max}");
+            }
+        }
         if p.batch == 0
             || !lr_ok(p.lr)
             || !(0.0..1.0).contains(&p.class_dropout)
@@ -345,15 +358,23 @@ impl FlowRecipe {
         if !positive(s.shift) || !non_negative(s.guidance) || !positive(s.noise_level) {
             bail!("sampler: shift and noise_level must be > 0, guidance >= 0");
         }
+        crate::common::config::check_range("sampler.guidance", s.guidance.into(), 0.0, 100.0)?;
         sde_coefs(&sigmas(s.steps, s.shift), s.noise_level)?;
         self.validate_rl()?;
         let w = &self.reward;
-        if !(w.class_prob.is_finite()
-            && w.ink.is_finite()
-            && w.jpeg_size.is_finite()
-            && w.ink_target > 0.0)
-        {
-            bail!("reward: weights must be finite and ink_target > 0");
+        // A weight beyond ±1e9 makes every reward invalid (the engine's limit): nothing trains.
+        for (key, v) in [
+            ("reward.class_prob", w.class_prob),
+            ("reward.ink", w.ink),
+            ("reward.jpeg_size", w.jpeg_size),
+        ] {
+            crate::common::config::check_range(key, v.into(), -1e9, 1e9)?;
+        }
+        if !(w.ink_target > 0.0 && w.ink_target <= 1.0) {
+            bail!(
+                "reward.ink_target = {} must be a fraction of inked pixels in (0, 1]",
+                w.ink_target
+            );
         }
         self.validate_algorithm_options()?;
         if !(2..=MAX_EVAL_SAMPLES).contains(&self.eval.samples_per_class) {
@@ -431,6 +452,24 @@ impl FlowRecipe {
         }
         if rl.run.lora.rank == 0 || rl.run.lora.targets.is_empty() {
             bail!("rl.lora: rank must be >= 1 and targets non-empty");
+        }
+        if rl.run.lora.rank > self.model.d_model {
+            bail!(
+                "rl.lora.rank = {} must be at most model.d_model = {}",
+                rl.run.lora.rank,
+                self.model.d_model
+            );
+        }
+        // Coefficients: finite numbers within ±1e6 (a clip range or scale of 2^63 is no clip
+        // and no scale at all, an overflowing loss).
+        for (key, v, lo) in [
+            ("rl.lora.alpha", f64::from(rl.run.lora.alpha), 0.0),
+            ("rl.clip_range", rl.run.clip_range.into(), 0.0),
+            ("rl.adv_clip", rl.run.adv_clip.into(), 0.0),
+            ("rl.kl_coef", rl.run.kl_coef.into(), 0.0),
+            ("rl.ram_scale", rl.run.ram_scale.into(), -1e6),
+        ] {
+            crate::common::config::check_range(key, v, lo, 1e6)?;
         }
         for t in &rl.run.lora.targets {
             if !LORA_TARGETS.contains(&t.as_str()) {

@@ -319,7 +319,11 @@ impl Recipe {
         // Each is the length of a list built up front: a huge value aborted on allocation.
         for (key, v, max) in [
             ("task.eval_size", self.task.eval_size, 1_000_000),
-            ("warmup.batch", self.warmup.as_ref().map_or(1, |w| w.batch), 100_000),
+            (
+                "warmup.batch",
+                self.warmup.as_ref().map_or(1, |w| w.batch),
+                100_000,
+            ),
             ("rollout.shape_bucket", self.rollout.shape_bucket, 1 << 20),
         ] {
             if v > max {

@@ -1,7 +1,7 @@
 """Hostile `--set` values for every number and list of a recipe, one run each, classified.
 
     python3 scripts/fuzz_set.py recipes/pendulum-rarl.toml --base ppo.steps=1 env.episodes=2 \
-        --out /tmp/fuzz-rarl.json [--timeout 60] [--ember target/release/ember]
+        --out /tmp/fuzz-rarl.json [--timeout 60] [--ember target/release/ember] [--command molora]
 
 Reads the resolved recipe of one run with the `--base` values (`recipe.resolved.toml`), then,
 for each numeric leaf and each list, runs `ember train` with the `--base` values and one hostile
@@ -38,9 +38,9 @@ def leaves(table, prefix=""):
             yield key, LISTS + VALUES[:1]
 
 
-def run(ember, recipe, sets, timeout):
+def run(ember, recipe, sets, timeout, command="train"):
     out = tempfile.mkdtemp(prefix="ember-fuzz-")
-    cmd = [ember, "train", recipe, "--quiet", "--out", out]
+    cmd = [ember, command, recipe, "--quiet", "--out", out]
     for s in sets:
         cmd += ["--set", s]
     try:
@@ -68,17 +68,21 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--ember", default="target/release/ember")
+    ap.add_argument("--command", default="train", help="the ember subcommand (molora: its own)")
     a = ap.parse_args()
-    kind, last, out = run(a.ember, a.recipe, a.base, a.timeout)
+    kind, last, out = run(a.ember, a.recipe, a.base, a.timeout, a.command)
     if kind != "ran":
         sys.exit(f"the base run did not succeed ({kind}): {last}")
-    with open(os.path.join(out, "recipe.resolved.toml"), "rb") as f:
+    # The resolved recipe when the command writes one (`ember train`), else the file itself.
+    resolved_path = os.path.join(out, "recipe.resolved.toml")
+    with open(resolved_path if os.path.exists(resolved_path) else a.recipe, "rb") as f:
         resolved = tomllib.load(f)
     subprocess.run(["rm", "-rf", out])
     tries = []
     for key, values in leaves(resolved):
         for v in values:
-            kind, last, out = run(a.ember, a.recipe, a.base + [f"{key}={v}"], a.timeout)
+            kind, last, out = run(a.ember, a.recipe, a.base + [f"{key}={v}"], a.timeout,
+                                  a.command)
             subprocess.run(["rm", "-rf", out])
             tries.append({"key": key, "value": v, "outcome": kind, "stderr": last})
             print(f"{kind:8} {key}={v}  {last[:120]}", flush=True)

@@ -695,12 +695,49 @@ fn closed_by_default(base: &Path, other: &Path, admin_port: u16) {
     );
     assert_eq!(code, 403, "{text}");
     assert!(text.contains("--enable-admin"), "{text}");
+    at_most_max_loras(&other.join("final"));
     assert_eq!(get(c.port, "/health").0, 200);
     assert_eq!(get(c.port, "/v1/models").0, 401);
     assert_eq!(get_with_key(c.port, "/v1/models", "wrong").0, 401);
     assert_eq!(get_with_key(c.port, "/v1/models", "k").0, 200);
     std::fs::remove_dir_all(&elsewhere).ok();
     slow_clients_are_cut(&other.join("final"));
+}
+
+/// At most `--max-loras` adapters are held at once: a load beyond it gets 400 naming the flag
+/// (loads without a bound grew memory until the process aborted); reloading one in place, or
+/// loading after an unload, is fine.
+fn at_most_max_loras(model: &Path) {
+    let dir = temp("loras");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    random_adapter(model, &a);
+    random_adapter(model, &b);
+    let allowed = dir.display().to_string();
+    let e = Server::named(
+        model,
+        "few",
+        &[
+            "--enable-admin",
+            "--allowed-path",
+            &allowed,
+            "--max-loras",
+            "1",
+        ],
+    );
+    let load = |name: &str, p: &Path, inplace: bool| {
+        let body = serde_json::json!({"lora_name": name, "lora_path": p.display().to_string(),
+            "load_inplace": inplace});
+        post(e.port, "/v1/load_lora_adapter", &body.to_string())
+    };
+    assert_eq!(load("a", &a, false).0, 200);
+    let (code, text) = load("b", &b, false);
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("the --max-loras limit"), "{text}");
+    assert_eq!(load("a", &b, true).0, 200);
+    let unload = serde_json::json!({"lora_name": "a"}).to_string();
+    assert_eq!(post(e.port, "/v1/unload_lora_adapter", &unload).0, 200);
+    assert_eq!(load("b", &b, false).0, 200);
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Clients that never finish their request's head are cut after --header-read-timeout (they

@@ -96,6 +96,10 @@ pub type Scores = Vec<(f32, u32, f32)>;
 /// side, which answers 404 for other names and lists these in `/v1/models`).
 pub type Names = Arc<RwLock<Vec<String>>>;
 
+/// Adapters an engine holds at once unless `--max-loras` says otherwise: each is a copy of the
+/// adapted projections, so loads without a bound grew memory until the process aborted.
+pub const DEFAULT_MAX_LORAS: usize = 32;
+
 /// The engine's state (lives on its thread).
 pub struct Engine {
     base_name: String,
@@ -107,6 +111,7 @@ pub struct Engine {
     device: Device,
     max_rows: usize,
     max_cells: usize,
+    max_loras: usize,
     context: usize,
     rng: SplitMix64,
 }
@@ -136,8 +141,17 @@ impl Engine {
             device,
             max_rows: max_rows.max(1),
             max_cells: max_cells.max(1),
+            max_loras: DEFAULT_MAX_LORAS,
             context,
             rng: SplitMix64(0x5e7e_d5ee_d000_0001),
+        }
+    }
+
+    /// `self` holding at most `n` adapters at once (`--max-loras`).
+    pub fn with_max_loras(self, n: usize) -> Self {
+        Self {
+            max_loras: n,
+            ..self
         }
     }
 
@@ -165,6 +179,15 @@ impl Engine {
                 format!(
                     "the LoRA adapter `{name}` has already been loaded (unload it first, or \
                      send load_inplace = true)"
+                ),
+            ));
+        }
+        if !self.adapters.contains_key(name) && self.adapters.len() >= self.max_loras {
+            return Err(ApiError::bad(
+                "lora_name",
+                format!(
+                    "{} LoRA adapters are loaded, the --max-loras limit: unload one first",
+                    self.adapters.len()
                 ),
             ));
         }

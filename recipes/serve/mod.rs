@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// Connections served at once; more wait in the kernel's backlog until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// LoRA adapters held at once (vLLM's name); a load beyond it gets 400 until one is
+    /// unloaded.
+    #[arg(long, default_value_t = engine::DEFAULT_MAX_LORAS)]
+    pub max_loras: usize,
     /// Context length to serve (default: the model's); prompt + max_tokens must fit.
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -252,7 +256,8 @@ fn start_engine(
     }
     let budget = (a.max_batch, a.max_batch_tokens);
     let model = (loaded.model, loaded.config);
-    let mut engine = Engine::new(base_name, model, stop, device, budget, names);
+    let mut engine =
+        Engine::new(base_name, model, stop, device, budget, names).with_max_loras(a.max_loras);
     for req in adapters {
         engine
             .load(req)

@@ -391,6 +391,9 @@ fn flow_job_takes_the_reference_options() {
         ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // All reward weights 0 (on purpose here): the run says that nothing trains.
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("are all 0: every reward is 0"), "{said}");
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()

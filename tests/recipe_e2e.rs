@@ -423,6 +423,13 @@ fn unused_or_useless_numbers_are_refused() {
             "reward.format = -9.223372036854776e18 must be",
         ),
         ("rollout.temperature=1e300", "temperature in (0, 100]"),
+        // lr 1e-3 × 2000: every step multiplied the weights by −1, growing until they overflowed.
+        (
+            "train.weight_decay=2000",
+            "train.lr × train.weight_decay = 2 must be at most 1",
+        ),
+        // Every reward term at weight 0: every reward is 0 and nothing trains.
+        ("reward.correct=0", "every term has weight 0"),
     ] {
         let e = ember::kinds::parse_any(&recipe_text(), &[set.to_string()])
             .map(|_| ())
@@ -431,6 +438,7 @@ fn unused_or_useless_numbers_are_refused() {
         assert!(e.contains(says), "{set}: {e}");
     }
     assert!(ember::kinds::parse_any(&recipe_text(), &["reward.correct=-1".into()]).is_ok());
+    assert!(ember::kinds::parse_any(&recipe_text(), &["train.weight_decay=1000".into()]).is_ok());
     // The image recipe: a guidance scale, reward weights and coefficients of 2^63, an ink
     // target above 1 (a fraction).
     let flow = std::fs::read_to_string(
@@ -456,7 +464,12 @@ fn unused_or_useless_numbers_are_refused() {
         ),
         (
             "rl.ram_scale=-9223372036854775808",
-            "rl.ram_scale = -9.223372036854776e18",
+            "rl.ram_scale = -9.223372036854776e18 must be a finite number > 0",
+        ),
+        // ρ = 0: the target is the base model's velocity, so nothing trains.
+        (
+            "rl.ram_scale=0",
+            "rl.ram_scale = 0 must be a finite number > 0",
         ),
         (
             "rl.clip_range=9223372036854775807",

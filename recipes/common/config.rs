@@ -272,6 +272,18 @@ pub(crate) fn check_training(
     check_range(&key("min_lr_ratio"), schedule.min_lr_ratio, 0.0, 1.0)?;
     check_range(&key("grad_clip"), optim.grad_clip.into(), 0.0, f64::MAX)?;
     check_range(&key("weight_decay"), optim.weight_decay.into(), 0.0, 1e6)?;
+    // Decoupled decay multiplies every weight by 1 − lr·λ each step: past 1 the weights flip
+    // sign and grow until they overflow, and checkpoints would keep the overflowed weights.
+    let decay = schedule.lr * f64::from(optim.weight_decay);
+    if decay > 1.0 {
+        bail!(
+            "{} × {} = {} must be at most 1 (decoupled weight decay multiplies every weight by \
+             1 − lr·weight_decay each step)",
+            key("lr"),
+            key("weight_decay"),
+            short(decay)
+        );
+    }
     // An epsilon near 1 or above divides every AdamW step away: nothing trains.
     check_positive(&key("adam_eps"), optim.epsilon.into())?;
     check_range(&key("adam_eps"), optim.epsilon.into(), 0.0, 0.1)?;

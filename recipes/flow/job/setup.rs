@@ -145,7 +145,7 @@ pub(super) fn with_adapters(
         r.precision,
         crate::common::device::kind(&r.device)?,
     );
-    if let Some(note) = note {
+    for note in note.into_iter().chain(r.reward_warning()) {
         log::warn!("[{}] {note}", r.name);
     }
     Ok(model

@@ -387,6 +387,17 @@ impl FlowRecipe {
         Ok(())
     }
 
+    /// A warning for a recipe whose reward weights are all 0: every reward is 0, so nothing
+    /// trains (a test of the all-dropped path does this on purpose, so it is not an error).
+    pub fn reward_warning(&self) -> Option<String> {
+        let w = &self.reward;
+        (w.class_prob == 0.0 && w.ink == 0.0 && w.jpeg_size == 0.0).then(|| {
+            "reward.class_prob, reward.ink and reward.jpeg_size are all 0: every reward is 0 and \
+             nothing trains"
+                .to_string()
+        })
+    }
+
     /// `[rl]`: batch sizes, the embedded training configs, losses, RAM and the adapters.
     fn validate_rl(&self) -> Result<()> {
         let rl = &self.rl;
@@ -467,10 +478,13 @@ impl FlowRecipe {
             ("rl.clip_range", rl.run.clip_range.into(), 0.0),
             ("rl.adv_clip", rl.run.adv_clip.into(), 0.0),
             ("rl.kl_coef", rl.run.kl_coef.into(), 0.0),
-            ("rl.ram_scale", rl.run.ram_scale.into(), -1e6),
         ] {
             crate::common::config::check_range(key, v, lo, 1e6)?;
         }
+        // RAM's ρ = 1/λ > 0: at 0 the target is the base model's velocity, so from the start
+        // nothing trains; below 0 it learns against the reward.
+        crate::common::config::check_positive("rl.ram_scale", rl.run.ram_scale.into())?;
+        crate::common::config::check_range("rl.ram_scale", rl.run.ram_scale.into(), 0.0, 1e6)?;
         for t in &rl.run.lora.targets {
             if !LORA_TARGETS.contains(&t.as_str()) {
                 bail!(

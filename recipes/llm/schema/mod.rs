@@ -263,6 +263,18 @@ impl Recipe {
         // A weight beyond ±1e9 makes every reward invalid (the engine's limit), so nothing trains.
         check_range("reward.correct", self.reward.correct.into(), -1e9, 1e9)?;
         check_range("reward.format", self.reward.format.into(), -1e9, 1e9)?;
+        let w = &self.reward;
+        let any = w.correct != 0.0
+            || w.format != 0.0
+            || w.overlong.is_some()
+            || w.external.as_ref().is_some_and(|x| x.weight != 0.0)
+            || w.python.is_some();
+        if !any {
+            bail!(
+                "[reward]: every term has weight 0 (reward.correct, reward.format, no overlong \
+                 penalty, external or Python reward), so every reward is 0 and nothing trains"
+            );
+        }
         if let Some(x) = &self.reward.external {
             check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
             check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;

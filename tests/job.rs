@@ -1554,6 +1554,12 @@ fn offline_objectives_train_on_rollouts_and_resume() {
         &["offline={data=\"x.jsonl\", objective={kind=\"dpo\", beta=0}}"],
         &["preference.beta"],
     );
+    // scripts/fuzz_set.py, 2026-12-03: β = 2^63 − 1 trained (every pair's sigmoid saturated).
+    fails_with(
+        None,
+        &["offline={data=\"x.jsonl\", objective={kind=\"dpo\", beta=9223372036854775807}}"],
+        &["preference.beta", "must be in (0, 1e6]"],
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -101,14 +101,14 @@ impl PreferenceLoss {
         check_config(
             "preference.beta",
             beta.into(),
-            beta.is_finite() && beta > 0.0,
-            "must be > 0",
+            beta.is_finite() && beta > 0.0 && beta <= 1e6,
+            "must be in (0, 1e6] (a β of 2^63 saturates every pair's sigmoid)",
         )?;
         check_config(
             "preference.eta/gamma",
             other.into(),
-            other.is_finite(),
-            "must be finite",
+            other.is_finite() && other.abs() <= 1e6,
+            "must be finite and within ±1e6",
         )
     }
 

@@ -595,3 +595,39 @@ fn model_records_survive_damage_without_a_manifest() {
     }
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A Parquet dataset (pyarrow's snappy file of `tests/fixtures/data/`), damaged 400 ways: the
+/// reader answers `Ok` or an error naming the file, never a panic.
+#[test]
+fn parquet_reader_survives_damaged_files() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data");
+    let good = std::fs::read(src.join("chat-snappy.parquet")).unwrap();
+    let d = tmpdir("parquet");
+    let p = d.join("data.parquet");
+    let keys = ember_tasks::task::JsonlKeys {
+        prompt: None,
+        answer: Some("solution".into()),
+    };
+    std::fs::write(&p, &good).unwrap();
+    assert!(ember_tasks::task::JsonlData::load_with(&p, &keys).is_ok());
+    let mut rng = SplitMix64(0x7061_7271);
+    for case in 0..400 {
+        // Half the cases damage the footer (the schema and row-group directory), half anywhere.
+        let bad = if case % 2 == 0 {
+            let mut b = good.clone();
+            b.reverse();
+            let mut m = mutate(&b, 600, &mut rng);
+            m.reverse();
+            m
+        } else {
+            mutate(&good, good.len(), &mut rng)
+        };
+        std::fs::write(&p, bad).unwrap();
+        no_panic("parquet", case, || {
+            if let Err(e) = ember_tasks::task::JsonlData::load_with(&p, &keys) {
+                assert!(e.to_string().contains("data.parquet"), "case {case}: {e}");
+            }
+        });
+    }
+    std::fs::remove_dir_all(&d).ok();
+}

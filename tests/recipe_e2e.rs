@@ -487,3 +487,60 @@ fn unused_or_useless_numbers_are_refused() {
         assert!(e.contains(says), "{set}: {e}");
     }
 }
+
+/// The MoLoRA comparison recipe (`ember molora`): the `--set` pass of 2026-12-03 found 13 panics
+/// and one abort (its `[model]` sizes were not checked; 0 or 2^63 − 1 reached the model) and
+/// batch sizes, the evaluation size and the adapters' α of 2^63 − 1 accepted.
+#[test]
+fn molora_recipe_sizes_are_refused_by_name() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/molora-cpu.toml"),
+    )
+    .unwrap();
+    let max = i64::MAX;
+    for key in [
+        "model.d_model",
+        "model.layers",
+        "model.heads",
+        "model.kv_heads",
+        "model.d_ff",
+        "warmup.batch",
+        "finetune.batch",
+        "eval_size",
+        "finetune.alpha",
+    ] {
+        for v in [0, max] {
+            let e = ember::molora::schema::parse(&text, &[format!("{key}={v}")])
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            let name = key.rsplit('.').next().unwrap_or(key);
+            assert!(e.contains(name) && e.contains("must"), "{key}={v}: {e}");
+        }
+    }
+    assert!(ember::molora::schema::parse(&text, &[]).is_ok());
+}
+
+/// A Parquet dataset as a task: `kind = "parquet"` (or `"jsonl"`) with a `.parquet` file or a
+/// Hub dataset directory, keys chosen as for JSON lines.
+#[test]
+fn parquet_datasets_are_tasks() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data");
+    for (kind, path, rows) in [
+        ("parquet", data.join("chat-zstd.parquet"), 60),
+        ("jsonl", data.join("hub"), 40),
+    ] {
+        let task = format!(
+            "task={{kind=\"{kind}\", path=\"{}\", answer_key=\"solution\", eval_size=4}}",
+            path.display()
+        );
+        let Ok(ember::kinds::AnyRecipe::Llm(r)) = ember::kinds::parse_any(&recipe_text(), &[task])
+        else {
+            panic!("{kind}: the recipe does not parse");
+        };
+        let built = r.task.build().unwrap();
+        let held_out = built.held_out_set(0, 1000).len();
+        let train = built.dataset_train().len();
+        assert_eq!(train + held_out, rows, "{kind}");
+    }
+}

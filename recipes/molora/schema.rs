@@ -114,11 +114,20 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
             settings.validate()?;
         }
     }
+    // The tiny model's sizes, as an LLM recipe checks them (0 or 2^63 panicked or aborted).
+    crate::llm::schema::choose_policy(Some(&r.model), None)?;
     crate::common::config::check_lr("warmup.lr", r.warmup.lr)?;
     crate::common::config::check_lr("finetune.lr", r.finetune.lr)?;
     crate::common::config::check_positive("finetune.alpha", r.finetune.alpha)?;
-    if r.finetune.batch == 0 || r.eval_size == 0 {
-        bail!("finetune.batch and eval_size must be >= 1");
+    crate::common::config::check_range("finetune.alpha", r.finetune.alpha, 0.0, 1e6)?;
+    for (key, v, max) in [
+        ("warmup.batch", r.warmup.batch, 100_000),
+        ("finetune.batch", r.finetune.batch, 100_000),
+        ("eval_size", r.eval_size, 1_000_000),
+    ] {
+        if !(1..=max).contains(&v) {
+            bail!("{key} = {v} must be in 1..={max}");
+        }
     }
     Ok(r)
 }

@@ -15,7 +15,10 @@ pub enum TaskKind {
     Arithmetic,
     /// Generated countdown (`count`, `max_number`, `max_target`).
     Countdown,
-    /// A JSONL file (`path`): GSM8K `question`/`answer` or `prompt`/`answer`.
+    /// A dataset file (`path`): JSON lines, or Parquet (a `.parquet` file, or a Hugging Face
+    /// dataset directory whose `train*.parquet` shards are read); GSM8K `question`/`answer`
+    /// or `prompt`/`answer`. `kind = "parquet"` reads the same.
+    #[serde(alias = "parquet")]
     Jsonl,
 }
 

@@ -144,106 +144,110 @@ fn read_regular(path: &Path) -> std::io::Result<String> {
     std::fs::read_to_string(path)
 }
 
+/// One line (or row) as an example: the prompt and answer under `keys`, every other key an
+/// extra column.
+fn example(v: serde_json::Value, keys: &JsonlKeys) -> Result<Example, String> {
+    let serde_json::Value::Object(mut obj) = v else {
+        return Err(format!("{} is not a JSON object", kind_of(&v)));
+    };
+    let prompt_key = match &keys.prompt {
+        Some(k) => k.clone(),
+        None => ["question", "prompt", "messages"]
+            .into_iter()
+            .find(|k| obj.contains_key(*k))
+            .unwrap_or("prompt")
+            .to_string(),
+    };
+    let answer_key = keys.answer.clone().unwrap_or_else(|| "answer".into());
+    let (Some(p), Some(a)) = (obj.remove(&prompt_key), obj.remove(&answer_key)) else {
+        let expected = match keys.prompt {
+            None => "`question`, `prompt` or `messages`".to_string(),
+            Some(_) => format!("`{prompt_key}`"),
+        };
+        return Err(format!(
+            "expected a prompt under {expected} and an answer under `{answer_key}` (set \
+             task.prompt_key / task.answer_key for other names); the line has {:?}",
+            obj.keys().collect::<Vec<_>>()
+        ));
+    };
+    let (question, messages) =
+        parse_prompt(&p).map_err(|reason| format!("`{prompt_key}`: {reason}"))?;
+    let answer = match &a {
+        serde_json::Value::String(s) => match s.rsplit_once("####") {
+            Some((_, tail)) => tail.trim().replace(',', ""),
+            None => s.trim().to_string(),
+        },
+        serde_json::Value::Number(n) => n.to_string(),
+        other => {
+            return Err(format!(
+                "`{answer_key}` is {}, not a string or a number",
+                kind_of(other)
+            ));
+        }
+    };
+    if answer.is_empty() {
+        return Err("the answer is empty".into());
+    }
+    // TRL passes every column under its own name: the answer column too, as written (Ember's
+    // `answer` is the extracted reference).
+    if answer_key != "answer" {
+        obj.insert(answer_key.clone(), a);
+    }
+    // Rewards receive the columns as keyword arguments beside these.
+    if let Some(k) = RESERVED_COLUMNS.iter().find(|k| obj.contains_key(**k)) {
+        return Err(format!(
+            "the extra column `{k}` would clash with the reward functions' own `{k}` argument \
+             (reserved: {}); rename it",
+            RESERVED_COLUMNS.join(", ")
+        ));
+    }
+    Ok(Example {
+        prompt: question.clone(),
+        answer,
+        question,
+        check: Check::Numeric,
+        messages,
+        columns: obj,
+    })
+}
+
 impl JsonlData {
     /// Reads `path` with the default keys.
     pub fn load(path: &Path) -> Result<Self, DataError> {
         Self::load_with(path, &JsonlKeys::default())
     }
 
-    /// Reads `path`, the prompt and answer under `keys`.
+    /// Reads `path` (JSON lines, or Parquet: a `.parquet` file or a Hub dataset directory),
+    /// the prompt and answer under `keys`.
     pub fn load_with(path: &Path, keys: &JsonlKeys) -> Result<Self, DataError> {
-        let text = read_regular(path).map_err(|source| DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let line_err = |line: usize, reason: String| DataError::Line {
-            path: path.to_path_buf(),
-            line,
-            reason,
+        type Rows = Vec<(PathBuf, usize, Result<serde_json::Value, String>)>;
+        let rows: Rows = if super::parquet::is_parquet(path) {
+            super::parquet::rows(path)?
+                .into_iter()
+                .map(|(p, i, v)| (p, i, Ok(v)))
+                .collect()
+        } else {
+            let text = read_regular(path).map_err(|source| DataError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .map(|(i, l)| {
+                    let v = serde_json::from_str(l).map_err(|e| format!("not JSON: {e}"));
+                    (path.to_path_buf(), i + 1, v)
+                })
+                .collect()
         };
         let (mut train, mut held_out) = (Vec::new(), Vec::new());
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| line_err(i + 1, format!("not JSON: {e}")))?;
-            let serde_json::Value::Object(mut obj) = v else {
-                return Err(line_err(
-                    i + 1,
-                    format!("{} is not a JSON object", kind_of(&v)),
-                ));
+        for (file, line, v) in rows {
+            let at = |reason: String| DataError::Line {
+                path: file.clone(),
+                line,
+                reason,
             };
-            let prompt_key = match &keys.prompt {
-                Some(k) => k.clone(),
-                None => ["question", "prompt", "messages"]
-                    .into_iter()
-                    .find(|k| obj.contains_key(*k))
-                    .unwrap_or("prompt")
-                    .to_string(),
-            };
-            let answer_key = keys.answer.clone().unwrap_or_else(|| "answer".into());
-            let (Some(p), Some(a)) = (obj.remove(&prompt_key), obj.remove(&answer_key)) else {
-                let default = keys.prompt.is_none();
-                return Err(line_err(
-                    i + 1,
-                    format!(
-                        "expected a prompt under {} and an answer under `{answer_key}` (set \
-                         task.prompt_key / task.answer_key for other names); the line has {:?}",
-                        if default {
-                            "`question`, `prompt` or `messages`".to_string()
-                        } else {
-                            format!("`{prompt_key}`")
-                        },
-                        obj.keys().collect::<Vec<_>>()
-                    ),
-                ));
-            };
-            let (question, messages) = parse_prompt(&p)
-                .map_err(|reason| line_err(i + 1, format!("`{prompt_key}`: {reason}")))?;
-            let answer = match &a {
-                serde_json::Value::String(s) => match s.rsplit_once("####") {
-                    Some((_, tail)) => tail.trim().replace(',', ""),
-                    None => s.trim().to_string(),
-                },
-                serde_json::Value::Number(n) => n.to_string(),
-                other => {
-                    return Err(line_err(
-                        i + 1,
-                        format!(
-                            "`{answer_key}` is {}, not a string or a number",
-                            kind_of(other)
-                        ),
-                    ));
-                }
-            };
-            if answer.is_empty() {
-                return Err(line_err(i + 1, "the answer is empty".into()));
-            }
-            // TRL passes every column under its own name: the answer column too, as written
-            // (Ember's `answer` is the extracted reference).
-            if answer_key != "answer" {
-                obj.insert(answer_key.clone(), a);
-            }
-            // Rewards receive the columns as keyword arguments beside these.
-            if let Some(k) = RESERVED_COLUMNS.iter().find(|k| obj.contains_key(**k)) {
-                return Err(line_err(
-                    i + 1,
-                    format!(
-                        "the extra column `{k}` would clash with the reward functions' own \
-                         `{k}` argument (reserved: {}); rename it",
-                        RESERVED_COLUMNS.join(", ")
-                    ),
-                ));
-            }
-            let e = Example {
-                prompt: question.clone(),
-                answer,
-                question,
-                check: Check::Numeric,
-                messages,
-                columns: obj,
-            };
+            let e = example(v.map_err(at)?, keys).map_err(at)?;
             if Rng(fnv(&e.question)).next_u64().is_multiple_of(10) {
                 held_out.push(e);
             } else {
@@ -291,6 +295,51 @@ impl JsonlData {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parquet_reads_as_jsonl_does() {
+        let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+        let keys = JsonlKeys {
+            prompt: None,
+            answer: Some("solution".into()),
+        };
+        let lines = JsonlData::load_with(&d.join("chat.jsonl"), &keys).unwrap();
+        assert_eq!(lines.train.len() + lines.held_out.len(), 60);
+        assert_eq!(lines.train[0].messages.len(), 2);
+        for f in ["chat-snappy.parquet", "chat-zstd.parquet"] {
+            let rows = JsonlData::load_with(&d.join(f), &keys).unwrap();
+            assert_eq!(
+                (rows.train, rows.held_out),
+                (lines.train.clone(), lines.held_out.clone())
+            );
+        }
+        // The Hub's layout: the train split's two shards (the first 40 rows), not `test`.
+        let hub = JsonlData::load_with(&d.join("hub"), &keys).unwrap();
+        // Row i asks "What is {10 + i} + …?": the shards hold rows 0..40, read as JSONL reads them.
+        let row = |e: &Example| -> usize {
+            let a = e
+                .question
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or("")
+                .parse()
+                .unwrap_or(99);
+            a - 10
+        };
+        assert_eq!(hub.train.len() + hub.held_out.len(), 40);
+        let all: Vec<&Example> = lines.train.iter().chain(&lines.held_out).collect();
+        for e in hub.train.iter().chain(&hub.held_out) {
+            assert!(row(e) < 40 && all.contains(&e), "{e:?}");
+        }
+        // Errors name the file and the row.
+        let e = JsonlData::load_with(&d.join("bad.parquet"), &keys).unwrap_err();
+        assert!(
+            e.to_string().contains("bad.parquet:3: `solution` is null"),
+            "{e}"
+        );
+        let e = JsonlData::load_with(&d.join("chat.jsonl").with_extension("parquet"), &keys);
+        assert!(e.is_err());
+    }
 
     #[test]
     fn jsonl_gsm8k_and_generic_and_errors() {

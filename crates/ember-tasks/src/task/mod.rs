@@ -1,7 +1,9 @@
-//! Tasks with held-out splits: procedurally generated arithmetic and countdown, and JSONL
-//! datasets (GSM8K's `question`/`answer` with `#### <number>`, or generic `prompt`/`answer`).
+//! Tasks with held-out splits: procedurally generated arithmetic and countdown, and datasets in
+//! JSON lines or Parquet (GSM8K's `question`/`answer` with `#### <number>`, or generic
+//! `prompt`/`answer`).
 
 mod jsonl;
+mod parquet;
 
 pub use jsonl::{DataError, JsonlData, JsonlKeys};
 

@@ -207,6 +207,30 @@ impl TokGroup {
     }
 }
 
+/// The most (chosen, rejected) pairs `pairs = "all"` may list: each is kept as a draw, and one
+/// prompt with n responses gives up to n²/4 of them with 0/1 rewards.
+const MAX_PAIRS: usize = 1 << 22;
+
+/// An error when `pairs = "all"` would list more than [`MAX_PAIRS`] pairs (20 000 responses to
+/// one prompt would give 10⁸, gigabytes of draws), naming the largest group and the fix.
+pub fn check_pair_count(groups: &[TokGroup], path: &std::path::Path) -> Result<()> {
+    let counts: Vec<usize> = groups.iter().map(TokGroup::pair_count).collect();
+    let total = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
+    if total > MAX_PAIRS {
+        let (gi, most) = counts
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, c)| **c)
+            .map_or((0, 0), |(i, c)| (i, *c));
+        bail!(
+            "{}: pairs = \"all\" makes {total} pairs (group {gi} alone {most}), more than \
+             {MAX_PAIRS}; keep fewer responses per prompt with offline.responses",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// Each group with its first `k` responses only (an explicit pair needs both of its own); the
 /// responses-per-prompt ablation.
 pub fn keep_first(groups: Vec<Group>, k: usize) -> Vec<Group> {

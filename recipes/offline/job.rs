@@ -225,7 +225,7 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
         .with_context(|| format!("tokenizing {}", path.display()))?;
     let pairwise = spec.objective.pairwise();
     if pairwise.is_some() && spec.pairs == Pairs::All {
-        check_pair_count(&groups, &path)?;
+        crate::offline::data::check_pair_count(&groups, &path)?;
     }
     // What a step draws: (group, pair) for the pairwise objectives, groups with two valid
     // rewards for the others.
@@ -341,30 +341,6 @@ fn objective_step(
         (None, Some((adv_cfg, loss))) => group_step(refm, groups, picked, adv_cfg, loss, optim, lr),
         (None, None) => bail!("objective {:?} has no loss", spec.objective.name()),
     }
-}
-
-/// The most (chosen, rejected) pairs `pairs = "all"` may list: each is kept as a draw, and one
-/// prompt with n responses gives up to n²/4 of them with 0/1 rewards.
-const MAX_PAIRS: usize = 1 << 22;
-
-/// An error when `pairs = "all"` would list more than [`MAX_PAIRS`] pairs (20 000 responses to
-/// one prompt would give 10⁸, gigabytes of draws), naming the largest group and the fix.
-fn check_pair_count(groups: &[TokGroup], path: &std::path::Path) -> Result<()> {
-    let counts: Vec<usize> = groups.iter().map(TokGroup::pair_count).collect();
-    let total = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
-    if total > MAX_PAIRS {
-        let (gi, most) = counts
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, c)| **c)
-            .map_or((0, 0), |(i, c)| (i, *c));
-        bail!(
-            "{}: pairs = \"all\" makes {total} pairs (group {gi} alone {most}), more than \
-             {MAX_PAIRS}; keep fewer responses per prompt with offline.responses",
-            path.display()
-        );
-    }
-    Ok(())
 }
 
 /// What a step draws: a group, and for the pairwise objectives one of its (chosen, rejected)

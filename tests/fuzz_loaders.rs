@@ -477,14 +477,9 @@ fn replay_buffer_reader_survives_damaged_files() {
         max_new: 2,
         samples: 2,
     };
-    Replay {
-        cfg: cfg.clone(),
-        buffer,
-    }
-    .save(&d)
-    .unwrap();
+    Replay { cfg, buffer }.save(&d).unwrap();
     let fresh = || Replay {
-        cfg: cfg.clone(),
+        cfg,
         buffer: ember_engine::ReplayBuffer::default(),
     };
     let back = fresh()

@@ -474,7 +474,7 @@ impl FlowRecipe {
         // Coefficients: finite numbers within ±1e6 (a clip range or scale of 2^63 is no clip
         // and no scale at all, an overflowing loss).
         for (key, v, lo) in [
-            ("rl.lora.alpha", f64::from(rl.run.lora.alpha), 0.0),
+            ("rl.lora.alpha", rl.run.lora.alpha, 0.0),
             ("rl.clip_range", rl.run.clip_range.into(), 0.0),
             ("rl.adv_clip", rl.run.adv_clip.into(), 0.0),
             ("rl.kl_coef", rl.run.kl_coef.into(), 0.0),

@@ -21,6 +21,8 @@ import os
 import subprocess
 import tempfile
 import textwrap
+
+import fuzz_common
 import time
 
 # What the program answers instead of a good line (Python expressions of `good`, the dict a
@@ -102,18 +104,21 @@ GOOD_ENV = ("key = 'observations' if req['op'] == 'reset' else 'feedback'; "
             "good = {'observations': ['guess:'] * n} if req['op'] == 'reset' else "
             "{'feedback': [{'observation': '', 'reward': 0.5, 'done': True}] * n}")
 
-REWARD_RECIPE = """\
-name = "fuzz-reward"
-seed = 0
-device = "auto"
-algorithm = "grpo"
+MODEL = """\
 [model]
 d_model = 32
 layers = 1
 heads = 2
 kv_heads = 1
 d_ff = 64
-[task]
+"""
+
+REWARD_RECIPE = """\
+name = "fuzz-reward"
+seed = 0
+device = "auto"
+algorithm = "grpo"
+{model}[task]
 digits = 1
 ops = "+"
 eval_size = 8
@@ -144,13 +149,7 @@ seed = 0
 device = "auto"
 algorithm = "grpo"
 eval_episodes = 4
-[model]
-d_model = 32
-layers = 1
-heads = 2
-kv_heads = 1
-d_ff = 64
-vocab = "bytes"
+{model}vocab = "bytes"
 [env]
 kind = "external"
 command = ["python3", "{program}"]
@@ -233,20 +232,15 @@ def main():
                                    bad=textwrap.indent(bad, " " * 8)))
         recipe = os.path.join(work, f"{side}-{name}-{at}.toml")
         with open(recipe, "w") as f:
-            f.write((REWARD_RECIPE if side == "reward" else ENV_RECIPE).replace(
-                "{program}", program))
+            text = REWARD_RECIPE if side == "reward" else ENV_RECIPE
+            f.write(text.replace("{model}", MODEL).replace("{program}", program))
         kind, last, rss = run(a.ember, recipe, a.timeout)
         results.append({"side": side, "mode": name, "at": at, "outcome": kind,
                         "stderr": last, "max_rss_kib": rss})
         print(f"{kind:8} {side:6} {name:22} at={at} rss={rss}  {last[-160:]}", flush=True)
         if name == "none" and kind != "ran":
             raise SystemExit(f"the well-behaved {side} program's run did not succeed: {last}")
-    counts = {}
-    for r in results:
-        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    with open(a.out, "w") as f:
-        json.dump({"counts": counts, "tries": results}, f, indent=1)
-    print(json.dumps(counts))
+    fuzz_common.write_counts(a.out, results)
 
 
 if __name__ == "__main__":

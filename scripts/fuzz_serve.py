@@ -17,6 +17,8 @@ import argparse
 import http.client
 import json
 
+import fuzz_common
+
 HOSTILE = [None, True, "x", -1, 0, 10**20, 1e308, -1e308, [], {}, [[[[[[1]]]]]], "NaN",
            [10**12], [-5], "a" * 100000]
 
@@ -91,12 +93,7 @@ def main():
                                  (json.dumps(valid), "text/plain", "text/plain"),
                                  ("{" * 10000 + "}" * 10000, "deep nesting", "application/json")]:
             attempt(path, raw, what, ctype)
-    counts = {}
-    for t in tries:
-        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-    with open(a.out, "w") as f:
-        json.dump({"counts": counts, "tries": tries}, f, indent=1)
-    print(json.dumps(counts))
+    fuzz_common.write_counts(a.out, tries)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import tomllib
 
+import fuzz_common
+
 VALUES = ["0", "-1", "nan", "inf", "1e300", "9223372036854775807", "-9223372036854775808",
           '"x"', "true"]
 LISTS = ["[]", "[0]", "[1e300]"]
@@ -86,13 +88,7 @@ def main():
             subprocess.run(["rm", "-rf", out])
             tries.append({"key": key, "value": v, "outcome": kind, "stderr": last})
             print(f"{kind:8} {key}={v}  {last[:120]}", flush=True)
-    counts = {}
-    for t in tries:
-        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-    with open(a.out, "w") as f:
-        json.dump({"recipe": a.recipe, "base": a.base, "counts": counts, "tries": tries}, f,
-                  indent=1)
-    print(json.dumps(counts))
+    fuzz_common.write_counts(a.out, tries, recipe=a.recipe, base=a.base)
 
 
 if __name__ == "__main__":

@@ -518,15 +518,7 @@ fn plop_choice_reader_survives_damaged_files() {
     let d = tmpdir("plop");
     let good = br#"{"targets": ["q_proj", "v_proj", "down_proj"], "scores": {"q_proj": 1.5}, "per_layer": [{"q_proj": 1.5}], "prompts": 4, "tokens": 40}"#;
     std::fs::write(d.join(ember::llm::plop::FILE), good).unwrap();
-    let known = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
+    let known = ember_llm::LORA_TARGETS;
     let targets = |r: &ember::llm::schema::Recipe| -> Vec<String> {
         let t = toml::to_string(&r.pretrained.as_ref().unwrap().lora).unwrap();
         let v: toml::Value = toml::from_str(&t).unwrap();

@@ -8,6 +8,34 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitMix64(pub u64);
 
+/// rand's traits (rand_core 0.10, burn 0.22's): a `SplitMix64` is a generator for rand's
+/// distributions and `shuffle`, drawing the same stream as [`SplitMix64::next_u64`]; a 32-bit
+/// draw is the high half of the next 64 bits.
+impl rand_core::TryRng for SplitMix64 {
+    type Error = core::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok((SplitMix64::next_u64(self) >> 32) as u32)
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(SplitMix64::next_u64(self))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        rand_core::utils::fill_bytes_via_next_word(dst, || Ok(SplitMix64::next_u64(self)))
+    }
+}
+
+/// Seeding through rand: the 8 bytes (little-endian) are the state.
+impl rand_core::SeedableRng for SplitMix64 {
+    type Seed = [u8; 8];
+
+    fn from_seed(seed: Self::Seed) -> Self {
+        Self(u64::from_le_bytes(seed))
+    }
+}
+
 impl SplitMix64 {
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
@@ -64,6 +92,30 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::SplitMix64;
+
+    /// Through rand's traits it draws its own stream: the first two outputs from state 0 are
+    /// those of Vigna's `splitmix64.c` (0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4); bytes are those
+    /// words little-endian; rand's own algorithms take it.
+    #[test]
+    fn rand_takes_it_as_a_generator() {
+        use rand::seq::SliceRandom;
+        use rand_core::{Rng, SeedableRng};
+        let mut a = SplitMix64(0);
+        assert_eq!(Rng::next_u64(&mut a), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(Rng::next_u64(&mut a), 0x6E78_9E6A_A1B9_65F4);
+        assert_eq!(Rng::next_u32(&mut SplitMix64(0)), 0xE220_A839);
+        let mut b = SplitMix64::from_seed(0u64.to_le_bytes());
+        let mut bytes = [0u8; 12];
+        Rng::fill_bytes(&mut b, &mut bytes);
+        assert_eq!(bytes[..8], 0xE220_A839_7B1D_CDAF_u64.to_le_bytes());
+        assert_eq!(bytes[8..], 0x6E78_9E6A_A1B9_65F4_u64.to_le_bytes()[..4]);
+        let mut v: Vec<u32> = (0..10).collect();
+        v.shuffle(&mut SplitMix64(3));
+        let mut sorted = v.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        assert_ne!(v, sorted);
+    }
 
     #[test]
     fn group_permutation_keeps_groups_whole() {

@@ -104,6 +104,15 @@ GOOD_ENV = ("key = 'observations' if req['op'] == 'reset' else 'feedback'; "
             "good = {'observations': ['guess:'] * n} if req['op'] == 'reset' else "
             "{'feedback': [{'observation': '', 'reward': 0.5, 'done': True}] * n}")
 
+TRAIN = """\
+max_new_tokens = 3
+temperature = 1.0
+[train]
+steps = 3
+lr = 1e-3
+eval_every = 100
+"""
+
 MODEL = """\
 [model]
 d_model = 32
@@ -129,13 +138,7 @@ lr = 1e-3
 [rollout]
 prompts_per_step = 4
 samples_per_prompt = 4
-max_new_tokens = 3
-temperature = 1.0
-[train]
-steps = 3
-lr = 1e-3
-eval_every = 100
-[reward]
+{train}[reward]
 correct = 0.0
 [reward.external]
 command = ["python3", "{program}"]
@@ -158,13 +161,7 @@ timeout_s = 3
 episodes_per_step = 4
 samples_per_episode = 4
 max_turns = 3
-max_new_tokens = 3
-temperature = 1.0
-[train]
-steps = 3
-lr = 1e-3
-eval_every = 100
-"""
+{train}"""
 
 
 def hwm_kib(pid):
@@ -233,7 +230,8 @@ def main():
         recipe = os.path.join(work, f"{side}-{name}-{at}.toml")
         with open(recipe, "w") as f:
             text = REWARD_RECIPE if side == "reward" else ENV_RECIPE
-            f.write(text.replace("{model}", MODEL).replace("{program}", program))
+            f.write(text.replace("{model}", MODEL).replace("{train}", TRAIN)
+                    .replace("{program}", program))
         kind, last, rss = run(a.ember, recipe, a.timeout)
         results.append({"side": side, "mode": name, "at": at, "outcome": kind,
                         "stderr": last, "max_rss_kib": rss})

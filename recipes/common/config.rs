@@ -232,6 +232,15 @@ fn short(x: f64) -> String {
     }
 }
 
+/// A count or size within `lo..=hi` (the length of something built up front: 2^63 − 1 used to
+/// abort on allocation), named in the error.
+pub(crate) fn check_count(key: &str, value: usize, lo: usize, hi: usize) -> Result<()> {
+    if !(lo..=hi).contains(&value) {
+        bail!("{key} = {value} must be in {lo}..={hi}");
+    }
+    Ok(())
+}
+
 /// `value` of recipe key `key` is finite and > 0.
 pub(crate) fn check_positive(key: &str, value: f64) -> Result<()> {
     if !(value.is_finite() && value > 0.0) {

@@ -125,9 +125,7 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
         ("finetune.batch", r.finetune.batch, 100_000),
         ("eval_size", r.eval_size, 1_000_000),
     ] {
-        if !(1..=max).contains(&v) {
-            bail!("{key} = {v} must be in 1..={max}");
-        }
+        crate::common::config::check_count(key, v, 1, max)?;
     }
     Ok(r)
 }

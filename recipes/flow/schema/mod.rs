@@ -340,9 +340,7 @@ impl FlowRecipe {
             ("sampler.steps", self.sampler.steps, 10_000),
             ("sampler.eval_steps", self.sampler.eval_steps, 10_000),
         ] {
-            if v > max {
-                bail!("{key} = {v} must be at most {max}");
-            }
+            crate::common::config::check_count(key, v, 0, max)?;
         }
         if p.batch == 0
             || !lr_ok(p.lr)

@@ -338,9 +338,7 @@ impl Recipe {
             ),
             ("rollout.shape_bucket", self.rollout.shape_bucket, 1 << 20),
         ] {
-            if v > max {
-                bail!("{key} = {v} must be at most {max}");
-            }
+            crate::common::config::check_count(key, v, 0, max)?;
         }
         if self
             .rollout

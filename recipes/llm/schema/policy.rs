@@ -126,9 +126,7 @@ impl ModelSpec {
             ("model.layers", self.layers, 256),
             ("model.heads", self.heads, 256),
         ] {
-            if v == 0 || v > max {
-                bail!("model: {key} = {v} must be in 1..={max}");
-            }
+            crate::common::config::check_count(key, v, 1, max)?;
         }
         self.llama_config()
             .validate()

@@ -128,11 +128,12 @@ fn kind_of(v: &serde_json::Value) -> &'static str {
     }
 }
 
-/// The text of `path` when it is a regular file: a FIFO (opening it for reading blocks until a
-/// writer comes) or a device is refused, naming what it is (as `ember_train::io::read_to_string`,
-/// a crate of the same layer).
-fn read_regular(path: &Path) -> std::io::Result<String> {
-    if !std::fs::metadata(path)?.is_file() {
+/// The metadata of `path` when it is a regular file: a FIFO (opening it for reading blocks until
+/// a writer comes) or a device is refused, naming what it is (as
+/// `ember_train::io::read_to_string`, a crate of the same layer).
+pub(super) fn regular_file(path: &Path) -> std::io::Result<std::fs::Metadata> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!(
@@ -141,6 +142,12 @@ fn read_regular(path: &Path) -> std::io::Result<String> {
             ),
         ));
     }
+    Ok(meta)
+}
+
+/// The text of `path` when it is a regular file ([`regular_file`]).
+fn read_regular(path: &Path) -> std::io::Result<String> {
+    regular_file(path)?;
     std::fs::read_to_string(path)
 }
 

@@ -82,13 +82,7 @@ fn file_rows(path: &Path) -> Result<Vec<(PathBuf, usize, serde_json::Value)>, Da
         path: path.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file (a FIFO, a device or a directory)",
-        )));
-    }
+    let meta = super::jsonl::regular_file(path).map_err(io)?;
     if meta.len() > MAX_BYTES {
         return Err(io(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

@@ -7,8 +7,9 @@
 #   digit-recognizer-py==0.1.0.
 #   A Python virtual environment ($cache/py) with the PyPI packages the tests drive: tbparse and
 #   tensorboard (read Ember's TensorBoard event files back), math-verify (the Python reward
-#   example), openai (the official client, against `ember serve`), and TRL without its dependencies
-#   (its `trl.rewards` functions, run unmodified). Ember itself needs no Python.
+#   example), openai (the official client, against `ember serve`), lm-eval-harness (its CLI,
+#   against `ember serve`), and TRL without its dependencies (its `trl.rewards` functions and
+#   chat templates, used unmodified). Ember itself needs no Python.
 set -euo pipefail
 cache=${EMBER_CACHE:-$HOME/.cache/ember}
 mkdir -p "$cache"
@@ -62,7 +63,9 @@ PY
   rm -rf "$tmp"
 fi
 py="$cache/py"
-want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0 packaging==26.4"
+# lm-eval-harness with its API extra only (no torch): tests/serve.rs runs its CLI against
+# `ember serve` on the tasks in recipes/lm-eval/.
+want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0 packaging==26.4 lm-eval[api]==0.4.13"
 # TRL's reward functions (`trl.rewards`) need none of TRL's training stack (torch,
 # transformers, accelerate, datasets): the package alone, without its dependencies.
 nodeps="trl==1.16.0"

@@ -327,3 +327,58 @@ fn generation_config_sampling_defaults() {
     let loaded = load(&fixture("tiny_qwen3"), &dev()).unwrap();
     assert_eq!(loaded.generation, GenerationDefaults::default());
 }
+
+/// The chat templates `trl` 1.16.0 ships (Qwen3 with and without thinking, Qwen2.5, Llama 3.1
+/// and 3.2), read from the test venv, render as transformers renders them
+/// (`tests/fixtures/llm/chat_templates.json`, from `scripts/make_template_fixtures.py`).
+#[test]
+fn real_chat_templates_render_as_transformers_renders_them() {
+    let Some(py) = common::assets::cached("py") else {
+        return;
+    };
+    let lib = std::fs::read_dir(py.join("lib")).unwrap();
+    let site = lib
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.join("trl/chat_templates").is_dir())
+        .expect("trl's chat templates in the test venv");
+    assert!(
+        site.join("trl-1.16.0.dist-info").is_dir(),
+        "the fixtures are trl 1.16.0's"
+    );
+    let site = site.join("trl/chat_templates");
+    let text = std::fs::read_to_string(fixture("chat_templates.json")).unwrap();
+    let fx: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 11);
+    for (i, case) in cases.iter().enumerate() {
+        let name = case["template"].as_str().unwrap();
+        let template = std::fs::read_to_string(site.join(name)).unwrap();
+        let messages: Vec<ember_llm::Message> =
+            serde_json::from_value(case["messages"].clone()).unwrap();
+        let special = &case["special"];
+        let kwargs = case["kwargs"].as_object().unwrap();
+        let rendered = ember_llm::render_chat_with(
+            &template,
+            &messages,
+            case["add_generation_prompt"].as_bool().unwrap(),
+            (special["bos_token"].as_str(), special["eos_token"].as_str()),
+            kwargs,
+        )
+        .unwrap();
+        assert_eq!(
+            rendered,
+            case["text"].as_str().unwrap(),
+            "case {i} ({name})"
+        );
+    }
+    // Without a `date_string`, Llama 3.2's template asks `strftime_now` for today's date, as
+    // transformers provides it, instead of its fixed fallback.
+    let template = std::fs::read_to_string(site.join("llama3_2.jinja")).unwrap();
+    let user = [ember_llm::Message::new("user", "Hi")];
+    let text =
+        ember_llm::render_chat_with(&template, &user, true, (None, None), &Default::default())
+            .unwrap();
+    let today = chrono::Local::now().format("%d %b %Y").to_string();
+    assert!(text.contains(&format!("Today Date: {today}\n")), "{text}");
+}

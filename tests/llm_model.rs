@@ -270,6 +270,11 @@ fn hostile_model_files_are_errors() {
         .to_string();
     assert!(e.contains("fuel"), "{e}");
     assert!(t0.elapsed().as_secs_f64() < 30.0);
+    // A template's malformed `strftime_now` format is an error naming it, not a panic.
+    let e = ember_llm::render_chat("{{ strftime_now('%Q %') }}", &[], false, None, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`%Q %` is not a strftime format"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

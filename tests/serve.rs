@@ -208,6 +208,155 @@ fn openai_client_against_ember_serve() {
     std::fs::remove_dir_all(&adapter).ok();
 }
 
+/// The unmodified `lm_eval` CLI (lm-eval-harness 0.4.13, `local-completions` with the server's
+/// own tokenizer routes) on the tasks in `recipes/lm-eval/` gives the log-likelihoods, greedy
+/// flags, generations and metrics that lm-eval's own `hf` backend gives on the same weights
+/// (`tests/fixtures/llm/lm_eval_hf.json`, from `scripts/make_lm_eval_fixtures.py`).
+#[test]
+fn lm_eval_harness_matches_its_hf_backend() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let Some(lm_eval) = common::assets::cached("py/bin/lm_eval") else {
+        return;
+    };
+    let server = Server::start(&model, &[]);
+    tokenizer_routes(server.port);
+    let out = temp("lm-eval");
+    let url = format!("http://127.0.0.1:{}/v1/completions", server.port);
+    let o = Command::new(lm_eval)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .envs([("HF_DATASETS_OFFLINE", "1"), ("HF_HUB_OFFLINE", "1")])
+        .env("HF_HOME", out.join("hf"))
+        .args(["--model", "local-completions", "--model_args"])
+        .arg(format!(
+            "model=smol,base_url={url},tokenizer_backend=remote,num_concurrent=1,max_retries=1"
+        ))
+        .args(["--tasks", "ember_arith,ember_arith_gen"])
+        .args(["--include_path", "recipes/lm-eval", "--log_samples"])
+        .arg("--output_path")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "{}",
+        &err[err.len().saturating_sub(4000)..]
+    );
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/lm_eval_hf.json");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let logged = std::fs::read_dir(out.join("smol")).unwrap();
+    let files: Vec<PathBuf> = logged.map(|e| e.unwrap().path()).collect();
+    let mut worst = 0f64;
+    for task in ["ember_arith", "ember_arith_gen"] {
+        let want = &reference["tasks"][task];
+        let prefix = format!("samples_{task}_2");
+        let file = files
+            .iter()
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&prefix)
+            })
+            .unwrap();
+        let text = std::fs::read_to_string(file).unwrap();
+        let samples: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(samples.len(), 20, "{task}");
+        for s in &samples {
+            let doc = &want["docs"][s["doc_id"].to_string()];
+            let resps = s["resps"].as_array().unwrap();
+            if let Some(g) = doc.get("generation") {
+                assert_eq!(&resps[0][0], g, "{task} doc {}", s["doc_id"]);
+                continue;
+            }
+            for (i, r) in resps.iter().enumerate() {
+                // lm-eval logs each (log-likelihood, is_greedy) pair as strings.
+                let ll: f64 = r[0][0].as_str().unwrap().parse().unwrap();
+                worst = worst.max((ll - doc["loglikelihoods"][i].as_f64().unwrap()).abs());
+                let greedy = r[0][1].as_str() == Some("True");
+                assert_eq!(
+                    greedy, doc["greedy"][i],
+                    "{task} doc {} choice {i}",
+                    s["doc_id"]
+                );
+            }
+        }
+    }
+    // The same dequantized weights in float32: the sums differ by accumulation order only.
+    assert!(worst < 2e-3, "log-likelihoods differ by up to {worst}");
+    let results = files
+        .iter()
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("results_")
+        })
+        .unwrap();
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(results).unwrap()).unwrap();
+    for (task, metric) in [
+        ("ember_arith", "acc,none"),
+        ("ember_arith_gen", "exact_match,strip"),
+    ] {
+        assert_eq!(
+            got["results"][task][metric], reference["tasks"][task]["metrics"][metric],
+            "{task} {metric}"
+        );
+    }
+    eprintln!("lm-eval: log-likelihoods within {worst:.2e} of the hf backend");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// vLLM's tokenizer routes: what lm-eval's remote tokenizer reads, and clear 400s.
+fn tokenizer_routes(port: u16) {
+    let (status, body) = get(port, "/tokenizer_info");
+    assert_eq!(status, 200, "{body}");
+    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(info["eos_token"], "<|im_end|>");
+    assert!(
+        info["chat_template"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_start|>")
+    );
+    let (status, body) = post(port, "/tokenize", r#"{"prompt": "<|im_end|>Hello world"}"#);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["tokens"], serde_json::json!([2, 19556, 905]));
+    assert_eq!(v["count"], 3);
+    let (_, body) = post(port, "/detokenize", r#"{"tokens": [2, 19556, 905]}"#);
+    assert!(
+        body.contains(r#""prompt":"<|im_end|>Hello world""#),
+        "{body}"
+    );
+    let chat = r#"{"messages": [{"role": "user", "content": "Hi"}], "return_token_strs": true}"#;
+    let (_, body) = post(port, "/tokenize", chat);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["token_strs"][22], "user", "{body}");
+    for (path, bad, named) in [
+        ("/detokenize", r#"{"tokens": [1, 49152]}"#, "tokens[1]"),
+        ("/tokenize", r#"{}"#, "prompt"),
+        ("/tokenize", r#"{"prompt": "a", "messages": []}"#, "prompt"),
+        (
+            "/tokenize",
+            r#"{"messages": [{"role": "robot", "content": "x"}]}"#,
+            "messages[0].role",
+        ),
+        ("/tokenize", r#"{"prompt": "a", "extra": 1}"#, "extra"),
+    ] {
+        let (status, body) = post(port, path, bad);
+        assert_eq!(status, 400, "{path} {bad}: {body}");
+        assert!(body.contains(named), "{path} {bad}: {body}");
+    }
+}
+
 /// A full queue answers 429 with an OpenAI error body; the requests it took are answered.
 #[test]
 fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {

@@ -3,7 +3,8 @@
 
 use super::answer::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::api::{
-    ApiError, ChatRequest, CompletionRequest, LoadLora, Prompt, Stop, UnloadLora, UpdateWeights,
+    ApiError, ChatMessage, ChatRequest, CompletionRequest, LoadLora, Prompt, Stop, UnloadLora,
+    UpdateWeights,
 };
 use super::engine::Msg;
 use super::state::AppState;
@@ -33,6 +34,9 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/load_lora_adapter", post(load_lora))
         .route("/v1/unload_lora_adapter", post(unload_lora))
         .route("/update_weights_from_disk", post(update_weights))
+        .route("/tokenize", post(super::tokenize::tokenize))
+        .route("/detokenize", post(super::tokenize::detokenize))
+        .route("/tokenizer_info", get(super::tokenize::info))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
         })
@@ -58,7 +62,9 @@ async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
 
 /// The JSON body as `T`, or the error a client can act on (413 past the limit, 400 naming
 /// the JSON problem).
-fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+pub(crate) fn parse<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
     let bytes = body.map_err(|e| {
         let status = e.status();
         ApiError::new(
@@ -309,6 +315,28 @@ fn refuse_in_stream(options: &[(&str, bool)]) -> Result<(), ApiError> {
     }
 }
 
+/// A request's chat messages as the template takes them (`developer` read as `system`).
+pub(crate) fn chat_messages(list: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    if list.is_empty() {
+        return Err(ApiError::bad("messages", "messages must not be empty"));
+    }
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant") => r,
+            r => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!("role `{r}`: expected system, developer, user or assistant"),
+                ));
+            }
+        };
+        messages.push(Message::new(role, &m.text(i)?));
+    }
+    Ok(messages)
+}
+
 async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     chat_inner(&st, body)
         .await
@@ -340,23 +368,7 @@ async fn chat_inner(
             "only response_format {\"type\": \"text\"} is supported",
         ));
     }
-    if req.messages.is_empty() {
-        return Err(ApiError::bad("messages", "messages must not be empty"));
-    }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "developer" => "system",
-            r @ ("system" | "user" | "assistant") => r,
-            r => {
-                return Err(ApiError::bad(
-                    &format!("messages[{i}].role"),
-                    format!("role `{r}`: expected system, developer, user or assistant"),
-                ));
-            }
-        };
-        messages.push(Message::new(role, &m.text(i)?));
-    }
+    let messages = chat_messages(&req.messages)?;
     let tok = &st.tok;
     let text = tok
         .apply_chat_template_with(&messages, true, &req.chat_template_kwargs)

@@ -13,7 +13,9 @@
 //!   may load from;
 //! - `listen.rs`: the accept loop (a header-read timeout and a bound on open connections);
 //! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
-//!   log-likelihood tasks).
+//!   log-likelihood tasks);
+//! - `tokenize.rs`: vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info` (lm-eval-harness's
+//!   remote tokenizer).
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once.
@@ -27,6 +29,7 @@ pub mod http;
 mod listen;
 pub mod state;
 mod stream;
+mod tokenize;
 
 use anyhow::{Context, Result, bail};
 use engine::{Engine, Msg, Names};

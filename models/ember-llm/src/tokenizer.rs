@@ -273,6 +273,17 @@ impl Tokenizer {
             .to_vec())
     }
 
+    /// Encodes text with the tokenizer's own special tokens added (its post-processor: a BOS
+    /// for Llama's) when `add_special_tokens`, as transformers' `encode` does by default.
+    pub fn encode_with(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        Ok(self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tok_err)?
+            .get_ids()
+            .to_vec())
+    }
+
     /// Decodes ids to text, dropping special tokens when `skip_special`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.inner.decode(ids, skip_special).map_err(tok_err)
@@ -326,6 +337,23 @@ fn named_template(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
+/// transformers' `strftime_now(format)` for chat templates: the local time in a C `strftime`
+/// format; a malformed format is an error, not a panic.
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        let msg = format!("strftime_now: `{format}` is not a strftime format");
+        return Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            msg,
+        ));
+    }
+    Ok(chrono::Local::now()
+        .format_with_items(items.into_iter())
+        .to_string())
+}
+
 /// The most template instructions one rendering may run.
 const TEMPLATE_FUEL: u64 = 5_000_000;
 
@@ -368,6 +396,7 @@ pub fn render_chat_with(
             ))
         },
     );
+    env.add_function("strftime_now", strftime_now);
     env.add_template("chat", template)
         .map_err(|e| LlmError::Template(e.to_string()))?;
     let t = env

@@ -9,7 +9,11 @@ Hugging Face Hub write Parquet with), beside the same rows as JSONL.
   zstd (polars' default) compressed, in two row groups;
 - `hub/data/train-0000{0,1}-of-00002.parquet` and `hub/data/test-00000-of-00001.parquet`: the
   Hub's layout of a dataset's splits (the first 40 rows in two shards, then the rest as `test`);
-- `bad.parquet`: row 3 (1-based) has a null `solution`.
+- `bad.parquet`: row 3 (1-based) has a null `solution`;
+- `scored.jsonl`, `scored.parquet`: an offline dataset of scored responses (`prompt`,
+  `responses` as a list of `{response, reward, truncated}` structs, one reward null);
+- `pairs.jsonl`, `pairs.parquet`: an offline preference dataset (`prompt`, `chosen`, `rejected`,
+  `chosen_reward`).
 """
 
 import json
@@ -54,6 +58,24 @@ def main():
     bad = [dict(r) for r in rs[:5]]
     bad[2]["solution"] = None
     pq.write_table(pa.Table.from_pylist(bad), os.path.join(OUT, "bad.parquet"))
+    offline("scored", [
+        {"prompt": f"{a}+{a + 1}=", "responses": [
+            {"response": str(2 * a + 1), "reward": 1.0, "truncated": False},
+            {"response": str(2 * a), "reward": None if a == 12 else 0.0, "truncated": False},
+            {"response": "99999", "reward": 0.0, "truncated": True},
+        ]} for a in range(10, 14)
+    ])
+    offline("pairs", [
+        {"prompt": f"{a}+{a}=", "chosen": str(2 * a), "rejected": str(2 * a + 1),
+         "chosen_reward": 0.5 + a / 100} for a in range(20, 25)
+    ])
+
+
+def offline(name, rs):
+    with open(os.path.join(OUT, f"{name}.jsonl"), "w") as f:
+        for r in rs:
+            f.write(json.dumps(r) + "\n")
+    pq.write_table(pa.Table.from_pylist(rs), os.path.join(OUT, f"{name}.parquet"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-//! Offline datasets of scored responses (the `[offline]` table's `data`), read with `file:line`
-//! errors, grouped by prompt and tokenized for the policy; and the lines `ember rollouts` writes.
+//! Offline datasets of scored responses (the `[offline]` table's `data`: JSON lines, or Parquet
+//! files or Hub dataset directories whose rows have the same keys), read with `file:line` errors, grouped by prompt and tokenized for the policy; and the lines `ember rollouts` writes.
 //!
 //! One JSON object per line, in one of three shapes (extra keys such as `answer` are kept):
 //! - `{"prompt", "responses": [{"response", "reward", "truncated"?}, ...]}`: a prompt with
@@ -32,119 +32,27 @@ pub struct Group {
     pub pair: Option<(usize, usize)>,
 }
 
-/// The largest dataset read (bytes).
-const MAX_BYTES: u64 = 1 << 30;
-
-/// Reads a dataset: groups in order of first appearance.
+/// Reads a dataset (JSON lines, or Parquet: a `.parquet` file or a Hub dataset directory's
+/// `train` shards): groups in order of first appearance.
 pub fn load(path: &Path) -> Result<Vec<Group>> {
-    let len = std::fs::metadata(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .len();
-    if len > MAX_BYTES {
-        bail!("{}: {len} bytes, more than the 1 GiB limit", path.display());
-    }
-    let text = ember_train::io::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let rows = ember_tasks::task::records(path)?;
     let mut groups: Vec<Group> = Vec::new();
     let mut by_prompt: BTreeMap<String, usize> = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = || format!("{}:{}", path.display(), i + 1);
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| anyhow!("{}: not JSON: {e}", at()))?;
+    for (file, line, v) in rows {
+        let at = || format!("{}:{line}", file.display());
+        let v = v.map_err(|e| anyhow!("{}: {e}", at()))?;
         let obj = v
             .as_object()
             .ok_or_else(|| anyhow!("{}: a line must be a JSON object", at()))?;
-        let text_of = |k: &str| -> Result<String> {
-            match obj.get(k) {
-                Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                Some(_) => bail!("{}: \"{k}\" must be a string", at()),
-                None => bail!("{}: no \"{k}\"", at()),
-            }
-        };
-        let reward_of = |k: &str, default: Option<f32>| -> Result<Option<f32>> {
-            match obj.get(k) {
-                None => Ok(default),
-                Some(serde_json::Value::Null) => Ok(None),
-                Some(x) => match x.as_f64() {
-                    Some(r) if ember_engine::is_valid_reward(r) => Ok(Some(r as f32)),
-                    _ => bail!("{}: \"{k}\" must be a number within ±1e9 or null", at()),
-                },
-            }
-        };
-        let prompt = text_of("prompt")?;
-        if prompt.is_empty() {
-            bail!("{}: empty prompt", at());
+        let group = group_of(obj, &at)?;
+        if group.pair.is_none()
+            && let [single] = &group.responses[..]
+            && !obj.contains_key("responses")
+            && let Some(&g) = by_prompt.get(&group.prompt)
+        {
+            groups[g].responses.push(single.clone());
+            continue;
         }
-        let group = if let Some(rs) = obj.get("responses") {
-            let responses: Vec<Scored> = serde_json::from_value(rs.clone()).map_err(|e| {
-                anyhow!(
-                    "{}: \"responses\" must be a list of {{\"response\", \"reward\"}}: {e}",
-                    at()
-                )
-            })?;
-            if responses.is_empty() {
-                bail!("{}: \"responses\" is empty", at());
-            }
-            let beyond = |s: &Scored| {
-                s.reward
-                    .is_some_and(|r| !ember_engine::is_valid_reward(r.into()))
-            };
-            if let Some(k) = responses.iter().position(beyond) {
-                bail!(
-                    "{}: the \"reward\" of response {k} must be a number within ±1e9 or null",
-                    at()
-                );
-            }
-            Group {
-                prompt,
-                responses,
-                pair: None,
-            }
-        } else if obj.contains_key("chosen") || obj.contains_key("rejected") {
-            let scored = |t: String, r| Scored {
-                response: t,
-                reward: r,
-                truncated: false,
-            };
-            Group {
-                prompt,
-                responses: vec![
-                    scored(text_of("chosen")?, reward_of("chosen_reward", Some(1.0))?),
-                    scored(
-                        text_of("rejected")?,
-                        reward_of("rejected_reward", Some(0.0))?,
-                    ),
-                ],
-                pair: Some((0, 1)),
-            }
-        } else if obj.contains_key("response") {
-            let s = Scored {
-                response: text_of("response")?,
-                reward: reward_of("reward", None)?,
-                truncated: obj
-                    .get("truncated")
-                    .and_then(|t| t.as_bool())
-                    .unwrap_or(false),
-            };
-            if let Some(&g) = by_prompt.get(&prompt) {
-                groups[g].responses.push(s);
-                continue;
-            }
-            Group {
-                prompt,
-                responses: vec![s],
-                pair: None,
-            }
-        } else {
-            bail!(
-                "{}: a line needs \"responses\", \"response\" + \"reward\", or \"chosen\" + \
-                 \"rejected\"",
-                at()
-            );
-        };
         if group.pair.is_none() {
             by_prompt.insert(group.prompt.clone(), groups.len());
         }
@@ -154,6 +62,97 @@ pub fn load(path: &Path) -> Result<Vec<Group>> {
         bail!("{}: no data", path.display());
     }
     Ok(groups)
+}
+
+/// One line in one of the three shapes (see the module documentation) as a group.
+fn group_of(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    at: &dyn Fn() -> String,
+) -> Result<Group> {
+    let text_of = |k: &str| -> Result<String> {
+        match obj.get(k) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(_) => bail!("{}: \"{k}\" must be a string", at()),
+            None => bail!("{}: no \"{k}\"", at()),
+        }
+    };
+    let reward_of = |k: &str, default: Option<f32>| -> Result<Option<f32>> {
+        match obj.get(k) {
+            None => Ok(default),
+            Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => match x.as_f64() {
+                Some(r) if ember_engine::is_valid_reward(r) => Ok(Some(r as f32)),
+                _ => bail!("{}: \"{k}\" must be a number within ±1e9 or null", at()),
+            },
+        }
+    };
+    let prompt = text_of("prompt")?;
+    if prompt.is_empty() {
+        bail!("{}: empty prompt", at());
+    }
+    let scored = |response, reward, truncated| Scored {
+        response,
+        reward,
+        truncated,
+    };
+    let (responses, pair) = if let Some(rs) = obj.get("responses") {
+        (responses_of(rs, at)?, None)
+    } else if obj.contains_key("chosen") || obj.contains_key("rejected") {
+        let chosen = scored(
+            text_of("chosen")?,
+            reward_of("chosen_reward", Some(1.0))?,
+            false,
+        );
+        let rejected = scored(
+            text_of("rejected")?,
+            reward_of("rejected_reward", Some(0.0))?,
+            false,
+        );
+        (vec![chosen, rejected], Some((0, 1)))
+    } else if obj.contains_key("response") {
+        let truncated = obj.get("truncated").and_then(|t| t.as_bool());
+        let one = scored(
+            text_of("response")?,
+            reward_of("reward", None)?,
+            truncated.unwrap_or(false),
+        );
+        (vec![one], None)
+    } else {
+        bail!(
+            "{}: a line needs \"responses\", \"response\" + \"reward\", or \"chosen\" + \
+             \"rejected\"",
+            at()
+        );
+    };
+    Ok(Group {
+        prompt,
+        responses,
+        pair,
+    })
+}
+
+/// A `responses` list: scored responses, at least one, each reward within ±1e9 or null.
+fn responses_of(rs: &serde_json::Value, at: &dyn Fn() -> String) -> Result<Vec<Scored>> {
+    let responses: Vec<Scored> = serde_json::from_value(rs.clone()).map_err(|e| {
+        anyhow!(
+            "{}: \"responses\" must be a list of {{\"response\", \"reward\"}}: {e}",
+            at()
+        )
+    })?;
+    if responses.is_empty() {
+        bail!("{}: \"responses\" is empty", at());
+    }
+    let beyond = |s: &Scored| {
+        s.reward
+            .is_some_and(|r| !ember_engine::is_valid_reward(r.into()))
+    };
+    if let Some(k) = responses.iter().position(beyond) {
+        bail!(
+            "{}: the \"reward\" of response {k} must be a number within ±1e9 or null",
+            at()
+        );
+    }
+    Ok(responses)
 }
 
 /// A group as token ids.
@@ -435,5 +434,27 @@ mod tests {
         std::fs::write(&p, "\n").unwrap();
         assert!(format!("{:#}", load(&p).unwrap_err()).contains("no data"));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Parquet files written by pyarrow (`scripts/make_parquet_fixtures.py`) read as the same
+    /// rows as JSONL do: a `responses` list of structs, a null reward, preference pairs.
+    #[test]
+    fn parquet_reads_as_jsonl_does() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data");
+        for name in ["scored", "pairs"] {
+            let lines = load(&data.join(format!("{name}.jsonl"))).unwrap();
+            let rows = load(&data.join(format!("{name}.parquet"))).unwrap();
+            assert_eq!(rows, lines, "{name}");
+        }
+        let scored = load(&data.join("scored.parquet")).unwrap();
+        assert_eq!(scored.len(), 4);
+        assert_eq!(scored[2].responses[1].reward, None);
+        assert!(scored[0].responses[2].truncated);
+        let pairs = load(&data.join("pairs.parquet")).unwrap();
+        assert_eq!(pairs[0].pair, Some((0, 1)));
+        assert_eq!(pairs[0].responses[0].reward, Some(0.7));
+        // A Parquet file without the keys is named by file and row.
+        let e = format!("{:#}", load(&data.join("chat-snappy.parquet")).unwrap_err());
+        assert!(e.contains("chat-snappy.parquet:1: no \"prompt\""), "{e}");
     }
 }

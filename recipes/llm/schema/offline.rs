@@ -176,7 +176,8 @@ impl Objective {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OfflineSpec {
-    /// The dataset (JSONL; `~` and `$VAR` expand): one prompt per line with `"responses":
+    /// The dataset (JSONL, or Parquet: a `.parquet` file or a Hub dataset directory whose rows
+    /// have the same keys; `~` and `$VAR` expand): one prompt per line with `"responses":
     /// [{"response", "reward"}, ...]`, or `"response"` + `"reward"` (lines of one prompt are
     /// grouped), or `"chosen"` + `"rejected"` (optionally `"chosen_reward"`,
     /// `"rejected_reward"`).

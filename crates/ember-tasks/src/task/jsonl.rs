@@ -145,10 +145,48 @@ pub(super) fn regular_file(path: &Path) -> std::io::Result<std::fs::Metadata> {
     Ok(meta)
 }
 
-/// The text of `path` when it is a regular file ([`regular_file`]).
+/// The largest JSON-lines file read (bytes), as for a Parquet file.
+const MAX_BYTES: u64 = 1 << 30;
+
+/// The text of `path` when it is a regular file ([`regular_file`]) of at most 1 GiB.
 fn read_regular(path: &Path) -> std::io::Result<String> {
-    regular_file(path)?;
+    let len = regular_file(path)?.len();
+    if len > MAX_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{len} bytes, more than the 1 GiB limit"),
+        ));
+    }
     std::fs::read_to_string(path)
+}
+
+/// One row of a dataset: its file, its 1-based line (or row) number, and the JSON value (or
+/// why the line is not JSON).
+pub type Record = (PathBuf, usize, Result<serde_json::Value, String>);
+
+/// The rows of a dataset: a JSON-lines file (blank lines skipped), or Parquet (a `.parquet`
+/// file, or a Hub dataset directory's `train` shards), each Parquet row read as the JSON
+/// object its line would be.
+pub fn records(path: &Path) -> Result<Vec<Record>, DataError> {
+    if super::parquet::is_parquet(path) {
+        return Ok(super::parquet::rows(path)?
+            .into_iter()
+            .map(|(p, i, v)| (p, i, Ok(v)))
+            .collect());
+    }
+    let text = read_regular(path).map_err(|source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            let v = serde_json::from_str(l).map_err(|e| format!("not JSON: {e}"));
+            (path.to_path_buf(), i + 1, v)
+        })
+        .collect())
 }
 
 /// One line (or row) as an example: the prompt and answer under `keys`, every other key an
@@ -227,26 +265,7 @@ impl JsonlData {
     /// Reads `path` (JSON lines, or Parquet: a `.parquet` file or a Hub dataset directory),
     /// the prompt and answer under `keys`.
     pub fn load_with(path: &Path, keys: &JsonlKeys) -> Result<Self, DataError> {
-        type Rows = Vec<(PathBuf, usize, Result<serde_json::Value, String>)>;
-        let rows: Rows = if super::parquet::is_parquet(path) {
-            super::parquet::rows(path)?
-                .into_iter()
-                .map(|(p, i, v)| (p, i, Ok(v)))
-                .collect()
-        } else {
-            let text = read_regular(path).map_err(|source| DataError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            text.lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-                .map(|(i, l)| {
-                    let v = serde_json::from_str(l).map_err(|e| format!("not JSON: {e}"));
-                    (path.to_path_buf(), i + 1, v)
-                })
-                .collect()
-        };
+        let rows = records(path)?;
         let (mut train, mut held_out) = (Vec::new(), Vec::new());
         for (file, line, v) in rows {
             let at = |reason: String| DataError::Line {

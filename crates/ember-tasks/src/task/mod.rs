@@ -5,7 +5,7 @@
 mod jsonl;
 mod parquet;
 
-pub use jsonl::{DataError, JsonlData, JsonlKeys};
+pub use jsonl::{DataError, JsonlData, JsonlKeys, Record, records};
 
 use crate::reward::Check;
 use serde::{Deserialize, Serialize};

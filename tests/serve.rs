@@ -357,6 +357,100 @@ fn tokenizer_routes(port: u16) {
     }
 }
 
+/// `[reward.judge]` against a served SmolLM2: each completion's reward is the judge's
+/// P(" yes") / (P(" yes") + P(" no")) after the judge prompt, as computed here from the
+/// server's own echoed log-probs; the judge's time and memory hits are logged; a model the endpoint does not serve and a missing key variable are
+/// named.
+#[test]
+fn judge_reward_asks_a_served_model() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let server = Server::start(&model, &[]);
+    let template = "Question: {prompt}\\nProposed answer: {completion}\\nIs it correct? \
+                    Answer yes or no.\\nAnswer:";
+    let judge = |model: &str, extra: &str| {
+        format!(
+            "reward.judge={{base_url=\"http://127.0.0.1:{}/v1\", model=\"{model}\", \
+             verdict=\"yes_no\", template=\"{template}\"{extra}}}",
+            server.port
+        )
+    };
+    let out = temp("judge");
+    let sets = [
+        judge("smol", ""),
+        "reward.correct=0".into(),
+        "reward.format=0".into(),
+        "rollout.prompts_per_step=2".into(),
+        "rollout.samples_per_prompt=4".into(),
+        "train.steps=2".into(),
+        "train.log_samples=8".into(),
+    ];
+    let o = tiny_train(&out, &sets);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = metric_rows(&out);
+    let steps: Vec<_> = rows
+        .iter()
+        .filter(|r| r.get("reward/judge_mean").is_some())
+        .collect();
+    assert_eq!(steps.len(), 2);
+    for r in steps {
+        let mean = r["reward/judge_mean"].as_f64().unwrap();
+        assert!(mean > 0.0 && mean < 1.0, "{r}");
+        assert!(r["timing_s/judge"].as_f64().unwrap() > 0.0);
+        assert!(r["judge/cache_hits"].as_f64().unwrap() >= 0.0);
+    }
+    let samples = std::fs::read_to_string(out.join("samples.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(samples.lines().next().unwrap()).unwrap();
+    let asked = template
+        .replace("\\n", "\n")
+        .replace("{prompt}", first["prompt"].as_str().unwrap())
+        .replace("{completion}", first["completion"].as_str().unwrap());
+    let last_lp = |word: &str| {
+        let body = serde_json::json!({"model": "smol", "prompt": format!("{asked}{word}"),
+            "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0});
+        let (status, text) = post(server.port, "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let lps = v["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            v["choices"][0]["logprobs"]["tokens"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap(),
+            word
+        );
+        lps.last().unwrap().as_f64().unwrap()
+    };
+    let want = 1.0 / (1.0 + (last_lp(" no") - last_lp(" yes")).exp());
+    let got = first["reward"].as_f64().unwrap();
+    assert!((got - want).abs() < 1e-3, "reward {got}, P(yes) {want}");
+    // A model the endpoint does not serve, and a key variable that is not set.
+    let o = tiny_train(&out, &[judge("nope", ""), "train.steps=1".into()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("`nope` does not exist"),
+        "{err}"
+    );
+    let o = tiny_train(
+        &out,
+        &[
+            judge("smol", ", api_key_env=\"EMBER_NO_SUCH_KEY\""),
+            "train.steps=1".into(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("$EMBER_NO_SUCH_KEY is not set"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
 /// A full queue answers 429 with an OpenAI error body; the requests it took are answered.
 #[test]
 fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {

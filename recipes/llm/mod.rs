@@ -6,6 +6,7 @@
 pub mod adaptive;
 pub mod critic;
 pub mod jobs;
+pub mod judge;
 pub mod plop;
 pub mod remote;
 pub mod replay;

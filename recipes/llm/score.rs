@@ -1,6 +1,7 @@
 //! Rewards of a step's completions: the recipe's weighted terms (verifiable, format, external
 //! program, Python functions) with their metrics, and the rows shown in `samples.jsonl`.
 
+use crate::llm::judge::{Item as JudgeItem, Judge};
 use crate::llm::schema::RewardSpec;
 use anyhow::{Result, bail};
 use ember_engine::REWARD_LIMIT;
@@ -93,6 +94,7 @@ pub struct Scorer<'a> {
     spec: &'a RewardSpec,
     external: Option<ExternalReward>,
     python: Option<ExternalReward>,
+    judge: Option<Judge>,
     /// The run's steps and the epochs one step covers (TRL's `trainer_state`), when training.
     schedule: Option<(usize, f64)>,
 }
@@ -127,6 +129,7 @@ impl<'a> Scorer<'a> {
                 Some(p) => Some(ExternalReward::spawn_python(p)?),
                 None => None,
             },
+            judge: spec.judge.as_ref().map(Judge::new).transpose()?,
             schedule: None,
         })
     }
@@ -231,8 +234,40 @@ impl<'a> Scorer<'a> {
                 *r += weight * x;
             }
         }
+        if let (Some(judge), Some(spec)) = (self.judge.as_mut(), self.spec.judge.as_ref()) {
+            add_judged(judge, spec.weight, &items, &mut rewards, row)?;
+        }
         Ok(rewards)
     }
+}
+
+/// The judge's verdicts, weighted, into `rewards`; its mean, memory hits and time into `row`.
+fn add_judged(
+    judge: &mut Judge,
+    weight: f32,
+    items: &[RewardItem],
+    rewards: &mut [f32],
+    row: &mut BTreeMap<String, f64>,
+) -> Result<()> {
+    let t = std::time::Instant::now();
+    let asked: Vec<JudgeItem> = items
+        .iter()
+        .map(|it| JudgeItem {
+            prompt: it.prompt,
+            completion: it.completion,
+            answer: it.answer,
+        })
+        .collect();
+    let (verdicts, hits) = judge.judge(&asked)?;
+    row.insert("reward/judge_mean".into(), valid_mean(&verdicts).0);
+    row.insert("judge/cache_hits".into(), hits as f64);
+    row.insert("timing_s/judge".into(), t.elapsed().as_secs_f64());
+    if weight != 0.0 {
+        for (r, x) in rewards.iter_mut().zip(verdicts) {
+            *r += weight * x;
+        }
+    }
+    Ok(())
 }
 
 /// One scored response as a dataset line holds it (`ember rollouts` writes them, the offline

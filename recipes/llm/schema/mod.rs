@@ -43,6 +43,9 @@ pub struct RewardSpec {
     /// `reward/<function>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<PythonSpec>,
+    /// A judge model behind an OpenAI-compatible endpoint (logged as `reward/judge_mean`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<crate::llm::judge::JudgeSpec>,
 }
 
 impl Default for RewardSpec {
@@ -53,6 +56,7 @@ impl Default for RewardSpec {
             overlong: None,
             external: None,
             python: None,
+            judge: None,
         }
     }
 }
@@ -268,16 +272,21 @@ impl Recipe {
             || w.format != 0.0
             || w.overlong.is_some()
             || w.external.as_ref().is_some_and(|x| x.weight != 0.0)
-            || w.python.is_some();
+            || w.python.is_some()
+            || w.judge.as_ref().is_some_and(|j| j.weight != 0.0);
         if !any {
             bail!(
                 "[reward]: every term has weight 0 (reward.correct, reward.format, no overlong \
-                 penalty, external or Python reward), so every reward is 0 and nothing trains"
+                 penalty, external, Python or judge reward), so every reward is 0 and nothing \
+                 trains"
             );
         }
         if let Some(x) = &self.reward.external {
             check_range("reward.external.weight", x.weight.into(), -1e9, 1e9)?;
             check_range("reward.external.timeout_s", x.timeout_s, 1e-3, 1e6)?;
+        }
+        if let Some(j) = &self.reward.judge {
+            j.validate()?;
         }
         if let Some(p) = &self.reward.python {
             check_range("reward.python.timeout_s", p.timeout_s, 1e-3, 1e6)?;

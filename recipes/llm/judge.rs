@@ -1,0 +1,358 @@
+//! A judge reward (`[reward.judge]`): another model, behind an OpenAI-compatible completions
+//! endpoint (`ember serve`, vLLM, SGLang), reads each completion through a prompt template and
+//! gives a verdict — the probability it puts on "yes" against "no" (log-probs through `echo`),
+//! or a score it writes. One request per step for all completions (in chunks), identical
+//! judge prompts asked once per run, the judge's time logged apart (`timing_s/judge`).
+
+use super::remote::call;
+use crate::common::config::check_range;
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How the judge's answer becomes a reward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// P(yes) / (P(yes) + P(no)) of the words after the judge prompt, from the endpoint's
+    /// echoed log-probs: in [0, 1].
+    YesNo,
+    /// The first number of the judge's greedy answer over `max_score`, clamped to [0, 1]; an
+    /// answer without a number is an invalid reward (masked and counted).
+    Score,
+}
+
+/// `[reward.judge]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeSpec {
+    /// The endpoint (`http://host:port`, with or without `/v1`).
+    pub base_url: String,
+    /// The judge model's name on the endpoint.
+    pub model: String,
+    /// The judge prompt; `{prompt}`, `{completion}` and `{answer}` are replaced.
+    pub template: String,
+    /// `yes_no` or `score`.
+    pub verdict: Verdict,
+    /// The weight of the judge's reward in the sum.
+    #[serde(default = "crate::common::config::defaults::one_f32")]
+    pub weight: f32,
+    /// The words whose probabilities `yes_no` compares, as they follow the prompt.
+    #[serde(default = "yes")]
+    pub yes: String,
+    /// The word `yes` is weighed against.
+    #[serde(default = "no")]
+    pub no: String,
+    /// `score`: the score that reads as 1.
+    #[serde(default = "ten")]
+    pub max_score: f64,
+    /// `score`: the judge's answer length in tokens.
+    #[serde(default = "sixteen")]
+    pub max_tokens: usize,
+    /// The environment variable holding the endpoint's API key, if it asks for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Seconds per request.
+    #[serde(default = "two_minutes")]
+    pub request_timeout_s: f64,
+    /// Retries of a failed request (backoff 1, 2, 4 … s).
+    #[serde(default = "three")]
+    pub request_retries: u32,
+}
+
+fn yes() -> String {
+    " yes".into()
+}
+fn no() -> String {
+    " no".into()
+}
+fn ten() -> f64 {
+    10.0
+}
+fn sixteen() -> usize {
+    16
+}
+fn two_minutes() -> f64 {
+    120.0
+}
+fn three() -> u32 {
+    3
+}
+
+impl JudgeSpec {
+    /// The values a run can use: a template with `{completion}`, distinct non-empty words,
+    /// bounded sizes.
+    pub fn validate(&self) -> Result<()> {
+        check_range("reward.judge.weight", self.weight.into(), -1e9, 1e9)?;
+        check_range("reward.judge.max_score", self.max_score, 1e-9, 1e12)?;
+        check_range(
+            "reward.judge.request_timeout_s",
+            self.request_timeout_s,
+            1e-3,
+            1e6,
+        )?;
+        if !self.template.contains("{completion}") {
+            bail!("reward.judge.template has no {{completion}}: the judge would not see it");
+        }
+        if self.yes.is_empty() || self.no.is_empty() || self.yes == self.no {
+            bail!("reward.judge.yes and reward.judge.no must be two different non-empty words");
+        }
+        if !(1..=4096).contains(&self.max_tokens) {
+            bail!("reward.judge.max_tokens must be within 1..=4096");
+        }
+        if self.request_retries > 10 {
+            bail!("reward.judge.request_retries must be at most 10");
+        }
+        if !self.base_url.starts_with("http://") && !self.base_url.starts_with("https://") {
+            bail!("reward.judge.base_url must start with http:// or https://");
+        }
+        Ok(())
+    }
+}
+
+/// What a judge prompt is filled with.
+pub struct Item<'a> {
+    pub prompt: &'a str,
+    pub completion: &'a str,
+    pub answer: &'a str,
+}
+
+/// The most judge prompts one request carries (two rows each for `yes_no`).
+const CHUNK: usize = 32;
+/// The most verdicts remembered; past it the memory starts again.
+const CACHE: usize = 1 << 16;
+
+/// A connected judge.
+pub struct Judge {
+    spec: JudgeSpec,
+    url: String,
+    agent: ureq::Agent,
+    key: Option<String>,
+    cache: HashMap<String, f32>,
+}
+
+impl Judge {
+    pub fn new(spec: &JudgeSpec) -> Result<Self> {
+        let key = match &spec.api_key_env {
+            Some(var) => Some(
+                std::env::var(var)
+                    .map_err(|_| anyhow::anyhow!("reward.judge.api_key_env: ${var} is not set"))?,
+            ),
+            None => None,
+        };
+        let base = spec.base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs_f64(spec.request_timeout_s)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Ok(Self {
+            spec: spec.clone(),
+            url: format!("{base}/v1/completions"),
+            agent,
+            key,
+            cache: HashMap::new(),
+        })
+    }
+
+    /// The judge prompt of an item.
+    pub fn render(&self, it: &Item) -> String {
+        self.spec
+            .template
+            .replace("{prompt}", it.prompt)
+            .replace("{answer}", it.answer)
+            .replace("{completion}", it.completion)
+    }
+
+    /// The verdicts of `items` (NaN where the judge gave none), and how many came from the
+    /// memory of earlier requests.
+    pub fn judge(&mut self, items: &[Item]) -> Result<(Vec<f32>, usize)> {
+        let prompts: Vec<String> = items.iter().map(|it| self.render(it)).collect();
+        let mut asked: Vec<String> = Vec::new();
+        for p in &prompts {
+            if !self.cache.contains_key(p) && !asked.contains(p) {
+                asked.push(p.clone());
+            }
+        }
+        let hits = prompts.len() - asked.len();
+        if self.cache.len() + asked.len() > CACHE {
+            self.cache.clear();
+        }
+        for chunk in asked.chunks(CHUNK) {
+            let verdicts = match self.spec.verdict {
+                Verdict::YesNo => self.yes_no(chunk)?,
+                Verdict::Score => self.score(chunk)?,
+            };
+            self.cache.extend(chunk.iter().cloned().zip(verdicts));
+        }
+        let out = prompts.iter().map(|p| self.cache[p]).collect();
+        Ok((out, hits))
+    }
+
+    fn post(&self, body: &Value) -> Result<Value> {
+        call(
+            &self.agent,
+            &self.url,
+            Some(body),
+            self.key.as_deref(),
+            self.spec.request_retries,
+        )
+    }
+
+    /// P(yes) against P(no) for each prompt: each prompt with either word scored by `echo`.
+    fn yes_no(&self, prompts: &[String]) -> Result<Vec<f32>> {
+        let (yes, no) = (&self.spec.yes, &self.spec.no);
+        let rows: Vec<String> = prompts
+            .iter()
+            .flat_map(|p| [format!("{p}{yes}"), format!("{p}{no}")])
+            .collect();
+        let body = json!({"model": self.spec.model, "prompt": rows, "max_tokens": 0,
+                          "echo": true, "logprobs": 1, "temperature": 0});
+        let v = self.post(&body)?;
+        let choices = choices(&v, rows.len())?;
+        let mut out = Vec::with_capacity(prompts.len());
+        for pair in choices.chunks(2) {
+            let lp_yes = word_log_prob(pair[0], yes)?;
+            let lp_no = word_log_prob(pair[1], no)?;
+            out.push(yes_probability(lp_yes, lp_no));
+        }
+        Ok(out)
+    }
+
+    /// The judge's greedy answers, read as scores.
+    fn score(&self, prompts: &[String]) -> Result<Vec<f32>> {
+        let body = json!({"model": self.spec.model, "prompt": prompts,
+                          "max_tokens": self.spec.max_tokens, "temperature": 0});
+        let v = self.post(&body)?;
+        let choices = choices(&v, prompts.len())?;
+        Ok(choices
+            .iter()
+            .map(|c| {
+                let text = c["text"].as_str().unwrap_or("");
+                first_number(text).map_or(f32::NAN, |x| {
+                    (x / self.spec.max_score).clamp(0.0, 1.0) as f32
+                })
+            })
+            .collect())
+    }
+}
+
+/// The `n` choices of a completions answer, in index order.
+fn choices(v: &Value, n: usize) -> Result<Vec<&Value>> {
+    let list = v["choices"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let mut out: Vec<Option<&Value>> = vec![None; n];
+    for c in list {
+        match c["index"].as_u64().and_then(|i| out.get_mut(i as usize)) {
+            Some(slot) => *slot = Some(c),
+            None => bail!(
+                "the judge answered a choice with a bad index: {}",
+                c["index"]
+            ),
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, c)| c.ok_or_else(|| anyhow::anyhow!("the judge's answer has no choice {i}")))
+        .collect()
+}
+
+/// The log-probability of `word` at the end of an echoed prompt: the sum over the trailing
+/// tokens whose text makes up the word (token boundaries, not offsets, so servers that count
+/// offsets in bytes or characters agree).
+fn word_log_prob(choice: &Value, word: &str) -> Result<f64> {
+    let lp = &choice["logprobs"];
+    let (Some(tokens), Some(lps)) = (lp["tokens"].as_array(), lp["token_logprobs"].as_array())
+    else {
+        bail!("the judge's answer has no echoed log-probs (does the endpoint support echo?)");
+    };
+    let mut tail = String::new();
+    let mut sum = 0.0;
+    for (t, x) in tokens.iter().zip(lps).rev() {
+        let (Some(t), Some(x)) = (t.as_str(), x.as_f64()) else {
+            break;
+        };
+        tail.insert_str(0, t);
+        sum += x;
+        if tail == word {
+            return Ok(sum);
+        }
+        if tail.len() >= word.len() {
+            break;
+        }
+    }
+    bail!(
+        "the judge's tokens do not end with {word:?} on a token boundary (its tokenizer merged it \
+         with the prompt's end: end reward.judge.template with a space-free boundary)"
+    )
+}
+
+/// P(yes) / (P(yes) + P(no)) from the two log-probabilities: the logistic of their difference.
+pub fn yes_probability(lp_yes: f64, lp_no: f64) -> f32 {
+    (1.0 / (1.0 + (lp_no - lp_yes).exp())) as f32
+}
+
+/// The first decimal number of `text` (a sign, digits, an optional fraction).
+pub fn first_number(text: &str) -> Option<f64> {
+    let b = text.as_bytes();
+    let start = b.iter().position(u8::is_ascii_digit)?;
+    let mut end = start;
+    while end < b.len() && (b[end].is_ascii_digit() || b[end] == b'.') {
+        end += 1;
+    }
+    let neg = start > 0 && b[start - 1] == b'-';
+    let x: f64 = text[start..end].trim_end_matches('.').parse().ok()?;
+    Some(if neg { -x } else { x })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-worked: log-probs −0.5 and −2.0 give 1 / (1 + e^−1.5) = 0.817574.
+    #[test]
+    fn verdicts_by_hand() {
+        assert!((yes_probability(-0.5, -2.0) - 0.817_574).abs() < 1e-6);
+        assert!((yes_probability(-3.0, -3.0) - 0.5).abs() < 1e-7);
+        assert_eq!(first_number("Score: 7/10"), Some(7.0));
+        assert_eq!(first_number(" 8.5."), Some(8.5));
+        assert_eq!(first_number("-3 points"), Some(-3.0));
+        assert_eq!(first_number("no digits"), None);
+        let echoed = json!({"logprobs": {"tokens": ["Q", ":", " y", "es"],
+                                         "token_logprobs": [null, -1.0, -0.25, -0.5]}});
+        assert!((word_log_prob(&echoed, " yes").unwrap() + 0.75).abs() < 1e-12);
+        let e = word_log_prob(&echoed, " no").unwrap_err().to_string();
+        assert!(e.contains("token boundary"), "{e}");
+    }
+
+    /// Judge prompts asked before (or twice in one batch) are not asked again: with every
+    /// rendered prompt remembered, judging needs no endpoint (this one does not exist).
+    #[test]
+    fn identical_judge_prompts_are_asked_once() {
+        let spec: JudgeSpec = toml::from_str(
+            r#"base_url = "http://127.0.0.1:9"
+               model = "m"
+               verdict = "yes_no"
+               template = "Q {prompt} A {completion} ({answer})?"
+               request_retries = 0"#,
+        )
+        .unwrap();
+        spec.validate().unwrap();
+        let mut judge = Judge::new(&spec).unwrap();
+        let item = |completion| Item {
+            prompt: "1+1",
+            completion,
+            answer: "2",
+        };
+        let items = [item("2"), item("3"), item("2")];
+        assert_eq!(judge.render(&items[1]), "Q 1+1 A 3 (2)?");
+        judge.cache.insert(judge.render(&items[0]), 0.75);
+        judge.cache.insert(judge.render(&items[1]), 0.25);
+        let (verdicts, hits) = judge.judge(&items).unwrap();
+        assert_eq!((verdicts, hits), (vec![0.75, 0.25, 0.75], 3));
+        let e = judge.judge(&[item("4")]).unwrap_err().to_string();
+        assert!(e.contains("127.0.0.1:9/v1/completions"), "{e}");
+    }
+}

@@ -429,6 +429,32 @@ fn judge_reward_asks_a_served_model() {
     let want = 1.0 / (1.0 + (last_lp(" no") - last_lp(" yes")).exp());
     let got = first["reward"].as_f64().unwrap();
     assert!((got - want).abs() < 1e-3, "reward {got}, P(yes) {want}");
+    // The same judge loaded in process (the GGUF file) gives the same rewards: the same seed
+    // samples the same completions.
+    let local = temp("judge-local");
+    let mut in_process = sets.clone();
+    in_process[0] = format!(
+        "reward.judge={{path=\"{}\", verdict=\"yes_no\", template=\"{template}\"}}",
+        model.display()
+    );
+    let o = tiny_train(&local, &in_process);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rewards = |dir: &Path| -> Vec<f64> {
+        let text = std::fs::read_to_string(dir.join("samples.jsonl")).unwrap();
+        let lines = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap());
+        lines.map(|v| v["reward"].as_f64().unwrap()).collect()
+    };
+    let (a, b) = (rewards(&out), rewards(&local));
+    assert_eq!(a.len(), b.len());
+    let gap = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(gap < 1e-3, "endpoint {a:?}, in process {b:?}");
+    std::fs::remove_dir_all(&local).ok();
     // A model the endpoint does not serve, and a key variable that is not set.
     let o = tiny_train(&out, &[judge("nope", ""), "train.steps=1".into()]);
     let err = String::from_utf8_lossy(&o.stderr);

@@ -6,7 +6,9 @@
 
 use super::remote::call;
 use crate::common::config::check_range;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
+use ember_llm::SamplingConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -28,10 +30,16 @@ pub enum Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JudgeSpec {
-    /// The endpoint (`http://host:port`, with or without `/v1`).
-    pub base_url: String,
+    /// The endpoint (`http://host:port`, with or without `/v1`); or give `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
     /// The judge model's name on the endpoint.
-    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// A judge loaded in process instead, frozen, on the run's device: a Hugging Face
+    /// directory or a GGUF file (`~` and `$VAR` expand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// The judge prompt; `{prompt}`, `{completion}` and `{answer}` are replaced.
     pub template: String,
     /// `yes_no` or `score`.
@@ -105,8 +113,18 @@ impl JudgeSpec {
         if self.request_retries > 10 {
             bail!("reward.judge.request_retries must be at most 10");
         }
-        if !self.base_url.starts_with("http://") && !self.base_url.starts_with("https://") {
-            bail!("reward.judge.base_url must start with http:// or https://");
+        match (&self.base_url, &self.model, &self.path) {
+            (Some(url), Some(_), None) => {
+                if !url.starts_with("http://") && !url.starts_with("https://") {
+                    bail!("reward.judge.base_url must start with http:// or https://");
+                }
+            }
+            (Some(_), None, None) => bail!("reward.judge.model: name the model on the endpoint"),
+            (None, None, Some(_)) => {}
+            (None, Some(_), Some(_)) => {
+                bail!("reward.judge.model names a model on an endpoint: give base_url, or drop it")
+            }
+            _ => bail!("reward.judge: give base_url (an endpoint) or path (a model in process)"),
         }
         Ok(())
     }
@@ -124,36 +142,56 @@ const CHUNK: usize = 32;
 /// The most verdicts remembered; past it the memory starts again.
 const CACHE: usize = 1 << 16;
 
-/// A connected judge.
+/// Where the verdicts come from.
+enum Backend {
+    /// An OpenAI-compatible endpoint's `/v1/completions`.
+    Endpoint {
+        url: String,
+        model: String,
+        agent: ureq::Agent,
+        key: Option<String>,
+    },
+    /// A frozen model in process.
+    Local(Box<Local>),
+}
+
+/// A judge model loaded in process.
+struct Local {
+    model: ember_llm::Llama,
+    tok: ember_llm::Tokenizer,
+    eos: Vec<u32>,
+    device: Device,
+}
+
+/// A connected (or loaded) judge.
 pub struct Judge {
     spec: JudgeSpec,
-    url: String,
-    agent: ureq::Agent,
-    key: Option<String>,
+    backend: Backend,
     cache: HashMap<String, f32>,
 }
 
 impl Judge {
-    pub fn new(spec: &JudgeSpec) -> Result<Self> {
-        let key = match &spec.api_key_env {
-            Some(var) => Some(
-                std::env::var(var)
-                    .map_err(|_| anyhow::anyhow!("reward.judge.api_key_env: ${var} is not set"))?,
-            ),
-            None => None,
+    /// The judge of a validated spec: its endpoint, or its model loaded on `device`.
+    pub fn new(spec: &JudgeSpec, device: &Device) -> Result<Self> {
+        let backend = match (&spec.base_url, &spec.model, &spec.path) {
+            (Some(url), Some(model), _) => endpoint(spec, url, model)?,
+            (_, _, Some(path)) => {
+                let path = ember_tasks::expand_path(path)?;
+                let what = || format!("reward.judge.path {}", path.display());
+                let loaded = ember_llm::load(&path, device).with_context(what)?;
+                let tok = ember_llm::Tokenizer::for_checkpoint(&path).with_context(what)?;
+                Backend::Local(Box::new(Local {
+                    model: loaded.model,
+                    eos: loaded.eos_ids,
+                    tok,
+                    device: device.clone(),
+                }))
+            }
+            _ => bail!("reward.judge: give base_url (an endpoint) or path (a model in process)"),
         };
-        let base = spec.base_url.trim_end_matches('/');
-        let base = base.strip_suffix("/v1").unwrap_or(base);
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs_f64(spec.request_timeout_s)))
-            .http_status_as_error(false)
-            .build()
-            .into();
         Ok(Self {
             spec: spec.clone(),
-            url: format!("{base}/v1/completions"),
-            agent,
-            key,
+            backend,
             cache: HashMap::new(),
         })
     }
@@ -182,9 +220,11 @@ impl Judge {
             self.cache.clear();
         }
         for chunk in asked.chunks(CHUNK) {
-            let verdicts = match self.spec.verdict {
-                Verdict::YesNo => self.yes_no(chunk)?,
-                Verdict::Score => self.score(chunk)?,
+            let verdicts = match (&self.backend, self.spec.verdict) {
+                (Backend::Endpoint { .. }, Verdict::YesNo) => self.yes_no(chunk)?,
+                (Backend::Endpoint { .. }, Verdict::Score) => self.score(chunk)?,
+                (Backend::Local(m), Verdict::YesNo) => m.yes_no(chunk, &self.spec)?,
+                (Backend::Local(m), Verdict::Score) => m.score(chunk, &self.spec)?,
             };
             self.cache.extend(chunk.iter().cloned().zip(verdicts));
         }
@@ -193,13 +233,27 @@ impl Judge {
     }
 
     fn post(&self, body: &Value) -> Result<Value> {
+        let Backend::Endpoint {
+            url, agent, key, ..
+        } = &self.backend
+        else {
+            bail!("the judge is not an endpoint");
+        };
         call(
-            &self.agent,
-            &self.url,
+            agent,
+            url,
             Some(body),
-            self.key.as_deref(),
+            key.as_deref(),
             self.spec.request_retries,
         )
+    }
+
+    /// The endpoint's name for the judge model.
+    fn model(&self) -> &str {
+        match &self.backend {
+            Backend::Endpoint { model, .. } => model,
+            Backend::Local(_) => "",
+        }
     }
 
     /// P(yes) against P(no) for each prompt: each prompt with either word scored by `echo`.
@@ -209,7 +263,7 @@ impl Judge {
             .iter()
             .flat_map(|p| [format!("{p}{yes}"), format!("{p}{no}")])
             .collect();
-        let body = json!({"model": self.spec.model, "prompt": rows, "max_tokens": 0,
+        let body = json!({"model": self.model(), "prompt": rows, "max_tokens": 0,
                           "echo": true, "logprobs": 1, "temperature": 0});
         let v = self.post(&body)?;
         let choices = choices(&v, rows.len())?;
@@ -224,19 +278,118 @@ impl Judge {
 
     /// The judge's greedy answers, read as scores.
     fn score(&self, prompts: &[String]) -> Result<Vec<f32>> {
-        let body = json!({"model": self.spec.model, "prompt": prompts,
+        let body = json!({"model": self.model(), "prompt": prompts,
                           "max_tokens": self.spec.max_tokens, "temperature": 0});
         let v = self.post(&body)?;
         let choices = choices(&v, prompts.len())?;
         Ok(choices
             .iter()
-            .map(|c| {
-                let text = c["text"].as_str().unwrap_or("");
-                first_number(text).map_or(f32::NAN, |x| {
-                    (x / self.spec.max_score).clamp(0.0, 1.0) as f32
-                })
-            })
+            .map(|c| score_of(c["text"].as_str().unwrap_or(""), self.spec.max_score))
             .collect())
+    }
+}
+
+/// The endpoint backend of a spec.
+fn endpoint(spec: &JudgeSpec, url: &str, model: &str) -> Result<Backend> {
+    let key = match &spec.api_key_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .map_err(|_| anyhow::anyhow!("reward.judge.api_key_env: ${var} is not set"))?,
+        ),
+        None => None,
+    };
+    let base = url.trim_end_matches('/');
+    let base = base.strip_suffix("/v1").unwrap_or(base);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs_f64(spec.request_timeout_s)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    Ok(Backend::Endpoint {
+        url: format!("{base}/v1/completions"),
+        model: model.to_string(),
+        agent,
+        key,
+    })
+}
+
+/// A written verdict as a reward: its first number over `max_score`, clamped to [0, 1]; NaN
+/// (invalid) without a number.
+fn score_of(text: &str, max_score: f64) -> f32 {
+    first_number(text).map_or(f32::NAN, |x| (x / max_score).clamp(0.0, 1.0) as f32)
+}
+
+impl Local {
+    /// P(yes) against P(no) for each prompt, from one batched forward pass per word.
+    fn yes_no(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
+        let lp_yes = self.word_log_probs(prompts, &spec.yes)?;
+        let lp_no = self.word_log_probs(prompts, &spec.no)?;
+        Ok(lp_yes
+            .iter()
+            .zip(&lp_no)
+            .map(|(&y, &n)| yes_probability(y, n))
+            .collect())
+    }
+
+    /// The log-probability of `word` after each prompt: the prompt and the word tokenized
+    /// together, as an endpoint's `echo` does, and the word's trailing tokens summed.
+    fn word_log_probs(&self, prompts: &[String], word: &str) -> Result<Vec<f64>> {
+        let mut rows = Vec::with_capacity(prompts.len());
+        let mut ks = Vec::with_capacity(prompts.len());
+        for p in prompts {
+            let ids = self.tok.encode(&format!("{p}{word}"))?;
+            let is_word = |k: &usize| {
+                self.tok
+                    .decode(&ids[ids.len() - k..], false)
+                    .ok()
+                    .as_deref()
+                    == Some(word)
+            };
+            let k = (1..ids.len()).find(is_word).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the judge's tokens do not end with {word:?} on a token boundary (its \
+                     tokenizer merged it with the prompt's end)"
+                )
+            })?;
+            rows.push(ids);
+            ks.push(k);
+        }
+        let n = ks.iter().copied().max().unwrap_or(1);
+        let (tokens, mask) = ember_llm::left_pad(&rows, &self.device);
+        let (lps, _) = self
+            .model
+            .last_log_probs(tokens, mask, n, 1.0, false, false);
+        let data = lps
+            .into_data()
+            .try_to_vec::<f32>()
+            .map_err(|e| anyhow::anyhow!("reading the judge's log-probs: {e:?}"))?;
+        let row_sum = |(i, &k): (usize, &usize)| -> f64 {
+            data[i * n + n - k..(i + 1) * n]
+                .iter()
+                .map(|&x| f64::from(x))
+                .sum()
+        };
+        Ok(ks.iter().enumerate().map(row_sum).collect())
+    }
+
+    /// Greedy answers of `spec.max_tokens` tokens, read as scores.
+    fn score(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
+        let ids = prompts
+            .iter()
+            .map(|p| self.tok.encode(p))
+            .collect::<ember_llm::Result<Vec<_>>>()?;
+        let sc = SamplingConfig {
+            temperature: 0.0,
+            max_new_tokens: spec.max_tokens,
+            stop_tokens: self.eos.clone(),
+            n: 1,
+            ..SamplingConfig::default()
+        };
+        let g = ember_llm::generate(&self.model, &ids, &sc, &self.device)?;
+        g.response_ids()
+            .iter()
+            .map(|r| Ok(score_of(&self.tok.decode(r, true)?, spec.max_score)))
+            .collect()
     }
 }
 
@@ -320,6 +473,9 @@ mod tests {
         assert_eq!(first_number(" 8.5."), Some(8.5));
         assert_eq!(first_number("-3 points"), Some(-3.0));
         assert_eq!(first_number("no digits"), None);
+        assert!((score_of("8 out of 10", 10.0) - 0.8).abs() < 1e-7);
+        assert_eq!(score_of("Score: 12", 10.0), 1.0);
+        assert!(score_of("no idea", 10.0).is_nan());
         let echoed = json!({"logprobs": {"tokens": ["Q", ":", " y", "es"],
                                          "token_logprobs": [null, -1.0, -0.25, -0.5]}});
         assert!((word_log_prob(&echoed, " yes").unwrap() + 0.75).abs() < 1e-12);
@@ -340,7 +496,23 @@ mod tests {
         )
         .unwrap();
         spec.validate().unwrap();
-        let mut judge = Judge::new(&spec).unwrap();
+        for (change, named) in [
+            ("path = \"m.gguf\"", "give base_url"),
+            ("template = \"no completion\"", "no {completion}"),
+            ("yes = \" no\"", "two different"),
+            ("base_url = \"ftp://x\"", "http://"),
+        ] {
+            let mut bad: toml::Table = toml::to_string(&spec).unwrap().parse().unwrap();
+            let (k, v) = change.split_once(" = ").unwrap();
+            bad.insert(
+                k.into(),
+                toml::from_str::<toml::Table>(&format!("v = {v}")).unwrap()["v"].clone(),
+            );
+            let bad: JudgeSpec = bad.try_into().unwrap();
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(named), "{change}: {e}");
+        }
+        let mut judge = Judge::new(&spec, &Device::default()).unwrap();
         let item = |completion| Item {
             prompt: "1+1",
             completion,

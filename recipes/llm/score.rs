@@ -117,7 +117,7 @@ pub struct Completions<'a> {
 
 impl<'a> Scorer<'a> {
     /// The recipe's reward terms; spawns the external reward program when there is one.
-    pub fn new(spec: &'a RewardSpec) -> Result<Self> {
+    pub fn new(spec: &'a RewardSpec, device: &burn::tensor::Device) -> Result<Self> {
         Ok(Self {
             spec,
             external: spec
@@ -129,7 +129,11 @@ impl<'a> Scorer<'a> {
                 Some(p) => Some(ExternalReward::spawn_python(p)?),
                 None => None,
             },
-            judge: spec.judge.as_ref().map(Judge::new).transpose()?,
+            judge: spec
+                .judge
+                .as_ref()
+                .map(|j| Judge::new(j, device))
+                .transpose()?,
             schedule: None,
         })
     }

@@ -56,7 +56,7 @@ pub fn rollouts(
     let policy = policy_at_start(r, &task, checkpoint, &mut rng, &ad)?;
     let sampler = policy.model.valid();
     let max_new = r.rollout.max_new_tokens;
-    let mut scorer = Scorer::new(&r.reward)?;
+    let mut scorer = Scorer::new(&r.reward, &base)?;
     let mut lines = String::new();
     let (mut n_resp, mut sum, mut valid, mut pairs) = (0usize, 0f64, 0usize, 0usize);
     let mut left = prompts;

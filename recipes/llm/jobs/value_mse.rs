@@ -74,7 +74,7 @@ pub fn value_mse(r: &Recipe, o: &ValueMse) -> Result<serde_json::Value> {
     let g = generate(&sampler, &prompts, &sc, &base)?;
     let ids = g.response_ids();
     let texts: Vec<String> = ids.iter().map(|x| policy.decode(x)).collect();
-    let mut scorer = Scorer::new(&r.reward)?;
+    let mut scorer = Scorer::new(&r.reward, &base)?;
     let rewards = scorer.score(
         1,
         &completions(&g, &examples, &ids, &texts),

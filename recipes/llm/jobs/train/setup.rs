@@ -53,7 +53,7 @@ impl<'a> Job<'a> {
             n => r.rollout.prompts_per_step as f64 / n as f64,
         };
         Ok(Self {
-            scorer: Scorer::new(&r.reward)?.with_schedule(r.train.run.steps, per_step),
+            scorer: Scorer::new(&r.reward, &base)?.with_schedule(r.train.run.steps, per_step),
             rng: Rng(r.seed),
             upd: update_config(r, parts.loss),
             optim: optimizer(r),

@@ -4,7 +4,8 @@
         --allowed-path /tmp/allowed &
     python3 scripts/fuzz_serve.py --port 8311 --model m --out /tmp/fuzz-serve.json
 
-For each route (`/v1/completions`, `/v1/chat/completions`, the adapter and weight routes) it
+For each route (`/v1/completions`, `/v1/chat/completions`, the adapter and weight routes, the
+tokenizer routes) it
 takes a valid body and replaces each field in turn with hostile values (wrong types, negative,
 zero, huge, NaN-like strings, deep nesting, token ids past the vocabulary, enormous counts),
 plus malformed bodies (not JSON, a JSON array, truncated, a wrong content type). Each try is
@@ -57,8 +58,13 @@ def bodies(model):
             "temperature": 0, "n": 1, "stream": False}
     lora = {"lora_name": "a", "lora_path": "/nonexistent"}
     weights = {"model_path": "/nonexistent"}
+    tokenize = {"prompt": "Hello", "add_special_tokens": True, "return_token_strs": True}
+    chat_tokens = {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": True,
+                   "chat_template_kwargs": {"enable_thinking": False}}
+    detokenize = {"tokens": [1, 2, 3]}
     return [("/v1/completions", comp), ("/v1/chat/completions", chat),
-            ("/v1/load_lora_adapter", lora), ("/update_weights_from_disk", weights)]
+            ("/v1/load_lora_adapter", lora), ("/update_weights_from_disk", weights),
+            ("/tokenize", tokenize), ("/tokenize", chat_tokens), ("/detokenize", detokenize)]
 
 
 def main():

@@ -455,6 +455,7 @@ fn judge_reward_asks_a_served_model() {
         .fold(0.0, f64::max);
     assert!(gap < 1e-3, "endpoint {a:?}, in process {b:?}");
     std::fs::remove_dir_all(&local).ok();
+    multi_token_words(&model, server.port, &asked);
     // A model the endpoint does not serve, and a key variable that is not set.
     let o = tiny_train(&out, &[judge("nope", ""), "train.steps=1".into()]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -475,6 +476,48 @@ fn judge_reward_asks_a_served_model() {
         "{err}"
     );
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// Words of several tokens: the in-process judge scores each word by its own pass (the
+/// single-pass shortcut needs one-token words), and agrees with the sums of the server's
+/// echoed log-probs of the words' tokens.
+fn multi_token_words(model: &Path, port: u16, asked: &str) {
+    use ember::llm::judge::{Item, Judge, JudgeSpec};
+    let spec: JudgeSpec = toml::from_str(&format!(
+        "path = {:?}\nverdict = \"yes_no\"\ntemplate = \"{{completion}}\"\n\
+         yes = \" correct answer\"\nno = \" wrong answer\"",
+        model.display().to_string()
+    ))
+    .unwrap();
+    let mut judge = Judge::new(&spec, &common::dev()).unwrap();
+    let item = Item {
+        prompt: "",
+        completion: asked,
+        answer: "",
+    };
+    let (got, _) = judge.judge(&[item]).unwrap();
+    let word_lp = |word: &str| -> f64 {
+        let body = serde_json::json!({"model": "smol", "prompt": format!("{asked}{word}"),
+            "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0});
+        let (_, text) = post(port, "/v1/completions", &body.to_string());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let lp = &v["choices"][0]["logprobs"];
+        let tokens = lp["tokens"].as_array().unwrap();
+        let lps = lp["token_logprobs"].as_array().unwrap();
+        let (mut tail, mut sum, mut k) = (String::new(), 0.0, tokens.len());
+        while tail != word {
+            k -= 1;
+            tail.insert_str(0, tokens[k].as_str().unwrap());
+            sum += lps[k].as_f64().unwrap();
+        }
+        assert!(tokens.len() - k >= 2, "{word:?} is one token");
+        sum
+    };
+    let want = 1.0 / (1.0 + (word_lp(" wrong answer") - word_lp(" correct answer")).exp());
+    assert!(
+        (f64::from(got[0]) - want).abs() < 1e-3,
+        "in process {got:?}, echo {want}"
+    );
 }
 
 /// A full queue answers 429 with an OpenAI error body; the requests it took are answered.

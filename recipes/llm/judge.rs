@@ -7,7 +7,7 @@
 use super::remote::call;
 use crate::common::config::check_range;
 use anyhow::{Context, Result, bail};
-use burn::tensor::Device;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_llm::SamplingConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -320,8 +320,12 @@ fn score_of(text: &str, max_score: f64) -> f32 {
 }
 
 impl Local {
-    /// P(yes) against P(no) for each prompt, from one batched forward pass per word.
+    /// P(yes) against P(no) for each prompt: from one batched forward pass when each word is
+    /// one token after the same prompt tokens, else one pass per word.
     fn yes_no(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
+        if let Some(v) = self.one_pass(prompts, spec)? {
+            return Ok(v);
+        }
         let lp_yes = self.word_log_probs(prompts, &spec.yes)?;
         let lp_no = self.word_log_probs(prompts, &spec.no)?;
         Ok(lp_yes
@@ -329,6 +333,44 @@ impl Local {
             .zip(&lp_no)
             .map(|(&y, &n)| yes_probability(y, n))
             .collect())
+    }
+
+    /// [`Self::yes_no`] from the next-token distribution after each prompt, when both words are
+    /// single tokens that follow the same prompt tokens (None otherwise).
+    fn one_pass(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Option<Vec<f32>>> {
+        let mut rows = Vec::with_capacity(prompts.len());
+        let mut words = Vec::with_capacity(prompts.len());
+        for p in prompts {
+            let a = self.tok.encode(&format!("{p}{}", spec.yes))?;
+            let b = self.tok.encode(&format!("{p}{}", spec.no))?;
+            let (Some((&y, ya)), Some((&n, nb))) = (a.split_last(), b.split_last()) else {
+                return Ok(None);
+            };
+            let single =
+                |id: u32, w: &str| self.tok.decode(&[id], false).ok().as_deref() == Some(w);
+            if ya.is_empty() || ya != nb || !single(y, &spec.yes) || !single(n, &spec.no) {
+                return Ok(None);
+            }
+            rows.push(ya.to_vec());
+            words.push([y as i64, n as i64]);
+        }
+        let (tokens, mask) = ember_llm::left_pad(&rows, &self.device);
+        let logits = self.model.forward_with(tokens, mask, false);
+        let [b, t, v] = logits.dims();
+        let last = logits.slice([0..b, t - 1..t, 0..v]).reshape([b, v]);
+        let lp = burn::tensor::activation::log_softmax(last, 1);
+        let ids =
+            Tensor::<2, Int>::from_data(TensorData::new(words.concat(), [b, 2]), &self.device);
+        let picked = lp
+            .gather(1, ids)
+            .into_data()
+            .try_to_vec::<f32>()
+            .map_err(|e| anyhow::anyhow!("reading the judge's log-probs: {e:?}"))?;
+        let out = picked
+            .chunks(2)
+            .map(|yn| yes_probability(yn[0].into(), yn[1].into()))
+            .collect();
+        Ok(Some(out))
     }
 
     /// The log-probability of `word` after each prompt: the prompt and the word tokenized

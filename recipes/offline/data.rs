@@ -4,7 +4,8 @@
 //! One JSON object per line, in one of three shapes (extra keys such as `answer` are kept):
 //! - `{"prompt", "responses": [{"response", "reward", "truncated"?}, ...]}`: a prompt with
 //!   several scored responses (what `ember rollouts` writes);
-//! - `{"prompt", "response", "reward"}`: one scored response (lines of one prompt are grouped);
+//! - `{"prompt", "response", "reward"}`: one scored response (lines of one prompt are grouped;
+//!   `completion` is read as `response`, TRL's prompt-completion shape, for `sft`);
 //! - `{"prompt", "chosen", "rejected", "chosen_reward"?, "rejected_reward"?}`: a preference pair
 //!   (rewards 1 and 0 when absent, NeMo-Aligner's defaults).
 //!
@@ -109,10 +110,13 @@ fn group_of(
             false,
         );
         (vec![chosen, rejected], Some((0, 1)))
-    } else if obj.contains_key("response") {
+    } else if let Some(key) = ["response", "completion"]
+        .into_iter()
+        .find(|k| obj.contains_key(*k))
+    {
         let truncated = obj.get("truncated").and_then(|t| t.as_bool());
         let one = scored(
-            text_of("response")?,
+            text_of(key)?,
             reward_of("reward", None)?,
             truncated.unwrap_or(false),
         );

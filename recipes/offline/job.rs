@@ -221,8 +221,14 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
         Some(k) => keep_first(raw, k),
         None => raw,
     };
-    let groups = tokenize(policy, &raw, max_new)
+    let mut groups = tokenize(policy, &raw, max_new)
         .with_context(|| format!("tokenizing {}", path.display()))?;
+    // SFT: every response a demonstration (reward 1, so A = 1 and the loss is −log π).
+    let sft = spec.objective.is_sft();
+    groups
+        .iter_mut()
+        .filter(|_| sft)
+        .for_each(|g| g.rewards.fill(1.0));
     let pairwise = spec.objective.pairwise();
     if pairwise.is_some() && spec.pairs == Pairs::All {
         crate::offline::data::check_pair_count(&groups, &path)?;
@@ -246,7 +252,7 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
                     .iter()
                     .filter(|&&x| ember_engine::is_valid_reward(x.into()))
                     .count()
-                    >= 2
+                    >= if sft { 1 } else { 2 }
             })
             .map(|gi| (gi, None))
             .collect(),
@@ -259,6 +265,8 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
             path.display(),
             if pairwise.is_some() {
                 "two responses with different rewards (or an explicit pair)"
+            } else if sft {
+                "a response"
             } else {
                 "two responses with valid rewards"
             },

@@ -68,11 +68,15 @@ pub enum GroupObjective {
     /// Ahmadian et al. 2024, eq. 5; RPO's REINFORCE-LOO): −Σ_i (R_i − mean_{j≠i} R_j) log π(y_i)
     /// per group, no importance weight (the update of one on-policy step).
     ReinforceLoo,
+    /// Supervised fine-tuning (TRL's `SFTTrainer` loss): every response is a demonstration,
+    /// −(1/N) Σ_{i,t} log π(y_{i,t} | x_i, y_{i,<t}) over the N response tokens of the step
+    /// (teacher forcing; rewards ignored): REINFORCE with A = 1 and the token-mean.
+    Sft,
 }
 
 /// The `kind`s of [`PreferenceLoss`] and of [`GroupObjective`].
 const PAIRWISE: [&str; 6] = ["dpo", "ipo", "simpo", "rpo_sq", "rpo_bwd_kl", "rpo_fwd_kl"];
-const GROUP: [&str; 4] = ["a_lol", "a_lol_seq", "a_lol_kl", "reinforce_loo"];
+const GROUP: [&str; 5] = ["a_lol", "a_lol_seq", "a_lol_kl", "reinforce_loo", "sft"];
 
 impl<'de> Deserialize<'de> for Objective {
     /// Dispatches on `kind`, so that each side's errors (unknown keys, bad values) are its own.
@@ -132,15 +136,30 @@ impl Objective {
                 (AdvantageKind::DrGrpo, PolicyLossKind::AlolKl { beta })
             }
             GroupObjective::ReinforceLoo => (AdvantageKind::Rloo, PolicyLossKind::Vanilla),
+            GroupObjective::Sft => (
+                AdvantageKind::Reinforce {
+                    baseline: ember_engine::BatchBaseline::None,
+                },
+                PolicyLossKind::Vanilla,
+            ),
+        };
+        let agg = match g {
+            GroupObjective::Sft => LossAgg::TokenMean,
+            _ => LossAgg::SeqMeanTokenSum,
         };
         Some((
             AdvantageConfig::new(kind),
             ActorLossConfig {
                 policy,
-                agg: LossAgg::SeqMeanTokenSum,
+                agg,
                 ..ActorLossConfig::default()
             },
         ))
+    }
+
+    /// Supervised fine-tuning: every response a demonstration, rewards ignored.
+    pub fn is_sft(&self) -> bool {
+        matches!(self, Self::Group(GroupObjective::Sft))
     }
 
     /// A-LoL's three variants (groups drawn by their positive advantage).
@@ -168,6 +187,7 @@ impl Objective {
             Self::Group(GroupObjective::ALolSeq { .. }) => "a_lol_seq",
             Self::Group(GroupObjective::ALolKl { .. }) => "a_lol_kl",
             Self::Group(GroupObjective::ReinforceLoo) => "reinforce_loo",
+            Self::Group(GroupObjective::Sft) => "sft",
         }
     }
 }
@@ -254,6 +274,40 @@ impl OfflineSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SFT through the engine, by hand: two responses of 2 and 1 tokens, log π −0.5, −2.0 and
+    /// −1.0, dataset rewards replaced by 1: A = 1 on every token and the loss is the token-mean
+    /// NLL (0.5 + 2.0 + 1.0) / 3 = 7/6, whatever the rewards were.
+    #[test]
+    fn sft_is_the_token_mean_nll() {
+        use burn::tensor::{Device, Tensor, TensorData};
+        let dev = Device::default();
+        let t = |v: [f32; 4]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [2, 2]), &dev);
+        let sft = parse("[objective]\nkind = \"sft\"").unwrap();
+        assert!(sft.is_sft());
+        let (adv_cfg, loss) = sft.group().unwrap();
+        let mask = t([1.0, 1.0, 1.0, 0.0]);
+        let rewards = Tensor::<1>::from_floats([1.0, 1.0], &dev);
+        let batch = ember_engine::RolloutBatch::new(mask.clone(), rewards, &[0, 0]).unwrap();
+        let adv = ember_engine::compute_advantages(&adv_cfg, &batch, 0).unwrap();
+        let lp = t([-0.5, -2.0, -1.0, 0.0]);
+        let input = ember_engine::ActorInput {
+            policy: ember_engine::PolicyLossInput {
+                log_probs: lp.clone(),
+                old_log_probs: lp,
+                advantages: adv.advantages,
+                mask: adv.mask.clone(),
+                ref_log_probs: None,
+            },
+            entropy: None,
+            rollout_log_probs: None,
+            kl: None,
+        };
+        let norm = ember_engine::AggNorm::of_mask(&adv.mask);
+        let (l, _) = ember_engine::actor_loss(&loss, &input, norm).unwrap();
+        let l: Vec<f32> = l.into_data().try_to_vec().unwrap();
+        assert!((l[0] - 7.0 / 6.0).abs() < 1e-6, "{l:?}");
+    }
 
     fn parse(text: &str) -> std::result::Result<Objective, toml::de::Error> {
         #[derive(Deserialize)]

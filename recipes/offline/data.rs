@@ -159,6 +159,30 @@ fn responses_of(rs: &serde_json::Value, at: &dyn Fn() -> String) -> Result<Vec<S
     Ok(responses)
 }
 
+/// What a step draws: a group, and the pair of it for the pairwise objectives.
+pub type Unit = (usize, Option<(usize, usize)>);
+
+/// The units of `groups`: every (group, pair) for the pairwise objectives (each group's
+/// [`TokGroup::pairs`]), the groups with two valid rewards for the other objectives, or with
+/// one for `sft`.
+pub fn units(groups: &[TokGroup], pairwise: bool, all_pairs: bool, sft: bool) -> Vec<Unit> {
+    if pairwise {
+        let pairs = |(gi, g): (usize, &TokGroup)| {
+            g.pairs(all_pairs).into_iter().map(move |p| (gi, Some(p)))
+        };
+        return groups.iter().enumerate().flat_map(pairs).collect();
+    }
+    let valid = |g: &TokGroup| {
+        let ok = |x: &&f32| ember_engine::is_valid_reward(f64::from(**x));
+        g.rewards.iter().filter(ok).count()
+    };
+    let need = if sft { 1 } else { 2 };
+    (0..groups.len())
+        .filter(|&i| valid(&groups[i]) >= need)
+        .map(|gi| (gi, None))
+        .collect()
+}
+
 /// A group as token ids.
 #[derive(Debug, Clone)]
 pub struct TokGroup {

@@ -233,30 +233,8 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
     if pairwise.is_some() && spec.pairs == Pairs::All {
         crate::offline::data::check_pair_count(&groups, &path)?;
     }
-    // What a step draws: (group, pair) for the pairwise objectives, groups with two valid
-    // rewards for the others.
-    let units: Vec<Unit> = match pairwise {
-        Some(_) => groups
-            .iter()
-            .enumerate()
-            .flat_map(|(gi, g)| {
-                g.pairs(spec.pairs == Pairs::All)
-                    .into_iter()
-                    .map(move |p| (gi, Some(p)))
-            })
-            .collect(),
-        None => (0..groups.len())
-            .filter(|&i| {
-                groups[i]
-                    .rewards
-                    .iter()
-                    .filter(|&&x| ember_engine::is_valid_reward(x.into()))
-                    .count()
-                    >= if sft { 1 } else { 2 }
-            })
-            .map(|gi| (gi, None))
-            .collect(),
-    };
+    let units =
+        crate::offline::data::units(&groups, pairwise.is_some(), spec.pairs == Pairs::All, sft);
     let mut usable: Vec<usize> = units.iter().map(|u| u.0).collect();
     usable.dedup();
     if usable.is_empty() {
@@ -353,7 +331,7 @@ fn objective_step(
 
 /// What a step draws: a group, and for the pairwise objectives one of its (chosen, rejected)
 /// pairs.
-type Unit = (usize, Option<(usize, usize)>);
+use crate::offline::data::Unit;
 
 /// Σ_i max(0, R_i − mean R) over a group's valid rewards.
 fn positive_mass(g: &TokGroup) -> f64 {

@@ -1439,16 +1439,20 @@ fn sft_on_prompt_completion_lines(dir: &Path, rollouts: &str) {
     let (first, last) = (mean(&loss[..10]), mean(&loss[50..]));
     assert!(last < 0.75 * first, "NLL {first} -> {last}");
     // Stopped after 3 of 6 steps and resumed: the same metrics as the uninterrupted run.
-    let (a, b) = (dir.join("sft-a"), dir.join("sft-b"));
     let args = [offline.as_str(), "train.kl_coef=0", "warmup.steps=20"];
-    assert!(train(&a, &args, &[]).status.success());
+    resumes_exactly(&dir.join("sft-a"), &dir.join("sft-b"), &args);
+}
+
+/// A run stopped after 3 steps and resumed ends with the uninterrupted run's metrics.
+fn resumes_exactly(a: &Path, b: &Path, args: &[&str]) {
+    assert!(train(a, args, &[]).status.success());
     assert_eq!(
-        train(&b, &args, &["--stop-after", "3"]).status.code(),
+        train(b, args, &["--stop-after", "3"]).status.code(),
         Some(130)
     );
-    let o = train(&b, &args, &["--resume"]);
+    let o = train(b, args, &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(common::metric_rows(&a), common::metric_rows(&b));
+    assert_eq!(common::metric_rows(a), common::metric_rows(b));
 }
 
 #[test]
@@ -1525,14 +1529,7 @@ fn offline_objectives_train_on_rollouts_and_resume() {
         "train.kl_coef=0".to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert!(train(&a, &args, &[]).status.success());
-    assert_eq!(
-        train(&b, &args, &["--stop-after", "3"]).status.code(),
-        Some(130)
-    );
-    let o = train(&b, &args, &["--resume"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(common::metric_rows(&a), common::metric_rows(&b));
+    resumes_exactly(&a, &b, &args);
     // RPO's ablations: the first k responses per prompt, and all pairs. summary.json counts
     // what a step draws from, as computed here from the file.
     let (mut pairs2, mut best_worst, mut all_pairs) = (0, 0, 0);

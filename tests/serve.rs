@@ -456,6 +456,7 @@ fn judge_reward_asks_a_served_model() {
     assert!(gap < 1e-3, "endpoint {a:?}, in process {b:?}");
     std::fs::remove_dir_all(&local).ok();
     multi_token_words(&model, server.port, &asked);
+    chat_formatted(&model, server.port, &asked);
     // A model the endpoint does not serve, and a key variable that is not set.
     let o = tiny_train(&out, &[judge("nope", ""), "train.steps=1".into()]);
     let err = String::from_utf8_lossy(&o.stderr);
@@ -518,6 +519,37 @@ fn multi_token_words(model: &Path, port: u16, asked: &str) {
         (f64::from(got[0]) - want).abs() < 1e-3,
         "in process {got:?}, echo {want}"
     );
+}
+
+/// `chat = true`: the filled template goes through the judge's chat template as the user's
+/// message (the endpoint's read from `/tokenizer_info`), and the endpoint's and the loaded
+/// model's verdicts agree.
+fn chat_formatted(model: &Path, port: u16, asked: &str) {
+    use ember::llm::judge::{Item, Judge, JudgeSpec};
+    let spec = |source: String| -> JudgeSpec {
+        toml::from_str(&format!(
+            "{source}\nverdict = \"yes_no\"\ntemplate = \"{{completion}}\"\nchat = true"
+        ))
+        .unwrap()
+    };
+    let item = Item {
+        prompt: "",
+        completion: asked,
+        answer: "",
+    };
+    let served = spec(format!(
+        "base_url = \"http://127.0.0.1:{port}\"\nmodel = \"smol\""
+    ));
+    let local = spec(format!("path = {:?}", model.display().to_string()));
+    let mut verdicts = Vec::new();
+    for s in [served, local] {
+        let mut judge = Judge::new(&s, &common::dev()).unwrap();
+        let shown = judge.render(&item).unwrap();
+        assert!(shown.starts_with("<|im_start|>system\n"), "{shown}");
+        assert!(shown.ends_with(&format!("{asked}<|im_end|>\n<|im_start|>assistant\n")));
+        verdicts.push(judge.judge(&[item]).unwrap().0[0]);
+    }
+    assert!((verdicts[0] - verdicts[1]).abs() < 1e-3, "{verdicts:?}");
 }
 
 /// A full queue answers 429 with an OpenAI error body; the requests it took are answered.

@@ -7,12 +7,14 @@
 use super::remote::call;
 use crate::common::config::check_range;
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_llm::SamplingConfig;
+use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::Duration;
+
+mod local;
+use local::Local;
 
 /// How the judge's answer becomes a reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +70,11 @@ pub struct JudgeSpec {
     /// Retries of a failed request (backoff 1, 2, 4 … s).
     #[serde(default = "three")]
     pub request_retries: u32,
+    /// Send the filled template as the user's message through the judge's chat template, the
+    /// assistant's turn opened (an instruct judge); an endpoint's template comes from its
+    /// `GET /tokenizer_info` (`ember serve` and vLLM answer it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chat: bool,
 }
 
 fn yes() -> String {
@@ -131,6 +138,7 @@ impl JudgeSpec {
 }
 
 /// What a judge prompt is filled with.
+#[derive(Debug, Clone, Copy)]
 pub struct Item<'a> {
     pub prompt: &'a str,
     pub completion: &'a str,
@@ -155,18 +163,18 @@ enum Backend {
     Local(Box<Local>),
 }
 
-/// A judge model loaded in process.
-struct Local {
-    model: ember_llm::Llama,
-    tok: ember_llm::Tokenizer,
-    eos: Vec<u32>,
-    device: Device,
+/// A judge's chat template and the special tokens it names.
+struct ChatFormat {
+    template: String,
+    bos: Option<String>,
+    eos: Option<String>,
 }
 
 /// A connected (or loaded) judge.
 pub struct Judge {
     spec: JudgeSpec,
     backend: Backend,
+    chat: Option<ChatFormat>,
     cache: HashMap<String, f32>,
 }
 
@@ -189,26 +197,42 @@ impl Judge {
             }
             _ => bail!("reward.judge: give base_url (an endpoint) or path (a model in process)"),
         };
+        let chat = match spec.chat {
+            true => Some(chat_format(&backend, spec.request_retries)?),
+            false => None,
+        };
         Ok(Self {
             spec: spec.clone(),
             backend,
+            chat,
             cache: HashMap::new(),
         })
     }
 
-    /// The judge prompt of an item.
-    pub fn render(&self, it: &Item) -> String {
-        self.spec
+    /// The judge prompt of an item (through the judge's chat template with `chat`).
+    pub fn render(&self, it: &Item) -> Result<String> {
+        let filled = self
+            .spec
             .template
             .replace("{prompt}", it.prompt)
             .replace("{answer}", it.answer)
-            .replace("{completion}", it.completion)
+            .replace("{completion}", it.completion);
+        let Some(c) = &self.chat else {
+            return Ok(filled);
+        };
+        let user = [ember_llm::Message::new("user", &filled)];
+        let specials = (c.bos.as_deref(), c.eos.as_deref());
+        ember_llm::render_chat_with(&c.template, &user, true, specials, &Default::default())
+            .context("reward.judge.chat: the judge's chat template")
     }
 
     /// The verdicts of `items` (NaN where the judge gave none), and how many came from the
     /// memory of earlier requests.
     pub fn judge(&mut self, items: &[Item]) -> Result<(Vec<f32>, usize)> {
-        let prompts: Vec<String> = items.iter().map(|it| self.render(it)).collect();
+        let prompts = items
+            .iter()
+            .map(|it| self.render(it))
+            .collect::<Result<Vec<String>>>()?;
         let mut asked: Vec<String> = Vec::new();
         for p in &prompts {
             if !self.cache.contains_key(p) && !asked.contains(p) {
@@ -289,6 +313,37 @@ impl Judge {
     }
 }
 
+/// The judge's chat template: the loaded tokenizer's, or the endpoint's `/tokenizer_info`.
+fn chat_format(backend: &Backend, retries: u32) -> Result<ChatFormat> {
+    let missing = "reward.judge.chat: the judge has no chat template";
+    match backend {
+        Backend::Local(m) => Ok(ChatFormat {
+            template: m.tok.chat_template.clone().context(missing)?,
+            bos: m.tok.bos_token.clone(),
+            eos: m.tok.eos_token.clone(),
+        }),
+        Backend::Endpoint {
+            url, agent, key, ..
+        } => {
+            let base = url.trim_end_matches("/v1/completions");
+            let info = call(
+                agent,
+                &format!("{base}/tokenizer_info"),
+                None,
+                key.as_deref(),
+                retries,
+            )
+            .context("reward.judge.chat reads the endpoint's chat template from /tokenizer_info")?;
+            let text = |k: &str| info[k].as_str().map(str::to_string);
+            Ok(ChatFormat {
+                template: text("chat_template").context(missing)?,
+                bos: text("bos_token"),
+                eos: text("eos_token"),
+            })
+        }
+    }
+}
+
 /// The endpoint backend of a spec.
 fn endpoint(spec: &JudgeSpec, url: &str, model: &str) -> Result<Backend> {
     let key = match &spec.api_key_env {
@@ -317,122 +372,6 @@ fn endpoint(spec: &JudgeSpec, url: &str, model: &str) -> Result<Backend> {
 /// (invalid) without a number.
 fn score_of(text: &str, max_score: f64) -> f32 {
     first_number(text).map_or(f32::NAN, |x| (x / max_score).clamp(0.0, 1.0) as f32)
-}
-
-impl Local {
-    /// P(yes) against P(no) for each prompt: from one batched forward pass when each word is
-    /// one token after the same prompt tokens, else one pass per word.
-    fn yes_no(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
-        if let Some(v) = self.one_pass(prompts, spec)? {
-            return Ok(v);
-        }
-        let lp_yes = self.word_log_probs(prompts, &spec.yes)?;
-        let lp_no = self.word_log_probs(prompts, &spec.no)?;
-        Ok(lp_yes
-            .iter()
-            .zip(&lp_no)
-            .map(|(&y, &n)| yes_probability(y, n))
-            .collect())
-    }
-
-    /// [`Self::yes_no`] from the next-token distribution after each prompt, when both words are
-    /// single tokens that follow the same prompt tokens (None otherwise).
-    fn one_pass(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Option<Vec<f32>>> {
-        let mut rows = Vec::with_capacity(prompts.len());
-        let mut words = Vec::with_capacity(prompts.len());
-        for p in prompts {
-            let a = self.tok.encode(&format!("{p}{}", spec.yes))?;
-            let b = self.tok.encode(&format!("{p}{}", spec.no))?;
-            let (Some((&y, ya)), Some((&n, nb))) = (a.split_last(), b.split_last()) else {
-                return Ok(None);
-            };
-            let single =
-                |id: u32, w: &str| self.tok.decode(&[id], false).ok().as_deref() == Some(w);
-            if ya.is_empty() || ya != nb || !single(y, &spec.yes) || !single(n, &spec.no) {
-                return Ok(None);
-            }
-            rows.push(ya.to_vec());
-            words.push([y as i64, n as i64]);
-        }
-        let (tokens, mask) = ember_llm::left_pad(&rows, &self.device);
-        let logits = self.model.forward_with(tokens, mask, false);
-        let [b, t, v] = logits.dims();
-        let last = logits.slice([0..b, t - 1..t, 0..v]).reshape([b, v]);
-        let lp = burn::tensor::activation::log_softmax(last, 1);
-        let ids =
-            Tensor::<2, Int>::from_data(TensorData::new(words.concat(), [b, 2]), &self.device);
-        let picked = lp
-            .gather(1, ids)
-            .into_data()
-            .try_to_vec::<f32>()
-            .map_err(|e| anyhow::anyhow!("reading the judge's log-probs: {e:?}"))?;
-        let out = picked
-            .chunks(2)
-            .map(|yn| yes_probability(yn[0].into(), yn[1].into()))
-            .collect();
-        Ok(Some(out))
-    }
-
-    /// The log-probability of `word` after each prompt: the prompt and the word tokenized
-    /// together, as an endpoint's `echo` does, and the word's trailing tokens summed.
-    fn word_log_probs(&self, prompts: &[String], word: &str) -> Result<Vec<f64>> {
-        let mut rows = Vec::with_capacity(prompts.len());
-        let mut ks = Vec::with_capacity(prompts.len());
-        for p in prompts {
-            let ids = self.tok.encode(&format!("{p}{word}"))?;
-            let is_word = |k: &usize| {
-                self.tok
-                    .decode(&ids[ids.len() - k..], false)
-                    .ok()
-                    .as_deref()
-                    == Some(word)
-            };
-            let k = (1..ids.len()).find(is_word).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "the judge's tokens do not end with {word:?} on a token boundary (its \
-                     tokenizer merged it with the prompt's end)"
-                )
-            })?;
-            rows.push(ids);
-            ks.push(k);
-        }
-        let n = ks.iter().copied().max().unwrap_or(1);
-        let (tokens, mask) = ember_llm::left_pad(&rows, &self.device);
-        let (lps, _) = self
-            .model
-            .last_log_probs(tokens, mask, n, 1.0, false, false);
-        let data = lps
-            .into_data()
-            .try_to_vec::<f32>()
-            .map_err(|e| anyhow::anyhow!("reading the judge's log-probs: {e:?}"))?;
-        let row_sum = |(i, &k): (usize, &usize)| -> f64 {
-            data[i * n + n - k..(i + 1) * n]
-                .iter()
-                .map(|&x| f64::from(x))
-                .sum()
-        };
-        Ok(ks.iter().enumerate().map(row_sum).collect())
-    }
-
-    /// Greedy answers of `spec.max_tokens` tokens, read as scores.
-    fn score(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
-        let ids = prompts
-            .iter()
-            .map(|p| self.tok.encode(p))
-            .collect::<ember_llm::Result<Vec<_>>>()?;
-        let sc = SamplingConfig {
-            temperature: 0.0,
-            max_new_tokens: spec.max_tokens,
-            stop_tokens: self.eos.clone(),
-            n: 1,
-            ..SamplingConfig::default()
-        };
-        let g = ember_llm::generate(&self.model, &ids, &sc, &self.device)?;
-        g.response_ids()
-            .iter()
-            .map(|r| Ok(score_of(&self.tok.decode(r, true)?, spec.max_score)))
-            .collect()
-    }
 }
 
 /// The `n` choices of a completions answer, in index order.
@@ -561,9 +500,9 @@ mod tests {
             answer: "2",
         };
         let items = [item("2"), item("3"), item("2")];
-        assert_eq!(judge.render(&items[1]), "Q 1+1 A 3 (2)?");
-        judge.cache.insert(judge.render(&items[0]), 0.75);
-        judge.cache.insert(judge.render(&items[1]), 0.25);
+        assert_eq!(judge.render(&items[1]).unwrap(), "Q 1+1 A 3 (2)?");
+        judge.cache.insert(judge.render(&items[0]).unwrap(), 0.75);
+        judge.cache.insert(judge.render(&items[1]).unwrap(), 0.25);
         let (verdicts, hits) = judge.judge(&items).unwrap();
         assert_eq!((verdicts, hits), (vec![0.75, 0.25, 0.75], 3));
         let e = judge.judge(&[item("4")]).unwrap_err().to_string();

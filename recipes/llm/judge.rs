@@ -152,13 +152,8 @@ const CACHE: usize = 1 << 16;
 
 /// Where the verdicts come from.
 enum Backend {
-    /// An OpenAI-compatible endpoint's `/v1/completions`.
-    Endpoint {
-        url: String,
-        model: String,
-        agent: ureq::Agent,
-        key: Option<String>,
-    },
+    /// An OpenAI-compatible endpoint.
+    Endpoint(Endpoint),
     /// A frozen model in process.
     Local(Box<Local>),
 }
@@ -198,7 +193,7 @@ impl Judge {
             _ => bail!("reward.judge: give base_url (an endpoint) or path (a model in process)"),
         };
         let chat = match spec.chat {
-            true => Some(chat_format(&backend, spec.request_retries)?),
+            true => Some(chat_format(&backend)?),
             false => None,
         };
         Ok(Self {
@@ -233,20 +228,20 @@ impl Judge {
             .iter()
             .map(|it| self.render(it))
             .collect::<Result<Vec<String>>>()?;
-        let mut asked: Vec<String> = Vec::new();
-        for p in &prompts {
-            if !self.cache.contains_key(p) && !asked.contains(p) {
-                asked.push(p.clone());
-            }
-        }
+        let mut seen = std::collections::HashSet::new();
+        let asked: Vec<String> = prompts
+            .iter()
+            .filter(|p| !self.cache.contains_key(*p) && seen.insert(p.as_str()))
+            .cloned()
+            .collect();
         let hits = prompts.len() - asked.len();
         if self.cache.len() + asked.len() > CACHE {
             self.cache.clear();
         }
         for chunk in asked.chunks(CHUNK) {
             let verdicts = match (&self.backend, self.spec.verdict) {
-                (Backend::Endpoint { .. }, Verdict::YesNo) => self.yes_no(chunk)?,
-                (Backend::Endpoint { .. }, Verdict::Score) => self.score(chunk)?,
+                (Backend::Endpoint(e), Verdict::YesNo) => e.yes_no(chunk, &self.spec)?,
+                (Backend::Endpoint(e), Verdict::Score) => e.score(chunk, &self.spec)?,
                 (Backend::Local(m), Verdict::YesNo) => m.yes_no(chunk, &self.spec)?,
                 (Backend::Local(m), Verdict::Score) => m.score(chunk, &self.spec)?,
             };
@@ -255,41 +250,35 @@ impl Judge {
         let out = prompts.iter().map(|p| self.cache[p]).collect();
         Ok((out, hits))
     }
+}
 
-    fn post(&self, body: &Value) -> Result<Value> {
-        let Backend::Endpoint {
-            url, agent, key, ..
-        } = &self.backend
-        else {
-            bail!("the judge is not an endpoint");
-        };
-        call(
-            agent,
-            url,
-            Some(body),
-            key.as_deref(),
-            self.spec.request_retries,
-        )
-    }
+/// A judge behind an OpenAI-compatible endpoint.
+struct Endpoint {
+    /// `http://host:port`, without `/v1`.
+    base: String,
+    model: String,
+    agent: ureq::Agent,
+    key: Option<String>,
+    retries: u32,
+}
 
-    /// The endpoint's name for the judge model.
-    fn model(&self) -> &str {
-        match &self.backend {
-            Backend::Endpoint { model, .. } => model,
-            Backend::Local(_) => "",
-        }
+impl Endpoint {
+    /// A GET (without `body`) or POST to `path` of the endpoint, with its key and retries.
+    fn call(&self, path: &str, body: Option<&Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.base);
+        call(&self.agent, &url, body, self.key.as_deref(), self.retries)
     }
 
     /// P(yes) against P(no) for each prompt: each prompt with either word scored by `echo`.
-    fn yes_no(&self, prompts: &[String]) -> Result<Vec<f32>> {
-        let (yes, no) = (&self.spec.yes, &self.spec.no);
+    fn yes_no(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
+        let (yes, no) = (&spec.yes, &spec.no);
         let rows: Vec<String> = prompts
             .iter()
             .flat_map(|p| [format!("{p}{yes}"), format!("{p}{no}")])
             .collect();
-        let body = json!({"model": self.model(), "prompt": rows, "max_tokens": 0,
+        let body = json!({"model": self.model, "prompt": rows, "max_tokens": 0,
                           "echo": true, "logprobs": 1, "temperature": 0});
-        let v = self.post(&body)?;
+        let v = self.call("/v1/completions", Some(&body))?;
         let choices = choices(&v, rows.len())?;
         let mut out = Vec::with_capacity(prompts.len());
         for pair in choices.chunks(2) {
@@ -301,20 +290,20 @@ impl Judge {
     }
 
     /// The judge's greedy answers, read as scores.
-    fn score(&self, prompts: &[String]) -> Result<Vec<f32>> {
-        let body = json!({"model": self.model(), "prompt": prompts,
-                          "max_tokens": self.spec.max_tokens, "temperature": 0});
-        let v = self.post(&body)?;
+    fn score(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
+        let body = json!({"model": self.model, "prompt": prompts,
+                          "max_tokens": spec.max_tokens, "temperature": 0});
+        let v = self.call("/v1/completions", Some(&body))?;
         let choices = choices(&v, prompts.len())?;
         Ok(choices
             .iter()
-            .map(|c| score_of(c["text"].as_str().unwrap_or(""), self.spec.max_score))
+            .map(|c| score_of(c["text"].as_str().unwrap_or(""), spec.max_score))
             .collect())
     }
 }
 
 /// The judge's chat template: the loaded tokenizer's, or the endpoint's `/tokenizer_info`.
-fn chat_format(backend: &Backend, retries: u32) -> Result<ChatFormat> {
+fn chat_format(backend: &Backend) -> Result<ChatFormat> {
     let missing = "reward.judge.chat: the judge has no chat template";
     match backend {
         Backend::Local(m) => Ok(ChatFormat {
@@ -322,18 +311,10 @@ fn chat_format(backend: &Backend, retries: u32) -> Result<ChatFormat> {
             bos: m.tok.bos_token.clone(),
             eos: m.tok.eos_token.clone(),
         }),
-        Backend::Endpoint {
-            url, agent, key, ..
-        } => {
-            let base = url.trim_end_matches("/v1/completions");
-            let info = call(
-                agent,
-                &format!("{base}/tokenizer_info"),
-                None,
-                key.as_deref(),
-                retries,
-            )
-            .context("reward.judge.chat reads the endpoint's chat template from /tokenizer_info")?;
+        Backend::Endpoint(e) => {
+            let info = e.call("/tokenizer_info", None).context(
+                "reward.judge.chat reads the endpoint's chat template from /tokenizer_info",
+            )?;
             let text = |k: &str| info[k].as_str().map(str::to_string);
             Ok(ChatFormat {
                 template: text("chat_template").context(missing)?,
@@ -360,12 +341,13 @@ fn endpoint(spec: &JudgeSpec, url: &str, model: &str) -> Result<Backend> {
         .http_status_as_error(false)
         .build()
         .into();
-    Ok(Backend::Endpoint {
-        url: format!("{base}/v1/completions"),
+    Ok(Backend::Endpoint(Endpoint {
+        base: base.to_string(),
         model: model.to_string(),
         agent,
         key,
-    })
+        retries: spec.request_retries,
+    }))
 }
 
 /// A written verdict as a reward: its first number over `max_score`, clamped to [0, 1]; NaN

@@ -198,6 +198,7 @@ fn reinforce_plus_plus_reward_to_go_and_whitening() {
     let kind = AdvantageKind::ReinforcePlusPlus {
         gamma: 1.0,
         kl_coef: 0.0,
+        whiten: true,
     };
     let s = (0.3f64 + 1e-8).sqrt();
     let (hi, lo) = (0.6 / s, -0.4 / s);
@@ -214,6 +215,7 @@ fn reinforce_plus_plus_reward_to_go_and_whitening() {
     let kind = AdvantageKind::ReinforcePlusPlus {
         gamma: 0.5,
         kl_coef: 0.1,
+        whiten: true,
     };
     let out = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap();
     let g = [0.425, 0.95, -0.0875, -0.075, -0.05];
@@ -234,6 +236,28 @@ fn reinforce_plus_plus_reward_to_go_and_whitening() {
     let b = batch(full2(1, 2, 1.0), &[1.0], &[0]);
     let err = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap_err();
     assert!(err.to_string().contains("old_log_probs"), "{err}");
+}
+
+/// On-policy distillation's preset (γ = 0, no whitening): each token's advantage is its own
+/// reward, the teacher's token reward plus the outcome on the last valid step; nothing of a
+/// later token reaches an earlier one, and masked steps get 0.
+#[test]
+fn opd_takes_each_tokens_reward_as_its_advantage() {
+    let parts = Preset::Opd.parts(8);
+    assert!(Preset::Opd.needs_teacher() && !Preset::Grpo.needs_teacher());
+    // Token rewards log π_T − log π_S: row 0 [−0.5, 0.25, (masked)], row 1 [0.1, −2, 0.3];
+    // outcomes 1 and 0.
+    let mask = t2(&[&[1.0, 1.0, 0.0], &[1.0, 1.0, 1.0]]);
+    let b = batch(mask, &[1.0, 0.0], &[0, 0])
+        .with_token_rewards(t2(&[&[-0.5, 0.25, 9.0], &[0.1, -2.0, 0.3]]))
+        .unwrap();
+    let out = compute_advantages(&parts.advantage, &b, 0).unwrap();
+    assert_close(
+        &vals(out.advantages),
+        &[-0.5, 1.25, 0.0, 0.1, -2.0, 0.3],
+        1e-6,
+    );
+    assert_eq!(parts.loss.agg, LossAgg::TokenMean);
 }
 
 #[test]
@@ -1019,6 +1043,7 @@ fn reinforce_plus_plus_carries_returns_across_holes() {
     let kind = AdvantageKind::ReinforcePlusPlus {
         gamma: 0.5,
         kl_coef: 0.0,
+        whiten: true,
     };
     let out = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap();
     assert_close(&vals(out.returns), &[0.25, 0.0, 0.5, 1.0, 0.0], 1e-6);

@@ -81,6 +81,7 @@ fn estimators() -> Vec<AdvantageKind> {
         AdvantageKind::ReinforcePlusPlus {
             gamma: 1.0,
             kl_coef: 0.01,
+            whiten: true,
         },
         AdvantageKind::ReinforcePlusPlusBaseline,
         AdvantageKind::Remax,

@@ -172,6 +172,11 @@ fn recipe_errors_name_the_problem() {
             assert!(e.contains("kind = \"agent\""), "{e}");
             continue;
         }
+        if a.needs_teacher() {
+            let e = parse(&text, &set).unwrap_err().to_string();
+            assert!(e.contains("[teacher]"), "{e}");
+            continue;
+        }
         let r = parse(&text, &set).unwrap();
         assert_eq!(r.algorithm, a);
         let _ = r.algorithm_parts();
@@ -543,4 +548,40 @@ fn parquet_datasets_are_tasks() {
         let train = built.dataset_train().len();
         assert_eq!(train + held_out, rows, "{kind}");
     }
+}
+
+/// `[teacher]`: one source, the KL role only with a KL term, `opd` only with token rewards, and
+/// not in the offline job; a distilling teacher is a reward, so the outcome weight may be 0.
+#[test]
+fn teacher_table_is_checked() {
+    let text = recipe_text();
+    let with = |extra: &[&str]| {
+        let mut sets = vec!["teacher.path=\"t\"".to_string()];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        parse(&text, &sets).map_err(|e| e.to_string())
+    };
+    let r = with(&["algorithm=\"opd\"", "reward.correct=0"]).unwrap();
+    assert_eq!(r.algorithm, Preset::Opd);
+    let e = with(&["teacher.role=\"kl\""]).unwrap_err();
+    assert!(e.contains("train.kl_coef"), "{e}");
+    assert!(with(&["teacher.role=\"kl\"", "train.kl_coef=0.1"]).is_ok());
+    let e = with(&[
+        "algorithm=\"opd\"",
+        "teacher.role=\"kl\"",
+        "train.kl_coef=0.1",
+    ])
+    .unwrap_err();
+    assert!(e.contains("teacher.role = \"reward\""), "{e}");
+    let e = with(&["teacher.base_url=\"http://x\""]).unwrap_err();
+    assert!(e.contains("not both"), "{e}");
+    let e = with(&["teacher.coef=-1"]).unwrap_err();
+    assert!(e.contains("teacher.coef"), "{e}");
+    let e = with(&["teacher.coef=0", "reward.correct=0"]).unwrap_err();
+    assert!(e.contains("every term has weight 0"), "{e}");
+    let e = with(&[
+        "offline.data=\"d.jsonl\"",
+        "offline.objective={kind=\"sft\"}",
+    ])
+    .unwrap_err();
+    assert!(e.contains("offline"), "{e}");
 }

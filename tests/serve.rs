@@ -693,6 +693,91 @@ fn openai_rollout_backend_trains_against_two_servers() {
     std::fs::remove_dir_all(&out).ok();
 }
 
+/// On-policy distillation (`recipes/arithmetic-opd.toml`: a student of half the main policy's
+/// width), the teacher the main recipe's warmed-up policy, loaded in process and served by
+/// `ember serve` (prompt log-probs through `echo`): both runs see the same teacher (the same
+/// token rewards, so the same first two steps; later, float rounding may flip a sample), and
+/// the student learns from it: over 60 steps its reverse
+/// KL to the teacher ends well below that of RL from the verifiable reward at the same budget
+/// (which only logs the teacher's KL). A teacher whose tokenizer differs is refused.
+#[test]
+fn opd_distils_a_teacher_in_process_and_through_an_endpoint() {
+    let base = temp("opd");
+    let teacher = base.join("teacher");
+    let o = tiny_train(
+        &teacher,
+        &["train.steps=0", "warmup.steps=900"].map(String::from),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let path = format!(
+        "teacher.path={:?}",
+        teacher.join("final").display().to_string()
+    );
+    let student = |out: &Path, extra: &[String]| {
+        let sets = [
+            "task.eval_size=20",
+            "train.eval_every=1000",
+            "train.warmup_steps=0",
+        ];
+        let sets = sets
+            .iter()
+            .map(|s| s.to_string())
+            .chain(extra.iter().cloned());
+        let o = ember_train("recipes/arithmetic-opd.toml", out, sets, None);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        metric_rows(out)
+    };
+    let steps = |n: usize| format!("train.steps={n}");
+    let local = student(&base.join("local"), &[path.clone(), steps(60)]);
+    let server = Server::named(&teacher.join("final"), "teacher", &[]);
+    // The whole table replaced (the recipe names a path).
+    let url = format!("http://127.0.0.1:{}", server.port);
+    let endpoint = [
+        format!("teacher={{base_url={url:?}, model=\"teacher\"}}"),
+        steps(2),
+    ];
+    let served = student(&base.join("served"), &endpoint);
+    let kl = |x: &serde_json::Value| x["teacher/reverse_kl"].as_f64().unwrap();
+    let close = |x: &serde_json::Value, y: &serde_json::Value, k: &str, tol: f64| {
+        let (a, b) = (x[k].as_f64().unwrap(), y[k].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= tol * a.abs().max(1.0),
+            "step {} {k}: {a} vs {b}",
+            x["step"]
+        );
+    };
+    for (x, y) in local.iter().zip(&served).skip(1) {
+        assert_eq!(
+            x["reward/correct_mean"], y["reward/correct_mean"],
+            "step {}",
+            x["step"]
+        );
+        close(x, y, "actor/grad_norm", 1e-3);
+        close(x, y, "teacher/reverse_kl", 1e-4);
+    }
+    let control = ["algorithm=\"grpo\"", "reward.correct=1", "teacher.coef=0"];
+    let mut sets: Vec<String> = control.iter().map(|s| s.to_string()).collect();
+    sets.extend([path.clone(), steps(60)]);
+    let rl = student(&base.join("rl"), &sets);
+    let late = |rows: &[serde_json::Value]| rows[31..].iter().map(kl).sum::<f64>() / 30.0;
+    let (opd, grpo) = (late(&local), late(&rl));
+    assert!(
+        opd < 0.85 * grpo,
+        "reverse KL, steps 31-60: opd {opd}, grpo {grpo}"
+    );
+    // The byte vocabulary against the teacher's characters.
+    let bytes = base.join("bytes");
+    let sets = [path, "model.vocab=\"bytes\"".into()].map(|s: String| s);
+    let o = ember_train("recipes/arithmetic-opd.toml", &bytes, sets, None);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("teacher.path") && e.contains("share one tokenizer"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&base).ok();
+}
+
 /// `ember train` of the recipe at `recipe` (relative to the repository) into `out`, with
 /// `--set` values and the servers' API key in EMBER_API_KEY when given.
 fn ember_train(

@@ -4,14 +4,13 @@
 //! or a score it writes. One request per step for all completions (in chunks), identical
 //! judge prompts asked once per run, the judge's time logged apart (`timing_s/judge`).
 
-use super::remote::call;
+use super::endpoint::{Endpoint, choices};
 use crate::common::config::check_range;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::time::Duration;
 
 mod local;
 use local::Local;
@@ -145,6 +144,8 @@ pub struct Item<'a> {
     pub answer: &'a str,
 }
 
+/// The judge, as errors name it.
+const JUDGE: &str = "the judge";
 /// The most judge prompts one request carries (two rows each for `yes_no`).
 const CHUNK: usize = 32;
 /// The most verdicts remembered; past it the memory starts again.
@@ -177,7 +178,12 @@ impl Judge {
     /// The judge of a validated spec: its endpoint, or its model loaded on `device`.
     pub fn new(spec: &JudgeSpec, device: &Device) -> Result<Self> {
         let backend = match (&spec.base_url, &spec.model, &spec.path) {
-            (Some(url), Some(model), _) => endpoint(spec, url, model)?,
+            (Some(url), Some(model), _) => Backend::Endpoint(Endpoint::connect(
+                "reward.judge",
+                (url, model),
+                spec.api_key_env.as_deref(),
+                (spec.request_timeout_s, spec.request_retries),
+            )?),
             (_, _, Some(path)) => {
                 let path = ember_tasks::expand_path(path)?;
                 let what = || format!("reward.judge.path {}", path.display());
@@ -252,23 +258,8 @@ impl Judge {
     }
 }
 
-/// A judge behind an OpenAI-compatible endpoint.
-struct Endpoint {
-    /// `http://host:port`, without `/v1`.
-    base: String,
-    model: String,
-    agent: ureq::Agent,
-    key: Option<String>,
-    retries: u32,
-}
-
+/// The judge's questions to an endpoint.
 impl Endpoint {
-    /// A GET (without `body`) or POST to `path` of the endpoint, with its key and retries.
-    fn call(&self, path: &str, body: Option<&Value>) -> Result<Value> {
-        let url = format!("{}{path}", self.base);
-        call(&self.agent, &url, body, self.key.as_deref(), self.retries)
-    }
-
     /// P(yes) against P(no) for each prompt: each prompt with either word scored by `echo`.
     fn yes_no(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
         let (yes, no) = (&spec.yes, &spec.no);
@@ -279,7 +270,7 @@ impl Endpoint {
         let body = json!({"model": self.model, "prompt": rows, "max_tokens": 0,
                           "echo": true, "logprobs": 1, "temperature": 0});
         let v = self.call("/v1/completions", Some(&body))?;
-        let choices = choices(&v, rows.len())?;
+        let choices = choices(&v, rows.len(), JUDGE)?;
         let mut out = Vec::with_capacity(prompts.len());
         for pair in choices.chunks(2) {
             let lp_yes = word_log_prob(pair[0], yes)?;
@@ -294,7 +285,7 @@ impl Endpoint {
         let body = json!({"model": self.model, "prompt": prompts,
                           "max_tokens": spec.max_tokens, "temperature": 0});
         let v = self.call("/v1/completions", Some(&body))?;
-        let choices = choices(&v, prompts.len())?;
+        let choices = choices(&v, prompts.len(), JUDGE)?;
         Ok(choices
             .iter()
             .map(|c| score_of(c["text"].as_str().unwrap_or(""), spec.max_score))
@@ -325,54 +316,10 @@ fn chat_format(backend: &Backend) -> Result<ChatFormat> {
     }
 }
 
-/// The endpoint backend of a spec.
-fn endpoint(spec: &JudgeSpec, url: &str, model: &str) -> Result<Backend> {
-    let key = match &spec.api_key_env {
-        Some(var) => Some(
-            std::env::var(var)
-                .map_err(|_| anyhow::anyhow!("reward.judge.api_key_env: ${var} is not set"))?,
-        ),
-        None => None,
-    };
-    let base = url.trim_end_matches('/');
-    let base = base.strip_suffix("/v1").unwrap_or(base);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs_f64(spec.request_timeout_s)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    Ok(Backend::Endpoint(Endpoint {
-        base: base.to_string(),
-        model: model.to_string(),
-        agent,
-        key,
-        retries: spec.request_retries,
-    }))
-}
-
 /// A written verdict as a reward: its first number over `max_score`, clamped to [0, 1]; NaN
 /// (invalid) without a number.
 fn score_of(text: &str, max_score: f64) -> f32 {
     first_number(text).map_or(f32::NAN, |x| (x / max_score).clamp(0.0, 1.0) as f32)
-}
-
-/// The `n` choices of a completions answer, in index order.
-fn choices(v: &Value, n: usize) -> Result<Vec<&Value>> {
-    let list = v["choices"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let mut out: Vec<Option<&Value>> = vec![None; n];
-    for c in list {
-        match c["index"].as_u64().and_then(|i| out.get_mut(i as usize)) {
-            Some(slot) => *slot = Some(c),
-            None => bail!(
-                "the judge answered a choice with a bad index: {}",
-                c["index"]
-            ),
-        }
-    }
-    out.into_iter()
-        .enumerate()
-        .map(|(i, c)| c.ok_or_else(|| anyhow::anyhow!("the judge's answer has no choice {i}")))
-        .collect()
 }
 
 /// The log-probability of `word` at the end of an echoed prompt: the sum over the trailing

@@ -5,6 +5,7 @@
 
 pub mod adaptive;
 pub mod critic;
+pub mod endpoint;
 pub mod jobs;
 pub mod judge;
 pub mod plop;
@@ -14,6 +15,7 @@ pub mod saved;
 pub mod schema;
 pub mod score;
 pub mod step;
+pub mod teacher;
 
 use crate::llm::schema::{Recipe, Warmup};
 use anyhow::{Context, Result, anyhow, bail};
@@ -108,6 +110,14 @@ impl Policy {
         match &self.tok {
             Tok::Char(v) => *v,
             Tok::Real { .. } => chartok::Vocab::Chars,
+        }
+    }
+
+    /// `text`'s token ids without special tokens or a template.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tok {
+            Tok::Char(vocab) => vocab.encode(text).map_err(|m| anyhow!("{text:?}: {m}")),
+            Tok::Real { tok, .. } => Ok(tok.encode_with(text, false)?),
         }
     }
 

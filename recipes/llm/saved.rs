@@ -35,7 +35,7 @@ pub fn load_reference(
     path: &Path,
     ad: &Device,
 ) -> Result<Option<Llama>> {
-    if !(r.train.run.kl_coef > 0.0 && policy.lora.is_none()) {
+    if !(r.own_kl_reference() && policy.lora.is_none()) {
         return Ok(None);
     }
     read_reference(r, policy, path, ad).map(Some)

@@ -106,6 +106,10 @@ pub enum AdvantageKind {
         /// β of the k1 KL folded into the reward (needs `old_log_probs` and `ref_log_probs`).
         #[serde(default)]
         kl_coef: f32,
+        /// Whiten the returns over valid tokens (REINFORCE++ does; on-policy distillation,
+        /// `algorithm = "opd"`, takes each token's return as it is).
+        #[serde(default = "yes")]
+        whiten: bool,
     },
     /// REINFORCE++-baseline (Hu 2025, §3.2; verl
     /// `compute_reinforce_plus_plus_baseline_outcome_advantage`): A = whiten(R − mean_g).
@@ -274,7 +278,7 @@ impl AdvantageConfig {
                 epsilon >= 0.0,
                 "must be >= 0",
             )?,
-            AdvantageKind::ReinforcePlusPlus { gamma, kl_coef } => {
+            AdvantageKind::ReinforcePlusPlus { gamma, kl_coef, .. } => {
                 check_config(
                     "advantage.gamma",
                     gamma.into(),

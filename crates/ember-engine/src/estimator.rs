@@ -35,9 +35,11 @@ pub fn compute_advantages(
             scale_by_std,
         } => grpo(&c, std, epsilon, scale_by_std),
         AdvantageKind::DrGrpo => grpo(&c, StdKind::Unbiased, 0.0, false),
-        AdvantageKind::ReinforcePlusPlus { gamma, kl_coef } => {
-            reinforce_plus_plus(&c, gamma, kl_coef, &mut m)?
-        }
+        AdvantageKind::ReinforcePlusPlus {
+            gamma,
+            kl_coef,
+            whiten,
+        } => reinforce_plus_plus(&c, (gamma, kl_coef), whiten, &mut m)?,
         AdvantageKind::ReinforcePlusPlusBaseline => reinforce_plus_plus_baseline(&c),
         AdvantageKind::Remax => remax(&c)?,
         AdvantageKind::Opo => opo(&c),
@@ -235,8 +237,8 @@ pub(crate) fn grpo(c: &AdvCtx, std: StdKind, epsilon: f32, scale_by_std: bool) -
 /// discounted return over valid steps, with an optional k1 KL in the reward, whitened.
 pub(crate) fn reinforce_plus_plus(
     c: &AdvCtx,
-    gamma: f32,
-    kl_coef: f32,
+    (gamma, kl_coef): (f32, f32),
+    whiten: bool,
     m: &mut Metrics,
 ) -> Result<Estimate> {
     let mut r = c.token_rewards();
@@ -262,10 +264,10 @@ pub(crate) fn reinforce_plus_plus(
         r = r - kl * kl_coef;
     }
     let g = adv::skip_masked_suffix_sum(r, &c.mask, gamma) * c.mask.clone();
-    Ok(Estimate::with_returns(
-        masked_whiten(g.clone(), c.mask.clone()),
-        g,
-    ))
+    Ok(match whiten {
+        true => Estimate::with_returns(masked_whiten(g.clone(), c.mask.clone()), g),
+        false => Estimate::of(g),
+    })
 }
 
 /// REINFORCE++-baseline (Hu 2025, §3.2; verl

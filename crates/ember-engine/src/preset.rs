@@ -90,11 +90,17 @@ pub enum Preset {
     /// with more, a prompt's other samples (at distance 0) dominate its baseline, which then
     /// approaches RLOO's.
     Basis,
+    /// On-policy distillation (Agarwal et al. 2024, GKD, eq. 4 with the reverse KL; the LLM
+    /// recipe of Thinking Machines' "On-Policy Distillation", 2025): the student samples, a
+    /// teacher scores each sampled token, and r_t = log π_teacher(y_t) − log π_student(y_t)
+    /// (the job's `[teacher]` puts it in `token_rewards`) is each token's advantage as it is:
+    /// REINFORCE++'s returns with γ = 0 and no whitening, PPO clip 0.2, token-mean.
+    Opd,
 }
 
 impl Preset {
     /// Every preset, in table order.
-    pub const ALL: [Preset; 19] = [
+    pub const ALL: [Preset; 20] = [
         Self::Grpo,
         Self::Rloo,
         Self::ReinforcePp,
@@ -114,6 +120,7 @@ impl Preset {
         Self::PpoPact,
         Self::Rerule,
         Self::Basis,
+        Self::Opd,
     ];
 
     /// The recipe name of the preset (its serde name).
@@ -138,12 +145,18 @@ impl Preset {
             Self::PpoPact => "ppo-pact",
             Self::Rerule => "rerule",
             Self::Basis => "basis",
+            Self::Opd => "opd",
         }
     }
 
     /// Whether the preset needs multi-turn episodes (turn ids): `kind = "agent"` recipes.
     pub fn multi_turn_only(&self) -> bool {
         self.parts(1).turn_updates.is_some()
+    }
+
+    /// Whether the preset's reward comes from a teacher model (a recipe's `[teacher]`).
+    pub fn needs_teacher(&self) -> bool {
+        *self == Self::Opd
     }
 
     /// Whether the preset trains a critic (PPO's value model).
@@ -227,6 +240,15 @@ impl Preset {
                 let kind = AdvantageKind::ReinforcePlusPlus {
                     gamma: 1.0,
                     kl_coef: 0.0,
+                    whiten: true,
+                };
+                (kind, token_mean(PPO))
+            }
+            Self::Opd => {
+                let kind = AdvantageKind::ReinforcePlusPlus {
+                    gamma: 0.0,
+                    kl_coef: 0.0,
+                    whiten: false,
                 };
                 (kind, token_mean(PPO))
             }

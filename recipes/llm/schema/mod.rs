@@ -1,6 +1,7 @@
 //! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
 use crate::common::config::defaults::{auto, four, ten, two, yes};
+use crate::llm::teacher::{TeacherRole, TeacherSpec};
 use anyhow::{Result, bail};
 use ember_engine::*;
 use ember_tasks::reward::{ExternalSpec, PythonSpec};
@@ -210,6 +211,9 @@ pub struct Recipe {
     /// Training on a fixed dataset instead of rollouts (the offline job runs the recipe).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offline: Option<offline::OfflineSpec>,
+    /// A teacher scoring every sampled token: on-policy distillation or the KL reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<TeacherSpec>,
 }
 
 /// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
@@ -273,7 +277,11 @@ impl Recipe {
             || w.overlong.is_some()
             || w.external.as_ref().is_some_and(|x| x.weight != 0.0)
             || w.python.is_some()
-            || w.judge.as_ref().is_some_and(|j| j.weight != 0.0);
+            || w.judge.as_ref().is_some_and(|j| j.weight != 0.0)
+            || self
+                .teacher
+                .as_ref()
+                .is_some_and(|t| t.role == TeacherRole::Reward && t.coef > 0.0);
         if !any {
             bail!(
                 "[reward]: every term has weight 0 (reward.correct, reward.format, no overlong \
@@ -399,7 +407,20 @@ impl Recipe {
             );
         }
         parts.advantage.validate()?;
+        let kl_coef = self.train.run.kl_coef;
+        let teacher = self.teacher.as_ref();
+        crate::llm::teacher::check(teacher, self.algorithm, self.offline.is_some(), kl_coef)?;
         Ok(())
+    }
+
+    /// Whether the run keeps a KL reference of its own (the starting policy): a KL term whose
+    /// reference is not the teacher.
+    pub fn own_kl_reference(&self) -> bool {
+        let teacher_kl = self
+            .teacher
+            .as_ref()
+            .is_some_and(|t| t.role == TeacherRole::Kl);
+        self.train.run.kl_coef > 0.0 && !teacher_kl
     }
 
     /// Reinforce-Ada's rounds (`rollout.reinforce_ada`) against the rest of the recipe.

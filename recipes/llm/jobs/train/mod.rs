@@ -16,6 +16,7 @@ use crate::llm::step::{
     Reference, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features, rescore,
     rollout_metrics, rollout_sampling, stats_line,
 };
+use crate::llm::teacher::Teacher;
 use crate::llm::{Policy, evaluate, evaluate_sampled, write_final};
 use anyhow::Result;
 use burn::module::Module;
@@ -96,6 +97,8 @@ struct Job<'a> {
     replay: Option<Replay>,
     /// `backend = "openai"`: the servers that sample the rollouts.
     remote: Option<Remote>,
+    /// `[teacher]`: the model that scores every sampled token.
+    teacher: Option<Teacher>,
     accuracy_before: f64,
     accuracy_after: f64,
     steps_done: usize,
@@ -127,7 +130,7 @@ struct Sampled {
 impl Job<'_> {
     /// What a KL term compares with: the separate reference, or the adapters-off weights.
     fn kl_reference(&self) -> Option<Reference<'_>> {
-        (self.r.train.run.kl_coef > 0.0).then_some(match &self.reference {
+        self.r.own_kl_reference().then_some(match &self.reference {
             Some(m) => Reference::Model(m),
             None => Reference::AdaptersOff,
         })
@@ -228,7 +231,7 @@ impl Job<'_> {
             Some((g2, r2)) => (g2, r2.as_slice()),
             None => (&g, rewards.as_slice()),
         };
-        let (batch, exp) = self.rescored(step, &sampled, (&g, gt, rt), &mut timing)?;
+        let (batch, exp) = self.rescored(step, &sampled, (&g, gt, rt), &mut timing, row)?;
         // Filters: DAPO's dynamic sampling drops groups whose rewards are all equal.
         let (kept, dropped_groups) = if self.parts.dynamic_sampling {
             dynamic_sampling_keep(&batch)
@@ -314,14 +317,15 @@ impl Job<'_> {
     }
 
     /// The batch of `gt` (the fresh generation `g` and any replayed groups) with rewards `rt`:
-    /// the overlong penalty, old-policy and reference log-probs without gradients, BASIS's
-    /// features and ReMax's greedy baseline.
+    /// the overlong penalty, old-policy and reference log-probs without gradients, the
+    /// teacher's part, BASIS's features and ReMax's greedy baseline.
     fn rescored(
         &mut self,
         step: usize,
         s: &Sampled,
         (g, gt, rt): (&Generation, &Generation, &[f32]),
         timing: &mut Vec<(&'static str, f64)>,
+        row: &mut Row,
     ) -> Result<(RolloutBatch, LlmExperience)> {
         let (r, ad) = (self.r, &self.ad);
         let (seq, seq_mask) = gt.sequences();
@@ -351,6 +355,11 @@ impl Job<'_> {
         if recompute || kl_reference.is_some() {
             let _ = self.base.sync();
             timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
+        }
+        if let Some(t) = &self.teacher {
+            let t_teacher = Instant::now();
+            batch = t.apply(batch, &host_exp, ad, row)?;
+            timing.push(("timing_s/teacher", t_teacher.elapsed().as_secs_f64()));
         }
         let kind = self.parts.advantage.kind;
         if kind.needs_features() {

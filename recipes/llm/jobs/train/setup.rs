@@ -10,6 +10,7 @@ use crate::llm::saved::load_reference;
 use crate::llm::schema::{Recipe, RolloutBackend};
 use crate::llm::score::Scorer;
 use crate::llm::step::{optimizer, update_config};
+use crate::llm::teacher::Teacher;
 use crate::llm::{build_policy, evaluate, load_checkpoint, warm_up};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
@@ -60,6 +61,10 @@ impl<'a> Job<'a> {
             critic: None,
             replay: None,
             remote: None,
+            teacher: match &r.teacher {
+                Some(t) => Some(Teacher::new(t, &base, &policy, &eval[0].prompt)?),
+                None => None,
+            },
             reference: None,
             accuracy_before: 0.0,
             accuracy_after: 0.0,
@@ -96,7 +101,7 @@ impl<'a> Job<'a> {
                 self.run
                     .say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
             }
-            if r.train.run.kl_coef > 0.0 && self.policy.lora.is_none() {
+            if r.own_kl_reference() && self.policy.lora.is_none() {
                 let record = self.policy.model.clone().into_record();
                 ember_train::io::write_atomic_with(&reference_path, |tmp| {
                     record.save(tmp).map_err(|e| anyhow!("{e}"))

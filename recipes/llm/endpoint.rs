@@ -1,0 +1,74 @@
+//! A model behind an OpenAI-compatible endpoint (`ember serve`, vLLM, SGLang) that a job asks
+//! beside its policy: a judge, a teacher. The connection (the URL without `/v1`, the API key
+//! from an environment variable, the timeout and retries of the one HTTP client) and the
+//! choices of a completions answer, in index order.
+
+use super::remote::call;
+use anyhow::{Result, anyhow, bail};
+use serde_json::Value;
+use std::time::Duration;
+
+/// A connected endpoint.
+pub struct Endpoint {
+    /// `http://host:port`, without `/v1`.
+    pub base: String,
+    /// The model's name on the endpoint.
+    pub model: String,
+    agent: ureq::Agent,
+    key: Option<String>,
+    retries: u32,
+}
+
+impl Endpoint {
+    /// The endpoint at `url` (with or without `/v1`); `table` names the recipe table in errors.
+    pub fn connect(
+        table: &str,
+        (url, model): (&str, &str),
+        api_key_env: Option<&str>,
+        (timeout_s, retries): (f64, u32),
+    ) -> Result<Self> {
+        let key = match api_key_env {
+            Some(var) => Some(
+                std::env::var(var)
+                    .map_err(|_| anyhow!("{table}.api_key_env: ${var} is not set"))?,
+            ),
+            None => None,
+        };
+        let base = url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs_f64(timeout_s)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Ok(Self {
+            base: base.to_string(),
+            model: model.to_string(),
+            agent,
+            key,
+            retries,
+        })
+    }
+
+    /// A GET (without `body`) or POST to `path` of the endpoint, with its key and retries.
+    pub fn call(&self, path: &str, body: Option<&Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.base);
+        call(&self.agent, &url, body, self.key.as_deref(), self.retries)
+    }
+}
+
+/// The `n` choices of a completions answer, in index order; `who` names the model in errors.
+pub fn choices<'a>(v: &'a Value, n: usize, who: &str) -> Result<Vec<&'a Value>> {
+    let list = v["choices"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let mut out: Vec<Option<&Value>> = vec![None; n];
+    for c in list {
+        match c["index"].as_u64().and_then(|i| out.get_mut(i as usize)) {
+            Some(slot) => *slot = Some(c),
+            None => bail!("{who} answered a choice with a bad index: {}", c["index"]),
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, c)| c.ok_or_else(|| anyhow!("{who}'s answer has no choice {i}")))
+        .collect()
+}

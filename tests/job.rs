@@ -125,6 +125,42 @@ fn resume_equals_uninterrupted_run() {
     std::fs::remove_dir_all(&b).ok();
 }
 
+/// The pipelined rollout (`rollout.max_staleness = 1`): the first step's rollout is the
+/// synchronous run's (drawn first, with the same weights), every later one is one update old
+/// (`staleness/*`), π_old is recomputed and the mismatch correction weighs the sampler's
+/// log-probs against it; a stop at step 3 saves the rollout in flight (`pipeline.json`), and
+/// the resumed run equals the uninterrupted one.
+#[test]
+fn pipelined_rollouts_are_one_step_stale_and_resume_exactly() {
+    let (sync, a, b) = (tmp("k0"), tmp("k1-a"), tmp("k1-b"));
+    let k1 = ["rollout.max_staleness=1"];
+    for (out, extra, flags) in [(&sync, &[][..], &[][..]), (&a, &k1[..], &[][..])] {
+        let o = train(out, extra, flags);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let o = train(&b, &k1, &["--stop-after", "3"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(b.join("checkpoints/step-00000003/pipeline.json").exists());
+    let o = train(&b, &k1, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (r0, ra, rb) = (
+        common::metric_rows(&sync),
+        common::metric_rows(&a),
+        common::metric_rows(&b),
+    );
+    assert_eq!(ra, rb, "resumed metrics differ from the uninterrupted run");
+    assert_eq!(r0[1]["rollout/reward_mean"], ra[1]["rollout/reward_mean"]);
+    for (i, r) in ra.iter().enumerate().skip(1) {
+        let want = if i == 1 { 0.0 } else { 1.0 };
+        assert_eq!(r["staleness/max"].as_f64(), Some(want), "row {i}");
+        assert!(r.contains_key("mismatch/is_weight_mean"), "row {i}");
+    }
+    assert!(r0[2]["staleness/max"].as_f64() == Some(0.0));
+    for d in [&sync, &a, &b] {
+        std::fs::remove_dir_all(d).ok();
+    }
+}
+
 /// `final/` carries a manifest: a flipped bit in its weights makes `ember eval` fail naming the
 /// file (it used to evaluate the damaged weights and exit 0); a file added to it is allowed.
 fn final_damage_is_named(run: &Path) {
@@ -321,6 +357,57 @@ fn an_error_mid_run_keeps_the_last_completed_step() {
     let rows = common::metric_rows(&out);
     assert_eq!(rows.last().unwrap()["step"], 2.0);
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// The same with the pipeline (`rollout.max_staleness = 1`): the checkpoint after the error
+/// puts back the rollout the failed step took, drops the one it drew, and rewinds the RNG, so
+/// the resumed run equals a run without the error.
+#[test]
+fn an_error_mid_run_rewinds_the_pipeline() {
+    let dir = tmp("midrun-k1");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Fails at its third request unless the marker exists (it leaves one): a second process,
+    // the resumed run's, answers them all.
+    let program = "import sys, json, os\n\
+                   m = sys.argv[1]\n\
+                   for i, line in enumerate(sys.stdin):\n    \
+                   if i == 2 and not os.path.exists(m): open(m, 'w').close(); sys.exit(4)\n    \
+                   items = json.loads(line)['items']\n    \
+                   print(json.dumps({'rewards': [len(x['completion']) % 2 for x in items]}), \
+                   flush=True)";
+    let run = |out: &Path, marker: &Path, flags: &[&str]| {
+        let external = format!(
+            "reward.external={{command=[\"python3\", \"-c\", {program:?}, {:?}], weight=1.0, \
+             timeout_s=30}}",
+            marker.display().to_string()
+        );
+        let sets = [
+            "train.checkpoint_every=0",
+            "rollout.max_staleness=1",
+            &external,
+        ];
+        train(out, &sets, flags)
+    };
+    let (failed, clean) = (dir.join("failed"), dir.join("clean"));
+    let present = dir.join("present");
+    std::fs::write(&present, "").unwrap();
+    let o = run(&clean, &present, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&failed, &dir.join("marker"), &[]);
+    assert!(
+        stderr(&o).contains("checkpoint of step 2"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        failed
+            .join("checkpoints/step-00000002/pipeline.json")
+            .exists()
+    );
+    let o = run(&failed, &dir.join("marker"), &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(common::metric_rows(&clean), common::metric_rows(&failed));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A reward program that answers only `null` trains nothing: each such step says so on stderr

@@ -26,6 +26,10 @@ pub(crate) mod defaults {
     pub fn auto() -> String {
         "auto".into()
     }
+    /// `skip_serializing_if` of a count whose default is 0.
+    pub fn is_zero(n: &usize) -> bool {
+        *n == 0
+    }
 }
 
 /// Removes the top-level `kind` from a recipe table and returns it (`"llm"` when absent).

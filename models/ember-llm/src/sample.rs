@@ -242,7 +242,7 @@ impl Generation {
 
     /// Pads the prompt columns on the left to `p2` and the response columns on the right to
     /// `n2` (no-ops where already that wide).
-    fn pad_to(self, p2: usize, n2: usize) -> Generation {
+    pub fn pad_to(self, p2: usize, n2: usize) -> Generation {
         let [rows, p] = self.prompt_tokens.dims();
         let n = self.tokens.dims()[1];
         let (p2, n2) = (p2.max(p), n2.max(n));

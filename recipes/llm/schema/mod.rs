@@ -568,7 +568,8 @@ impl Recipe {
         // Replayed rows are stale, and a server's numbers are not the trainer's: without a
         // correction in the loss they would be trained as if the current policy had sampled
         // them, so replay and the openai backend bring the default one.
-        if (parts.replay.is_some() || !self.rollout.backend.is_local())
+        let stale = self.rollout.max_staleness > 0;
+        if (parts.replay.is_some() || !self.rollout.backend.is_local() || stale)
             && parts.loss.mismatch.is_none()
         {
             parts.loss.mismatch = Some(MismatchCorrection::default());

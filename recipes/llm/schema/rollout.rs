@@ -25,6 +25,14 @@ pub struct RolloutSpec {
     /// changes its settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reinforce_ada: Option<ember_engine::ReinforceAda>,
+    /// The pipeline's staleness bound k: the rollout of step t + k is generated (by a worker
+    /// thread, here or on the servers) while step t trains, with the weights of step t, so no
+    /// sample is more than k updates old. 0 (the default) waits for each step's rollout.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::common::config::defaults::is_zero"
+    )]
+    pub max_staleness: usize,
     /// Where rollouts are sampled: `"local"` (the trainer's own KV-cache sampler, the default)
     /// or `"openai"` (OpenAI-compatible servers: `ember serve`, vLLM, SGLang; the adapter is
     /// pushed to them after every update, and the mismatch correction is on by default).
@@ -82,6 +90,18 @@ impl RolloutSpec {
     /// (`adaptive`).
     pub fn validate_backend(&self, adaptive: bool) -> Result<()> {
         let ro = self;
+        if ro.max_staleness > 16 {
+            bail!(
+                "rollout.max_staleness = {} must be at most 16",
+                ro.max_staleness
+            );
+        }
+        if ro.max_staleness > 0 && adaptive {
+            bail!(
+                "rollout.max_staleness: Reinforce-Ada's rounds score each round before drawing \
+                 the next, so they cannot run ahead of training; set it to 0"
+            );
+        }
         if ro.backend.is_local() {
             if !ro.base_urls.is_empty()
                 || ro.model.is_some()

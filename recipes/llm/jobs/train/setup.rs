@@ -4,12 +4,13 @@
 
 use super::Job;
 use crate::llm::critic::Critic;
+use crate::llm::pipeline::Pipeline;
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Limits, Replay};
 use crate::llm::saved::load_reference;
 use crate::llm::schema::{Recipe, RolloutBackend};
 use crate::llm::score::Scorer;
-use crate::llm::step::{optimizer, update_config};
+use crate::llm::step::{optimizer, rollout_sampling, update_config};
 use crate::llm::teacher::Teacher;
 use crate::llm::{build_policy, evaluate, load_checkpoint, warm_up};
 use anyhow::{Context, Result, anyhow, bail};
@@ -21,7 +22,7 @@ use ember_tasks::task::{Rng, TaskSet};
 use ember_train::DataParallel;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 impl<'a> Job<'a> {
@@ -61,6 +62,10 @@ impl<'a> Job<'a> {
             critic: None,
             replay: None,
             remote: None,
+            pipeline: parts
+                .adaptive
+                .is_none()
+                .then(|| Pipeline::new(r.rollout.max_staleness, &base)),
             teacher: match &r.teacher {
                 Some(t) => Some(Teacher::new(t, &base, &policy, &eval[0].prompt)?),
                 None => None,
@@ -161,10 +166,15 @@ impl<'a> Job<'a> {
                 .take()
                 .map(|rp| rp.load(dir, &limits))
                 .transpose()?;
+            if let Some(pl) = self.pipeline.as_mut() {
+                let stop = self.policy.stop.clone();
+                let sc_of = |seed| rollout_sampling(r, &stop, seed);
+                pl.load(dir, limits.step, limits.vocab, &sc_of)?;
+            }
         }
         self.remote = match r.rollout.backend {
             RolloutBackend::Local => None,
-            RolloutBackend::Openai => Some(Remote::connect(
+            RolloutBackend::Openai => Some(Arc::new(Mutex::new(Remote::connect(
                 &r.rollout.base_urls,
                 r.rollout.model.as_deref().unwrap_or_default(),
                 r.rollout.request_timeout_s.unwrap_or(600.0),
@@ -172,7 +182,7 @@ impl<'a> Job<'a> {
                 &format!("{}-{}", r.name, std::process::id()),
                 &self.out.join("serving"),
                 r.rollout.server_keys()?,
-            )?),
+            )?))),
         };
         Ok(())
     }

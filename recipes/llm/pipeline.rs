@@ -1,0 +1,359 @@
+//! The pipelined rollout (`rollout.max_staleness = k`). One generation worker, a thread that
+//! samples on the run's device or sends the prompts to the servers, answers the steps' draws in
+//! order while the trainer scores and updates. At step t the trainer draws the rollout of step
+//! t + k (its prompts and sampling seed, from the run's RNG, so draws keep the run's order) and
+//! hands it to the worker with the weights of step t; then it takes step t's rollout. So no
+//! sample is more than k updates old, and k = 0 is the synchronous run: step t's rollout drawn,
+//! generated and taken at once. Rollouts in flight at a checkpoint are waited for and saved
+//! (`pipeline.json`), so a resumed run continues with the very samples the uninterrupted run
+//! trains on.
+
+use super::remote::Remote;
+use super::step::{Row, rows_generation};
+use anyhow::{Context, Result, anyhow, bail};
+use burn::tensor::Device;
+use ember_llm::{Generation, Llama, SamplingConfig, generate};
+use ember_tasks::task::Example;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The pipeline's file in a checkpoint.
+pub const PIPELINE: &str = "pipeline.json";
+
+/// A step's rollout as the trainer drew it.
+#[derive(Debug, Clone)]
+pub struct Draw {
+    /// The RL step that trains on it.
+    pub step: usize,
+    /// The step whose weights generate it (staleness = step − version).
+    pub version: usize,
+    pub examples: Vec<Example>,
+    pub prompts: Vec<Vec<u32>>,
+    pub sc: SamplingConfig,
+}
+
+/// A generated rollout and what it cost.
+pub struct Produced {
+    pub g: Generation,
+    /// Seconds the worker waited for this job before it (its idle time).
+    pub idle_s: f64,
+    /// `(healthy servers, rows sent again)` when servers generated it.
+    pub health: Option<(usize, usize)>,
+}
+
+/// Who generates a draw: its version's weights on the run's device, or the servers, which were
+/// given those weights when it was drawn.
+pub enum Source {
+    Local(Box<Llama>),
+    Remote(Arc<Mutex<Remote>>),
+}
+
+struct Job {
+    source: Source,
+    prompts: Vec<Vec<u32>>,
+    sc: SamplingConfig,
+    vocab: usize,
+    reply: Sender<Result<Produced>>,
+}
+
+enum Slot {
+    InFlight(Receiver<Result<Produced>>),
+    Ready(Box<Produced>),
+}
+
+/// The queue of drawn rollouts (consecutive steps) and the worker that generates them.
+pub struct Pipeline {
+    /// k, the staleness bound.
+    pub depth: usize,
+    queue: VecDeque<(Draw, Slot)>,
+    /// The rollout the running step took (what a checkpoint after an error puts back).
+    current: Option<(Draw, Generation)>,
+    jobs: Sender<Job>,
+    device: Device,
+}
+
+impl Pipeline {
+    /// An empty pipeline of bound `depth` whose worker generates on `device`.
+    pub fn new(depth: usize, device: &Device) -> Self {
+        let (jobs, rx) = channel::<Job>();
+        let dev = device.clone();
+        std::thread::spawn(move || {
+            loop {
+                let waiting = Instant::now();
+                let Ok(job) = rx.recv() else { break };
+                let idle_s = waiting.elapsed().as_secs_f64();
+                let out = run_job(&job, &dev).map(|(g, health)| Produced { g, idle_s, health });
+                // The trainer may have gone (an error ended the run): nothing to answer.
+                let _ = job.reply.send(out);
+            }
+        });
+        Self {
+            depth,
+            queue: VecDeque::new(),
+            current: None,
+            jobs,
+            device: device.clone(),
+        }
+    }
+
+    /// The next step to draw while the running step is `step`, if the bound and the run's
+    /// `steps` allow one more.
+    pub fn next_to_draw(&self, step: usize, steps: usize) -> Option<usize> {
+        let next = step + self.queue.len();
+        (self.queue.len() <= self.depth && next < steps).then_some(next)
+    }
+
+    /// Hands `draw` to the worker.
+    pub fn launch(&mut self, draw: Draw, source: Source, vocab: usize) -> Result<()> {
+        let (reply, rx) = channel();
+        let job = Job {
+            source,
+            prompts: draw.prompts.clone(),
+            sc: draw.sc.clone(),
+            vocab,
+            reply,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| anyhow!("the generation worker has stopped"))?;
+        self.queue.push_back((draw, Slot::InFlight(rx)));
+        Ok(())
+    }
+
+    /// Step `step`'s rollout, waiting for it if it is still being generated; also the seconds
+    /// waited.
+    pub fn take(&mut self, step: usize) -> Result<(Draw, Produced, f64)> {
+        let (draw, slot) = self
+            .queue
+            .pop_front()
+            .context("no rollout was drawn for the step")?;
+        if draw.step != step {
+            bail!(
+                "the pipeline holds step {}'s rollout at step {step}",
+                draw.step
+            );
+        }
+        let t = Instant::now();
+        let p = ready(slot)?;
+        self.current = Some((draw.clone(), p.g.clone()));
+        Ok((draw, p, t.elapsed().as_secs_f64()))
+    }
+
+    /// The step ended: its rollout is no longer put back.
+    pub fn step_done(&mut self) {
+        self.current = None;
+    }
+
+    /// After an error in step `step`: the queue as the step found it (its own rollout back in
+    /// front, what the step drew dropped: the run's RNG is rewound to the step's start too).
+    pub fn rewind(&mut self, step: usize) {
+        self.queue.retain(|(d, _)| d.step < step + self.depth);
+        if let Some((d, g)) = self.current.take() {
+            let p = Produced {
+                g,
+                idle_s: 0.0,
+                health: None,
+            };
+            self.queue.push_front((d, Slot::Ready(Box::new(p))));
+        }
+    }
+
+    /// Writes the queue into checkpoint `dir`, after waiting for what is in flight (nothing is
+    /// written when the queue is empty).
+    pub fn save(&mut self, dir: &Path) -> Result<()> {
+        for (d, slot) in std::mem::take(&mut self.queue) {
+            self.queue.push_back((d, Slot::Ready(Box::new(ready(slot)?))));
+        }
+        if self.queue.is_empty() {
+            return Ok(());
+        }
+        let saved = self
+            .queue
+            .iter()
+            .map(|(d, slot)| match slot {
+                Slot::Ready(p) => saved_draw(d, &p.g),
+                Slot::InFlight(_) => unreachable!("waited for above"),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        std::fs::write(dir.join(PIPELINE), serde_json::to_string(&saved)?)
+            .context("writing the pipeline's rollouts")
+    }
+
+    /// The queue saved in checkpoint `dir` of a run resumed at `step`, each draw's sampling
+    /// settings from its seed (`sc_of`); every entry checked, so a damaged file is named.
+    pub fn load(
+        &mut self,
+        dir: &Path,
+        step: usize,
+        vocab: usize,
+        sc_of: &dyn Fn(u64) -> SamplingConfig,
+    ) -> Result<()> {
+        let p = dir.join(PIPELINE);
+        if !p.exists() {
+            return Ok(());
+        }
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let saved: Vec<SavedDraw> = serde_json::from_str(&text)
+            .map_err(|e| anyhow!("{}: not a pipeline of rollouts: {e}", p.display()))?;
+        if saved.len() > self.depth + 1 {
+            bail!(
+                "{}: {} rollouts, more than max_staleness + 1",
+                p.display(),
+                saved.len()
+            );
+        }
+        for (i, s) in saved.into_iter().enumerate() {
+            let bad = |m: String| anyhow!("{}: rollout {i}: {m}", p.display());
+            s.check(step + i, vocab).map_err(bad)?;
+            let g = s.generation(&self.device);
+            let draw = Draw {
+                step: s.step,
+                version: s.version,
+                sc: sc_of(s.seed),
+                examples: s.examples,
+                prompts: s.prompts,
+            };
+            let p = Produced {
+                g,
+                idle_s: 0.0,
+                health: None,
+            };
+            self.queue.push_back((draw, Slot::Ready(Box::new(p))));
+        }
+        Ok(())
+    }
+}
+
+/// A slot's rollout, waiting for the worker when it is in flight.
+fn ready(slot: Slot) -> Result<Produced> {
+    match slot {
+        Slot::Ready(p) => Ok(*p),
+        Slot::InFlight(rx) => rx
+            .recv()
+            .map_err(|_| anyhow!("the generation worker stopped before answering"))?,
+    }
+}
+
+/// One job on the worker: the rollout, and the servers' health when they generated it.
+fn run_job(job: &Job, device: &Device) -> Result<(Generation, Option<(usize, usize)>)> {
+    match &job.source {
+        Source::Local(model) => Ok((generate(model, &job.prompts, &job.sc, device)?, None)),
+        Source::Remote(rm) => {
+            let mut rm = rm
+                .lock()
+                .map_err(|_| anyhow!("the servers' client was left broken by a failed call"))?;
+            let g = rm.generate(&job.prompts, &job.sc, job.vocab, device)?;
+            Ok((g, Some(rm.health())))
+        }
+    }
+}
+
+/// A rollout as `pipeline.json` holds it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedDraw {
+    step: usize,
+    version: usize,
+    examples: Vec<Example>,
+    prompts: Vec<Vec<u32>>,
+    seed: u64,
+    group_ids: Vec<usize>,
+    responses: Vec<Vec<u32>>,
+    log_probs: Vec<Vec<f32>>,
+    truncated: Vec<bool>,
+    /// The sampler's prompt and response columns (the layout is restored exactly, so that
+    /// every sum over it adds in the same order).
+    widths: [usize; 2],
+}
+
+/// `g` as saved (one host read of its log-probs).
+fn saved_draw(d: &Draw, g: &Generation) -> Result<SavedDraw> {
+    let responses = g.response_ids();
+    let [rows, n] = g.log_probs.dims();
+    let lp: Vec<f32> = g
+        .log_probs
+        .clone()
+        .try_into_vec_as::<f32>()
+        .map_err(|e| anyhow!("reading the rollout's log-probs: {e:?}"))?;
+    let log_probs = (0..rows)
+        .map(|r| {
+            lp[r * n..r * n + responses[r].len()]
+                .iter()
+                .map(|x| x.clamp(-1e4, 0.0))
+                .collect()
+        })
+        .collect();
+    Ok(SavedDraw {
+        step: d.step,
+        version: d.version,
+        examples: d.examples.clone(),
+        prompts: d.prompts.clone(),
+        seed: d.sc.seed,
+        group_ids: g.group_ids.clone(),
+        responses,
+        log_probs,
+        truncated: g.truncated.clone(),
+        widths: [g.prompt_tokens.dims()[1], n],
+    })
+}
+
+impl SavedDraw {
+    /// The step it is for, a version not after it, one example per prompt, and rows of known
+    /// prompts with one log-prob per token and token ids inside the vocabulary.
+    fn check(&self, step: usize, vocab: usize) -> std::result::Result<(), String> {
+        if self.step != step || self.version > self.step {
+            return Err(format!(
+                "for step {} with the weights of step {}, expected step {step}",
+                self.step, self.version
+            ));
+        }
+        let rows = self.group_ids.len();
+        let same = [
+            self.responses.len(),
+            self.log_probs.len(),
+            self.truncated.len(),
+        ];
+        if rows == 0 || same.iter().any(|&n| n != rows) || self.examples.len() != self.prompts.len()
+        {
+            return Err("lists of different lengths".into());
+        }
+        let known = self.group_ids.iter().all(|&g| g < self.prompts.len());
+        let fits = self.responses.iter().zip(&self.log_probs).all(|(r, l)| {
+            !r.is_empty() && r.len() == l.len() && l.iter().all(|x| x.is_finite() && *x <= 0.0)
+        });
+        let ids = self.prompts.iter().chain(&self.responses).flatten();
+        if !known || !fits || ids.clone().any(|&t| t as usize >= vocab) {
+            return Err(
+                "a row of an unknown prompt, a bad log-prob or a token id out of range".into(),
+            );
+        }
+        if self.prompts.iter().any(Vec::is_empty) {
+            return Err("an empty prompt".into());
+        }
+        let longest = |v: &[Vec<u32>]| v.iter().map(Vec::len).max().unwrap_or(0);
+        let [p, n] = self.widths;
+        if p < longest(&self.prompts) || n < longest(&self.responses) || p.max(n) > 1 << 20 {
+            return Err(format!("columns {:?} do not hold the rows", self.widths));
+        }
+        Ok(())
+    }
+
+    /// The rollout laid out as the sampler lays it out.
+    fn generation(&self, device: &Device) -> Generation {
+        let rows: Vec<Row> = (0..self.group_ids.len())
+            .map(|i| Row {
+                prompt: &self.prompts[self.group_ids[i]],
+                response: &self.responses[i],
+                log_probs: Some(&self.log_probs[i]),
+                truncated: self.truncated[i],
+            })
+            .collect();
+        let [p, n] = self.widths;
+        rows_generation(&rows, self.group_ids.clone(), device).pad_to(p, n)
+    }
+}

@@ -585,3 +585,36 @@ fn teacher_table_is_checked() {
     .unwrap_err();
     assert!(e.contains("offline"), "{e}");
 }
+
+/// `rollout.max_staleness`: at most 16, not with Reinforce-Ada's rounds nor the offline job.
+#[test]
+fn max_staleness_is_checked() {
+    let text = recipe_text();
+    let set = |v: &[&str]| parse(&text, &v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(
+        set(&["rollout.max_staleness=2"])
+            .unwrap()
+            .rollout
+            .max_staleness,
+        2
+    );
+    let e = set(&["rollout.max_staleness=17"]).unwrap_err().to_string();
+    assert!(e.contains("at most 16"), "{e}");
+    let e = set(&["rollout.max_staleness=1", "algorithm=\"reinforce-ada\""]).unwrap_err();
+    assert!(e.to_string().contains("Reinforce-Ada"), "{e}");
+    let offline = [
+        "offline.data=\"d.jsonl\"",
+        "offline.objective={kind=\"sft\"}",
+    ];
+    let e = set(&[offline[0], offline[1], "rollout.max_staleness=1"]).unwrap_err();
+    assert!(e.to_string().contains("offline"), "{e}");
+    // The mismatch correction comes with the pipeline.
+    assert!(
+        set(&["rollout.max_staleness=1"])
+            .unwrap()
+            .algorithm_parts()
+            .loss
+            .mismatch
+            .is_some()
+    );
+}

@@ -876,6 +876,19 @@ fn main_job_pushes_its_weights_to_the_servers() {
         let max = y["mismatch/is_ratio_max"].as_f64().unwrap();
         assert!((max - 1.0).abs() < 1e-3, "step {}: {max}", y["step"]);
     }
+    // Pipelined (max_staleness = 1): the first rollout is the synchronous one, the next ones
+    // come from the servers one update old, each after the push of the weights that made it.
+    let piped = base.join("piped");
+    let mut sets = remote(&[a.port]);
+    sets.push("rollout.max_staleness=1".into());
+    let o = tiny_train(&piped, &sets);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = metric_rows(&piped);
+    assert_eq!(p[1]["rollout/reward_mean"], r[1]["rollout/reward_mean"]);
+    for (i, x) in p.iter().enumerate().skip(1) {
+        assert_eq!(x["staleness/max"].as_f64(), Some(if i == 1 { 0.0 } else { 1.0 }));
+        assert!(x["mismatch/is_ratio_max"].as_f64().unwrap() < 10.0);
+    }
     let o = tiny_train(&two, &remote(&[a.port, b.port]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(metric_rows(&two).len(), 4);

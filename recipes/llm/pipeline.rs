@@ -166,7 +166,8 @@ impl Pipeline {
     /// written when the queue is empty).
     pub fn save(&mut self, dir: &Path) -> Result<()> {
         for (d, slot) in std::mem::take(&mut self.queue) {
-            self.queue.push_back((d, Slot::Ready(Box::new(ready(slot)?))));
+            self.queue
+                .push_back((d, Slot::Ready(Box::new(ready(slot)?))));
         }
         if self.queue.is_empty() {
             return Ok(());

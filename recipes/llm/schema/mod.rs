@@ -477,6 +477,9 @@ impl Recipe {
     fn validate_tables(&self, parts: &PresetParts) -> Result<()> {
         if let Some(o) = &self.offline {
             o.validate()?;
+            if self.rollout.max_staleness > 0 {
+                bail!("rollout.max_staleness paces rollouts; the offline job samples none");
+            }
             if !self.data_parallel.is_default() {
                 bail!(
                     "[data_parallel] shards the online update; the offline objectives \

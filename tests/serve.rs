@@ -886,7 +886,10 @@ fn main_job_pushes_its_weights_to_the_servers() {
     let p = metric_rows(&piped);
     assert_eq!(p[1]["rollout/reward_mean"], r[1]["rollout/reward_mean"]);
     for (i, x) in p.iter().enumerate().skip(1) {
-        assert_eq!(x["staleness/max"].as_f64(), Some(if i == 1 { 0.0 } else { 1.0 }));
+        assert_eq!(
+            x["staleness/max"].as_f64(),
+            Some(if i == 1 { 0.0 } else { 1.0 })
+        );
         assert!(x["mismatch/is_ratio_max"].as_f64().unwrap() < 10.0);
     }
     let o = tiny_train(&two, &remote(&[a.port, b.port]));

@@ -9,7 +9,7 @@
 //! trains on.
 
 use super::remote::Remote;
-use super::step::{Row, rows_generation};
+use super::step::{Row, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use ember_llm::{Generation, Llama, SamplingConfig, generate};
@@ -274,21 +274,8 @@ struct SavedDraw {
 
 /// `g` as saved (one host read of its log-probs).
 fn saved_draw(d: &Draw, g: &Generation) -> Result<SavedDraw> {
-    let responses = g.response_ids();
-    let [rows, n] = g.log_probs.dims();
-    let lp: Vec<f32> = g
-        .log_probs
-        .clone()
-        .try_into_vec_as::<f32>()
-        .map_err(|e| anyhow!("reading the rollout's log-probs: {e:?}"))?;
-    let log_probs = (0..rows)
-        .map(|r| {
-            lp[r * n..r * n + responses[r].len()]
-                .iter()
-                .map(|x| x.clamp(-1e4, 0.0))
-                .collect()
-        })
-        .collect();
+    let (responses, log_probs) = responses_and_log_probs(g)?;
+    let n = g.tokens.dims()[1];
     Ok(SavedDraw {
         step: d.step,
         version: d.version,

@@ -4,7 +4,7 @@
 //! correct their staleness), then the step's own hard groups are admitted. The buffer is
 //! written into every checkpoint (`replay.json`), so a resumed run replays the same groups.
 
-use crate::llm::step::{Row, rows_generation};
+use crate::llm::step::{Row, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use ember_engine::*;
@@ -201,13 +201,7 @@ impl Replay {
         g: &Generation,
         rewards: &[f32],
     ) -> Result<Vec<StoredGroup>> {
-        let ids = g.response_ids();
-        let [rows, n] = g.log_probs.dims();
-        let lp: Vec<f32> = g
-            .log_probs
-            .clone()
-            .try_into_vec_as::<f32>()
-            .map_err(|e| anyhow!("reading the rollout's log-probs: {e:?}"))?;
+        let (ids, lps) = responses_and_log_probs(g)?;
         let mut out: Vec<StoredGroup> = prompts
             .iter()
             .map(|p| StoredGroup {
@@ -218,17 +212,10 @@ impl Replay {
                 truncated: Vec::new(),
             })
             .collect();
-        for r in 0..rows {
+        for (r, row_lp) in lps.into_iter().enumerate() {
             let grp = out
                 .get_mut(g.group_ids[r])
                 .context("a rollout row names a prompt outside the step")?;
-            let len = ids[r].len();
-            // Non-finite values cannot be written to JSON; a sampled token always has a
-            // finite log-prob, so the clamp only guards the file.
-            let row_lp = lp[r * n..r * n + len]
-                .iter()
-                .map(|x| x.clamp(-1e4, 0.0))
-                .collect();
             grp.responses.push(ids[r].clone());
             grp.log_probs.push(row_lp);
             grp.rewards

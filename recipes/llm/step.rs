@@ -214,6 +214,30 @@ pub struct Row<'a> {
     pub truncated: bool,
 }
 
+/// One list of log-probs per row.
+pub type RowLogProbs = Vec<Vec<f32>>;
+
+/// Each row's response tokens and the sampler's log-probs of them (one host read), the
+/// log-probs clamped to [−1e4, 0]: a sampled token's is finite, and JSON cannot hold others.
+pub fn responses_and_log_probs(g: &Generation) -> Result<(Vec<Vec<u32>>, RowLogProbs)> {
+    let ids = g.response_ids();
+    let [rows, n] = g.log_probs.dims();
+    let lp: Vec<f32> = g
+        .log_probs
+        .clone()
+        .try_into_vec_as::<f32>()
+        .map_err(|e| anyhow::anyhow!("reading the rollout's log-probs: {e:?}"))?;
+    let row = |r: usize| -> Vec<f32> {
+        let len = ids[r].len();
+        lp[r * n..r * n + len]
+            .iter()
+            .map(|x| x.clamp(-1e4, 0.0))
+            .collect()
+    };
+    let lps = (0..rows).map(row).collect();
+    Ok((ids, lps))
+}
+
 /// Rows as a [`Generation`]: prompts left-padded and responses right-padded with masked zeros,
 /// as the sampler lays them out, so that scoring them equals scoring a rollout.
 ///

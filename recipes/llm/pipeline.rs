@@ -150,6 +150,8 @@ impl Pipeline {
 
     /// After an error in step `step`: the queue as the step found it (its own rollout back in
     /// front, what the step drew dropped: the run's RNG is rewound to the step's start too).
+    /// A rollout whose generation failed ends the queue there; when the step's own is gone,
+    /// nothing is kept, and the resumed run draws afresh from the rewound RNG.
     pub fn rewind(&mut self, step: usize) {
         self.queue.retain(|(d, _)| d.step < step + self.depth);
         if let Some((d, g)) = self.current.take() {
@@ -159,6 +161,16 @@ impl Pipeline {
                 health: None,
             };
             self.queue.push_front((d, Slot::Ready(Box::new(p))));
+        }
+        let mut kept = VecDeque::new();
+        for (d, slot) in std::mem::take(&mut self.queue) {
+            match ready(slot) {
+                Ok(p) => kept.push_back((d, Slot::Ready(Box::new(p)))),
+                Err(_) => break,
+            }
+        }
+        if kept.front().is_some_and(|(d, _)| d.step == step) {
+            self.queue = kept;
         }
     }
 

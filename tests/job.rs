@@ -354,6 +354,8 @@ fn an_error_mid_run_keeps_the_last_completed_step() {
     );
     let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
     assert_eq!(latest.trim(), "step-00000002");
+    // Synchronous: the failed step's rollout was drawn in it, so it is redrawn, not saved.
+    assert!(!out.join("checkpoints/step-00000002/pipeline.json").exists());
     let rows = common::metric_rows(&out);
     assert_eq!(rows.last().unwrap()["step"], 2.0);
     std::fs::remove_dir_all(&out).ok();

@@ -608,6 +608,29 @@ fn max_staleness_is_checked() {
     ];
     let e = set(&[offline[0], offline[1], "rollout.max_staleness=1"]).unwrap_err();
     assert!(e.to_string().contains("offline"), "{e}");
+    // Servers answer with the last weights pushed: one rollout ahead at most.
+    let servers = [
+        "rollout.backend=\"openai\"",
+        "rollout.base_urls=[\"http://127.0.0.1:1\"]",
+        "rollout.model=\"m\"",
+    ];
+    let e = set(&[
+        servers[0],
+        servers[1],
+        servers[2],
+        "rollout.max_staleness=2",
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("at most one rollout"), "{e}");
+    assert!(
+        set(&[
+            servers[0],
+            servers[1],
+            servers[2],
+            "rollout.max_staleness=1"
+        ])
+        .is_ok()
+    );
     // The mismatch correction comes with the pipeline.
     assert!(
         set(&["rollout.max_staleness=1"])

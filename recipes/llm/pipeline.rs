@@ -9,6 +9,7 @@
 //! trains on.
 
 use super::remote::Remote;
+use super::replay::Limits;
 use super::step::{Row, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
@@ -54,6 +55,8 @@ pub enum Source {
 
 struct Job {
     source: Source,
+    /// The step whose weights must generate it.
+    version: usize,
     prompts: Vec<Vec<u32>>,
     sc: SamplingConfig,
     vocab: usize,
@@ -63,6 +66,8 @@ struct Job {
 enum Slot {
     InFlight(Receiver<Result<Produced>>),
     Ready(Box<Produced>),
+    /// Its generation failed: the error waits for the step that takes it.
+    Failed(String),
 }
 
 /// The queue of drawn rollouts (consecutive steps) and the worker that generates them.
@@ -112,6 +117,7 @@ impl Pipeline {
         let (reply, rx) = channel();
         let job = Job {
             source,
+            version: draw.version,
             prompts: draw.prompts.clone(),
             sc: draw.sc.clone(),
             vocab,
@@ -148,13 +154,15 @@ impl Pipeline {
         self.current = None;
     }
 
-    /// After an error in step `step`: the queue as the step found it (its own rollout back in
-    /// front, what the step drew dropped: the run's RNG is rewound to the step's start too).
-    /// A rollout whose generation failed ends the queue there; when the step's own is gone,
-    /// nothing is kept, and the resumed run draws afresh from the rewound RNG.
+    /// After an error in step `step`: the queue as the step found it, the rollouts drawn before
+    /// it (its own back in front when it was drawn earlier; what the step drew is dropped, as
+    /// the run's RNG is rewound to the step's start). A rollout whose generation failed ends the
+    /// queue there; when the step's own is gone, nothing is kept, and the resumed run draws
+    /// afresh from the rewound RNG.
     pub fn rewind(&mut self, step: usize) {
-        self.queue.retain(|(d, _)| d.step < step + self.depth);
-        if let Some((d, g)) = self.current.take() {
+        let before = |d: &Draw| d.version < step;
+        self.queue.retain(|(d, _)| before(d));
+        if let Some((d, g)) = self.current.take().filter(|(d, _)| before(d)) {
             let p = Produced {
                 g,
                 idle_s: 0.0,
@@ -174,24 +182,28 @@ impl Pipeline {
         }
     }
 
-    /// Writes the queue into checkpoint `dir`, after waiting for what is in flight (nothing is
-    /// written when the queue is empty).
+    /// Writes the queue into checkpoint `dir`, after waiting for what is in flight, up to a
+    /// generation that failed (nothing is written when nothing is left).
     pub fn save(&mut self, dir: &Path) -> Result<()> {
         for (d, slot) in std::mem::take(&mut self.queue) {
-            self.queue
-                .push_back((d, Slot::Ready(Box::new(ready(slot)?))));
+            let slot = match ready(slot) {
+                Ok(p) => Slot::Ready(Box::new(p)),
+                Err(e) => Slot::Failed(format!("{e:#}")),
+            };
+            self.queue.push_back((d, slot));
         }
-        if self.queue.is_empty() {
-            return Ok(());
-        }
+        // Up to the first failed generation: its step raises the error when it takes it.
         let saved = self
             .queue
             .iter()
-            .map(|(d, slot)| match slot {
-                Slot::Ready(p) => saved_draw(d, &p.g),
-                Slot::InFlight(_) => unreachable!("waited for above"),
+            .map_while(|(d, slot)| match slot {
+                Slot::Ready(p) => Some(saved_draw(d, &p.g)),
+                _ => None,
             })
             .collect::<Result<Vec<_>>>()?;
+        if saved.is_empty() {
+            return Ok(());
+        }
         std::fs::write(dir.join(PIPELINE), serde_json::to_string(&saved)?)
             .context("writing the pipeline's rollouts")
     }
@@ -201,8 +213,7 @@ impl Pipeline {
     pub fn load(
         &mut self,
         dir: &Path,
-        step: usize,
-        vocab: usize,
+        limits: &Limits,
         sc_of: &dyn Fn(u64) -> SamplingConfig,
     ) -> Result<()> {
         let p = dir.join(PIPELINE);
@@ -222,7 +233,7 @@ impl Pipeline {
         }
         for (i, s) in saved.into_iter().enumerate() {
             let bad = |m: String| anyhow!("{}: rollout {i}: {m}", p.display());
-            s.check(step + i, vocab).map_err(bad)?;
+            s.check(limits.step + i, limits).map_err(bad)?;
             let g = s.generation(&self.device);
             let draw = Draw {
                 step: s.step,
@@ -246,6 +257,7 @@ impl Pipeline {
 fn ready(slot: Slot) -> Result<Produced> {
     match slot {
         Slot::Ready(p) => Ok(*p),
+        Slot::Failed(e) => Err(anyhow!("{e}")),
         Slot::InFlight(rx) => rx
             .recv()
             .map_err(|_| anyhow!("the generation worker stopped before answering"))?,
@@ -260,6 +272,14 @@ fn run_job(job: &Job, device: &Device) -> Result<(Generation, Option<(usize, usi
             let mut rm = rm
                 .lock()
                 .map_err(|_| anyhow!("the servers' client was left broken by a failed call"))?;
+            // The servers answer with the last pushed weights: those must be the draw's.
+            if rm.pushed() != Some(job.version) {
+                bail!(
+                    "the servers hold the weights of step {:?}, not step {}'s",
+                    rm.pushed(),
+                    job.version
+                );
+            }
             let g = rm.generate(&job.prompts, &job.sc, job.vocab, device)?;
             Ok((g, Some(rm.health())))
         }
@@ -305,7 +325,7 @@ fn saved_draw(d: &Draw, g: &Generation) -> Result<SavedDraw> {
 impl SavedDraw {
     /// The step it is for, a version not after it, one example per prompt, and rows of known
     /// prompts with one log-prob per token and token ids inside the vocabulary.
-    fn check(&self, step: usize, vocab: usize) -> std::result::Result<(), String> {
+    fn check(&self, step: usize, l: &Limits) -> std::result::Result<(), String> {
         if self.step != step || self.version > self.step {
             return Err(format!(
                 "for step {} with the weights of step {}, expected step {step}",
@@ -318,16 +338,24 @@ impl SavedDraw {
             self.log_probs.len(),
             self.truncated.len(),
         ];
-        if rows == 0 || same.iter().any(|&n| n != rows) || self.examples.len() != self.prompts.len()
-        {
+        let n = self.prompts.len();
+        if n == 0 || same.iter().any(|&x| x != rows) || self.examples.len() != n {
             return Err("lists of different lengths".into());
         }
+        if n > 100_000 || rows != n * l.samples {
+            return Err(format!(
+                "{rows} rows for {n} prompts of {} samples",
+                l.samples
+            ));
+        }
         let known = self.group_ids.iter().all(|&g| g < self.prompts.len());
-        let fits = self.responses.iter().zip(&self.log_probs).all(|(r, l)| {
-            !r.is_empty() && r.len() == l.len() && l.iter().all(|x| x.is_finite() && *x <= 0.0)
-        });
+        let fits = self
+            .responses
+            .iter()
+            .zip(&self.log_probs)
+            .all(|(r, l)| r.len() == l.len() && l.iter().all(|x| x.is_finite() && *x <= 0.0));
         let ids = self.prompts.iter().chain(&self.responses).flatten();
-        if !known || !fits || ids.clone().any(|&t| t as usize >= vocab) {
+        if !known || !fits || ids.clone().any(|&t| t as usize >= l.vocab) {
             return Err(
                 "a row of an unknown prompt, a bad log-prob or a token id out of range".into(),
             );
@@ -337,7 +365,8 @@ impl SavedDraw {
         }
         let longest = |v: &[Vec<u32>]| v.iter().map(Vec::len).max().unwrap_or(0);
         let [p, n] = self.widths;
-        if p < longest(&self.prompts) || n < longest(&self.responses) || p.max(n) > 1 << 20 {
+        let too_long = n > l.max_new || p.saturating_add(n) > l.context;
+        if p < longest(&self.prompts) || n < longest(&self.responses) || too_long {
             return Err(format!("columns {:?} do not hold the rows", self.widths));
         }
         Ok(())

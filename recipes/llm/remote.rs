@@ -318,6 +318,11 @@ impl Remote {
         })
     }
 
+    /// The step whose weights the servers hold (the last push).
+    pub fn pushed(&self) -> Option<usize> {
+        self.pushed
+    }
+
     /// Before the rollout of `step`: the policy's adapter on every server, unless it was pushed
     /// for this step already.
     pub fn sync(&mut self, policy: &Policy, step: usize) -> Result<()> {

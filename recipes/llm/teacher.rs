@@ -354,7 +354,9 @@ fn echoed_log_probs(e: &Endpoint, exp: &LlmExperience) -> Result<Tensor<2>> {
             let lps =
                 lps.context("the teacher's answer has no echoed log-prob per prompt token")?;
             for (j, x) in lps[ids.len() - k..].iter().enumerate() {
-                out[i * n + j] = x.as_f64().context("the teacher echoed a null log-prob")? as f32;
+                let x = x.as_f64().filter(|x| x.is_finite() && *x <= 1e-3);
+                out[i * n + j] =
+                    x.context("the teacher echoed a missing or impossible log-prob")? as f32;
             }
         }
     }

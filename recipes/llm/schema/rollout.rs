@@ -96,6 +96,13 @@ impl RolloutSpec {
                 ro.max_staleness
             );
         }
+        if ro.max_staleness > 1 && !ro.backend.is_local() {
+            bail!(
+                "rollout.max_staleness = {}: servers answer with the last weights pushed, so with \
+                 rollout.backend = \"openai\" at most one rollout can be ahead (1)",
+                ro.max_staleness
+            );
+        }
         if ro.max_staleness > 0 && adaptive {
             bail!(
                 "rollout.max_staleness: Reinforce-Ada's rounds score each round before drawing \

@@ -169,7 +169,7 @@ impl<'a> Job<'a> {
             if let Some(pl) = self.pipeline.as_mut() {
                 let stop = self.policy.stop.clone();
                 let sc_of = |seed| rollout_sampling(r, &stop, seed);
-                pl.load(dir, limits.step, limits.vocab, &sc_of)?;
+                pl.load(dir, &limits, &sc_of)?;
             }
         }
         self.remote = match r.rollout.backend {

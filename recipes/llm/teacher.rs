@@ -464,11 +464,14 @@ mod tests {
                 );
             }
         }
-        // The rewards and metrics of the batch.
-        let batch = RolloutBatch::new(g.mask.clone(), Tensor::zeros([rows], &d), &g.group_ids)
-            .unwrap()
-            .with_rollout_log_probs(g.log_probs.clone())
-            .unwrap();
+        // The rewards and metrics of the batch whose sampler log-probs are `lp`.
+        let batch_of = |lp: Tensor<2>| {
+            RolloutBatch::new(g.mask.clone(), Tensor::zeros([rows], &d), &g.group_ids)
+                .unwrap()
+                .with_rollout_log_probs(lp)
+                .unwrap()
+        };
+        let batch = batch_of(g.log_probs.clone());
         let mut row = BTreeMap::new();
         let b = teacher.apply(batch, &exp, &d, &mut row).unwrap();
         let r = b
@@ -498,10 +501,7 @@ mod tests {
             ..spec.clone()
         };
         let as_ref = Teacher::new(&kl_spec, &d, &student, "1").unwrap();
-        let batch = RolloutBatch::new(g.mask.clone(), Tensor::zeros([rows], &d), &g.group_ids)
-            .unwrap()
-            .with_rollout_log_probs(Tensor::zeros([rows, 4], &d))
-            .unwrap();
+        let batch = batch_of(Tensor::zeros([rows, 4], &d));
         let b = as_ref.apply(batch, &exp, &d, &mut row).unwrap();
         assert!(b.token_rewards.is_none());
         let r = b

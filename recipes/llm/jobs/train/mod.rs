@@ -350,21 +350,17 @@ impl Job<'_> {
     /// Reinforce-Ada's rollout: rounds drawn and scored until each prompt's pool is balanced.
     fn sample_in_rounds(&mut self, step: usize, row: &mut Row) -> Result<(Sampled, Generation)> {
         let r = self.r;
-        let ada = self
-            .parts
-            .adaptive
-            .as_ref()
-            .context("rounds need Reinforce-Ada")?;
-        let examples = self.task.train(&mut self.rng, r.rollout.prompts_per_step);
-        let prompts = examples
-            .iter()
-            .map(|e| self.policy.prompt_ids(e, r.rollout.max_new_tokens))
-            .collect::<Result<Vec<_>>>()?;
+        let ada = self.parts.adaptive.context("rounds need Reinforce-Ada")?;
+        let Draw {
+            examples,
+            prompts,
+            sc,
+            ..
+        } = self.draw(step, step)?;
         let sampler = self.policy.model.valid();
-        let sc = rollout_sampling(r, &self.policy.stop, self.rng.next_u64());
         let policy = &self.policy;
         let a = ada_rollout(
-            ada,
+            &ada,
             r.rollout.samples_per_prompt,
             &prompts,
             &examples,

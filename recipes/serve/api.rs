@@ -146,6 +146,10 @@ pub struct Sampling {
     pub return_tokens_as_token_ids: bool,
     /// vLLM: token ids that also end a choice (kept in it, as the end-of-sequence token is).
     pub stop_token_ids: Option<Vec<u32>>,
+    /// vLLM: draw on past the model's end-of-sequence tokens (to `max_tokens`, or a stop
+    /// string or `stop_token_ids`); load tests use it for answers of a known length.
+    #[serde(default)]
+    pub ignore_eos: bool,
     /// Send the answer as Server-Sent Events, token by token (`recipes/serve/stream.rs`).
     #[serde(default)]
     pub stream: bool,
@@ -299,6 +303,8 @@ pub struct Params {
     pub seed: Option<u64>,
     /// Stop tokens besides the model's end-of-sequence ids (sorted, deduplicated).
     pub stop_tokens: Vec<u32>,
+    /// The model's end-of-sequence ids do not stop the answer.
+    pub ignore_eos: bool,
 }
 
 /// The most choices one request may ask for per prompt.
@@ -387,6 +393,7 @@ impl Sampling {
             n,
             // Any i64 is a seed; its bits are the RNG's.
             seed: self.seed.map(|s| s as u64),
+            ignore_eos: self.ignore_eos,
         })
     }
 }

@@ -1,14 +1,17 @@
 //! The generation engine of `ember serve`: one thread that owns the model and its LoRA adapters
-//! and answers queued requests in batches.
+//! and answers queued requests.
 //!
-//! Requests waiting in the queue when the engine is free are taken together (up to `max_rows`
-//! sampled rows) and grouped by what one call of the KV-cache sampler can share: the model (base
-//! or adapter), the sampling settings and `n`. Each group runs as one batched
+//! By default it batches continuously (`engine/continuous.rs`): a request joins the running
+//! decode batch at the next step and each row leaves when it ends. With `--batching static` it
+//! answers a batch at a time: requests waiting when the engine is free are taken together (up
+//! to `max_rows` sampled rows) and grouped by what one call of the KV-cache sampler can share:
+//! the model (base or adapter), the sampling settings and `n`. Each group runs as one batched
 //! [`ember_llm::generate`] call to the largest `max_tokens` of its requests; each request's
-//! choices are then cut to its own `max_tokens`. A request with a `seed` runs in a batch of its
-//! own, so its answer does not depend on what else was queued. Adapter loads and unloads are
-//! queued too, and take effect between batches, in arrival order.
+//! choices are then cut to its own `max_tokens`. Either way a request with a `seed` runs in a
+//! batch of its own, so its answer does not depend on what else was queued, and adapter loads
+//! and unloads are queued too, taking effect between batches, in arrival order.
 
+mod continuous;
 mod weights;
 
 use super::api::{ApiError, LoadLora, Params};
@@ -115,6 +118,7 @@ pub struct Engine {
     max_loras: usize,
     context: usize,
     rng: SplitMix64,
+    continuous: bool,
 }
 
 impl Engine {
@@ -145,12 +149,53 @@ impl Engine {
             max_loras: DEFAULT_MAX_LORAS,
             context,
             rng: SplitMix64(0x5e7e_d5ee_d000_0001),
+            continuous: true,
+        }
+    }
+
+    /// Continuous batching (the default) or batch at a time (`false`).
+    pub fn with_continuous_batching(self, on: bool) -> Self {
+        Self {
+            continuous: on,
+            ..self
+        }
+    }
+
+    /// The tokens that end a choice of a request with `p`: the model's end-of-sequence ids
+    /// (unless `ignore_eos`) and the request's own, sorted.
+    fn stops(&self, p: &Params) -> Vec<u32> {
+        let mut stop = if p.ignore_eos {
+            Vec::new()
+        } else {
+            self.stop_tokens.clone()
+        };
+        stop.extend(&p.stop_tokens);
+        stop.sort_unstable();
+        stop.dedup();
+        stop
+    }
+
+    /// The served model `name` (the base or an adapter).
+    fn model(&self, name: &str) -> Option<&Llama> {
+        if name == self.base_name {
+            Some(&self.base)
+        } else {
+            self.adapters.get(name)
         }
     }
 
     /// Serves the queue until every sender is gone (the server shut down) and the queue is
     /// empty.
-    pub fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+    pub fn run(self, rx: mpsc::Receiver<Msg>) {
+        if self.continuous {
+            self.run_continuous(rx)
+        } else {
+            self.run_static(rx)
+        }
+    }
+
+    /// [`run`](Self::run) a batch at a time: the requests waiting when the engine is free.
+    fn run_static(mut self, mut rx: mpsc::Receiver<Msg>) {
         let mut pending: VecDeque<Msg> = VecDeque::new();
         loop {
             if pending.is_empty() {
@@ -231,12 +276,7 @@ impl Engine {
         seqs: &[Vec<u32>],
         gone: &dyn Fn() -> bool,
     ) -> Result<Vec<Scores>, ApiError> {
-        let model = if name == self.base_name {
-            Some(&self.base)
-        } else {
-            self.adapters.get(name)
-        };
-        let Some(model) = model else {
+        let Some(model) = self.model(name) else {
             let served = self.names.read().map(|n| n.clone()).unwrap_or_default();
             return Err(ApiError::no_model(name, &served));
         };
@@ -272,7 +312,7 @@ impl Engine {
         for (i, j) in jobs.into_iter().enumerate() {
             let p = &j.params;
             let key = format!(
-                "{}|{:08x}|{:08x}|{}|{:08x}|{}|{:?}|{}",
+                "{}|{:08x}|{:08x}|{}|{:08x}|{}|{:?}|{}|{}",
                 j.model,
                 p.temperature.to_bits(),
                 p.top_p.to_bits(),
@@ -280,6 +320,7 @@ impl Engine {
                 p.min_p.to_bits(),
                 p.n,
                 p.stop_tokens,
+                p.ignore_eos,
                 match p.seed {
                     Some(s) => format!("seed{s}#{i}"),
                     None => "-".into(),
@@ -320,12 +361,9 @@ impl Engine {
 
     fn run_group(&mut self, group: Vec<Job>) {
         let first = &group[0];
-        let model = if first.model == self.base_name {
-            Some(&self.base)
-        } else {
-            self.adapters.get(&first.model)
-        };
-        let Some(model) = model else {
+        let p = first.params.clone();
+        let seed = p.seed.unwrap_or_else(|| self.rng.next_u64());
+        let Some(model) = self.model(&first.model) else {
             // Unloaded while the request waited.
             let served = self.names.read().map(|n| n.clone()).unwrap_or_default();
             for j in group {
@@ -333,12 +371,7 @@ impl Engine {
             }
             return;
         };
-        let p = first.params.clone();
-        let seed = p.seed.unwrap_or_else(|| self.rng.next_u64());
-        let mut stop = self.stop_tokens.clone();
-        stop.extend(&p.stop_tokens);
-        stop.sort_unstable();
-        stop.dedup();
+        let stop = self.stops(&p);
         let cfg = SamplingConfig {
             temperature: p.temperature,
             top_k: p.top_k,

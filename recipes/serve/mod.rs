@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// Connections served at once; more wait in the kernel's backlog until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// `continuous`: a request joins the running decode batch at the next step and each row
+    /// leaves it when it ends; `static`: the requests waiting when the engine is free run as
+    /// one batch to its longest row.
+    #[arg(long, default_value = "continuous", value_parser = ["continuous", "static"])]
+    pub batching: String,
     /// LoRA adapters held at once (vLLM's name); a load beyond it gets 400 until one is
     /// unloaded.
     #[arg(long, default_value_t = engine::DEFAULT_MAX_LORAS)]
@@ -259,8 +264,9 @@ fn start_engine(
     }
     let budget = (a.max_batch, a.max_batch_tokens);
     let model = (loaded.model, loaded.config);
-    let mut engine =
-        Engine::new(base_name, model, stop, device, budget, names).with_max_loras(a.max_loras);
+    let mut engine = Engine::new(base_name, model, stop, device, budget, names)
+        .with_max_loras(a.max_loras)
+        .with_continuous_batching(a.batching == "continuous");
     for req in adapters {
         engine
             .load(req)

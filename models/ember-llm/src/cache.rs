@@ -148,6 +148,121 @@ impl KvCache {
     pub(crate) fn advance(&mut self, t: usize) {
         self.len += t;
     }
+
+    /// Rows (slots).
+    pub(crate) fn rows(&self) -> usize {
+        self.key_mask.dims()[0]
+    }
+
+    /// Writes row `from` of `src` (all of its `src.len()` written positions) into row `slot`
+    /// at positions `at..at + src.len()`, with its key mask and next position id; the slot's
+    /// other positions become masked keys.
+    pub(crate) fn place_row(&mut self, slot: usize, src: &KvCache, from: usize, at: usize) {
+        let n = src.len;
+        for layer in 0..self.k.len() {
+            let [_, kv, _, hd] = src.k[layer].dims();
+            let pick = |t: &Tensor<4>| t.clone().slice([from..from + 1, 0..kv, 0..n, 0..hd]);
+            let to = [slot..slot + 1, 0..kv, at..at + n, 0..hd];
+            assign_in_place(&mut self.k, layer, to.clone(), pick(&src.k[layer]));
+            assign_in_place(&mut self.v, layer, to, pick(&src.v[layer]));
+        }
+        let device = self.key_mask.device();
+        let row = Tensor::<2>::zeros([1, self.capacity], &device).slice_assign(
+            [0..1, at..at + n],
+            src.key_mask.clone().slice([from..from + 1, 0..n]),
+        );
+        self.key_mask = self
+            .key_mask
+            .clone()
+            .slice_assign([slot..slot + 1, 0..self.capacity], row);
+        self.next_pos = self.next_pos.clone().slice_assign(
+            [slot..slot + 1, 0..1],
+            src.next_pos.clone().slice([from..from + 1, 0..1]),
+        );
+    }
+
+    /// Grows to `rows` rows and `capacity` positions (no-ops where already that large); the new
+    /// entries are zeros and masked.
+    pub(crate) fn grow(&mut self, rows: usize, capacity: usize) {
+        let (b, cap) = (self.rows(), self.capacity);
+        let (rows, capacity) = (rows.max(b), capacity.max(cap));
+        if (rows, capacity) == (b, cap) {
+            return;
+        }
+        let device = self.key_mask.device();
+        let widen = |t: Tensor<4>| -> Tensor<4> {
+            let [_, kv, _, hd] = t.dims();
+            let dt = t.dtype();
+            let t = if capacity > cap {
+                let pad = Tensor::<4>::zeros([b, kv, capacity - cap, hd], (&device, dt));
+                Tensor::cat(vec![t, pad], 2)
+            } else {
+                t
+            };
+            if rows > b {
+                let pad = Tensor::<4>::zeros([rows - b, kv, capacity, hd], (&device, dt));
+                Tensor::cat(vec![t, pad], 0)
+            } else {
+                t
+            }
+        };
+        self.k = std::mem::take(&mut self.k).into_iter().map(widen).collect();
+        self.v = std::mem::take(&mut self.v).into_iter().map(widen).collect();
+        let mask = Tensor::<2>::zeros([rows, capacity], &device);
+        self.key_mask = mask.slice_assign([0..b, 0..cap], self.key_mask.clone());
+        let pos = Tensor::<2, Int>::zeros([rows, 1], &device);
+        self.next_pos = pos.slice_assign([0..b, 0..1], self.next_pos.clone());
+        self.capacity = capacity;
+    }
+
+    /// Keeps the rows `keep` (in that order) and drops the first `shift` positions, so that
+    /// what was at position `shift` is at 0; the capacity stays, the freed end masked.
+    ///
+    /// # Panics
+    /// When `keep` is empty or `shift` is past the written positions.
+    pub(crate) fn compact(&mut self, keep: &[usize], shift: usize) {
+        assert!(
+            !keep.is_empty() && shift <= self.len,
+            "compact: nothing kept"
+        );
+        let device = self.key_mask.device();
+        let idx: Vec<i64> = keep.iter().map(|&r| r as i64).collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [keep.len()]), &device);
+        let (rows, cap, len) = (keep.len(), self.capacity, self.len);
+        let squeeze = |t: Tensor<4>| -> Tensor<4> {
+            let [_, kv, _, hd] = t.dims();
+            let dt = t.dtype();
+            let t = t.select(0, idx.clone());
+            if shift == 0 {
+                return t;
+            }
+            let kept = t.slice([0..rows, 0..kv, shift..cap, 0..hd]);
+            let pad = Tensor::<4>::zeros([rows, kv, shift, hd], (&device, dt));
+            Tensor::cat(vec![kept, pad], 2)
+        };
+        self.k = std::mem::take(&mut self.k)
+            .into_iter()
+            .map(squeeze)
+            .collect();
+        self.v = std::mem::take(&mut self.v)
+            .into_iter()
+            .map(squeeze)
+            .collect();
+        let mask = self.key_mask.clone().select(0, idx.clone());
+        self.key_mask = if shift == 0 {
+            mask
+        } else {
+            Tensor::cat(
+                vec![
+                    mask.slice([0..rows, shift..cap]),
+                    Tensor::zeros([rows, shift], &device),
+                ],
+                1,
+            )
+        };
+        self.next_pos = self.next_pos.clone().select(0, idx);
+        self.len = len - shift;
+    }
 }
 
 /// Writes `value` into `bufs[i]` at `range` and returns the updated buffer. The buffer is taken

@@ -14,6 +14,7 @@ mod mixture;
 mod model;
 pub mod plop;
 mod rope;
+pub mod running;
 mod sample;
 mod shared;
 mod tokenizer;
@@ -33,7 +34,7 @@ pub use model::{Llama, chosen_log_probs};
 pub use rope::RopeScaling;
 pub use sample::{
     Generation, Observer, SamplingConfig, generate, generate_observed, left_pad, left_pad_to,
-    sample_rows,
+    sample_rows, sample_rows_with,
 };
 pub use tokenizer::{Message, Tokenizer, render_chat, render_chat_with};
 pub use value::ValueModel;

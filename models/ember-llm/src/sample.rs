@@ -362,13 +362,23 @@ use ember_engine::SplitMix64;
 /// (−inf entries have probability 0) by inverse CDF: the index where the cumulative mass first
 /// exceeds u·total.
 pub fn sample_rows(lp: Tensor<2>, rng: &mut SplitMix64) -> Tensor<2, Int> {
+    let rows = lp.dims()[0];
+    let u: Vec<f32> = (0..rows).map(|_| rng.next_f32()).collect();
+    sample_rows_with(lp, &u)
+}
+
+/// [`sample_rows`] with row `r`'s uniform number given as `u[r]` (in [0, 1)).
+///
+/// # Panics
+/// When `u` does not have one number per row.
+pub fn sample_rows_with(lp: Tensor<2>, u: &[f32]) -> Tensor<2, Int> {
     let [rows, vocab] = lp.dims();
+    assert_eq!(u.len(), rows, "one uniform number per row");
     let device = lp.device();
     let probs = (lp.clone() - lp.max_dim(1)).exp();
     let cdf = probs.cumsum(1);
     let total = cdf.clone().slice([0..rows, vocab - 1..vocab]);
-    let u: Vec<f32> = (0..rows).map(|_| rng.next_f32()).collect();
-    let u = Tensor::<2>::from_data(TensorData::new(u, [rows, 1]), &device) * total;
+    let u = Tensor::<2>::from_data(TensorData::new(u.to_vec(), [rows, 1]), &device) * total;
     let below = cdf.lower_equal(u.expand([rows, vocab])).int().sum_dim(1);
     below.clamp_max(vocab as i64 - 1)
 }

@@ -596,6 +596,75 @@ fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+/// Continuous batching: a short request sent while a long one streams joins the running batch
+/// and is answered while the long one is still decoding (a batch-at-a-time server answers it
+/// only after the long one's batch), and both answers, greedy, equal those of each request
+/// alone on a `--batching static` server.
+#[test]
+fn a_short_request_joins_the_running_batch_and_leaves_first() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let long = r#"{"model": "smol", "prompt": "Once upon a time", "max_tokens": 80, "temperature": 0, "ignore_eos": true, "stream": true}"#;
+    let short = r#"{"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 6, "temperature": 0}"#;
+    let server = Server::start(&model, &[]);
+    let (long_text, (short_status, short_body), seen_then) =
+        long_and_short(server.port, long, short);
+    assert_eq!(short_status, 200, "{short_body}");
+    assert!(
+        seen_then < 60,
+        "the short answer came after {seen_then} of the long one's 80 tokens"
+    );
+    drop(server);
+    let alone = Server::start(&model, &["--batching", "static"]);
+    let text = |body: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let (_, b) = post(alone.port, "/v1/completions", short);
+    assert_eq!(text(&short_body), text(&b));
+    let (_, b) = post(
+        alone.port,
+        "/v1/completions",
+        &long.replace(r#""stream": true"#, r#""stream": false"#),
+    );
+    assert_eq!(long_text, text(&b));
+}
+
+/// Streams `long` and, once three of its deltas have arrived, posts `short`: the long answer's
+/// text, the short one's status and body, and how many long deltas had arrived by then.
+fn long_and_short(port: u16, long: &str, short: &str) -> (String, (u16, String), usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let streamed = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+            let req = format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{long}",
+                long.len()
+            );
+            c.write_all(req.as_bytes()).unwrap();
+            let mut text = String::new();
+            for line in BufReader::new(c).lines().map_while(Result::ok) {
+                let Some(data) = line.strip_prefix("data: ") else { continue };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else { continue };
+                if let Some(t) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
+                    text.push_str(t);
+                    streamed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            text
+        });
+        while streamed.load(Ordering::SeqCst) < 3 && !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let answer = post(port, "/v1/completions", short);
+        let seen = streamed.load(Ordering::SeqCst);
+        (h.join().unwrap(), answer, seen)
+    })
+}
+
 /// The SmolLM2 LoRA recipe with `rollout.backend = "openai"` against two `ember serve`
 /// processes: it trains, the adapter of every step reaches both servers (the servers' log-probs
 /// equal the trainer's own to float noise: importance weights 1 ± 1e-3, so no stale weights

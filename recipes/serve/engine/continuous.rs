@@ -9,9 +9,11 @@
 //! - a request for another model (base or adapter) waits until the running batch has drained;
 //! - a request with a `seed` runs alone once the batch has drained, on the batch-at-a-time path,
 //!   so that its answer does not depend on what else is being served;
-//! - scoring (`echo`) runs between two steps; adapter loads, unloads and weight updates wait for
-//!   the batch to drain, so every request taken before them is answered with the old weights
-//!   and every one after with the new.
+//! - scoring (`echo`), and loads and unloads of adapters other than the one the batch decodes
+//!   with, run between two steps (a trainer's adapter push under a fresh name does not stop the
+//!   rows in flight); a load in place of the batch's own adapter, its unload, and base-weight
+//!   updates wait for the batch to drain, so every request taken before them is answered with
+//!   the old weights and every one after with the new.
 
 use super::{Choice, Engine, Job, Msg};
 use crate::serve::api::ApiError;
@@ -116,7 +118,20 @@ impl Engine {
                         self.answer(vec![j]);
                     }
                 }
+                // Scoring, and loading or unloading an adapter the batch is not decoding with,
+                // run between two steps: a pushed adapter reaches the engine without stopping
+                // the rows in flight.
                 Msg::Score(..) => {
+                    if let Some(m) = pending.pop_front() {
+                        self.control(m);
+                    }
+                }
+                Msg::Load(req, _) if req.lora_name != batch.model => {
+                    if let Some(m) = pending.pop_front() {
+                        self.control(m);
+                    }
+                }
+                Msg::Unload(name, _) if *name != batch.model => {
                     if let Some(m) = pending.pop_front() {
                         self.control(m);
                     }

@@ -596,6 +596,77 @@ fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+/// The tutoring environment's student played by SmolLM2 in process and by `ember serve`: the
+/// same episodes give the same student answers, observations and rewards (greedy), the last
+/// feedback holds the post-test and both gates, and a tutor that tells the answer gets 0 even
+/// where `allow_answer` would pay it.
+#[test]
+fn tutor_student_in_process_and_through_an_endpoint() {
+    use ember::agent::tutor::{TutorEnv, TutorSpec, problem};
+    use ember_tasks::env::{Environment, Episode};
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let server = Server::start(&model, &[]);
+    let local = TutorSpec {
+        path: Some(model.display().to_string()),
+        base_url: None,
+        model: None,
+        api_key_env: None,
+        request_retries: 0,
+        student_max_tokens: 16,
+        allow_answer: false,
+    };
+    let served = TutorSpec {
+        path: None,
+        base_url: Some(format!("http://127.0.0.1:{}/v1", server.port)),
+        model: Some("smol".into()),
+        ..local.clone()
+    };
+    let episodes: Vec<Episode> = (0..3)
+        .map(|id| Episode {
+            id,
+            seed: 40 + id as u64,
+        })
+        .collect();
+    let tell = format!("The answer is {}.", problem(41, false).answer);
+    let actions: Vec<(usize, String)> = vec![
+        (0, "Count them one by one.".into()),
+        (1, tell),
+        (2, "Think about 2 + 2 = 4 first.".into()),
+    ];
+    let play = |spec: &TutorSpec| {
+        let mut env = TutorEnv::new(spec, 1, &common::dev()).unwrap();
+        let first = env.reset(&episodes).unwrap();
+        (first, env.step(&actions).unwrap())
+    };
+    let (first_a, fb_a) = play(&local);
+    let (first_b, fb_b) = play(&served);
+    assert_eq!(first_a, first_b);
+    assert_eq!(fb_a, fb_b);
+    for (f, e) in first_a.iter().zip(&episodes) {
+        assert!(f.contains(&problem(e.seed, false).text), "{f}");
+    }
+    assert!(
+        fb_a.iter()
+            .all(|f| f.done && f.observation.starts_with("[post-test:"))
+    );
+    assert!(fb_a[1].observation.ends_with("answer told: true]"));
+    assert_eq!(fb_a[1].reward, 0.0);
+    assert!(
+        fb_a[0]
+            .observation
+            .contains("claims hold: true; answer told: false")
+    );
+    // A bad endpoint is named.
+    let nowhere = TutorSpec {
+        base_url: Some("http://127.0.0.1:9/v1".into()),
+        ..served.clone()
+    };
+    let e = TutorEnv::new(&nowhere, 1, &common::dev()).err().unwrap();
+    assert!(format!("{e:#}").contains("127.0.0.1:9"), "{e:#}");
+}
+
 /// Continuous batching: a short request sent while a long one streams joins the running batch
 /// and is answered while the long one is still decoding (a batch-at-a-time server answers it
 /// only after the long one's batch), and both answers, greedy, equal those of each request

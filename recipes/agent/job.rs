@@ -39,7 +39,7 @@ pub struct AgentSummary {
 }
 
 /// The recipe's environment.
-pub fn environment(r: &AgentRecipe) -> Result<Box<dyn Environment>> {
+pub fn environment(r: &AgentRecipe, device: &Device) -> Result<Box<dyn Environment>> {
     Ok(match &r.env {
         EnvSpec::Guess { max } => Box::new(GuessNumber::new(*max, r.rollout.max_turns)),
         EnvSpec::Calculator {
@@ -49,6 +49,7 @@ pub fn environment(r: &AgentRecipe) -> Result<Box<dyn Environment>> {
             Box::new(Calculator::new(*digits, r.rollout.max_turns).with_instructions(*instructions))
         }
         EnvSpec::External(x) => Box::new(ExternalEnv::spawn(x)?),
+        EnvSpec::Tutor(t) => Box::new(super::tutor::TutorEnv::new(t, r.rollout.max_turns, device)?),
     })
 }
 
@@ -143,7 +144,7 @@ impl<'a> AgentJob<'a> {
         let parts = r.algorithm_parts();
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();
-        let mut env = environment(r)?;
+        let mut env = environment(r, &base)?;
         let mut policy =
             policy_from_specs(r.model.as_ref(), r.pretrained.as_ref(), r.seed, &ad, None)?;
         // A chat template that cannot extend a conversation is refused now, not at the first

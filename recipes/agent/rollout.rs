@@ -333,6 +333,10 @@ pub fn rollout(
             t.turn_rewards[i].push(f.reward);
             if f.done {
                 t.unfinished[i] = false;
+                // What the environment said at the end is kept for the transcript only.
+                if !f.observation.is_empty() {
+                    t.texts[i].push(f.observation);
+                }
                 continue;
             }
             // An observation that no further turn reads (the turn budget is spent, or it and

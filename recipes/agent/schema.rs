@@ -32,6 +32,9 @@ pub enum EnvSpec {
     },
     /// A program speaking the JSON-lines environment protocol.
     External(ExternalEnvSpec),
+    /// Tutor a simulated student (a frozen model) toward a masked near-transfer post-test
+    /// (`recipes/agent/tutor.rs`).
+    Tutor(super::tutor::TutorSpec),
 }
 
 /// Episodes and sampling.
@@ -152,7 +155,7 @@ impl AgentRecipe {
             (env, Some(_)) => match env {
                 EnvSpec::Guess { max } => Some(format!("0,{max}=").len()),
                 EnvSpec::Calculator { digits, .. } => Some(2 * *digits as usize + 2),
-                EnvSpec::External(_) => None,
+                EnvSpec::External(_) | EnvSpec::Tutor(_) => None,
             },
         };
         if let Some(n) = first
@@ -226,8 +229,8 @@ impl AgentRecipe {
             if matches!(self.env, EnvSpec::External(_)) {
                 bail!("[warmup]: external environments give no demonstrations; remove [warmup]");
             }
-            if matches!(self.env, EnvSpec::Guess { .. }) {
-                bail!("[warmup]: the guessing game has no demonstrations; remove [warmup]");
+            if matches!(self.env, EnvSpec::Guess { .. } | EnvSpec::Tutor(_)) {
+                bail!("[warmup]: this environment has no demonstrations; remove [warmup]");
             }
         }
         if self.train.run.kl_coef != 0.0 {
@@ -249,6 +252,23 @@ impl AgentRecipe {
                 bail!("env.digits = {digits} must be in 1..=4")
             }
             EnvSpec::External(x) => check_range("env.timeout_s", x.timeout_s, 1e-3, 1e6)?,
+            EnvSpec::Tutor(_) if self.model.is_some() => {
+                bail!(
+                    "env.kind = \"tutor\": the tiny policy cannot write English; use [pretrained]"
+                )
+            }
+            EnvSpec::Tutor(t) => {
+                let endpoint = t.base_url.is_some() && t.model.is_some();
+                if endpoint == t.path.is_some() {
+                    bail!("env (tutor): give the student's path, or base_url and model");
+                }
+                if !(1..=1024).contains(&t.student_max_tokens) || t.request_retries > 10 {
+                    bail!(
+                        "env.student_max_tokens must be within 1..=1024 and env.request_retries \
+                         at most 10"
+                    );
+                }
+            }
             _ => {}
         }
         Ok(())

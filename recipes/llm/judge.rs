@@ -5,15 +5,15 @@
 //! judge prompts asked once per run, the judge's time logged apart (`timing_s/judge`).
 
 use super::endpoint::{Endpoint, choices};
+use super::participant::{Backend, ChatFormat, Source};
 use crate::common::config::check_range;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::tensor::Device;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
 mod local;
-use local::Local;
 
 /// How the judge's answer becomes a reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,21 +151,6 @@ const CHUNK: usize = 32;
 /// The most verdicts remembered; past it the memory starts again.
 const CACHE: usize = 1 << 16;
 
-/// Where the verdicts come from.
-enum Backend {
-    /// An OpenAI-compatible endpoint.
-    Endpoint(Endpoint),
-    /// A frozen model in process.
-    Local(Box<Local>),
-}
-
-/// A judge's chat template and the special tokens it names.
-struct ChatFormat {
-    template: String,
-    bos: Option<String>,
-    eos: Option<String>,
-}
-
 /// A connected (or loaded) judge.
 pub struct Judge {
     spec: JudgeSpec,
@@ -177,29 +162,18 @@ pub struct Judge {
 impl Judge {
     /// The judge of a validated spec: its endpoint, or its model loaded on `device`.
     pub fn new(spec: &JudgeSpec, device: &Device) -> Result<Self> {
-        let backend = match (&spec.base_url, &spec.model, &spec.path) {
-            (Some(url), Some(model), _) => Backend::Endpoint(Endpoint::connect(
-                "reward.judge",
-                (url, model),
-                spec.api_key_env.as_deref(),
-                (spec.request_timeout_s, spec.request_retries),
-            )?),
-            (_, _, Some(path)) => {
-                let path = ember_tasks::expand_path(path)?;
-                let what = || format!("reward.judge.path {}", path.display());
-                let loaded = ember_llm::load(&path, device).with_context(what)?;
-                let tok = ember_llm::Tokenizer::for_checkpoint(&path).with_context(what)?;
-                Backend::Local(Box::new(Local {
-                    model: loaded.model,
-                    eos: loaded.eos_ids,
-                    tok,
-                    device: device.clone(),
-                }))
-            }
-            _ => bail!("reward.judge: give base_url (an endpoint) or path (a model in process)"),
+        let src = Source {
+            table: "reward.judge",
+            base_url: spec.base_url.as_deref(),
+            model: spec.model.as_deref(),
+            path: spec.path.as_deref(),
+            api_key_env: spec.api_key_env.as_deref(),
+            timeout_s: spec.request_timeout_s,
+            retries: spec.request_retries,
         };
+        let backend = Backend::open(&src, device)?;
         let chat = match spec.chat {
-            true => Some(chat_format(&backend)?),
+            true => Some(backend.chat_format("reward.judge.chat")?),
             false => None,
         };
         Ok(Self {
@@ -221,10 +195,10 @@ impl Judge {
         let Some(c) = &self.chat else {
             return Ok(filled);
         };
-        let user = [ember_llm::Message::new("user", &filled)];
-        let specials = (c.bos.as_deref(), c.eos.as_deref());
-        ember_llm::render_chat_with(&c.template, &user, true, specials, &Default::default())
-            .context("reward.judge.chat: the judge's chat template")
+        c.render(
+            &[ember_llm::Message::new("user", &filled)],
+            "reward.judge.chat",
+        )
     }
 
     /// The verdicts of `items` (NaN where the judge gave none), and how many came from the
@@ -247,9 +221,12 @@ impl Judge {
         for chunk in asked.chunks(CHUNK) {
             let verdicts = match (&self.backend, self.spec.verdict) {
                 (Backend::Endpoint(e), Verdict::YesNo) => e.yes_no(chunk, &self.spec)?,
-                (Backend::Endpoint(e), Verdict::Score) => e.score(chunk, &self.spec)?,
                 (Backend::Local(m), Verdict::YesNo) => m.yes_no(chunk, &self.spec)?,
-                (Backend::Local(m), Verdict::Score) => m.score(chunk, &self.spec)?,
+                (b, Verdict::Score) => b
+                    .complete(chunk, self.spec.max_tokens, JUDGE)?
+                    .iter()
+                    .map(|t| score_of(t, self.spec.max_score))
+                    .collect(),
             };
             self.cache.extend(chunk.iter().cloned().zip(verdicts));
         }
@@ -278,41 +255,6 @@ impl Endpoint {
             out.push(yes_probability(lp_yes, lp_no));
         }
         Ok(out)
-    }
-
-    /// The judge's greedy answers, read as scores.
-    fn score(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
-        let body = json!({"model": self.model, "prompt": prompts,
-                          "max_tokens": spec.max_tokens, "temperature": 0});
-        let v = self.call("/v1/completions", Some(&body))?;
-        let choices = choices(&v, prompts.len(), JUDGE)?;
-        Ok(choices
-            .iter()
-            .map(|c| score_of(c["text"].as_str().unwrap_or(""), spec.max_score))
-            .collect())
-    }
-}
-
-/// The judge's chat template: the loaded tokenizer's, or the endpoint's `/tokenizer_info`.
-fn chat_format(backend: &Backend) -> Result<ChatFormat> {
-    let missing = "reward.judge.chat: the judge has no chat template";
-    match backend {
-        Backend::Local(m) => Ok(ChatFormat {
-            template: m.tok.chat_template.clone().context(missing)?,
-            bos: m.tok.bos_token.clone(),
-            eos: m.tok.eos_token.clone(),
-        }),
-        Backend::Endpoint(e) => {
-            let info = e.call("/tokenizer_info", None).context(
-                "reward.judge.chat reads the endpoint's chat template from /tokenizer_info",
-            )?;
-            let text = |k: &str| info[k].as_str().map(str::to_string);
-            Ok(ChatFormat {
-                template: text("chat_template").context(missing)?,
-                bos: text("bos_token"),
-                eos: text("eos_token"),
-            })
-        }
     }
 }
 

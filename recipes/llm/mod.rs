@@ -8,6 +8,7 @@ pub mod critic;
 pub mod endpoint;
 pub mod jobs;
 pub mod judge;
+pub mod participant;
 pub mod pipeline;
 pub mod plop;
 pub mod remote;

@@ -1,20 +1,12 @@
 //! The judge loaded in process: a frozen model on the run's device, its words scored as an
 //! endpoint's `echo` scores them.
 
-use super::{JudgeSpec, score_of, yes_probability};
+use super::{JudgeSpec, yes_probability};
+use crate::llm::participant::Loaded;
 use anyhow::Result;
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_llm::SamplingConfig;
+use burn::tensor::{Int, Tensor, TensorData};
 
-/// A judge model loaded in process.
-pub(super) struct Local {
-    pub(super) model: ember_llm::Llama,
-    pub(super) tok: ember_llm::Tokenizer,
-    pub(super) eos: Vec<u32>,
-    pub(super) device: Device,
-}
-
-impl Local {
+impl Loaded {
     /// P(yes) against P(no) for each prompt: from one batched forward pass when each word is
     /// one token after the same prompt tokens, else one pass per word.
     pub(super) fn yes_no(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
@@ -107,25 +99,5 @@ impl Local {
                 .sum()
         };
         Ok(ks.iter().enumerate().map(row_sum).collect())
-    }
-
-    /// Greedy answers of `spec.max_tokens` tokens, read as scores.
-    pub(super) fn score(&self, prompts: &[String], spec: &JudgeSpec) -> Result<Vec<f32>> {
-        let ids = prompts
-            .iter()
-            .map(|p| self.tok.encode(p))
-            .collect::<ember_llm::Result<Vec<_>>>()?;
-        let sc = SamplingConfig {
-            temperature: 0.0,
-            max_new_tokens: spec.max_tokens,
-            stop_tokens: self.eos.clone(),
-            n: 1,
-            ..SamplingConfig::default()
-        };
-        let g = ember_llm::generate(&self.model, &ids, &sc, &self.device)?;
-        g.response_ids()
-            .iter()
-            .map(|r| Ok(score_of(&self.tok.decode(r, true)?, spec.max_score)))
-            .collect()
     }
 }

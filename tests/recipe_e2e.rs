@@ -608,7 +608,7 @@ fn max_staleness_is_checked() {
     ];
     let e = set(&[offline[0], offline[1], "rollout.max_staleness=1"]).unwrap_err();
     assert!(e.to_string().contains("offline"), "{e}");
-    // Servers answer with the last weights pushed: one rollout ahead at most.
+    // Servers hold the last whole weights pushed: one rollout ahead at most.
     let servers = [
         "rollout.backend=\"openai\"",
         "rollout.base_urls=[\"http://127.0.0.1:1\"]",
@@ -622,6 +622,11 @@ fn max_staleness_is_checked() {
     ])
     .unwrap_err();
     assert!(e.to_string().contains("at most one rollout"), "{e}");
+    // A LoRA policy's adapters are held under a name per step: further ahead is allowed.
+    let lora = std::fs::read_to_string("recipes/smollm2-lora-grpo.toml").unwrap();
+    let mut sets: Vec<String> = servers.iter().map(|s| s.to_string()).collect();
+    sets.push("rollout.max_staleness=3".into());
+    assert_eq!(parse(&lora, &sets).unwrap().rollout.max_staleness, 3);
     assert!(
         set(&[
             servers[0],

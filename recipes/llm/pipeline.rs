@@ -269,19 +269,23 @@ fn run_job(job: &Job, device: &Device) -> Result<(Generation, Option<(usize, usi
     match &job.source {
         Source::Local(model) => Ok((generate(model, &job.prompts, &job.sc, device)?, None)),
         Source::Remote(rm) => {
-            let mut rm = rm
-                .lock()
-                .map_err(|_| anyhow!("the servers' client was left broken by a failed call"))?;
-            // The servers answer with the last pushed weights: those must be the draw's.
-            if rm.pushed() != Some(job.version) {
-                bail!(
-                    "the servers hold the weights of step {:?}, not step {}'s",
-                    rm.pushed(),
-                    job.version
-                );
+            let broken = || anyhow!("the servers' client was left broken by a failed call");
+            let mut held = rm.lock().map_err(|_| broken())?;
+            // The draw's weights must answer it: its own adapter (loaded under a name of its
+            // own), or the base model holding its step's weights.
+            let model = held.model_for(job.version)?;
+            if !held.versioned() {
+                // Whole weights: a push must not overtake this rollout, so the lock is held.
+                let g = held.generate_with(&model, &job.prompts, &job.sc, job.vocab, device)?;
+                return Ok((g, Some(held.health())));
             }
-            let g = rm.generate(&job.prompts, &job.sc, job.vocab, device)?;
-            Ok((g, Some(rm.health())))
+            // Adapters: the rollout names its version, so newer pushes may go on meanwhile.
+            let mut mine = held.clone();
+            drop(held);
+            let g = mine.generate_with(&model, &job.prompts, &job.sc, job.vocab, device);
+            let mut held = rm.lock().map_err(|_| broken())?;
+            held.merge_health(&mine);
+            Ok((g?, Some(held.health())))
         }
     }
 }

@@ -33,7 +33,9 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The servers and the adapter they serve.
+/// The servers and the adapter they serve. Cloned (cheaply: the HTTP agent is shared) for a
+/// rollout that runs without holding the trainer's lock.
+#[derive(Clone)]
 pub struct Remote {
     urls: Vec<String>,
     base_model: String,
@@ -43,6 +45,10 @@ pub struct Remote {
     adapters_dir: PathBuf,
     /// The adapter name rollouts use (none before the first push).
     current: Option<String>,
+    /// The adapters loaded on the servers, oldest first: (step, name).
+    loaded: std::collections::VecDeque<(usize, String)>,
+    /// How many adapter versions stay loaded (the staleness bound + 1).
+    keep: usize,
     /// The step whose weights the servers have.
     pushed: Option<usize>,
     keys: ServerKeys,
@@ -105,6 +111,8 @@ impl Remote {
                 .collect(),
             adapters_dir: adapters_dir.to_path_buf(),
             current: None,
+            loaded: std::collections::VecDeque::new(),
+            keep: 1,
             pushed: None,
             keys,
             healthy: vec![true; urls.len()],
@@ -129,6 +137,44 @@ impl Remote {
             }
         }
         Ok(remote)
+    }
+
+    /// Keeps the adapters of the last `versions` pushes loaded (a rollout `k` steps stale is
+    /// answered by its own step's adapter while newer ones are pushed): `k + 1`.
+    pub fn keep_versions(&mut self, versions: usize) {
+        self.keep = versions.max(1);
+    }
+
+    /// The model name that answers with step `version`'s weights: that step's adapter while it
+    /// is loaded; the base model when it holds that step's weights. An error otherwise.
+    pub fn model_for(&self, version: usize) -> Result<String> {
+        if let Some((_, name)) = self.loaded.iter().find(|(v, _)| *v == version) {
+            return Ok(name.clone());
+        }
+        if self.loaded.is_empty() && self.pushed == Some(version) {
+            if let Some(c) = &self.current {
+                return Ok(c.clone());
+            }
+        }
+        bail!(
+            "the servers do not hold the weights of step {version} (they hold steps {:?})",
+            self.loaded.iter().map(|(v, _)| *v).collect::<Vec<_>>()
+        )
+    }
+
+    /// Whether pushes are adapters under names of their own (rollouts may then run while newer
+    /// versions are pushed).
+    pub fn versioned(&self) -> bool {
+        !self.loaded.is_empty()
+    }
+
+    /// Takes in what a rollout run on a clone learned of the servers: a server that failed
+    /// there leaves the pool.
+    pub fn merge_health(&mut self, other: &Remote) {
+        for (h, o) in self.healthy.iter_mut().zip(&other.healthy) {
+            *h = *h && *o;
+        }
+        self.resent_rows = other.resent_rows;
     }
 
     /// Servers in the pool, and the rows of the last rollout that were re-sent.
@@ -178,6 +224,19 @@ impl Remote {
             .current
             .clone()
             .ok_or_else(|| anyhow!("no adapter was pushed to the servers before the rollout"))?;
+        self.generate_with(&model, prompts, sc, vocab, device)
+    }
+
+    /// [`Self::generate`] with the model (base or adapter) named `model`.
+    pub fn generate_with(
+        &mut self,
+        model: &str,
+        prompts: &[Vec<u32>],
+        sc: &SamplingConfig,
+        vocab: usize,
+        device: &Device,
+    ) -> Result<Generation> {
+        let model = model.to_string();
         let live = self.live()?;
         // Equal contiguous shares, one per healthy server, each sent as requests of at most
         // REQUEST_ROWS rows (`ember serve`'s default --max-batch), all at once.
@@ -404,8 +463,14 @@ impl Remote {
             me.request_with(url, "/v1/load_lora_adapter", Some(&body), retries)?;
             Ok(())
         })?;
-        let previous = self.pushed;
-        if let Some(old) = self.current.replace(name) {
+        self.current = Some(name.clone());
+        self.loaded.retain(|(v, _)| *v != step);
+        self.loaded.push_back((step, name));
+        // The oldest versions beyond `keep` go: no rollout in flight is that stale.
+        while self.loaded.len() > self.keep {
+            let Some((p, old)) = self.loaded.pop_front() else {
+                break;
+            };
             let live: Vec<&String> = (self.urls.iter().zip(&self.healthy))
                 .filter_map(|(u, &h)| h.then_some(u))
                 .collect();
@@ -419,7 +484,7 @@ impl Remote {
                     log::warn!("unloading {old} on {url}: {e:#}");
                 }
             }
-            if let Some(p) = previous.filter(|&p| p != step) {
+            if p != step {
                 std::fs::remove_dir_all(self.adapters_dir.join(format!("step-{p:08}"))).ok();
             }
         }

@@ -259,7 +259,8 @@ impl Recipe {
         }
         self.validate_tables(&parts)?;
         self.validate_loss_and_eval(&parts)?;
-        self.rollout.validate_backend(parts.adaptive.is_some())
+        self.rollout
+            .validate_backend(parts.adaptive.is_some(), self.pretrained.is_some())
     }
 
     /// `[reward]`: finite weights, the overlong penalty, the external and Python programs.

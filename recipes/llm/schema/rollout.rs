@@ -88,7 +88,9 @@ impl RolloutBackend {
 impl RolloutSpec {
     /// The `"openai"` backend's settings, for a recipe with or without Reinforce-Ada's rounds
     /// (`adaptive`).
-    pub fn validate_backend(&self, adaptive: bool) -> Result<()> {
+    /// `adapters`: the policy is trained through LoRA adapters, which servers hold under a
+    /// name per step (so several versions at once).
+    pub fn validate_backend(&self, adaptive: bool, adapters: bool) -> Result<()> {
         let ro = self;
         if ro.max_staleness > 16 {
             bail!(
@@ -96,10 +98,11 @@ impl RolloutSpec {
                 ro.max_staleness
             );
         }
-        if ro.max_staleness > 1 && !ro.backend.is_local() {
+        if ro.max_staleness > 1 && !ro.backend.is_local() && !adapters {
             bail!(
-                "rollout.max_staleness = {}: servers answer with the last weights pushed, so with \
-                 rollout.backend = \"openai\" at most one rollout can be ahead (1)",
+                "rollout.max_staleness = {}: servers hold one version of the whole weights (the \
+                 last pushed), so with rollout.backend = \"openai\" and [model] at most one \
+                 rollout can be ahead (1); LoRA policies ([pretrained]) may run further ahead",
                 ro.max_staleness
             );
         }

@@ -174,15 +174,20 @@ impl<'a> Job<'a> {
         }
         self.remote = match r.rollout.backend {
             RolloutBackend::Local => None,
-            RolloutBackend::Openai => Some(Arc::new(Mutex::new(Remote::connect(
-                &r.rollout.base_urls,
-                r.rollout.model.as_deref().unwrap_or_default(),
-                r.rollout.request_timeout_s.unwrap_or(600.0),
-                r.rollout.request_retries.unwrap_or(3),
-                &format!("{}-{}", r.name, std::process::id()),
-                &self.out.join("serving"),
-                r.rollout.server_keys()?,
-            )?))),
+            RolloutBackend::Openai => {
+                let mut rm = Remote::connect(
+                    &r.rollout.base_urls,
+                    r.rollout.model.as_deref().unwrap_or_default(),
+                    r.rollout.request_timeout_s.unwrap_or(600.0),
+                    r.rollout.request_retries.unwrap_or(3),
+                    &format!("{}-{}", r.name, std::process::id()),
+                    &self.out.join("serving"),
+                    r.rollout.server_keys()?,
+                )?;
+                // A rollout k steps stale needs its step's adapter while k newer are pushed.
+                rm.keep_versions(r.rollout.max_staleness + 1);
+                Some(Arc::new(Mutex::new(rm)))
+            }
         };
         Ok(())
     }

@@ -819,7 +819,11 @@ fn openai_rollout_backend_trains_against_two_servers() {
         &ahead,
         &[a.port, b.port],
         "smol",
-        &["rollout.max_staleness=2", "train.steps=6", "train.eval_every=6"],
+        &[
+            "rollout.max_staleness=2",
+            "train.steps=6",
+            "train.eval_every=6",
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rows = metric_rows(&ahead);
@@ -829,14 +833,21 @@ fn openai_rollout_backend_trains_against_two_servers() {
         .collect();
     assert_eq!(stale.len(), 6, "{rows:?}");
     assert_eq!(stale[2..], [2.0; 4], "{stale:?}");
-    for r in rows.iter().filter(|r| r.get("mismatch/is_weight_mean").is_some()) {
+    for r in rows
+        .iter()
+        .filter(|r| r.get("mismatch/is_weight_mean").is_some())
+    {
         let w = r["mismatch/is_weight_mean"].as_f64().unwrap();
         assert!(w.is_finite() && (w - 1.0).abs() < 0.5, "{r}");
     }
     let (_, body) = get_with_key(a.port, "/v1/models", "sk-rollouts");
     let served: serde_json::Value = serde_json::from_str(&body).unwrap();
     let versions = served["data"].as_array().unwrap().len() - 1;
-    assert_eq!(versions, 3 + 1, "the first run's adapter and this run's last three: {served}");
+    assert_eq!(
+        versions,
+        3 + 1,
+        "the first run's adapter and this run's last three: {served}"
+    );
     // A server that does not answer (port 1): the first step fails naming it.
     drop(b);
     let o = train(

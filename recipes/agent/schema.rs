@@ -229,8 +229,11 @@ impl AgentRecipe {
             if matches!(self.env, EnvSpec::External(_)) {
                 bail!("[warmup]: external environments give no demonstrations; remove [warmup]");
             }
-            if matches!(self.env, EnvSpec::Guess { .. } | EnvSpec::Tutor(_)) {
-                bail!("[warmup]: this environment has no demonstrations; remove [warmup]");
+            if matches!(self.env, EnvSpec::Guess { .. }) {
+                bail!("[warmup]: the guessing game has no demonstrations; remove [warmup]");
+            }
+            if matches!(self.env, EnvSpec::Tutor(_)) {
+                bail!("[warmup]: the tutoring environment has no demonstrations; remove [warmup]");
             }
         }
         if self.train.run.kl_coef != 0.0 {

@@ -151,10 +151,11 @@ impl Remote {
         if let Some((_, name)) = self.loaded.iter().find(|(v, _)| *v == version) {
             return Ok(name.clone());
         }
-        if self.loaded.is_empty() && self.pushed == Some(version) {
-            if let Some(c) = &self.current {
-                return Ok(c.clone());
-            }
+        if self.loaded.is_empty()
+            && self.pushed == Some(version)
+            && let Some(c) = &self.current
+        {
+            return Ok(c.clone());
         }
         bail!(
             "the servers do not hold the weights of step {version} (they hold steps {:?})",

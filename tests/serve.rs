@@ -812,42 +812,7 @@ fn openai_rollout_backend_trains_against_two_servers() {
         .collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert!(ids[1].ends_with("-step2"), "{ids:?}");
-    // Two rollouts ahead: each names its own step's adapter, so newer ones are pushed while it
-    // is answered; the servers hold the last three versions (and the base model).
-    let ahead = out.join("ahead");
-    let o = train(
-        &ahead,
-        &[a.port, b.port],
-        "smol",
-        &[
-            "rollout.max_staleness=2",
-            "train.steps=6",
-            "train.eval_every=6",
-        ],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rows = metric_rows(&ahead);
-    let stale: Vec<f64> = rows
-        .iter()
-        .filter_map(|r| r.get("staleness/max").and_then(|v| v.as_f64()))
-        .collect();
-    assert_eq!(stale.len(), 6, "{rows:?}");
-    assert_eq!(stale[2..], [2.0; 4], "{stale:?}");
-    for r in rows
-        .iter()
-        .filter(|r| r.get("mismatch/is_weight_mean").is_some())
-    {
-        let w = r["mismatch/is_weight_mean"].as_f64().unwrap();
-        assert!(w.is_finite() && (w - 1.0).abs() < 0.5, "{r}");
-    }
-    let (_, body) = get_with_key(a.port, "/v1/models", "sk-rollouts");
-    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let versions = served["data"].as_array().unwrap().len() - 1;
-    assert_eq!(
-        versions,
-        3 + 1,
-        "the first run's adapter and this run's last three: {served}"
-    );
+    two_rollouts_ahead(&out.join("ahead"), &train, (a.port, b.port));
     // A server that does not answer (port 1): the first step fails naming it.
     drop(b);
     let o = train(
@@ -867,6 +832,48 @@ fn openai_rollout_backend_trains_against_two_servers() {
         "{e}"
     );
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// Two rollouts ahead: each names its own step's adapter, so newer ones are pushed while it
+/// is answered; the servers hold the last three versions (and the base model).
+fn two_rollouts_ahead(
+    ahead: &Path,
+    train: &dyn Fn(&Path, &[u16], &str, &[&str]) -> std::process::Output,
+    ports: (u16, u16),
+) {
+    let o = train(
+        ahead,
+        &[ports.0, ports.1],
+        "smol",
+        &[
+            "rollout.max_staleness=2",
+            "train.steps=6",
+            "train.eval_every=6",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows = metric_rows(ahead);
+    let stale: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.get("staleness/max").and_then(|v| v.as_f64()))
+        .collect();
+    assert_eq!(stale.len(), 6, "{rows:?}");
+    assert_eq!(stale[2..], [2.0; 4], "{stale:?}");
+    for r in rows
+        .iter()
+        .filter(|r| r.get("mismatch/is_weight_mean").is_some())
+    {
+        let w = r["mismatch/is_weight_mean"].as_f64().unwrap();
+        assert!(w.is_finite() && (w - 1.0).abs() < 0.5, "{r}");
+    }
+    let (_, body) = get_with_key(ports.0, "/v1/models", "sk-rollouts");
+    let served: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let versions = served["data"].as_array().unwrap().len() - 1;
+    assert_eq!(
+        versions,
+        3 + 1,
+        "the first run's adapter and this run's last three: {served}"
+    );
 }
 
 /// On-policy distillation (`recipes/arithmetic-opd.toml`: a student of half the main policy's

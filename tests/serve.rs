@@ -834,13 +834,12 @@ fn openai_rollout_backend_trains_against_two_servers() {
     std::fs::remove_dir_all(&out).ok();
 }
 
+/// A training run against servers: (run directory, ports, model name, extra `--set` values).
+type TrainAgainst = dyn Fn(&Path, &[u16], &str, &[&str]) -> std::process::Output;
+
 /// Two rollouts ahead: each names its own step's adapter, so newer ones are pushed while it
 /// is answered; the servers hold the last three versions (and the base model).
-fn two_rollouts_ahead(
-    ahead: &Path,
-    train: &dyn Fn(&Path, &[u16], &str, &[&str]) -> std::process::Output,
-    ports: (u16, u16),
-) {
+fn two_rollouts_ahead(ahead: &Path, train: &TrainAgainst, ports: (u16, u16)) {
     let o = train(
         ahead,
         &[ports.0, ports.1],

@@ -1878,3 +1878,86 @@ fn plop_command_prints_scores() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("plop_count"), "{}", stderr(&o));
 }
+
+/// LANPO with SmolLM2 + LoRA: each group is its 2 samples from scratch, then 2 feedback samples
+/// whose contexts reflect on those attempts in order (Reward-Agnostic Reflection); no context
+/// holds the reference answer beyond the attempt it shows; the experience pool is in the
+/// checkpoint, and a run stopped after step 2 and resumed equals the uninterrupted run, pool
+/// and feedback metrics included.
+#[test]
+fn lanpo_reflects_on_the_groups_attempts_and_resumes_with_its_pool() {
+    let Some(gguf) = common::assets::smollm2() else {
+        return;
+    };
+    let dir = tmp("lanpo");
+    let recipe: String = root()
+        .join("recipes/lanpo-smollm2.toml")
+        .to_string_lossy()
+        .into();
+    let path = format!("pretrained.path=\"{}\"", gguf.display());
+    let run = |out: &Path, flags: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+        c.args(["train", &recipe, "--quiet", "--out"]).arg(out);
+        for s in [
+            path.as_str(),
+            "train.steps=3",
+            "train.eval_every=3",
+            "task.eval_size=2",
+            "rollout.prompts_per_step=2",
+            "rollout.max_new_tokens=6",
+            "lanpo.lesson_max_tokens=8",
+            "train.log_samples=8",
+            "pretrained.lora.targets=[\"q_proj\", \"v_proj\"]",
+        ] {
+            c.args(["--set", s]);
+        }
+        c.args(flags).output().unwrap()
+    };
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let o = run(&a, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&b, &["--stop-after", "2"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(b.join("checkpoints/step-00000002/lanpo_pool.json").exists());
+    let o = run(&b, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ra, rb) = (common::metric_rows(&a), common::metric_rows(&b));
+    assert_eq!(ra, rb, "resumed metrics differ from the uninterrupted run");
+    for (step, r) in ra.iter().enumerate().skip(1) {
+        assert_eq!(r["lanpo/reflected"].as_f64(), Some(1.0), "step {step}");
+        assert_eq!(r["lanpo/pool_problems"].as_f64(), Some(2.0 * step as f64));
+    }
+    let samples: Vec<serde_json::Value> = std::fs::read_to_string(a.join("samples.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let text = |s: &serde_json::Value, k: &str| s[k].as_str().unwrap_or_default().to_string();
+    let mut checked = 0;
+    for group in samples.chunks(4) {
+        let fb: Vec<bool> = group.iter().map(|s| s.get("feedback").is_some()).collect();
+        assert_eq!(fb, [false, false, true, true]);
+        let fresh = [text(&group[0], "completion"), text(&group[1], "completion")];
+        for (s, attempt) in group[2..].iter().zip(&fresh) {
+            let context = text(s, "feedback");
+            let rest = context.replace(attempt.trim(), "");
+            let answer = text(s, "answer");
+            let leaked = rest
+                .split(|c: char| !c.is_alphanumeric())
+                .any(|w| w == answer);
+            assert!(!leaked, "the answer {answer} in {context:?}");
+            if fresh.iter().all(|f| !f.trim().is_empty()) {
+                assert!(
+                    context.contains(&format!("\n{}\n", attempt.trim())),
+                    "{context:?}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no group had two non-empty attempts to reflect on"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -8,6 +8,7 @@ pub mod critic;
 pub mod endpoint;
 pub mod jobs;
 pub mod judge;
+pub mod lanpo;
 pub mod participant;
 pub mod pipeline;
 pub mod plop;
@@ -68,7 +69,16 @@ pub struct Policy {
 impl Policy {
     /// The prompt's token ids; an error when prompt plus `max_new` exceeds the context.
     pub fn prompt_ids(&self, e: &Example, max_new: usize) -> Result<Vec<u32>> {
+        self.prompt_ids_with(e, "", max_new)
+    }
+
+    /// [`Policy::prompt_ids`] with `extra` appended to the user message (the last one of a
+    /// chat dataset's conversation): LANPO's feedback. A tiny policy reads no such text.
+    pub fn prompt_ids_with(&self, e: &Example, extra: &str, max_new: usize) -> Result<Vec<u32>> {
         let ids = match &self.tok {
+            Tok::Char(_) if !extra.is_empty() => {
+                bail!("the tiny policy's vocabulary reads no feedback text: use [pretrained]")
+            }
             Tok::Char(vocab) => {
                 let mut ids = vec![chartok::BOS];
                 ids.extend(vocab.encode(&e.prompt).map_err(|m| {
@@ -86,9 +96,13 @@ impl Policy {
                 system,
                 template,
             } => {
-                let user = template.replace("{question}", &e.question);
+                let user = template.replace("{question}", &e.question) + extra;
                 let text = if *chat {
-                    render_chat(tok, system.as_deref(), &user, &e.messages)?
+                    let mut messages = e.messages.clone();
+                    if let Some((_, content)) = messages.iter_mut().rev().find(|m| m.0 == "user") {
+                        content.push_str(extra);
+                    }
+                    render_chat(tok, system.as_deref(), &user, &messages)?
                 } else {
                     user
                 };
@@ -112,6 +126,22 @@ impl Policy {
         match &self.tok {
             Tok::Char(v) => *v,
             Tok::Real { .. } => chartok::Vocab::Chars,
+        }
+    }
+
+    /// A request of the run's own (LANPO's lesson request) as the user message of the
+    /// recipe's chat template, without the prompt template.
+    pub fn request_ids(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tok {
+            Tok::Char(_) => {
+                bail!("the tiny policy's vocabulary reads no requests: use [pretrained]")
+            }
+            Tok::Real {
+                tok, chat, system, ..
+            } => match chat {
+                true => Ok(tok.encode(&render_chat(tok, system.as_deref(), text, &[])?)?),
+                false => Ok(tok.encode(text)?),
+            },
         }
     }
 

@@ -1,7 +1,8 @@
 //! What an LLM run's checkpoint holds beside the run kit's records (the critic and its
-//! optimizer, the replay buffer), and the KL reference saved at the start of a run.
+//! optimizer, the replay buffer, LANPO's pool), and the KL reference saved at the start of a run.
 
 use crate::llm::critic::Critic;
+use crate::llm::lanpo::Lanpo;
 use crate::llm::replay::Replay;
 use crate::llm::schema::Recipe;
 use crate::llm::{Policy, model_record, read_reference};
@@ -17,12 +18,15 @@ pub fn save_checkpoint(
     d: &Path,
     policy: &Policy,
     optim: &ember_train::Optimizer,
-    (critic, replay): (Option<&Critic>, Option<&Replay>),
+    (critic, replay, lanpo): (Option<&Critic>, Option<&Replay>, Option<&Lanpo>),
     state: &checkpoint::TrainState,
 ) -> Result<()> {
     checkpoint::write_records(d, model_record(policy), optim, state)?;
     if let Some(c) = critic {
         c.save(d)?;
+    }
+    if let Some(l) = lanpo {
+        l.pool.save(d)?;
     }
     replay.map_or(Ok(()), |rp| rp.save(d))
 }

@@ -9,6 +9,7 @@ use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 mod critic;
+mod lanpo;
 mod offline;
 mod policy;
 mod rollout;
@@ -17,6 +18,7 @@ mod task;
 pub use rollout::{RolloutBackend, RolloutSpec, ServerKeys};
 
 pub use critic::CriticSpec;
+pub use lanpo::{LanpoSpec, UpdateContext};
 pub use offline::{GroupObjective, Objective, OfflineSpec, Pairs};
 pub use policy::{
     LoraSpec, ModelSpec, PolicyChoice, PretrainedSpec, Targets, Warmup, choose_policy,
@@ -214,6 +216,9 @@ pub struct Recipe {
     /// A teacher scoring every sampled token: on-policy distillation or the KL reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teacher: Option<TeacherSpec>,
+    /// LANPO's experience pool and in-context feedback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lanpo: Option<LanpoSpec>,
 }
 
 /// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
@@ -520,7 +525,7 @@ impl Recipe {
                 );
             }
         }
-        Ok(())
+        self.validate_lanpo(parts)
     }
 
     /// The actor loss's settings and `[eval]`.

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+mod lanpo;
 mod setup;
 
 /// What a run reports at the end.
@@ -105,6 +106,8 @@ struct Job<'a> {
     pipeline: Option<Pipeline>,
     /// `[teacher]`: the model that scores every sampled token.
     teacher: Option<Teacher>,
+    /// `[lanpo]`: the experience pool and the step's feedback.
+    lanpo: Option<crate::llm::lanpo::Lanpo>,
     accuracy_before: f64,
     accuracy_after: f64,
     steps_done: usize,
@@ -201,7 +204,11 @@ impl Job<'_> {
         if let Some(pl) = self.pipeline.as_mut() {
             pl.rewind(self.steps_done);
         }
-        let extra = (self.critic.as_ref(), self.replay.as_ref());
+        let extra = (
+            self.critic.as_ref(),
+            self.replay.as_ref(),
+            self.lanpo.as_ref(),
+        );
         let (policy, optim, pl) = (&self.policy, &self.optim, self.pipeline.as_mut());
         self.run.checkpoint_after_error(self.steps_done, e, |d| {
             save_checkpoint(d, policy, optim, extra, &state)?;
@@ -250,14 +257,9 @@ impl Job<'_> {
         };
         rollout_metrics(row, step, &rewards, &responses, &g, dropped_groups);
         crate::llm::step::warn_if_nothing_valid(&r.name, step, &rewards);
-        let shown = shown_samples(
-            r.train.run.log_samples,
-            &g,
-            examples,
-            &texts,
-            &responses,
-            &rewards,
-        );
+        let n = r.train.run.log_samples;
+        let mut shown = shown_samples(n, &g, examples, &texts, &responses, &rewards);
+        self.learn_from_step(step, (&texts, &rewards), examples, &mut shown, row)?;
         Ok(Prepared {
             batch,
             exp,
@@ -274,6 +276,8 @@ impl Job<'_> {
     fn sample(&mut self, step: usize, row: &mut Row) -> Result<(Sampled, Generation)> {
         if self.parts.adaptive.is_some() {
             return self.sample_in_rounds(step, row);
+        } else if self.lanpo.is_some() {
+            return self.sample_with_feedback(step, row);
         }
         self.fill(step, row)?;
         let pl = self
@@ -419,7 +423,8 @@ impl Job<'_> {
         // numbers: π_old is recomputed.
         // Rows sampled k updates ago get the current weights' log-probs as π_old (decoupled
         // PPO's proximal policy; the loss's mismatch correction weighs the sampler's against it).
-        let stale = r.rollout.max_staleness > 0;
+        // LANPO's feedback samples are scored without the context they were sampled with.
+        let stale = r.rollout.max_staleness > 0 || self.lanpo.is_some();
         let recompute = r.train.run.recompute_old_log_probs
             || self.replay.is_some()
             || self.remote.is_some()
@@ -547,7 +552,11 @@ impl Job<'_> {
         if let Some(pl) = self.pipeline.as_mut() {
             pl.step_done();
         }
-        let extra = (self.critic.as_ref(), self.replay.as_ref());
+        let extra = (
+            self.critic.as_ref(),
+            self.replay.as_ref(),
+            self.lanpo.as_ref(),
+        );
         let (policy, optim, pl) = (&self.policy, &self.optim, self.pipeline.as_mut());
         self.run.end_step(end, row, evaluated, &stats, |d| {
             save_checkpoint(d, policy, optim, extra, &state)?;

@@ -4,6 +4,7 @@
 
 use super::Job;
 use crate::llm::critic::Critic;
+use crate::llm::lanpo::{Lanpo, Pool};
 use crate::llm::pipeline::Pipeline;
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Limits, Replay};
@@ -71,6 +72,11 @@ impl<'a> Job<'a> {
                 None => None,
             },
             reference: None,
+            lanpo: r.lanpo.clone().map(|spec| Lanpo {
+                spec,
+                pool: Pool::default(),
+                pending: None,
+            }),
             accuracy_before: 0.0,
             accuracy_after: 0.0,
             steps_done: run.first_step(),
@@ -154,6 +160,9 @@ impl<'a> Job<'a> {
             let optim = std::mem::replace(&mut self.optim, optimizer(r));
             self.optim = checkpoint::load_optimizer(dir, optim)?;
             self.critic = self.critic.take().map(|c| c.load(dir)).transpose()?;
+            if let Some(l) = self.lanpo.as_mut() {
+                l.pool = Pool::load(dir, &l.spec, self.policy.config.d_model)?;
+            }
             let limits = Limits {
                 step: self.run.first_step(),
                 vocab: self.policy.model.vocab_size(),

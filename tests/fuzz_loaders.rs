@@ -618,3 +618,33 @@ fn parquet_reader_survives_damaged_files() {
     }
     std::fs::remove_dir_all(&d).ok();
 }
+
+/// A `datasets` folder (`tests/fixtures/data/saved`'s first Arrow shard), its Arrow file damaged
+/// 400 ways: the reader answers `Ok` or an error naming the file, never a panic.
+#[test]
+fn arrow_reader_survives_damaged_files() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/saved");
+    let good = std::fs::read(src.join("data-00000-of-00002.arrow")).unwrap();
+    let d = tmpdir("arrow");
+    let state = r#"{"_data_files": [{"filename": "data.arrow"}]}"#;
+    std::fs::write(d.join("state.json"), state).unwrap();
+    let p = d.join("data.arrow");
+    let keys = ember_tasks::task::JsonlKeys {
+        prompt: None,
+        answer: Some("solution".into()),
+    };
+    std::fs::write(&p, &good).unwrap();
+    assert!(ember_tasks::task::JsonlData::load_with(&d, &keys).is_ok());
+    let mut rng = SplitMix64(0x6172_726f);
+    for case in 0..400 {
+        // Half the cases damage the schema message at the start, half anywhere.
+        let span = if case % 2 == 0 { 600 } else { good.len() };
+        std::fs::write(&p, mutate(&good, span, &mut rng)).unwrap();
+        no_panic("arrow", case, || {
+            if let Err(e) = ember_tasks::task::JsonlData::load_with(&d, &keys) {
+                assert!(e.to_string().contains("data.arrow"), "case {case}: {e}");
+            }
+        });
+    }
+    std::fs::remove_dir_all(&d).ok();
+}

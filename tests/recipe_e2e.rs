@@ -526,14 +526,17 @@ fn molora_recipe_sizes_are_refused_by_name() {
     assert!(ember::molora::schema::parse(&text, &[]).is_ok());
 }
 
-/// A Parquet dataset as a task: `kind = "parquet"` (or `"jsonl"`) with a `.parquet` file or a
-/// Hub dataset directory, keys chosen as for JSON lines.
+/// A Parquet dataset or a `datasets` folder as a task: `kind = "parquet"`, `"datasets"` (or
+/// `"jsonl"`) with a `.parquet` file, a Hub dataset directory or a `save_to_disk` folder (a
+/// dictionary's `train` split), keys chosen as for JSON lines.
 #[test]
 fn parquet_datasets_are_tasks() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data");
     for (kind, path, rows) in [
         ("parquet", data.join("chat-zstd.parquet"), 60),
         ("jsonl", data.join("hub"), 40),
+        ("datasets", data.join("saved"), 60),
+        ("jsonl", data.join("saved-dict"), 40),
     ] {
         let task = format!(
             "task={{kind=\"{kind}\", path=\"{}\", answer_key=\"solution\", eval_size=4}}",

@@ -15,10 +15,11 @@ pub enum TaskKind {
     Arithmetic,
     /// Generated countdown (`count`, `max_number`, `max_target`).
     Countdown,
-    /// A dataset file (`path`): JSON lines, or Parquet (a `.parquet` file, or a Hugging Face
-    /// dataset directory whose `train*.parquet` shards are read); GSM8K `question`/`answer`
-    /// or `prompt`/`answer`. `kind = "parquet"` reads the same.
-    #[serde(alias = "parquet")]
+    /// A dataset file (`path`): JSON lines, Parquet (a `.parquet` file, or a Hugging Face
+    /// dataset directory whose `train*.parquet` shards are read), or a folder `datasets`
+    /// saved (`save_to_disk`; a dictionary's `train` split); GSM8K `question`/`answer` or
+    /// `prompt`/`answer`. `kind = "parquet"` and `kind = "datasets"` read the same.
+    #[serde(alias = "parquet", alias = "datasets")]
     Jsonl,
 }
 

@@ -149,7 +149,7 @@ pub(super) fn regular_file(path: &Path) -> std::io::Result<std::fs::Metadata> {
 const MAX_BYTES: u64 = 1 << 30;
 
 /// The text of `path` when it is a regular file ([`regular_file`]) of at most 1 GiB.
-fn read_regular(path: &Path) -> std::io::Result<String> {
+pub(super) fn read_regular(path: &Path) -> std::io::Result<String> {
     let len = regular_file(path)?.len();
     if len > MAX_BYTES {
         return Err(std::io::Error::new(
@@ -164,12 +164,20 @@ fn read_regular(path: &Path) -> std::io::Result<String> {
 /// why the line is not JSON).
 pub type Record = (PathBuf, usize, Result<serde_json::Value, String>);
 
-/// The rows of a dataset: a JSON-lines file (blank lines skipped), or Parquet (a `.parquet`
-/// file, or a Hub dataset directory's `train` shards), each Parquet row read as the JSON
-/// object its line would be.
+/// The rows of a dataset: a JSON-lines file (blank lines skipped), a folder `datasets` saved
+/// (`save_to_disk`: its Arrow files, a dictionary's `train` split), or Parquet (a `.parquet`
+/// file, or a Hub dataset directory's `train` shards), each Arrow or Parquet row read as the
+/// JSON object its line would be.
 pub fn records(path: &Path) -> Result<Vec<Record>, DataError> {
-    if super::parquet::is_parquet(path) {
-        return Ok(super::parquet::rows(path)?
+    let rows = if super::arrow::is_saved_dataset(path) {
+        Some(super::arrow::rows(path)?)
+    } else if super::parquet::is_parquet(path) {
+        Some(super::parquet::rows(path)?)
+    } else {
+        None
+    };
+    if let Some(rows) = rows {
+        return Ok(rows
             .into_iter()
             .map(|(p, i, v)| (p, i, Ok(v)))
             .collect());
@@ -365,6 +373,42 @@ mod tests {
         );
         let e = JsonlData::load_with(&d.join("chat.jsonl").with_extension("parquet"), &keys);
         assert!(e.is_err());
+    }
+
+    /// `save_to_disk` folders (scripts/make_arrow_fixtures.py): a dataset in two Arrow shards
+    /// reads as its JSONL does, a dictionary's `train` split is read, and errors name the file
+    /// and the row, a file name that leaves the folder, and a dictionary without `train`.
+    #[test]
+    fn saved_datasets_read_as_jsonl_does() {
+        let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/data");
+        let keys = JsonlKeys {
+            prompt: None,
+            answer: Some("solution".into()),
+        };
+        let lines = JsonlData::load_with(&d.join("chat.jsonl"), &keys).unwrap();
+        let saved = JsonlData::load_with(&d.join("saved"), &keys).unwrap();
+        assert_eq!((saved.train, saved.held_out), (lines.train.clone(), lines.held_out.clone()));
+        let dict = JsonlData::load_with(&d.join("saved-dict"), &keys).unwrap();
+        let all: Vec<&Example> = lines.train.iter().chain(&lines.held_out).collect();
+        assert_eq!(dict.train.len() + dict.held_out.len(), 40);
+        for e in dict.train.iter().chain(&dict.held_out) {
+            assert!(all.contains(&e) && !e.question.contains(" 50 + "), "{e:?}");
+        }
+        let e = JsonlData::load_with(&d.join("saved-bad"), &keys).unwrap_err();
+        assert!(
+            e.to_string().contains("data-00000-of-00001.arrow:3: `solution` is null"),
+            "{e}"
+        );
+        let dir = std::env::temp_dir().join(format!("ember-saved-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = r#"{"_data_files": [{"filename": "../chat.arrow"}]}"#;
+        std::fs::write(dir.join("state.json"), state).unwrap();
+        let e = JsonlData::load_with(&dir, &keys).unwrap_err().to_string();
+        assert!(e.contains("\"../chat.arrow\" is not an .arrow file of this folder"), "{e}");
+        std::fs::write(dir.join("dataset_dict.json"), r#"{"splits": ["test"]}"#).unwrap();
+        let e = JsonlData::load_with(&dir, &keys).unwrap_err().to_string();
+        assert!(e.contains("without a `train` split"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Tasks with held-out splits: procedurally generated arithmetic and countdown, and datasets in
-//! JSON lines or Parquet (GSM8K's `question`/`answer` with `#### <number>`, or generic
+//! JSON lines, Parquet or `datasets` folders (GSM8K's `question`/`answer` with `#### <number>`, or generic
 //! `prompt`/`answer`).
 
+mod arrow;
 mod jsonl;
 mod parquet;
 

@@ -177,10 +177,7 @@ pub fn records(path: &Path) -> Result<Vec<Record>, DataError> {
         None
     };
     if let Some(rows) = rows {
-        return Ok(rows
-            .into_iter()
-            .map(|(p, i, v)| (p, i, Ok(v)))
-            .collect());
+        return Ok(rows.into_iter().map(|(p, i, v)| (p, i, Ok(v))).collect());
     }
     let text = read_regular(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
@@ -387,7 +384,10 @@ mod tests {
         };
         let lines = JsonlData::load_with(&d.join("chat.jsonl"), &keys).unwrap();
         let saved = JsonlData::load_with(&d.join("saved"), &keys).unwrap();
-        assert_eq!((saved.train, saved.held_out), (lines.train.clone(), lines.held_out.clone()));
+        assert_eq!(
+            (saved.train, saved.held_out),
+            (lines.train.clone(), lines.held_out.clone())
+        );
         let dict = JsonlData::load_with(&d.join("saved-dict"), &keys).unwrap();
         let all: Vec<&Example> = lines.train.iter().chain(&lines.held_out).collect();
         assert_eq!(dict.train.len() + dict.held_out.len(), 40);
@@ -396,7 +396,8 @@ mod tests {
         }
         let e = JsonlData::load_with(&d.join("saved-bad"), &keys).unwrap_err();
         assert!(
-            e.to_string().contains("data-00000-of-00001.arrow:3: `solution` is null"),
+            e.to_string()
+                .contains("data-00000-of-00001.arrow:3: `solution` is null"),
             "{e}"
         );
         let dir = std::env::temp_dir().join(format!("ember-saved-{}", std::process::id()));
@@ -404,7 +405,10 @@ mod tests {
         let state = r#"{"_data_files": [{"filename": "../chat.arrow"}]}"#;
         std::fs::write(dir.join("state.json"), state).unwrap();
         let e = JsonlData::load_with(&dir, &keys).unwrap_err().to_string();
-        assert!(e.contains("\"../chat.arrow\" is not an .arrow file of this folder"), "{e}");
+        assert!(
+            e.contains("\"../chat.arrow\" is not an .arrow file of this folder"),
+            "{e}"
+        );
         std::fs::write(dir.join("dataset_dict.json"), r#"{"splits": ["test"]}"#).unwrap();
         let e = JsonlData::load_with(&dir, &keys).unwrap_err().to_string();
         assert!(e.contains("without a `train` split"), "{e}");

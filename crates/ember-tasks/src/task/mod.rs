@@ -1,6 +1,6 @@
 //! Tasks with held-out splits: procedurally generated arithmetic and countdown, and datasets in
-//! JSON lines, Parquet or `datasets` folders (GSM8K's `question`/`answer` with `#### <number>`, or generic
-//! `prompt`/`answer`).
+//! JSON lines, Parquet or `datasets` folders (GSM8K's `question`/`answer` with `#### <number>`,
+//! or generic `prompt`/`answer`).
 
 mod arrow;
 mod jsonl;

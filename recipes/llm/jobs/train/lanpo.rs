@@ -162,6 +162,9 @@ impl Job<'_> {
                 s.insert("feedback".into(), f.text.clone().into());
             }
         }
+        let (p, l) = lanpo.pool.sizes();
+        row.insert("lanpo/pool_problems".into(), p as f64);
+        row.insert("lanpo/pool_lessons".into(), l as f64);
         if !lanpo.spec.abstraction || lanpo.spec.lessons_per_step == 0 || solved.is_empty() {
             row.insert("lanpo/lessons_written".into(), 0.0);
             return Ok(());
@@ -199,10 +202,8 @@ impl Job<'_> {
                 written += 1;
             }
         }
-        let (p, l) = lanpo.pool.sizes();
         row.insert("lanpo/lessons_written".into(), f64::from(written));
-        row.insert("lanpo/pool_problems".into(), p as f64);
-        row.insert("lanpo/pool_lessons".into(), l as f64);
+        row.insert("lanpo/pool_lessons".into(), lanpo.pool.sizes().1 as f64);
         row.insert("timing_s/lanpo_lessons".into(), t.elapsed().as_secs_f64());
         Ok(())
     }

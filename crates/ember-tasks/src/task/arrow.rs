@@ -15,9 +15,6 @@ use arrow_schema::DataType;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
-/// The largest Arrow file read (bytes).
-const MAX_BYTES: u64 = 1 << 30;
-
 /// Whether `path` is a folder `save_to_disk` wrote (a dataset or a dataset dictionary).
 pub(super) fn is_saved_dataset(path: &Path) -> bool {
     path.is_dir() && (path.join("state.json").is_file() || path.join("dataset_dict.json").is_file())
@@ -116,16 +113,7 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
 
 /// The rows of one Arrow IPC stream file.
 fn file_rows(path: &Path) -> Result<Vec<(PathBuf, usize, serde_json::Value)>, DataError> {
-    let io = |source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let meta = super::jsonl::regular_file(path).map_err(io)?;
-    if meta.len() > MAX_BYTES {
-        let why = format!("{} bytes, more than the 1 GiB limit", meta.len());
-        return Err(invalid(path, why));
-    }
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = super::jsonl::open_data_file(path)?;
     let reader = StreamReader::try_new(std::io::BufReader::new(file), None)
         .map_err(|e| invalid(path, format!("not an Arrow IPC stream: {e}")))?;
     let mut out = Vec::new();

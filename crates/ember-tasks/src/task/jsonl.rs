@@ -128,6 +128,25 @@ fn kind_of(v: &serde_json::Value) -> &'static str {
     }
 }
 
+/// The largest Parquet or Arrow file read (bytes).
+const MAX_DATA_BYTES: u64 = 1 << 30;
+
+/// A Parquet or Arrow file opened for reading: a regular file of at most 1 GiB.
+pub(super) fn open_data_file(path: &Path) -> Result<std::fs::File, DataError> {
+    let io = |source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = regular_file(path).map_err(io)?;
+    if meta.len() > MAX_DATA_BYTES {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} bytes, more than the 1 GiB limit", meta.len()),
+        )));
+    }
+    std::fs::File::open(path).map_err(io)
+}
+
 /// The metadata of `path` when it is a regular file: a FIFO (opening it for reading blocks until
 /// a writer comes) or a device is refused, naming what it is (as
 /// `ember_train::io::read_to_string`, a crate of the same layer).

@@ -7,9 +7,6 @@ use super::jsonl::DataError;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use std::path::{Path, PathBuf};
 
-/// The largest Parquet file read (bytes).
-const MAX_BYTES: u64 = 1 << 30;
-
 /// Whether `path` names Parquet data: a `.parquet` file, or a directory.
 pub(super) fn is_parquet(path: &Path) -> bool {
     path.is_dir() || path.extension().is_some_and(|e| e == "parquet")
@@ -78,24 +75,14 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
 
 /// The rows of one Parquet file.
 fn file_rows(path: &Path) -> Result<Vec<(PathBuf, usize, serde_json::Value)>, DataError> {
-    let io = |source| DataError::Io {
+    let bad = |e: parquet::errors::ParquetError| DataError::Io {
         path: path.to_path_buf(),
-        source,
-    };
-    let meta = super::jsonl::regular_file(path).map_err(io)?;
-    if meta.len() > MAX_BYTES {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} bytes, more than the 1 GiB limit", meta.len()),
-        )));
-    }
-    let bad = |e: parquet::errors::ParquetError| {
-        io(std::io::Error::new(
+        source: std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("not a readable Parquet file: {e}"),
-        ))
+        ),
     };
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = super::jsonl::open_data_file(path)?;
     let reader = SerializedFileReader::new(file).map_err(bad)?;
     let iter = reader.get_row_iter(None).map_err(bad)?;
     let mut out = Vec::new();

@@ -68,7 +68,6 @@ impl Job<'_> {
             .collect();
         let embs = embeddings(&sampler, &prompts, base)?;
         let keys: Vec<String> = examples.iter().map(key).collect();
-        embs.iter().for_each(|e| lanpo.pool.observe(e));
         let problems: Vec<(&str, _, &[f32])> = (keys.iter().zip(&examples).zip(&embs))
             .map(|((k, e), v)| (k.as_str(), e, v.as_slice()))
             .collect();
@@ -142,16 +141,18 @@ impl Job<'_> {
         };
         row.insert("lanpo/reward_scratch".into(), mean(false));
         row.insert("lanpo/reward_feedback".into(), mean(true));
+        // The step's changes go to a copy, committed at the end: a step that fails here leaves
+        // the pool as the last completed step did, which is what its checkpoint holds.
+        let mut pool = lanpo.pool.clone();
         let mut solved = Vec::new();
-        for (i, (k, _)) in problems.iter().enumerate() {
+        for (i, (k, emb)) in problems.iter().enumerate() {
+            pool.observe(emb);
             let rows = i * n..(i + 1) * n;
             let attempts = rows.clone().map(|j| Attempt {
                 text: texts[j].clone(),
                 reward: rewards[j],
             });
-            lanpo
-                .pool
-                .record(k, attempts.collect(), step + 1, &lanpo.spec);
+            pool.record(k, attempts.collect(), step + 1, &lanpo.spec);
             let best = rows.max_by(|a, b| rewards[*a].total_cmp(&rewards[*b]));
             if let Some(j) = best.filter(|j| rewards[*j] > 0.0) {
                 solved.push((i, j));
@@ -162,11 +163,12 @@ impl Job<'_> {
                 s.insert("feedback".into(), f.text.clone().into());
             }
         }
-        let (p, l) = lanpo.pool.sizes();
+        let (p, l) = pool.sizes();
         row.insert("lanpo/pool_problems".into(), p as f64);
         row.insert("lanpo/pool_lessons".into(), l as f64);
         if !lanpo.spec.abstraction || lanpo.spec.lessons_per_step == 0 || solved.is_empty() {
             row.insert("lanpo/lessons_written".into(), 0.0);
+            lanpo.pool = pool;
             return Ok(());
         }
         solved.sort_by(|a, b| rewards[b.1].total_cmp(&rewards[a.1]));
@@ -198,12 +200,13 @@ impl Job<'_> {
                     text,
                     embedding,
                 };
-                lanpo.pool.add_lesson(lesson, lanpo.spec.lessons_kept);
+                pool.add_lesson(lesson, lanpo.spec.lessons_kept);
                 written += 1;
             }
         }
         row.insert("lanpo/lessons_written".into(), f64::from(written));
-        row.insert("lanpo/pool_lessons".into(), lanpo.pool.sizes().1 as f64);
+        row.insert("lanpo/pool_lessons".into(), pool.sizes().1 as f64);
+        lanpo.pool = pool;
         row.insert("timing_s/lanpo_lessons".into(), t.elapsed().as_secs_f64());
         Ok(())
     }

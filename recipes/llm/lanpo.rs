@@ -301,6 +301,14 @@ pub struct Lanpo {
     pub pending: Option<Pending>,
 }
 
+impl Lanpo {
+    /// Whether the update scores the feedback samples on the plain prompt (not the one they
+    /// were sampled with), so that π_old must be recomputed.
+    pub fn scores_plain(&self) -> bool {
+        self.spec.update_context == crate::llm::schema::UpdateContext::Removed
+    }
+}
+
 /// A step between its rollout and its rewards: each problem's key and prompt embedding, and
 /// each row's feedback (none for the samples drawn from scratch).
 pub type Pending = (Vec<(String, Vec<f32>)>, Vec<Option<Feedback>>);

@@ -97,7 +97,9 @@ impl Policy {
                 template,
             } => {
                 let user = template.replace("{question}", &e.question) + extra;
-                let text = if *chat {
+                let text = if *chat && extra.is_empty() {
+                    render_chat(tok, system.as_deref(), &user, &e.messages)?
+                } else if *chat {
                     let mut messages = e.messages.clone();
                     if let Some((_, content)) = messages.iter_mut().rev().find(|m| m.0 == "user") {
                         content.push_str(extra);

@@ -7,6 +7,7 @@
 use crate::common::run::open_run;
 use crate::llm::adaptive::ada_rollout;
 use crate::llm::critic::{Critic, update_step};
+use crate::llm::lanpo::Lanpo;
 use crate::llm::pipeline::{Draw, Pipeline, Source};
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Replay, StoredGroup};
@@ -107,7 +108,7 @@ struct Job<'a> {
     /// `[teacher]`: the model that scores every sampled token.
     teacher: Option<Teacher>,
     /// `[lanpo]`: the experience pool and the step's feedback.
-    lanpo: Option<crate::llm::lanpo::Lanpo>,
+    lanpo: Option<Lanpo>,
     accuracy_before: f64,
     accuracy_after: f64,
     steps_done: usize,
@@ -424,7 +425,8 @@ impl Job<'_> {
         // Rows sampled k updates ago get the current weights' log-probs as π_old (decoupled
         // PPO's proximal policy; the loss's mismatch correction weighs the sampler's against it).
         // LANPO's feedback samples are scored without the context they were sampled with.
-        let stale = r.rollout.max_staleness > 0 || self.lanpo.is_some();
+        let plain = self.lanpo.as_ref().is_some_and(Lanpo::scores_plain);
+        let stale = r.rollout.max_staleness > 0 || plain;
         let recompute = r.train.run.recompute_old_log_probs
             || self.replay.is_some()
             || self.remote.is_some()

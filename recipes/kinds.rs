@@ -5,6 +5,7 @@ use crate::common::config::apply_overrides;
 use crate::control;
 use crate::flow;
 use crate::llm;
+use crate::programs;
 use anyhow::{Result, bail};
 
 /// A parsed recipe of any kind.
@@ -18,6 +19,8 @@ pub enum AnyRecipe {
     Agent(Box<agent::schema::AgentRecipe>),
     /// A continuous-control recipe (`kind = "control"`).
     Control(Box<control::schema::ControlRecipe>),
+    /// A program-synthesis recipe (`kind = "programs"`).
+    Programs(Box<programs::schema::ProgramsRecipe>),
 }
 
 impl AnyRecipe {
@@ -28,6 +31,7 @@ impl AnyRecipe {
             Self::Flow(r) => &r.name,
             Self::Agent(r) => &r.name,
             Self::Control(r) => &r.name,
+            Self::Programs(r) => &r.name,
         }
     }
 }
@@ -48,12 +52,16 @@ pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
         Some(Some("control")) => Ok(AnyRecipe::Control(Box::new(control::schema::from_table(
             table,
         )?))),
+        Some(Some("programs")) => Ok(AnyRecipe::Programs(Box::new(programs::schema::from_table(
+            table,
+        )?))),
         Some(Some("molora")) => bail!(
             "kind = \"molora\" recipes are run by `ember molora <recipe>` (a comparison of \
              adapter arms, not a training run)"
         ),
         Some(k) => bail!(
-            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\" or \"control\"",
+            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\", \"control\" \
+             or \"programs\"",
             k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
         ),
     }

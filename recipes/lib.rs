@@ -22,4 +22,5 @@ pub mod kinds;
 pub mod llm;
 pub mod molora;
 pub mod offline;
+pub mod programs;
 pub mod serve;

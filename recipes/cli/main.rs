@@ -317,6 +317,7 @@ fn train(a: TrainArgs) -> Result<()> {
         AnyRecipe::Flow(r) => ember::flow::job::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Agent(r) => ember::agent::job::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Control(r) => ember::control::job::train(&r, &out, &opts)?.interrupted,
+        AnyRecipe::Programs(r) => ember::programs::job::train(&r, &out, &opts)?.interrupted,
     };
     if interrupted {
         std::process::exit(ember_run::stop_exit_code());
@@ -386,6 +387,10 @@ fn warmup(a: WarmupArgs) -> Result<()> {
         ),
         AnyRecipe::Control(_) => bail!(
             "{path} is a continuous-control (kind = \"control\") recipe; `ember warmup` covers \
+             LLM recipes"
+        ),
+        AnyRecipe::Programs(_) => bail!(
+            "{path} is a program-synthesis (kind = \"programs\") recipe; `ember warmup` covers \
              LLM recipes"
         ),
     };

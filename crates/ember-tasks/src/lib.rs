@@ -5,6 +5,7 @@
 
 pub mod env;
 pub mod process;
+pub mod program;
 pub mod reward;
 pub mod task;
 

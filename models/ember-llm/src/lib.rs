@@ -5,6 +5,7 @@ pub mod actor;
 pub mod cache;
 pub mod chartok;
 mod config;
+mod constrain;
 mod error;
 pub mod gguf;
 pub(crate) mod hf;
@@ -21,6 +22,10 @@ mod tokenizer;
 mod value;
 
 pub use config::{Family, HfConfig, LlamaConfig};
+pub use constrain::{
+    Constrained, ConstrainedExperience, ConstrainedLlama, MASKED_LOGIT, TokenConstraint,
+    generate_constrained,
+};
 pub use error::{LlmError, Result};
 pub use load::{
     GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, save_hf, unpermute_rows,

@@ -527,7 +527,12 @@ impl Llama {
     }
 
     /// The last layer's output `[batch, seq, d_model]` (before the final norm and the head).
-    fn hidden_routed(&self, tokens: Tensor<2, Int>, mask: Tensor<2>, ctx: &RouteCtx) -> Tensor<3> {
+    pub(crate) fn hidden_routed(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        ctx: &RouteCtx,
+    ) -> Tensor<3> {
         self.layers_pass(tokens, mask, ctx, None)
     }
 

@@ -376,17 +376,25 @@ pub fn sample_rows_with(lp: Tensor<2>, u: &[f32]) -> Tensor<2, Int> {
     assert_eq!(u.len(), rows, "one uniform number per row");
     let device = lp.device();
     let probs = (lp.clone() - lp.max_dim(1)).exp();
+    let index = Tensor::<1, Int>::arange(0..vocab as i64, &device).reshape([1, vocab]);
+    let last = (probs.clone().greater_elem(0.0).int() * index.expand([rows, vocab])).max_dim(1);
     let cdf = probs.cumsum(1);
     let total = cdf.clone().slice([0..rows, vocab - 1..vocab]);
     let u = Tensor::<2>::from_data(TensorData::new(u.to_vec(), [rows, 1]), &device) * total;
     let below = cdf.lower_equal(u.expand([rows, vocab])).int().sum_dim(1);
-    below.clamp_max(vocab as i64 - 1)
+    // u·total can round up to the total: then the last token with mass (`last`), never one
+    // after it that top-k, top-p or a constraint removed.
+    below.min_pair(last)
 }
 
 /// The checks of [`generate`]: settings, non-empty prompts within the vocabulary and, with
 /// `max_new_tokens`, within the context (checked arithmetic: a huge `max_new_tokens` must not
 /// wrap around to a small sum).
-fn check_inputs(model: &Llama, prompts: &[Vec<u32>], cfg: &SamplingConfig) -> Result<()> {
+pub(crate) fn check_inputs(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+) -> Result<()> {
     cfg.validate()?;
     if prompts.is_empty() {
         return Err(LlmError::Input("no prompts".into()));
@@ -427,6 +435,72 @@ fn host_rows(t: Tensor<2, Int>) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The state after the prompts' prefill: what decoding starts from.
+pub(crate) struct Prefilled {
+    pub(crate) prompt_tokens: Tensor<2, Int>,
+    pub(crate) prompt_mask: Tensor<2>,
+    /// Each row's prompt (rows prompt-major, `cfg.n` per prompt).
+    pub(crate) group_ids: Vec<usize>,
+    pub(crate) cache: KvCache,
+    /// `[rows, vocab]` logits of each row's first token.
+    pub(crate) logits: Tensor<2>,
+    pub(crate) route: ember_molora::RouteCtx,
+}
+
+/// Prefills `cfg.n` rows per prompt (inputs checked by [`check_inputs`]).
+pub(crate) fn prefill(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    device: &Device,
+) -> Prefilled {
+    let rows: Vec<Vec<u32>> = prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), cfg.n))
+        .collect();
+    let group_ids: Vec<usize> = (0..prompts.len())
+        .flat_map(|i| std::iter::repeat_n(i, cfg.n))
+        .collect();
+    let b = rows.len();
+    let (prompt_tokens, prompt_mask) = left_pad_to(&rows, cfg.prompt_bucket, device);
+    let prompt_len = prompt_tokens.dims()[1];
+    let capacity = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
+    // Mixture-of-LoRA routers take their top-k; sequence routing decides on the prompt and
+    // replays that decision for every decoded token.
+    let route = ember_molora::RouteCtx::decoding(prompt_mask.clone());
+    // The n samples of a prompt share its prefill: each distinct prompt runs once and its keys,
+    // values and last logits are repeated n times (vLLM's prefix sharing for `n` > 1; HF
+    // `generate` instead expands the prompts first). Mixture-of-LoRA models prefill every row,
+    // since their routing records are per row.
+    let (cache, logits) = if cfg.n > 1 && crate::mixture::mixtures(model).is_empty() {
+        let (toks, mask) = left_pad_to(prompts, cfg.prompt_bucket, device);
+        let mut cache = KvCache::new(model.cache_shape(), prompts.len(), capacity, device);
+        let logits = model.forward_cached_routed(toks, mask, &mut cache, &route);
+        let idx = crate::cache::repeat_index(prompts.len(), cfg.n, device);
+        (cache.repeat_rows(&idx), logits.select(0, idx))
+    } else {
+        let mut cache = KvCache::new(model.cache_shape(), b, capacity, device);
+        let logits = model.forward_cached_routed(
+            prompt_tokens.clone(),
+            prompt_mask.clone(),
+            &mut cache,
+            &route,
+        );
+        (cache, logits)
+    };
+    let mut route = route;
+    route.start_replay();
+    route.stop_recording();
+    Prefilled {
+        prompt_tokens,
+        prompt_mask,
+        group_ids,
+        cache,
+        logits,
+        route,
+    }
+}
+
 /// Samples `cfg.n` responses for each prompt.
 ///
 /// # Errors
@@ -457,45 +531,17 @@ pub fn generate_observed(
     mut observe: Option<Observer<'_>>,
 ) -> Result<Generation> {
     check_inputs(model, prompts, cfg)?;
-    let rows: Vec<Vec<u32>> = prompts
-        .iter()
-        .flat_map(|p| std::iter::repeat_n(p.clone(), cfg.n))
-        .collect();
-    let group_ids: Vec<usize> = (0..prompts.len())
-        .flat_map(|i| std::iter::repeat_n(i, cfg.n))
-        .collect();
-    let b = rows.len();
-    let (prompt_tokens, prompt_mask) = left_pad_to(&rows, cfg.prompt_bucket, device);
-    let prompt_len = prompt_tokens.dims()[1];
-    let capacity = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
+    let Prefilled {
+        prompt_tokens,
+        prompt_mask,
+        group_ids,
+        mut cache,
+        mut logits,
+        route,
+    } = prefill(model, prompts, cfg, device);
+    let b = group_ids.len();
     let mut rng = SplitMix64(cfg.seed);
-
     let stop: Vec<i64> = cfg.stop_tokens.iter().map(|t| i64::from(*t)).collect();
-    // Mixture-of-LoRA routers take their top-k; sequence routing decides on the prompt and
-    // replays that decision for every decoded token.
-    let mut route = ember_molora::RouteCtx::decoding(prompt_mask.clone());
-    // The n samples of a prompt share its prefill: each distinct prompt runs once and its keys,
-    // values and last logits are repeated n times (vLLM's prefix sharing for `n` > 1; HF
-    // `generate` instead expands the prompts first). Mixture-of-LoRA models prefill every row,
-    // since their routing records are per row.
-    let (mut cache, mut logits) = if cfg.n > 1 && crate::mixture::mixtures(model).is_empty() {
-        let (toks, mask) = left_pad_to(prompts, cfg.prompt_bucket, device);
-        let mut cache = KvCache::new(model.cache_shape(), prompts.len(), capacity, device);
-        let logits = model.forward_cached_routed(toks, mask, &mut cache, &route);
-        let idx = crate::cache::repeat_index(prompts.len(), cfg.n, device);
-        (cache.repeat_rows(&idx), logits.select(0, idx))
-    } else {
-        let mut cache = KvCache::new(model.cache_shape(), b, capacity, device);
-        let logits = model.forward_cached_routed(
-            prompt_tokens.clone(),
-            prompt_mask.clone(),
-            &mut cache,
-            &route,
-        );
-        (cache, logits)
-    };
-    route.start_replay();
-    route.stop_recording();
     let mut alive = Tensor::<2>::ones([b, 1], device);
     let (mut toks, mut lps, mut masks) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..cfg.max_new_tokens {

@@ -1,0 +1,157 @@
+//! The program job's set-up (the run directory, the task, a fresh programmer or a resumed
+//! run's) and what a checkpoint holds beside the run kit's records: the memory of the best
+//! programs (`programs_memory.json`), checked on resume against the task.
+
+use super::job::{ProgramsJob, eval_row};
+use super::methods::Memory;
+use super::schema::ProgramsRecipe;
+use crate::common::run::open_run;
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::Module;
+use ember_engine::SplitMix64;
+use ember_llm::{ConstrainedLlama, Family, LlamaConfig};
+use ember_run::{RunOptions, checkpoint};
+use ember_tasks::program::ProgramTask;
+use ember_train::Optimizer;
+use std::path::Path;
+
+/// The memory's file in a checkpoint.
+const MEMORY: &str = "programs_memory.json";
+
+/// Builds a job: [`Setup::new`], then [`ProgramsJob::start`].
+pub(super) struct Setup;
+
+impl Setup {
+    /// Opens the run directory, builds the task and a fresh programmer (seeded).
+    #[allow(clippy::new_ret_no_self)]
+    pub(super) fn new<'a>(
+        r: &'a ProgramsRecipe,
+        out: &'a Path,
+        opts: &RunOptions,
+    ) -> Result<ProgramsJob<'a>> {
+        let task = ProgramTask::new(&r.kb, r.max_exprs).map_err(anyhow::Error::msg)?;
+        let t = &r.train.run;
+        let curves = ("rollout/reward_mean", "eval/accuracy");
+        let run = open_run(
+            out,
+            opts,
+            (&r.name, r),
+            (t.steps, t.checkpoint_every, t.keep_checkpoints),
+            curves,
+        )?;
+        let base = crate::common::device::device(&r.device)?;
+        let ad = base.clone().autodiff();
+        let (model, optim) = fresh(r, &task, &ad, 0);
+        Ok(ProgramsJob {
+            rng: SplitMix64(r.seed),
+            schedule: r.train.schedule.schedule(t.steps),
+            optim,
+            model,
+            memory: Memory::new(),
+            before: f64::NAN,
+            after: f64::NAN,
+            f1_after: f64::NAN,
+            steps_done: run.first_step(),
+            r,
+            run,
+            base,
+            ad,
+            task,
+        })
+    }
+}
+
+/// A freshly initialised programmer (seeded by the run's seed and `stage`: 0 at the start, 1
+/// after NSM's maximum-likelihood stage) and its optimizer.
+pub(super) fn fresh(
+    r: &ProgramsRecipe,
+    task: &ProgramTask,
+    ad: &burn::tensor::Device,
+    stage: u64,
+) -> (ConstrainedLlama, Optimizer) {
+    ad.seed(r.seed ^ 0x4e53_4d00 ^ (stage << 40));
+    let m = &r.model;
+    let llama = LlamaConfig::new(
+        Family::Llama,
+        task.vocab.len(),
+        m.d_model,
+        m.d_ff,
+        m.layers,
+        m.heads,
+        m.kv_heads,
+    )
+    .with_max_position_embeddings(64)
+    .init(ad);
+    (ConstrainedLlama { llama }, r.train.optim.init())
+}
+
+impl ProgramsJob<'_> {
+    /// A resumed run's programmer, optimizer, memory and RNG; a fresh run's first evaluation.
+    pub(super) fn start(mut self) -> Result<Self> {
+        let resumed = self
+            .run
+            .resumed()
+            .map(|(d, st)| (d.to_path_buf(), st.clone()));
+        if let Some((dir, st)) = resumed {
+            (self.rng, self.before, self.after) =
+                (SplitMix64(st.rng), st.accuracy_before, st.accuracy_after);
+            let p = dir.join(checkpoint::MODEL);
+            self.model = self
+                .model
+                .try_load_record(checkpoint::read_model(&dir, false)?)
+                .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+            self.optim = checkpoint::load_optimizer(
+                &dir,
+                std::mem::replace(&mut self.optim, self.r.train.optim.init()),
+            )?;
+            self.memory = load_memory(&dir.join(MEMORY), &self.task)?;
+        } else {
+            (self.before, self.f1_after) = self.evaluate()?;
+            self.after = self.before;
+            self.run.log(eval_row(0, self.before, self.f1_after))?;
+        }
+        self.run.say(&format!(
+            "{} training and {} held-out questions; initial held-out accuracy {:.3}",
+            self.task.train.len(),
+            self.task.held_out.len(),
+            self.before
+        ));
+        Ok(self)
+    }
+}
+
+/// Fills a checkpoint directory: the programmer and its optimizer as the run kit's records,
+/// the run state, and the memory.
+pub(super) fn save_state(
+    d: &Path,
+    model: &ConstrainedLlama,
+    optim: &Optimizer,
+    memory: &Memory,
+    ts: &checkpoint::TrainState,
+) -> Result<()> {
+    checkpoint::write_records(d, model.clone().into_record(), optim, ts)?;
+    std::fs::write(d.join(MEMORY), serde_json::to_vec(memory)?)
+        .with_context(|| format!("writing {}", d.join(MEMORY).display()))
+}
+
+/// The memory a checkpoint holds, each entry checked against the task: a known question, a
+/// reward in (0, 1], and a program the computer runs to that reward.
+fn load_memory(p: &Path, task: &ProgramTask) -> Result<Memory> {
+    let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+    let memory: Memory =
+        serde_json::from_slice(&text).with_context(|| format!("parsing {}", p.display()))?;
+    for (q, best) in &memory {
+        let Some(question) = task.questions.get(*q) else {
+            bail!("{}: question {q} is not one of the task's", p.display());
+        };
+        let reward = task.reward(question, &best.program);
+        if !(best.reward > 0.0 && best.reward <= 1.0) || reward != best.reward {
+            bail!(
+                "{}: question {q}'s program earns {reward}, not the stored {}",
+                p.display(),
+                best.reward
+            );
+        }
+    }
+    Ok(memory)
+}

@@ -6,6 +6,7 @@ use crate::control;
 use crate::flow;
 use crate::llm;
 use crate::programs;
+use crate::unlearning;
 use anyhow::{Result, bail};
 
 /// A parsed recipe of any kind.
@@ -21,6 +22,8 @@ pub enum AnyRecipe {
     Control(Box<control::schema::ControlRecipe>),
     /// A program-synthesis recipe (`kind = "programs"`).
     Programs(Box<programs::schema::ProgramsRecipe>),
+    /// An unlearning recipe (`kind = "unlearning"`).
+    Unlearning(Box<unlearning::schema::UnlearningRecipe>),
 }
 
 impl AnyRecipe {
@@ -32,6 +35,7 @@ impl AnyRecipe {
             Self::Agent(r) => &r.name,
             Self::Control(r) => &r.name,
             Self::Programs(r) => &r.name,
+            Self::Unlearning(r) => &r.name,
         }
     }
 }
@@ -55,13 +59,16 @@ pub fn parse_any(text: &str, overrides: &[String]) -> Result<AnyRecipe> {
         Some(Some("programs")) => Ok(AnyRecipe::Programs(Box::new(programs::schema::from_table(
             table,
         )?))),
+        Some(Some("unlearning")) => Ok(AnyRecipe::Unlearning(Box::new(
+            unlearning::schema::from_table(table)?,
+        ))),
         Some(Some("molora")) => bail!(
             "kind = \"molora\" recipes are run by `ember molora <recipe>` (a comparison of \
              adapter arms, not a training run)"
         ),
         Some(k) => bail!(
-            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\", \"control\" \
-             or \"programs\"",
+            "kind = {}: a recipe's kind is \"llm\" (the default), \"flow\", \"agent\", \"control\", \
+             \"programs\" or \"unlearning\"",
             k.map_or_else(|| table["kind"].to_string(), |s| format!("{s:?}"))
         ),
     }

@@ -24,3 +24,4 @@ pub mod molora;
 pub mod offline;
 pub mod programs;
 pub mod serve;
+pub mod unlearning;

@@ -318,6 +318,7 @@ fn train(a: TrainArgs) -> Result<()> {
         AnyRecipe::Agent(r) => ember::agent::job::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Control(r) => ember::control::job::train(&r, &out, &opts)?.interrupted,
         AnyRecipe::Programs(r) => ember::programs::job::train(&r, &out, &opts)?.interrupted,
+        AnyRecipe::Unlearning(r) => ember::unlearning::job::train(&r, &out, &opts)?.interrupted,
     };
     if interrupted {
         std::process::exit(ember_run::stop_exit_code());
@@ -389,9 +390,8 @@ fn warmup(a: WarmupArgs) -> Result<()> {
             "{path} is a continuous-control (kind = \"control\") recipe; `ember warmup` covers \
              LLM recipes"
         ),
-        AnyRecipe::Programs(_) => bail!(
-            "{path} is a program-synthesis (kind = \"programs\") recipe; `ember warmup` covers \
-             LLM recipes"
+        AnyRecipe::Programs(_) | AnyRecipe::Unlearning(_) => bail!(
+            "{path} is a program-synthesis or unlearning recipe; `ember warmup` covers LLM recipes"
         ),
     };
     let opts = ember::llm::jobs::warmup::WarmupOptions {

@@ -1,8 +1,12 @@
 //! The one set-up of a job's run directory: the recipe resolved to TOML (written, stored in
-//! every checkpoint and compared on `--resume`) and its run loop.
+//! every checkpoint and compared on `--resume`) and its run loop; a checkpoint's extra module
+//! records (a module and its optimizer under one stem).
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
+use burn::module::Module;
+use burn::store::ModuleRecord;
 use ember_run::{Run, RunOptions, RunSpec};
+use ember_train::Optimizer;
 use std::path::Path;
 
 /// How long a run is and how it keeps checkpoints: `(steps, checkpoint_every,
@@ -27,4 +31,40 @@ pub fn open_run<R: serde::Serialize>(
         curves,
     };
     Run::open(out, opts, &spec)
+}
+
+/// Writes `<stem>.bpk` (a module's record) and `<stem>_optim.bpk` (its optimizer's).
+pub(crate) fn save_pair(
+    d: &Path,
+    stem: &str,
+    record: ModuleRecord,
+    optim: &Optimizer,
+) -> Result<()> {
+    let p = d.join(format!("{stem}.bpk"));
+    record
+        .save(&p)
+        .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
+    let p = d.join(format!("{stem}_optim.bpk"));
+    optim
+        .to_record()
+        .save(&p)
+        .map_err(|e| anyhow!("writing {}: {e}", p.display()))
+}
+
+/// `module` and `optim` with the records [`save_pair`] wrote under `stem`.
+pub(crate) fn load_pair<M: Module>(
+    d: &Path,
+    stem: &str,
+    module: M,
+    optim: Optimizer,
+) -> Result<(M, Optimizer)> {
+    let p = d.join(format!("{stem}.bpk"));
+    let rec = ModuleRecord::load(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
+    let module = module
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+    let p = d.join(format!("{stem}_optim.bpk"));
+    let rec = burn::optim::OptimizerRecord::load(&p)
+        .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
+    Ok((module, optim.load_record(rec)))
 }

@@ -3,11 +3,10 @@
 //! their optimizers), and the evaluations.
 
 use super::job::ControlJob;
-use crate::common::run::open_run;
+use crate::common::run::{load_pair, open_run, save_pair};
 use crate::control::schema::ControlRecipe;
 use anyhow::{Result, anyhow};
 use burn::module::Module;
-use burn::store::ModuleRecord;
 use burn::tensor::Device;
 use ember_control::{
     Adversary, Env, GaussianPolicy, GaussianPolicyConfig, Side, ValueNet, ValueNetConfig, rollout,
@@ -99,37 +98,6 @@ fn critic_stem(side: Side) -> String {
         Side::Protagonist => "critic".into(),
         Side::Adversary => format!("{ADVERSARY}_critic"),
     }
-}
-
-/// Writes `<stem>.bpk` (a module's record) and `<stem>_optim.bpk` (its optimizer's).
-fn save_pair(d: &Path, stem: &str, record: ModuleRecord, optim: &Optimizer) -> Result<()> {
-    let p = d.join(format!("{stem}.bpk"));
-    record
-        .save(&p)
-        .map_err(|e| anyhow!("writing {}: {e}", p.display()))?;
-    let p = d.join(format!("{stem}_optim.bpk"));
-    optim
-        .to_record()
-        .save(&p)
-        .map_err(|e| anyhow!("writing {}: {e}", p.display()))
-}
-
-/// `module` and `optim` with the records [`save_pair`] wrote under `stem`.
-fn load_pair<M: Module>(
-    d: &Path,
-    stem: &str,
-    module: M,
-    optim: Optimizer,
-) -> Result<(M, Optimizer)> {
-    let p = d.join(format!("{stem}.bpk"));
-    let rec = ModuleRecord::load(&p).map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
-    let module = module
-        .try_load_record(rec)
-        .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
-    let p = d.join(format!("{stem}_optim.bpk"));
-    let rec = burn::optim::OptimizerRecord::load(&p)
-        .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
-    Ok((module, optim.load_record(rec)))
 }
 
 /// Builds a job: [`Setup::new`], then [`ControlJob::start`].

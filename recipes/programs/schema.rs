@@ -176,6 +176,32 @@ impl Default for EvalSpec {
     }
 }
 
+/// Checks the model's sizes, naming the key.
+pub fn check_model(m: &ProgrammerSpec) -> Result<()> {
+    if m.heads == 0 || m.kv_heads == 0 || !m.heads.is_multiple_of(m.kv_heads) {
+        bail!(
+            "model.heads = {} must be a positive multiple of model.kv_heads",
+            m.heads
+        );
+    }
+    for (key, v, max) in [
+        ("model.d_model", m.d_model, 4096),
+        ("model.d_ff", m.d_ff, 16_384),
+        ("model.layers", m.layers, 64),
+    ] {
+        if v == 0 || v > max {
+            bail!("{key} = {v} must be in 1..={max}");
+        }
+    }
+    if !m.d_model.is_multiple_of(m.heads) || !(m.d_model / m.heads).is_multiple_of(2) {
+        bail!(
+            "model.d_model = {} must be an even multiple of model.heads",
+            m.d_model
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn from_table(table: toml::Table) -> Result<ProgramsRecipe> {
     let r: ProgramsRecipe = crate::common::config::from_toml(table)?;
     r.validate()?;
@@ -195,28 +221,7 @@ impl ProgramsRecipe {
         if !(1..=6).contains(&self.max_exprs) {
             bail!("max_exprs = {} must be in 1..=6", self.max_exprs);
         }
-        let m = &self.model;
-        if m.heads == 0 || m.kv_heads == 0 || !m.heads.is_multiple_of(m.kv_heads) {
-            bail!(
-                "model.heads = {} must be a positive multiple of model.kv_heads",
-                m.heads
-            );
-        }
-        for (key, v, max) in [
-            ("model.d_model", m.d_model, 4096),
-            ("model.d_ff", m.d_ff, 16_384),
-            ("model.layers", m.layers, 64),
-        ] {
-            if v == 0 || v > max {
-                bail!("{key} = {v} must be in 1..={max}");
-            }
-        }
-        if !m.d_model.is_multiple_of(m.heads) || !(m.d_model / m.heads).is_multiple_of(2) {
-            bail!(
-                "model.d_model = {} must be an even multiple of model.heads",
-                m.d_model
-            );
-        }
+        check_model(&self.model)?;
         let t = &self.train.run;
         for (key, v, max) in [
             ("train.steps", t.steps, 1_000_000),

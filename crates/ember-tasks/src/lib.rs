@@ -4,6 +4,7 @@
 //! the JSON-lines helper-program plumbing external rewards and environments share (`process`).
 
 pub mod env;
+pub mod facts;
 pub mod process;
 pub mod program;
 pub mod reward;

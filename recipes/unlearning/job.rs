@@ -1,0 +1,545 @@
+//! The unlearning job: a supervised stage teaches every fact of the corpus (the forget facts
+//! too, except for `retrain`), then the method makes the model forget the forget facts while
+//! keeping the retain facts, and the run kit's end-of-step protocol logs the forget and retain
+//! metrics, checkpoints and resumes exactly. Every fact's answer is one word, so each loss is
+//! on the answer position's distribution.
+
+use super::schema::{Method, UnlearningRecipe};
+use super::state::{Setup, save_state};
+use anyhow::Result;
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_engine::*;
+use ember_llm::Llama;
+use ember_run::{Run, RunOptions, fmt_metric};
+use ember_tasks::facts::{Facts, exposure};
+use ember_train::Optimizer;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// What a run reports (also `summary.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct UnlearningSummary {
+    /// Run name.
+    pub name: String,
+    /// The method.
+    pub method: Method,
+    /// The metrics after the supervised stage (`forget/*`, `retain/*`).
+    pub learned: BTreeMap<String, f64>,
+    /// The metrics at the end.
+    pub after: BTreeMap<String, f64>,
+    /// Steps done.
+    pub steps: usize,
+    /// Seconds.
+    pub seconds: f64,
+    /// Stopped by a signal or `--stop-after`.
+    pub interrupted: bool,
+}
+
+/// Runs the recipe, writing into `out`.
+pub fn train(r: &UnlearningRecipe, out: &Path, opts: &RunOptions) -> Result<UnlearningSummary> {
+    let mut job = Setup::new(r, out, opts)?.start()?;
+    let t0 = Instant::now();
+    let mut interrupted = false;
+    for step in job.run.first_step()..r.total_steps() {
+        if job.step(step)? {
+            interrupted = true;
+            break;
+        }
+    }
+    job.finish(interrupted, t0.elapsed().as_secs_f64())
+}
+
+/// A model and its optimizer.
+pub(super) struct Learner {
+    pub(super) model: Llama,
+    pub(super) optim: Optimizer,
+}
+
+/// The run between steps.
+pub(super) struct UnlearningJob<'a> {
+    pub(super) r: &'a UnlearningRecipe,
+    pub(super) run: Run,
+    pub(super) base: Device,
+    pub(super) ad: Device,
+    pub(super) facts: Facts,
+    pub(super) learner: Learner,
+    /// The leave-one-out ensemble's teachers (shard k each).
+    pub(super) teachers: Vec<Learner>,
+    /// ReRULE's hard prompts (fact indices), oldest first.
+    pub(super) hard: Vec<usize>,
+    pub(super) rng: SplitMix64,
+    pub(super) learned: BTreeMap<String, f64>,
+    pub(super) latest: BTreeMap<String, f64>,
+    pub(super) steps_done: usize,
+}
+
+pub(super) type Row = BTreeMap<String, f64>;
+
+impl UnlearningJob<'_> {
+    /// One step of the stage `step` falls in; returns whether the run stops after it.
+    fn step(&mut self, step: usize) -> Result<bool> {
+        let t = Instant::now();
+        let mut row = Row::new();
+        if step < self.r.learn.steps {
+            self.learn(&mut row);
+        } else {
+            match self.r.forget.method {
+                Method::GradientAscent => self.ascend(&mut row),
+                Method::Rule | Method::Rerule
+                    if step - self.r.learn.steps < self.r.forget.steering_steps =>
+                {
+                    self.steer(&mut row)
+                }
+                Method::Rule | Method::Rerule => self.rule(step, &mut row)?,
+                Method::LooEnsemble => self.distil(&mut row),
+                Method::None | Method::Retrain => {}
+            }
+        }
+        let done = step + 1;
+        self.steps_done = done;
+        row.insert("step".into(), done as f64);
+        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        self.end_step(done, row)
+    }
+
+    /// `n` facts drawn from `pool`.
+    fn draw(&mut self, pool: &[usize], n: usize) -> Vec<usize> {
+        (0..n)
+            .map(|_| pool[self.rng.below(pool.len() as u64) as usize])
+            .collect()
+    }
+
+    /// A supervised step of the model on every fact (the retain facts for `retrain`), and of
+    /// each teacher on its shard.
+    fn learn(&mut self, row: &mut Row) {
+        let f = &self.facts;
+        let pool: Vec<usize> = match self.r.forget.method {
+            Method::Retrain => f.retain.clone(),
+            _ => (0..f.facts.len()).collect(),
+        };
+        let batch = self.draw(&pool, self.r.learn.batch);
+        let targets = self.one_hot(&batch);
+        let loss = soft_step(
+            &mut self.learner,
+            (&self.facts, &batch, targets),
+            self.r.learn.lr,
+            &self.ad,
+        );
+        row.insert("learn/loss".into(), loss);
+        let k = self.teachers.len();
+        for shard in 0..k {
+            let own: Vec<usize> = (0..self.facts.facts.len())
+                .filter(|i| self.facts.shard(&self.facts.facts[*i], k) == shard)
+                .collect();
+            let batch = self.draw(&own, self.r.learn.batch);
+            let targets = self.one_hot(&batch);
+            let lr = self.r.learn.lr;
+            soft_step(
+                &mut self.teachers[shard],
+                (&self.facts, &batch, targets),
+                lr,
+                &self.ad,
+            );
+        }
+    }
+
+    /// `[rows, vocab]` one-hot targets of the facts' answers, times `weight` per row.
+    fn one_hot(&self, batch: &[usize]) -> Vec<Vec<f32>> {
+        let v = self.facts.vocab_size();
+        batch
+            .iter()
+            .map(|i| {
+                let mut t = vec![0.0; v];
+                t[self.facts.facts[*i].answer as usize] = 1.0;
+                t
+            })
+            .collect()
+    }
+
+    /// Gradient ascent on a batch of forget facts, descent on retain facts at `retain_weight`:
+    /// L = (1/B)[Σ_forget log π(a) − w·Σ_retain log π(a)].
+    fn ascend(&mut self, row: &mut Row) {
+        let fs = self.r.forget.clone();
+        let forget = self.draw(&self.facts.forget.clone(), fs.batch);
+        let retain = self.draw(&self.facts.retain.clone(), fs.retain_batch);
+        let mut targets: Vec<Vec<f32>> = self.one_hot(&forget);
+        for t in &mut targets {
+            t.iter_mut().for_each(|x| *x = -*x);
+        }
+        let mut keep = self.one_hot(&retain);
+        for t in &mut keep {
+            t.iter_mut().for_each(|x| *x *= fs.retain_weight);
+        }
+        targets.extend(keep);
+        let batch: Vec<usize> = forget.into_iter().chain(retain).collect();
+        let loss = soft_step(
+            &mut self.learner,
+            (&self.facts, &batch, targets),
+            fs.lr,
+            &self.ad,
+        );
+        row.insert("forget/loss".into(), loss);
+    }
+
+    /// RULE's rejection steering: the refusal as the answer of a batch drawn from the first
+    /// `steering_share` of the forget facts, the answers of retain facts.
+    fn steer(&mut self, row: &mut Row) {
+        let fs = self.r.forget.clone();
+        let f = &self.facts.forget;
+        let shown = ((f.len() as f32 * fs.steering_share).ceil() as usize).clamp(1, f.len());
+        let pool: Vec<usize> = f.iter().take(shown).copied().collect();
+        let forget = self.draw(&pool, fs.batch);
+        let retain = self.draw(&self.facts.retain.clone(), fs.retain_batch);
+        let v = self.facts.vocab_size();
+        let mut targets: Vec<Vec<f32>> = forget
+            .iter()
+            .map(|_| {
+                let mut t = vec![0.0; v];
+                t[self.facts.refusal as usize] = 1.0;
+                t
+            })
+            .collect();
+        targets.extend(self.one_hot(&retain));
+        let batch: Vec<usize> = forget.into_iter().chain(retain).collect();
+        let loss = soft_step(
+            &mut self.learner,
+            (&self.facts, &batch, targets),
+            fs.lr,
+            &self.ad,
+        );
+        row.insert("forget/loss".into(), loss);
+    }
+
+    /// The leave-one-out ensemble: each forget fact's target is the mean distribution of the
+    /// teachers whose shard does not hold it (they never saw it); retain facts keep their
+    /// answers at `retain_weight`. L = −(1/B) Σ_rows Σ_v q(v) log π(v).
+    fn distil(&mut self, row: &mut Row) {
+        let fs = self.r.forget.clone();
+        let forget = self.draw(&self.facts.forget.clone(), fs.batch);
+        let retain = self.draw(&self.facts.retain.clone(), fs.retain_batch);
+        let k = self.teachers.len();
+        let probs: Vec<Vec<f32>> = self
+            .teachers
+            .iter()
+            .map(|t| {
+                host(answer_log_probs(&t.model.valid(), &self.facts, &forget, &self.base).exp())
+            })
+            .collect();
+        let v = self.facts.vocab_size();
+        let mut targets: Vec<Vec<f32>> = forget
+            .iter()
+            .enumerate()
+            .map(|(r, i)| {
+                let own = self.facts.shard(&self.facts.facts[*i], k);
+                let rows: Vec<&[f32]> = probs.iter().map(|p| &p[r * v..(r + 1) * v]).collect();
+                loo_target(&rows, own)
+            })
+            .collect();
+        let mut keep = self.one_hot(&retain);
+        for t in &mut keep {
+            t.iter_mut().for_each(|x| *x *= fs.retain_weight);
+        }
+        targets.extend(keep);
+        let batch: Vec<usize> = forget.into_iter().chain(retain).collect();
+        let loss = soft_step(
+            &mut self.learner,
+            (&self.facts, &batch, targets),
+            fs.lr,
+            &self.ad,
+        );
+        row.insert("forget/loss".into(), loss);
+    }
+
+    /// RULE (ReRULE with `hard` prompts replayed): `samples` answers per prompt; reward 1 for
+    /// the refusal on a forget prompt and for the right answer on a retain prompt; GRPO's
+    /// advantages (the engine's); L = −(1/N) Σ A·log π(answer) over the N answers.
+    fn rule(&mut self, step: usize, row: &mut Row) -> Result<()> {
+        let fs = self.r.forget.clone();
+        let mut prompts = self.draw(&self.facts.forget.clone(), fs.batch);
+        prompts.extend(self.draw(&self.facts.retain.clone(), fs.retain_batch));
+        let replayed = if fs.method == Method::Rerule {
+            let take = self.hard.len().min(fs.replay);
+            let start = self.hard.len() - take;
+            self.hard.drain(start..).collect()
+        } else {
+            Vec::new()
+        };
+        row.insert("forget/replayed".into(), replayed.len() as f64);
+        prompts.extend(replayed);
+        let n = fs.samples;
+        let lp = answer_log_probs(
+            &self.learner.model.valid(),
+            &self.facts,
+            &prompts,
+            &self.base,
+        );
+        let u: Vec<f32> = (0..prompts.len() * n)
+            .map(|_| self.rng.next_f32())
+            .collect();
+        let idx = Tensor::<1, Int>::arange(0..prompts.len() as i64, &self.base)
+            .reshape([prompts.len(), 1])
+            .repeat_dim(1, n)
+            .reshape([prompts.len() * n]);
+        let drawn = ember_llm::sample_rows_with(lp.select(0, idx), &u);
+        let tokens: Vec<u32> = drawn
+            .try_into_vec_as::<i64>()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| *t as u32)
+            .collect();
+        let forget: std::collections::BTreeSet<usize> = self.facts.forget.iter().copied().collect();
+        let rewards: Vec<f32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(j, t)| {
+                let fact = prompts[j / n];
+                let want = if forget.contains(&fact) {
+                    self.facts.refusal
+                } else {
+                    self.facts.facts[fact].answer
+                };
+                f32::from(u8::from(*t == want))
+            })
+            .collect();
+        if fs.method == Method::Rerule {
+            for (g, fact) in prompts.iter().enumerate() {
+                let mean = rewards[g * n..(g + 1) * n].iter().sum::<f32>() / n as f32;
+                if mean < 0.5 && !self.hard.contains(fact) {
+                    self.hard.push(*fact);
+                }
+            }
+            let cap = 64.max(fs.replay);
+            if self.hard.len() > cap {
+                self.hard.drain(..self.hard.len() - cap);
+            }
+        }
+        row.insert(
+            "rollout/reward_mean".into(),
+            f64::from(rewards.iter().sum::<f32>() / rewards.len() as f32),
+        );
+        let groups: Vec<usize> = (0..tokens.len()).map(|j| j / n).collect();
+        let ad = &self.ad;
+        let batch = RolloutBatch::new(
+            Tensor::ones([tokens.len(), 1], ad),
+            Tensor::from_data(TensorData::new(rewards, [tokens.len()]), ad),
+            &groups,
+        )?;
+        let adv = compute_advantages(
+            &AdvantageConfig::new(AdvantageKind::default()),
+            &batch,
+            step,
+        )?;
+        row.extend(adv.metrics.to_host());
+        let a = host(adv.advantages);
+        let targets = reinforce_targets(&tokens, &a, n, self.facts.vocab_size());
+        let loss = soft_step(
+            &mut self.learner,
+            (&self.facts, &prompts, targets),
+            fs.lr,
+            &self.ad,
+        );
+        row.insert("forget/loss".into(), loss);
+        Ok(())
+    }
+
+    /// Log, evaluation, checkpoint; returns whether the run stops.
+    fn end_step(&mut self, done: usize, mut row: Row) -> Result<bool> {
+        let end = self.run.step_end(done);
+        let last = done == self.r.total_steps();
+        let evaluated =
+            done.is_multiple_of(self.r.eval_every) || last || done == self.r.learn.steps;
+        if evaluated || end.stop {
+            self.latest = evaluate(&self.learner.model.valid(), &self.facts, &self.base);
+            if done == self.r.learn.steps {
+                self.learned = self.latest.clone();
+            }
+            if evaluated {
+                row.extend(self.latest.clone());
+            }
+        }
+        let stats = format!(
+            "forget acc {} retain acc {} ({:.2} s)",
+            fmt_metric(self.latest["forget/accuracy"], 3),
+            fmt_metric(self.latest["retain/accuracy"], 3),
+            row["perf/step_s"],
+        );
+        // The run kit's two accuracies: the latest forget and retain accuracy (the whole
+        // metrics are in `unlearning.json`).
+        let acc = |k: &str| self.latest.get(k).copied().unwrap_or(0.0);
+        let ts = self.run.state(
+            done,
+            self.rng.0,
+            acc("forget/accuracy"),
+            acc("retain/accuracy"),
+        );
+        let (learner, teachers, hard, learned) =
+            (&self.learner, &self.teachers, &self.hard, &self.learned);
+        self.run.end_step(end, row, evaluated, &stats, |d| {
+            save_state(
+                d,
+                (learner, teachers.as_slice()),
+                (hard.as_slice(), learned),
+                &ts,
+            )
+        })
+    }
+
+    /// The summary.
+    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<UnlearningSummary> {
+        let summary = UnlearningSummary {
+            name: self.r.name.clone(),
+            method: self.r.forget.method,
+            learned: self.learned.clone(),
+            after: self.latest.clone(),
+            steps: self.steps_done,
+            seconds,
+            interrupted,
+        };
+        self.run.finish(&serde_json::to_value(&summary)?)?;
+        let m = |k: &str| summary.after.get(k).copied().unwrap_or(f64::NAN);
+        self.run.say(&format!(
+            "{:?}: forget accuracy {:.3}, exposure {:.2}; retain accuracy {:.3} ({:.0} s)",
+            summary.method,
+            m("forget/accuracy"),
+            m("forget/exposure"),
+            m("retain/accuracy"),
+            seconds
+        ));
+        Ok(summary)
+    }
+}
+
+/// `[rows]` values of a tensor on the host, flattened.
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.try_into_vec_as::<f32>().unwrap_or_default()
+}
+
+/// `[facts, vocab]` log-probs of the answer position (after `<sep>`) for `facts`' prompts.
+pub(super) fn answer_log_probs(
+    model: &Llama,
+    f: &Facts,
+    facts: &[usize],
+    device: &Device,
+) -> Tensor<2> {
+    let prompts: Vec<Vec<u32>> = facts.iter().map(|i| f.facts[*i].prompt.clone()).collect();
+    let (tokens, mask) = ember_llm::left_pad(&prompts, device);
+    let [b, t] = tokens.dims();
+    let logits = model.forward(tokens, mask);
+    let v = logits.dims()[2];
+    log_softmax(logits.slice([0..b, t - 1..t, 0..v]).reshape([b, v]), 1)
+}
+
+/// One optimizer step of L = −(1/B) Σ_rows Σ_v target(v)·log π(v) at the answer position
+/// (one-hot targets: supervised learning; negative ones: ascent; a distribution:
+/// distillation; advantages on the sampled answers: REINFORCE); the loss.
+fn soft_step(
+    l: &mut Learner,
+    (f, batch, targets): (&Facts, &[usize], Vec<Vec<f32>>),
+    lr: f64,
+    ad: &Device,
+) -> f64 {
+    let (b, v) = (batch.len(), f.vocab_size());
+    let flat: Vec<f32> = targets.into_iter().flatten().collect();
+    let q = Tensor::<2>::from_data(TensorData::new(flat, [b, v]), ad);
+    let lp = answer_log_probs(&l.model, f, batch, ad);
+    let loss = (lp * q).sum().neg() / b as f32;
+    let value = f64::from(loss.clone().into_scalar::<f32>());
+    let grads = GradientsParams::from_grads(loss.backward(), &l.model);
+    let model = l.model.clone();
+    l.model = l.optim.step(lr, model, grads).0;
+    value
+}
+
+/// `forget/*` and `retain/*`: greedy accuracy (the most likely word is the answer), refusal
+/// rate, mean log π(answer) and mean exposure of the answer among its attribute's values.
+pub(super) fn evaluate(model: &Llama, f: &Facts, device: &Device) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let v = f.vocab_size();
+    for (name, set) in [("forget", &f.forget), ("retain", &f.retain)] {
+        let lp = host(answer_log_probs(model, f, set, device));
+        let (mut acc, mut refuse, mut ll, mut exp) = (0.0, 0.0, 0.0, 0.0);
+        for (r, i) in set.iter().enumerate() {
+            let row = &lp[r * v..(r + 1) * v];
+            let fact = &f.facts[*i];
+            let best = (0..v)
+                .max_by(|a, b| row[*a].total_cmp(&row[*b]))
+                .unwrap_or(0);
+            acc += f64::from(u8::from(best == fact.answer as usize));
+            refuse += f64::from(u8::from(best == f.refusal as usize));
+            ll += f64::from(row[fact.answer as usize]);
+            let rank = 1 + fact
+                .candidates
+                .iter()
+                .filter(|c| row[**c as usize] > row[fact.answer as usize])
+                .count();
+            exp += exposure(rank, fact.candidates.len());
+        }
+        let n = set.len().max(1) as f64;
+        out.insert(format!("{name}/accuracy"), acc / n);
+        out.insert(format!("{name}/refusal"), refuse / n);
+        out.insert(format!("{name}/log_likelihood"), ll / n);
+        out.insert(format!("{name}/exposure"), exp / n);
+    }
+    out
+}
+
+/// The leave-one-out target of a fact in shard `own`: the mean of the distributions of the
+/// teachers other than `own` (`probs[k]` is teacher k's `[vocab]` distribution), the
+/// aggregate of the teachers that never saw the fact.
+pub(super) fn loo_target(probs: &[&[f32]], own: usize) -> Vec<f32> {
+    let v = probs.first().map_or(0, |p| p.len());
+    let others: Vec<&[f32]> = probs
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| *k != own)
+        .map(|(_, p)| *p)
+        .collect();
+    let n = others.len().max(1) as f32;
+    (0..v)
+        .map(|x| others.iter().map(|p| p[x]).sum::<f32>() / n)
+        .collect()
+}
+
+/// Soft targets that make [`soft_step`]'s loss REINFORCE's: prompt g's target puts A_j / n on
+/// each of its n sampled answers t_j, so −(1/G) Σ_g Σ_v q_g(v)·log π_g(v) =
+/// −(1/(G·n)) Σ_j A_j·log π(t_j).
+pub(super) fn reinforce_targets(
+    tokens: &[u32],
+    adv: &[f32],
+    n: usize,
+    vocab: usize,
+) -> Vec<Vec<f32>> {
+    let mut out = vec![vec![0.0; vocab]; tokens.len() / n.max(1)];
+    for (j, (t, a)) in tokens.iter().zip(adv).enumerate() {
+        out[j / n][*t as usize] += a / n as f32;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loo_targets_average_the_teachers_that_never_saw_the_fact() {
+        let (a, b, c) = ([0.5, 0.5, 0.0], [0.1, 0.3, 0.6], [0.3, 0.3, 0.4]);
+        let rows: [&[f32]; 3] = [&a, &b, &c];
+        // The fact is teacher 0's: the mean of teachers 1 and 2.
+        let t = loo_target(&rows, 0);
+        for (x, y) in t.iter().zip([0.2, 0.3, 0.5]) {
+            assert!((x - y).abs() < 1e-6, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn reinforce_targets_put_each_advantage_on_its_answer() {
+        // Two prompts, two samples each: answers 1, 1 | 0, 2 with advantages 1, −1 | 0.5, −0.5.
+        let q = reinforce_targets(&[1, 1, 0, 2], &[1.0, -1.0, 0.5, -0.5], 2, 3);
+        assert_eq!(q, vec![vec![0.0, 0.0, 0.0], vec![0.25, 0.0, -0.25]]);
+    }
+}

@@ -1,0 +1,9 @@
+//! Unlearning recipes (`kind = "unlearning"`): a corpus of fictitious facts
+//! (`ember_tasks::facts`), a supervised stage that teaches them, and the methods that make the
+//! model forget a share of them (gradient ascent, RULE, ReRULE, the leave-one-out teacher
+//! ensemble, retraining without them), with forget and retain metrics. The schema
+//! (`schema.rs`), the job (`job.rs`) and its set-up and checkpoint records (`state.rs`).
+
+pub mod job;
+pub mod schema;
+mod state;

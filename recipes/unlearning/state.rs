@@ -1,0 +1,166 @@
+//! The unlearning job's set-up (the run directory, the corpus, fresh models or a resumed
+//! run's) and what a checkpoint holds beside the run kit's records: the teachers and their
+//! optimizers (`teacher<k>.bpk`, `teacher<k>_optim.bpk`), ReRULE's hard prompts and the
+//! metrics after the supervised stage (`unlearning.json`).
+
+use super::job::{Learner, Row, UnlearningJob, evaluate};
+use super::schema::{Method, UnlearningRecipe};
+use crate::common::run::{load_pair, open_run, save_pair};
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::Module;
+use burn::tensor::Device;
+use ember_engine::SplitMix64;
+use ember_llm::{Family, LlamaConfig};
+use ember_run::{RunOptions, checkpoint};
+use ember_tasks::facts::Facts;
+use ember_train::OptimizerConfig;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The file of the job's own state in a checkpoint.
+const STATE: &str = "unlearning.json";
+
+/// What `unlearning.json` holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Extra {
+    hard: Vec<usize>,
+    learned: Row,
+}
+
+/// Builds a job: [`Setup::new`], then [`UnlearningJob::start`].
+pub(super) struct Setup;
+
+/// A fresh model (seeded by the run's seed and `which`: 0 the model, k + 1 teacher k).
+fn fresh(r: &UnlearningRecipe, vocab: usize, ad: &Device, which: u64) -> Learner {
+    ad.seed(r.seed ^ 0x554e_4c00 ^ (which << 40));
+    let m = &r.model;
+    let model = LlamaConfig::new(
+        Family::Llama,
+        vocab,
+        m.d_model,
+        m.d_ff,
+        m.layers,
+        m.heads,
+        m.kv_heads,
+    )
+    .with_max_position_embeddings(32)
+    .init(ad);
+    let optim = OptimizerConfig {
+        grad_clip: 1.0,
+        ..OptimizerConfig::default()
+    }
+    .init();
+    Learner { model, optim }
+}
+
+impl Setup {
+    /// Opens the run directory, builds the corpus and fresh models (seeded).
+    #[allow(clippy::new_ret_no_self)]
+    pub(super) fn new<'a>(
+        r: &'a UnlearningRecipe,
+        out: &'a Path,
+        opts: &RunOptions,
+    ) -> Result<UnlearningJob<'a>> {
+        let facts = Facts::new(&r.facts).map_err(anyhow::Error::msg)?;
+        let curves = ("forget/accuracy", "retain/accuracy");
+        let run = open_run(out, opts, (&r.name, r), (r.total_steps(), 0, 2), curves)?;
+        let base = crate::common::device::device(&r.device)?;
+        let ad = base.clone().autodiff();
+        let v = facts.vocab_size();
+        let learner = fresh(r, v, &ad, 0);
+        let teachers = match r.forget.method {
+            Method::LooEnsemble => (0..r.forget.teachers as u64)
+                .map(|k| fresh(r, v, &ad, k + 1))
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(UnlearningJob {
+            rng: SplitMix64(r.seed),
+            hard: Vec::new(),
+            learned: Row::new(),
+            latest: Row::new(),
+            steps_done: run.first_step(),
+            r,
+            run,
+            base,
+            ad,
+            facts,
+            learner,
+            teachers,
+        })
+    }
+}
+
+impl UnlearningJob<'_> {
+    /// A resumed run's models, optimizers, hard prompts and RNG; a fresh run's first
+    /// evaluation.
+    pub(super) fn start(mut self) -> Result<Self> {
+        let resumed = self
+            .run
+            .resumed()
+            .map(|(d, st)| (d.to_path_buf(), st.clone()));
+        if let Some((dir, st)) = resumed {
+            self.rng = SplitMix64(st.rng);
+            let p = dir.join(checkpoint::MODEL);
+            let l = &mut self.learner;
+            l.model = l
+                .model
+                .clone()
+                .try_load_record(checkpoint::read_model(&dir, false)?)
+                .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+            let optim = std::mem::replace(&mut l.optim, OptimizerConfig::default().init());
+            l.optim = checkpoint::load_optimizer(&dir, optim)?;
+            for (k, t) in self.teachers.iter_mut().enumerate() {
+                let optim = std::mem::replace(&mut t.optim, OptimizerConfig::default().init());
+                (t.model, t.optim) =
+                    load_pair(&dir, &format!("teacher{k}"), t.model.clone(), optim)?;
+            }
+            let p = dir.join(STATE);
+            let text = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+            let extra: Extra = serde_json::from_slice(&text)
+                .with_context(|| format!("parsing {}", p.display()))?;
+            if let Some(bad) = extra.hard.iter().find(|i| **i >= self.facts.facts.len()) {
+                bail!("{}: fact {bad} is not one of the corpus's", p.display());
+            }
+            (self.hard, self.learned) = (extra.hard, extra.learned);
+        }
+        self.latest = evaluate(&self.learner.model.valid(), &self.facts, &self.base);
+        if self.run.resumed().is_none() {
+            let mut row = self.latest.clone();
+            row.insert("step".into(), 0.0);
+            self.run.log(row)?;
+        }
+        self.run.say(&format!(
+            "{} facts ({} to forget), {} steps",
+            self.facts.facts.len(),
+            self.facts.forget.len(),
+            self.r.total_steps()
+        ));
+        Ok(self)
+    }
+}
+
+/// Fills a checkpoint directory: the model and its optimizer as the run kit's records, the
+/// teachers, and the job's own state.
+pub(super) fn save_state(
+    d: &Path,
+    (learner, teachers): (&Learner, &[Learner]),
+    (hard, learned): (&[usize], &Row),
+    ts: &checkpoint::TrainState,
+) -> Result<()> {
+    checkpoint::write_records(d, learner.model.clone().into_record(), &learner.optim, ts)?;
+    for (k, t) in teachers.iter().enumerate() {
+        save_pair(
+            d,
+            &format!("teacher{k}"),
+            t.model.clone().into_record(),
+            &t.optim,
+        )?;
+    }
+    let extra = Extra {
+        hard: hard.to_vec(),
+        learned: learned.clone(),
+    };
+    std::fs::write(d.join(STATE), serde_json::to_vec(&extra)?)
+        .with_context(|| format!("writing {}", d.join(STATE).display()))
+}

@@ -6,6 +6,7 @@
 
 use super::schema::{Method, UnlearningRecipe};
 use super::state::{Setup, save_state};
+use super::targets::{HardGroup, admit_hard, loo_target, reinforce_targets, replay_target};
 use anyhow::Result;
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -70,8 +71,8 @@ pub(super) struct UnlearningJob<'a> {
     pub(super) learner: Learner,
     /// The leave-one-out ensemble's teachers (shard k each).
     pub(super) teachers: Vec<Learner>,
-    /// ReRULE's hard prompts (fact indices), oldest first.
-    pub(super) hard: Vec<usize>,
+    /// ReRULE's stored hard groups, oldest first.
+    pub(super) hard: Vec<HardGroup>,
     pub(super) rng: SplitMix64,
     pub(super) learned: BTreeMap<String, f64>,
     pub(super) latest: BTreeMap<String, f64>,
@@ -255,29 +256,18 @@ impl UnlearningJob<'_> {
         row.insert("forget/loss".into(), loss);
     }
 
-    /// RULE (ReRULE with `hard` prompts replayed): `samples` answers per prompt; reward 1 for
-    /// the refusal on a forget prompt and for the right answer on a retain prompt; GRPO's
-    /// advantages (the engine's); L = −(1/N) Σ A·log π(answer) over the N answers.
+    /// RULE: `samples` answers per prompt; reward 1 for the refusal on a forget prompt and for
+    /// the right answer on a retain prompt; GRPO's advantages (the engine's); L = −(1/N) Σ
+    /// A·log π(answer). ReRULE adds `replay` stored hard groups (importance-weighted), then
+    /// stores this step's hard groups.
     fn rule(&mut self, step: usize, row: &mut Row) -> Result<()> {
         let fs = self.r.forget.clone();
         let mut prompts = self.draw(&self.facts.forget.clone(), fs.batch);
         prompts.extend(self.draw(&self.facts.retain.clone(), fs.retain_batch));
-        let replayed = if fs.method == Method::Rerule {
-            let take = self.hard.len().min(fs.replay);
-            let start = self.hard.len() - take;
-            self.hard.drain(start..).collect()
-        } else {
-            Vec::new()
-        };
-        row.insert("forget/replayed".into(), replayed.len() as f64);
-        prompts.extend(replayed);
         let n = fs.samples;
-        let lp = answer_log_probs(
-            &self.learner.model.valid(),
-            &self.facts,
-            &prompts,
-            &self.base,
-        );
+        let model = self.learner.model.valid();
+        let lp = answer_log_probs(&model, &self.facts, &prompts, &self.base);
+        let lp_host = host(lp.clone());
         let u: Vec<f32> = (0..prompts.len() * n)
             .map(|_| self.rng.next_f32())
             .collect();
@@ -292,8 +282,54 @@ impl UnlearningJob<'_> {
             .iter()
             .map(|t| *t as u32)
             .collect();
+        let rewards = self.rule_rewards(&prompts, &tokens, n);
+        row.insert(
+            "rollout/reward_mean".into(),
+            f64::from(rewards.iter().sum::<f32>() / rewards.len() as f32),
+        );
+        let groups: Vec<usize> = (0..tokens.len()).map(|j| j / n).collect();
+        let batch = RolloutBatch::new(
+            Tensor::ones([tokens.len(), 1], &self.ad),
+            Tensor::from_data(TensorData::new(rewards.clone(), [tokens.len()]), &self.ad),
+            &groups,
+        )?;
+        let kind = AdvantageConfig::new(AdvantageKind::default());
+        let adv = compute_advantages(&kind, &batch, step)?;
+        row.extend(adv.metrics.to_host());
+        let a = host(adv.advantages);
+        let v = self.facts.vocab_size();
+        let mut targets = reinforce_targets(&tokens, &a, n, v);
+        let mut rows = prompts.clone();
+        if fs.method == Method::Rerule {
+            let take = self.hard.len().min(fs.replay);
+            let replayed: Vec<HardGroup> = self.hard.drain(self.hard.len() - take..).collect();
+            row.insert("forget/replayed".into(), replayed.len() as f64);
+            let facts: Vec<usize> = replayed.iter().map(|g| g.fact).collect();
+            if !facts.is_empty() {
+                let now = host(answer_log_probs(&model, &self.facts, &facts, &self.base));
+                for (k, g) in replayed.iter().enumerate() {
+                    targets.push(replay_target(g, &now[k * v..(k + 1) * v]));
+                }
+                rows.extend(facts);
+            }
+            let sampled = (&prompts[..], &tokens[..], &lp_host[..]);
+            admit_hard(&mut self.hard, sampled, (&rewards, &a), n);
+        }
+        let loss = soft_step(
+            &mut self.learner,
+            (&self.facts, &rows, targets),
+            fs.lr,
+            &self.ad,
+        );
+        row.insert("forget/loss".into(), loss);
+        Ok(())
+    }
+
+    /// RULE's reward of each sampled answer: 1 for the refusal on a forget prompt, 1 for the
+    /// right answer on a retain prompt, else 0.
+    fn rule_rewards(&self, prompts: &[usize], tokens: &[u32], n: usize) -> Vec<f32> {
         let forget: std::collections::BTreeSet<usize> = self.facts.forget.iter().copied().collect();
-        let rewards: Vec<f32> = tokens
+        tokens
             .iter()
             .enumerate()
             .map(|(j, t)| {
@@ -305,46 +341,7 @@ impl UnlearningJob<'_> {
                 };
                 f32::from(u8::from(*t == want))
             })
-            .collect();
-        if fs.method == Method::Rerule {
-            for (g, fact) in prompts.iter().enumerate() {
-                let mean = rewards[g * n..(g + 1) * n].iter().sum::<f32>() / n as f32;
-                if mean < 0.5 && !self.hard.contains(fact) {
-                    self.hard.push(*fact);
-                }
-            }
-            let cap = 64.max(fs.replay);
-            if self.hard.len() > cap {
-                self.hard.drain(..self.hard.len() - cap);
-            }
-        }
-        row.insert(
-            "rollout/reward_mean".into(),
-            f64::from(rewards.iter().sum::<f32>() / rewards.len() as f32),
-        );
-        let groups: Vec<usize> = (0..tokens.len()).map(|j| j / n).collect();
-        let ad = &self.ad;
-        let batch = RolloutBatch::new(
-            Tensor::ones([tokens.len(), 1], ad),
-            Tensor::from_data(TensorData::new(rewards, [tokens.len()]), ad),
-            &groups,
-        )?;
-        let adv = compute_advantages(
-            &AdvantageConfig::new(AdvantageKind::default()),
-            &batch,
-            step,
-        )?;
-        row.extend(adv.metrics.to_host());
-        let a = host(adv.advantages);
-        let targets = reinforce_targets(&tokens, &a, n, self.facts.vocab_size());
-        let loss = soft_step(
-            &mut self.learner,
-            (&self.facts, &prompts, targets),
-            fs.lr,
-            &self.ad,
-        );
-        row.insert("forget/loss".into(), loss);
-        Ok(())
+            .collect()
     }
 
     /// Log, evaluation, checkpoint; returns whether the run stops.
@@ -486,60 +483,4 @@ pub(super) fn evaluate(model: &Llama, f: &Facts, device: &Device) -> BTreeMap<St
         out.insert(format!("{name}/exposure"), exp / n);
     }
     out
-}
-
-/// The leave-one-out target of a fact in shard `own`: the mean of the distributions of the
-/// teachers other than `own` (`probs[k]` is teacher k's `[vocab]` distribution), the
-/// aggregate of the teachers that never saw the fact.
-pub(super) fn loo_target(probs: &[&[f32]], own: usize) -> Vec<f32> {
-    let v = probs.first().map_or(0, |p| p.len());
-    let others: Vec<&[f32]> = probs
-        .iter()
-        .enumerate()
-        .filter(|(k, _)| *k != own)
-        .map(|(_, p)| *p)
-        .collect();
-    let n = others.len().max(1) as f32;
-    (0..v)
-        .map(|x| others.iter().map(|p| p[x]).sum::<f32>() / n)
-        .collect()
-}
-
-/// Soft targets that make [`soft_step`]'s loss REINFORCE's: prompt g's target puts A_j / n on
-/// each of its n sampled answers t_j, so −(1/G) Σ_g Σ_v q_g(v)·log π_g(v) =
-/// −(1/(G·n)) Σ_j A_j·log π(t_j).
-pub(super) fn reinforce_targets(
-    tokens: &[u32],
-    adv: &[f32],
-    n: usize,
-    vocab: usize,
-) -> Vec<Vec<f32>> {
-    let mut out = vec![vec![0.0; vocab]; tokens.len() / n.max(1)];
-    for (j, (t, a)) in tokens.iter().zip(adv).enumerate() {
-        out[j / n][*t as usize] += a / n as f32;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loo_targets_average_the_teachers_that_never_saw_the_fact() {
-        let (a, b, c) = ([0.5, 0.5, 0.0], [0.1, 0.3, 0.6], [0.3, 0.3, 0.4]);
-        let rows: [&[f32]; 3] = [&a, &b, &c];
-        // The fact is teacher 0's: the mean of teachers 1 and 2.
-        let t = loo_target(&rows, 0);
-        for (x, y) in t.iter().zip([0.2, 0.3, 0.5]) {
-            assert!((x - y).abs() < 1e-6, "{t:?}");
-        }
-    }
-
-    #[test]
-    fn reinforce_targets_put_each_advantage_on_its_answer() {
-        // Two prompts, two samples each: answers 1, 1 | 0, 2 with advantages 1, −1 | 0.5, −0.5.
-        let q = reinforce_targets(&[1, 1, 0, 2], &[1.0, -1.0, 0.5, -0.5], 2, 3);
-        assert_eq!(q, vec![vec![0.0, 0.0, 0.0], vec![0.25, 0.0, -0.25]]);
-    }
 }

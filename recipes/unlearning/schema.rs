@@ -81,7 +81,8 @@ pub enum Method {
     /// RULE: rejection steering (supervised refusals on a share of the forget facts), then
     /// GRPO with a refusal reward on forget prompts and correctness on retain prompts.
     Rule,
-    /// ReRULE: RULE with the hard prompts (group mean reward below ½) replayed.
+    /// ReRULE: RULE whose hard groups (mean reward below ½) are stored with their answers
+    /// and replayed in later steps through importance-weighted off-policy updates.
     Rerule,
     /// Leave-one-out teacher ensemble: `teachers` models trained on disjoint shards; the model
     /// is distilled on each forget fact toward the mean of the teachers that never saw it.
@@ -104,7 +105,7 @@ pub struct ForgetSpec {
     pub retain_weight: f32,
     /// Answers sampled per prompt (RULE, ReRULE).
     pub samples: usize,
-    /// Hard prompts replayed per step (ReRULE).
+    /// Stored hard groups replayed per step (ReRULE).
     pub replay: usize,
     /// RULE's rejection steering before its RL steps: supervised steps that answer the
     /// refusal on a share of the forget facts (and the answer on retain facts).

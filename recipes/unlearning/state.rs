@@ -1,10 +1,11 @@
 //! The unlearning job's set-up (the run directory, the corpus, fresh models or a resumed
 //! run's) and what a checkpoint holds beside the run kit's records: the teachers and their
-//! optimizers (`teacher<k>.bpk`, `teacher<k>_optim.bpk`), ReRULE's hard prompts and the
+//! optimizers (`teacher<k>.bpk`, `teacher<k>_optim.bpk`), ReRULE's stored hard groups and the
 //! metrics after the supervised stage (`unlearning.json`).
 
 use super::job::{Learner, Row, UnlearningJob, evaluate};
 use super::schema::{Method, UnlearningRecipe};
+use super::targets::HardGroup;
 use crate::common::run::{load_pair, open_run, save_pair};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
@@ -23,7 +24,7 @@ const STATE: &str = "unlearning.json";
 /// What `unlearning.json` holds.
 #[derive(Debug, Serialize, Deserialize)]
 struct Extra {
-    hard: Vec<usize>,
+    hard: Vec<HardGroup>,
     learned: Row,
 }
 
@@ -119,8 +120,23 @@ impl UnlearningJob<'_> {
             let text = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
             let extra: Extra = serde_json::from_slice(&text)
                 .with_context(|| format!("parsing {}", p.display()))?;
-            if let Some(bad) = extra.hard.iter().find(|i| **i >= self.facts.facts.len()) {
-                bail!("{}: fact {bad} is not one of the corpus's", p.display());
+            let (facts, v) = (self.facts.facts.len(), self.facts.vocab_size());
+            let bad = |g: &HardGroup| {
+                g.fact >= facts
+                    || g.answers.iter().any(|t| *t as usize >= v)
+                    || g.answers.len() != g.log_probs.len()
+                    || g.answers.len() != g.advantages.len()
+                    || g.log_probs
+                        .iter()
+                        .chain(&g.advantages)
+                        .any(|x| !x.is_finite())
+            };
+            if let Some(g) = extra.hard.iter().find(|g| bad(g)) {
+                bail!(
+                    "{}: a stored hard group of fact {} is malformed",
+                    p.display(),
+                    g.fact
+                );
             }
             (self.hard, self.learned) = (extra.hard, extra.learned);
         }
@@ -145,7 +161,7 @@ impl UnlearningJob<'_> {
 pub(super) fn save_state(
     d: &Path,
     (learner, teachers): (&Learner, &[Learner]),
-    (hard, learned): (&[usize], &Row),
+    (hard, learned): (&[HardGroup], &Row),
     ts: &checkpoint::TrainState,
 ) -> Result<()> {
     checkpoint::write_records(d, learner.model.clone().into_record(), &learner.optim, ts)?;

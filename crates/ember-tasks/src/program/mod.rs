@@ -290,10 +290,22 @@ impl ProgramTask {
                 .next_u64()
                 .is_multiple_of(5)
         };
-        let (held_out, train) = questions
+        let (held_out, train): (Vec<usize>, Vec<usize>) = questions
             .iter()
             .map(|q| q.id)
             .partition(|i| held(&questions[*i]));
+        if train.is_empty() || held_out.is_empty() {
+            return Err(format!(
+                "the world of kb = {{ countries = {}, cities_per_country = {}, rivers = {} }} \
+                 gives {} training and {} held-out questions: both must be non-empty (raise \
+                 kb.countries or kb.rivers)",
+                spec.countries,
+                spec.cities_per_country,
+                spec.rivers,
+                train.len(),
+                held_out.len()
+            ));
+        }
         let vocab = Vocab::new(&kb, words);
         Ok(Self {
             kb,

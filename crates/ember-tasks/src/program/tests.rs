@@ -149,6 +149,25 @@ fn generated_questions_are_answerable_split_and_fixed_by_the_world_seed() {
     }
     let other = ProgramTask::new(&KbSpec { seed: 1, ..spec }, 3).unwrap();
     assert_ne!(t.kb, other.kb);
+    // A world too small for a held-out split is refused, never an empty split.
+    let tiny = |seed| KbSpec {
+        countries: 1,
+        cities_per_country: 1,
+        rivers: 1,
+        seed,
+    };
+    let refused = (0..64)
+        .filter(|s| ProgramTask::new(&tiny(*s), 3).is_err())
+        .count();
+    assert!(refused > 0, "some tiny world has no held-out question");
+    for s in 0..64 {
+        if let Ok(t) = ProgramTask::new(&tiny(s), 3) {
+            assert!(!t.train.is_empty() && !t.held_out.is_empty());
+        } else {
+            let e = ProgramTask::new(&tiny(s), 3).unwrap_err();
+            assert!(e.contains("held-out questions"), "{e}");
+        }
+    }
 }
 
 /// Any walk through the allowed tokens ends in `<eos>` within 5 tokens per expression + 2,

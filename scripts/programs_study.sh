@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Neural Symbolic Machines study (docs/src/programs.md): recipes/programs-cpu.toml trained
-# with each method (REINFORCE, iterative maximum likelihood, augmented REINFORCE, and NSM's
-# schedule: 100 steps of iterative maximum likelihood, then augmented REINFORCE from fresh
-# weights with the programs found) on seeds 0 1 2 (or those given). Runs go to runs/programs-study/; a finished run is skipped. Prints
+# with each method (REINFORCE, iterative maximum likelihood, augmented REINFORCE, MAPO, and
+# NSM's schedule: 100 steps of iterative maximum likelihood, then augmented REINFORCE from
+# fresh weights with the programs found) on seeds 0 1 2 (or those given). Runs go to runs/programs-study/; a finished run is skipped. Prints
 # one line per run (method, seed, held-out accuracy before → at steps 50/100/200, final F1,
 # seconds), then the mean and spread of each method's final accuracy.
 set -euo pipefail
@@ -11,7 +11,7 @@ cargo build --release --offline --quiet 2>/dev/null || cargo build --release --q
 EMBER=target/release/ember
 seeds=("$@")
 [ $# -eq 0 ] && seeds=(0 1 2)
-methods=(reinforce iterative_ml augmented nsm)
+methods=(reinforce iterative_ml augmented mapo nsm)
 for seed in "${seeds[@]}"; do
   for m in "${methods[@]}"; do
     out="runs/programs-study/$m-s$seed"
@@ -30,7 +30,7 @@ seeds = sys.argv[1:]
 finals = {}
 print("| method | seed | held-out accuracy: step 0 → 50 → 100 → 200 | final F1 | seconds |")
 print("|---|---:|---|---:|---:|")
-for m in ["reinforce", "iterative_ml", "augmented", "nsm"]:
+for m in ["reinforce", "iterative_ml", "augmented", "mapo", "nsm"]:
     for s in seeds:
         out = f"runs/programs-study/{m}-s{s}"
         acc = {}

@@ -138,7 +138,7 @@ fn stderr(o: &Output) -> String {
 /// REINFORCE from fresh weights): held-out accuracy rises by at least 0.3 within 40 steps on
 /// two seeds (measured 0.015 → 0.715 and 0.073 → 0.591); a run stopped after 10 steps and
 /// resumed, so that the reset happens in the resumed process, logs the uninterrupted run's
-/// metrics (the memory of best programs included: it shapes every later update).
+/// metrics (the memory of best programs included: it shapes every later update); so does MAPO.
 #[test]
 fn program_job_learns_and_resumes_exactly() {
     let small = ["train.steps=40", "eval.every=20", "train.ml_steps=10"];
@@ -163,6 +163,18 @@ fn program_job_learns_and_resumes_exactly() {
             std::fs::remove_dir_all(&part).ok();
         }
         std::fs::remove_dir_all(&out).ok();
+    }
+    // MAPO draws its buffer program from the job's RNG and scores the buffer: a stopped and
+    // resumed run still logs the uninterrupted run's metrics.
+    let sets = ["train.steps=16", "eval.every=8", "train.method=\"mapo\""];
+    let (whole, part) = (tmp("mapo-whole"), tmp("mapo-part"));
+    assert!(train(&whole, &sets, &[]).status.success());
+    let o = train(&part, &sets, &["--stop-after", "6"]);
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(train(&part, &sets, &["--resume"]).status.success());
+    assert_eq!(common::metric_rows(&part), common::metric_rows(&whole));
+    for d in [whole, part] {
+        std::fs::remove_dir_all(d).ok();
     }
 }
 

@@ -154,6 +154,9 @@ impl ProgramsJob<'_> {
         row: &mut Row,
     ) -> (Programs, Vec<f32>) {
         let k = self.r.train.run.samples;
+        // MAPO splits at the buffer as it was before this step: a new good sample is an
+        // out-of-buffer sample of this step, then joins the buffer.
+        let mapo = (method == Method::Mapo).then(|| self.mapo_rows(qs, sampled, rewards));
         for ((q, p), r) in sampled.iter().zip(rewards) {
             methods::remember(&mut self.memory, *q, p, *r);
         }
@@ -162,8 +165,12 @@ impl ProgramsJob<'_> {
         row.insert("rollout/reward_mean".into(), f64::from(mean));
         row.insert("rollout/solved".into(), solved as f64 / qs.len() as f64);
         row.insert("memory/questions".into(), self.memory.len() as f64);
-        let best = |q: &usize| self.memory.get(q).map(|b| (b.program.clone(), b.reward));
+        let best = |q: &usize| {
+            let b = self.memory.get(q).and_then(|l| l.first());
+            b.map(|b| (b.program.clone(), b.reward))
+        };
         match method {
+            Method::Mapo => mapo.unwrap_or_default(),
             Method::IterativeMl => {
                 let rows: Programs = qs
                     .iter()

@@ -86,6 +86,10 @@ pub enum Method {
     /// Augmented REINFORCE: the step's samples at weight (1 − α)/n and the best program found
     /// so far at weight α, baseline the weighted mean reward.
     Augmented,
+    /// MAPO (Liang et al. 2018): one program from the question's buffer of good programs,
+    /// drawn in proportion to π, at weight w = max(π_B, 0.1) (π_B the buffer's total
+    /// probability), and the step's samples outside the buffer sharing 1 − w.
+    Mapo,
 }
 
 /// The loop's own settings.

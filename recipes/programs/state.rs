@@ -140,17 +140,26 @@ fn load_memory(p: &Path, task: &ProgramTask) -> Result<Memory> {
     let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
     let memory: Memory =
         serde_json::from_slice(&text).with_context(|| format!("parsing {}", p.display()))?;
-    for (q, best) in &memory {
+    for (q, list) in &memory {
         let Some(question) = task.questions.get(*q) else {
             bail!("{}: question {q} is not one of the task's", p.display());
         };
-        let reward = task.reward(question, &best.program);
-        if !(best.reward > 0.0 && best.reward <= 1.0) || reward != best.reward {
+        if list.is_empty() || list.len() > super::methods::KEPT {
             bail!(
-                "{}: question {q}'s program earns {reward}, not the stored {}",
+                "{}: question {q} holds {} programs",
                 p.display(),
-                best.reward
+                list.len()
             );
+        }
+        for best in list {
+            let reward = task.reward(question, &best.program);
+            if !(best.reward > 0.0 && best.reward <= 1.0) || reward != best.reward {
+                bail!(
+                    "{}: question {q}'s program earns {reward}, not the stored {}",
+                    p.display(),
+                    best.reward
+                );
+            }
         }
     }
     Ok(memory)

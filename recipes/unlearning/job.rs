@@ -172,16 +172,29 @@ impl UnlearningJob<'_> {
         for t in &mut targets {
             t.iter_mut().for_each(|x| *x = -*x);
         }
+        self.forget_step((forget, targets), retain, fs.retain_weight, row);
+    }
+
+    /// One step of the forget stage's loss: the forget facts with their `targets`, then the
+    /// retain facts' answers at `weight`; logs `forget/loss`.
+    fn forget_step(
+        &mut self,
+        (forget, mut targets): (Vec<usize>, Vec<Vec<f32>>),
+        retain: Vec<usize>,
+        weight: f32,
+        row: &mut Row,
+    ) {
         let mut keep = self.one_hot(&retain);
         for t in &mut keep {
-            t.iter_mut().for_each(|x| *x *= fs.retain_weight);
+            t.iter_mut().for_each(|x| *x *= weight);
         }
         targets.extend(keep);
         let batch: Vec<usize> = forget.into_iter().chain(retain).collect();
+        let lr = self.r.forget.lr;
         let loss = soft_step(
             &mut self.learner,
             (&self.facts, &batch, targets),
-            fs.lr,
+            lr,
             &self.ad,
         );
         row.insert("forget/loss".into(), loss);
@@ -197,7 +210,7 @@ impl UnlearningJob<'_> {
         let forget = self.draw(&pool, fs.batch);
         let retain = self.draw(&self.facts.retain.clone(), fs.retain_batch);
         let v = self.facts.vocab_size();
-        let mut targets: Vec<Vec<f32>> = forget
+        let targets: Vec<Vec<f32>> = forget
             .iter()
             .map(|_| {
                 let mut t = vec![0.0; v];
@@ -205,15 +218,7 @@ impl UnlearningJob<'_> {
                 t
             })
             .collect();
-        targets.extend(self.one_hot(&retain));
-        let batch: Vec<usize> = forget.into_iter().chain(retain).collect();
-        let loss = soft_step(
-            &mut self.learner,
-            (&self.facts, &batch, targets),
-            fs.lr,
-            &self.ad,
-        );
-        row.insert("forget/loss".into(), loss);
+        self.forget_step((forget, targets), retain, 1.0, row);
     }
 
     /// The leave-one-out ensemble: each forget fact's target is the mean distribution of the
@@ -232,7 +237,7 @@ impl UnlearningJob<'_> {
             })
             .collect();
         let v = self.facts.vocab_size();
-        let mut targets: Vec<Vec<f32>> = forget
+        let targets: Vec<Vec<f32>> = forget
             .iter()
             .enumerate()
             .map(|(r, i)| {
@@ -241,19 +246,7 @@ impl UnlearningJob<'_> {
                 loo_target(&rows, own)
             })
             .collect();
-        let mut keep = self.one_hot(&retain);
-        for t in &mut keep {
-            t.iter_mut().for_each(|x| *x *= fs.retain_weight);
-        }
-        targets.extend(keep);
-        let batch: Vec<usize> = forget.into_iter().chain(retain).collect();
-        let loss = soft_step(
-            &mut self.learner,
-            (&self.facts, &batch, targets),
-            fs.lr,
-            &self.ad,
-        );
-        row.insert("forget/loss".into(), loss);
+        self.forget_step((forget, targets), retain, fs.retain_weight, row);
     }
 
     /// RULE: `samples` answers per prompt; reward 1 for the refusal on a forget prompt and for

@@ -68,3 +68,17 @@ pub(crate) fn load_pair<M: Module>(
         .map_err(|e| anyhow!("reading {}: {e}", p.display()))?;
     Ok((module, optim.load_record(rec)))
 }
+
+/// `module` and `optim` with the run kit's records of checkpoint `d` (`model.bpk`, read
+/// through the checkpoint's manifest, and `optim.bpk`).
+pub(crate) fn load_records<M: Module>(
+    d: &Path,
+    module: M,
+    optim: Optimizer,
+) -> Result<(M, Optimizer)> {
+    let p = d.join(ember_run::checkpoint::MODEL);
+    let module = module
+        .try_load_record(ember_run::checkpoint::read_model(d, false)?)
+        .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
+    Ok((module, ember_run::checkpoint::load_optimizer(d, optim)?))
+}

@@ -3,9 +3,9 @@
 //! their optimizers), and the evaluations.
 
 use super::job::ControlJob;
-use crate::common::run::{load_pair, open_run, save_pair};
+use crate::common::run::{load_pair, load_records, open_run, save_pair};
 use crate::control::schema::ControlRecipe;
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_control::{
@@ -70,14 +70,7 @@ impl Player {
     fn load(self, d: &Path, side: Side) -> Result<Self> {
         let (policy, optim) = match side {
             Side::Adversary => load_pair(d, ADVERSARY, self.policy, self.optim)?,
-            Side::Protagonist => {
-                let p = d.join(checkpoint::MODEL);
-                let policy = self
-                    .policy
-                    .try_load_record(checkpoint::read_model(d, false)?)
-                    .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
-                (policy, checkpoint::load_optimizer(d, self.optim)?)
-            }
+            Side::Protagonist => load_records(d, self.policy, self.optim)?,
         };
         let (critic, critic_optim) =
             load_pair(d, &critic_stem(side), self.critic, self.critic_optim)?;

@@ -5,8 +5,8 @@
 use super::job::{ProgramsJob, eval_row};
 use super::methods::Memory;
 use super::schema::ProgramsRecipe;
-use crate::common::run::open_run;
-use anyhow::{Context, Result, anyhow, bail};
+use crate::common::run::{load_records, open_run};
+use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use ember_engine::SplitMix64;
 use ember_llm::{ConstrainedLlama, Family, LlamaConfig};
@@ -95,15 +95,8 @@ impl ProgramsJob<'_> {
         if let Some((dir, st)) = resumed {
             (self.rng, self.before, self.after) =
                 (SplitMix64(st.rng), st.accuracy_before, st.accuracy_after);
-            let p = dir.join(checkpoint::MODEL);
-            self.model = self
-                .model
-                .try_load_record(checkpoint::read_model(&dir, false)?)
-                .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
-            self.optim = checkpoint::load_optimizer(
-                &dir,
-                std::mem::replace(&mut self.optim, self.r.train.optim.init()),
-            )?;
+            let optim = std::mem::replace(&mut self.optim, self.r.train.optim.init());
+            (self.model, self.optim) = load_records(&dir, self.model.clone(), optim)?;
             self.memory = load_memory(&dir.join(MEMORY), &self.task)?;
         } else {
             (self.before, self.f1_after) = self.evaluate()?;

@@ -6,8 +6,8 @@
 use super::job::{Learner, Row, UnlearningJob, evaluate};
 use super::schema::{Method, UnlearningRecipe};
 use super::targets::HardGroup;
-use crate::common::run::{load_pair, open_run, save_pair};
-use anyhow::{Context, Result, anyhow, bail};
+use crate::common::run::{load_pair, load_records, open_run, save_pair};
+use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_engine::SplitMix64;
@@ -102,15 +102,9 @@ impl UnlearningJob<'_> {
             .map(|(d, st)| (d.to_path_buf(), st.clone()));
         if let Some((dir, st)) = resumed {
             self.rng = SplitMix64(st.rng);
-            let p = dir.join(checkpoint::MODEL);
             let l = &mut self.learner;
-            l.model = l
-                .model
-                .clone()
-                .try_load_record(checkpoint::read_model(&dir, false)?)
-                .map_err(|e| anyhow!("applying {}: {e}", p.display()))?;
             let optim = std::mem::replace(&mut l.optim, OptimizerConfig::default().init());
-            l.optim = checkpoint::load_optimizer(&dir, optim)?;
+            (l.model, l.optim) = load_records(&dir, l.model.clone(), optim)?;
             for (k, t) in self.teachers.iter_mut().enumerate() {
                 let optim = std::mem::replace(&mut t.optim, OptimizerConfig::default().init());
                 (t.model, t.optim) =

@@ -93,8 +93,6 @@ pub struct Facts {
     pub retain: Vec<usize>,
     /// The refusal's token.
     pub refusal: u32,
-    /// People.
-    pub people: usize,
 }
 
 /// Made-up names: two syllables, capitalised, distinct.
@@ -186,7 +184,6 @@ impl Facts {
             facts,
             forget,
             retain,
-            people: spec.people,
         })
     }
 

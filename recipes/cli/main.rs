@@ -108,6 +108,10 @@ struct TrainArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+    /// The progress line instead of burn-train's dashboard (a binary built with
+    /// `--features dashboard` shows the dashboard on a terminal).
+    #[arg(long)]
+    no_dashboard: bool,
 }
 
 #[derive(Args)]
@@ -203,9 +207,12 @@ struct EvalArgs {
 
 fn main() {
     ember::common::heap::keep_freed_memory();
+    // Log records go to stderr through the run kit, which holds them while a dashboard is up.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
+        .target(env_logger::Target::Pipe(Box::new(ember_run::LogSink)))
         .init();
+    ember_run::on_forced_exit(ember_tasks::process::kill_all);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => e.exit(),
@@ -307,6 +314,7 @@ fn train(a: TrainArgs) -> Result<()> {
         resume: a.resume,
         overwrite: a.overwrite,
         stop_after: a.stop_after,
+        dashboard: !a.no_dashboard,
     };
     handle_stop_signals();
     let interrupted = match recipe {
@@ -346,14 +354,15 @@ fn handle_stop_signals() {
                 _ => "SIGHUP",
             };
             if ember_run::request_stop_by(sig) {
+                ember_run::restore_terminal();
                 eprintln!("\n{name} again: exiting without a final checkpoint");
                 ember_tasks::process::kill_all();
                 std::process::exit(128 + sig);
             }
-            eprintln!(
+            ember_run::notice(&format!(
                 "\n{name}: stopping after this step and writing a checkpoint ({name} again to quit \
                  now)"
-            );
+            ));
         }
     });
 }
@@ -363,6 +372,7 @@ fn handle_stop_signals() {
 fn handle_stop_signals() {
     let _ = ctrlc::set_handler(|| {
         if ember_run::request_stop() {
+            ember_run::restore_terminal();
             eprintln!("\ninterrupted again: exiting without a final checkpoint");
             ember_tasks::process::kill_all();
             std::process::exit(130);

@@ -6,13 +6,42 @@
 //! 2. write a checkpoint when a stop was asked for (Ctrl-C, `--stop-after`), every
 //!    `checkpoint_every` steps, and after the last step;
 //! 3. after a stop, tell the user how to resume, and end the loop (the process exits 130).
+//!
+//! Built with the `dashboard` feature, a run on a terminal shows burn-train's dashboard instead
+//! of the progress line (`dashboard.rs`).
 
 pub mod checkpoint;
+#[cfg(feature = "dashboard")]
+mod dashboard;
+// The board and the holding of stderr serve the dashboard; without it only their tests use them.
+#[cfg_attr(not(feature = "dashboard"), allow(dead_code))]
+mod live;
 mod metrics;
 pub mod plot;
 pub mod tensorboard;
 
+#[cfg(feature = "dashboard")]
+pub use dashboard::{on_forced_exit, restore_terminal};
+pub use live::LogSink;
 pub use metrics::MetricsLog;
+
+#[cfg(feature = "dashboard")]
+use dashboard::Dashboard;
+#[cfg(not(feature = "dashboard"))]
+use live::NoDashboard as Dashboard;
+
+/// Without the `dashboard` feature there is no terminal to put back.
+#[cfg(not(feature = "dashboard"))]
+pub fn restore_terminal() {}
+
+/// Without the `dashboard` feature nothing forces an exit.
+#[cfg(not(feature = "dashboard"))]
+pub fn on_forced_exit(_hook: fn()) {}
+
+/// A notice for the user on stderr (a stop signal's), held while a dashboard is up.
+pub fn notice(msg: &str) {
+    live::line(msg);
+}
 
 use anyhow::{Context, Result, bail};
 use checkpoint::TrainState;
@@ -85,7 +114,7 @@ pub const MAX_NONFINITE_STEPS: usize = 3;
 /// A line on stderr for the user, unless `quiet` (the one place jobs print from).
 pub fn say(quiet: bool, msg: &str) {
     if !quiet {
-        eprintln!("{msg}");
+        live::line(msg);
     }
 }
 
@@ -133,6 +162,9 @@ pub struct RunOptions {
     pub overwrite: bool,
     /// Stop (with a checkpoint) once this many steps are done, as Ctrl-C would.
     pub stop_after: Option<usize>,
+    /// Show burn-train's dashboard instead of the progress line when stdout and stderr are
+    /// terminals (a binary built with the `dashboard` feature).
+    pub dashboard: bool,
 }
 
 /// What a job tells the run kit about itself.
@@ -179,6 +211,10 @@ pub struct Run {
     log: MetricsLog,
     tty: bool,
     mid_line: bool,
+    /// The live dashboard, while it is up.
+    live: Option<Dashboard>,
+    /// The last progress line (printed when the dashboard closes).
+    last_line: Option<String>,
     /// Steps in a row whose updates were all skipped for a non-finite loss.
     nonfinite_steps: usize,
     /// `out/.lock`, held (`flock`) while the run is open: a second process on the same
@@ -244,6 +280,7 @@ impl Run {
             resumed.as_ref().map(|(_, s)| s.step),
             (spec.curves.0.to_string(), spec.curves.1.to_string()),
         )?;
+        let first = resumed.as_ref().map_or(0, |(_, s)| s.step);
         let run = Self {
             out: out.to_path_buf(),
             name: spec.name.to_string(),
@@ -257,6 +294,16 @@ impl Run {
             log,
             tty: std::io::stderr().is_terminal(),
             mid_line: false,
+            live: match opts.dashboard && !opts.quiet {
+                true => Dashboard::open(
+                    spec.name,
+                    spec.steps,
+                    first,
+                    &[spec.curves.0, spec.curves.1],
+                ),
+                false => None,
+            },
+            last_line: None,
             nonfinite_steps: 0,
             _lock: lock,
         };
@@ -296,7 +343,10 @@ impl Run {
             if self.mid_line {
                 eprintln!();
             }
-            eprintln!("[{}] {msg}", self.name);
+            if let Some(live) = &self.live {
+                live.note(msg);
+            }
+            live::line(&format!("[{}] {msg}", self.name));
         }
     }
 
@@ -356,7 +406,7 @@ impl Run {
         stats: &str,
         save: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<bool> {
-        self.progress(end.done, stats);
+        self.progress(end.done, stats, &row);
         let skipped = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
         self.nonfinite_steps = if skipped { self.nonfinite_steps + 1 } else { 0 };
         self.log.push(row)?;
@@ -366,6 +416,7 @@ impl Run {
         if end.checkpoint {
             let dir = checkpoint::save(&self.ckpt_root, end.done, self.keep, save)?;
             if end.stop {
+                self.close_live();
                 self.say(&format!(
                     "stopped after step {}; checkpoint {}; continue with `ember train <recipe> \
                      --out {} --resume` (same --set values)",
@@ -437,12 +488,18 @@ impl Run {
         }
     }
 
-    /// One progress line: a bar redrawn in place on a terminal, a line per step otherwise.
-    fn progress(&mut self, done: usize, stats: &str) {
+    /// One progress line: a bar redrawn in place on a terminal, a line per step otherwise; the
+    /// dashboard's step while it is up.
+    fn progress(&mut self, done: usize, stats: &str, row: &BTreeMap<String, f64>) {
         if self.opts.quiet {
             return;
         }
         let total = self.steps.max(1);
+        if let Some(live) = &self.live {
+            live.step(done, row);
+            self.last_line = Some(format!("[{}] step {done:>4}/{total} {stats}", self.name));
+            return;
+        }
         if self.tty {
             let width = 24;
             let fill = done.min(total) * width / total;
@@ -458,9 +515,20 @@ impl Run {
         }
     }
 
+    /// Closes the dashboard (the held stderr is written out) and prints the last progress line.
+    fn close_live(&mut self) {
+        if let Some(mut live) = self.live.take() {
+            live.close();
+            if let Some(line) = self.last_line.take() {
+                eprintln!("{line}");
+            }
+        }
+    }
+
     /// After the loop: ends the progress line, publishes the CSV and the plot, writes
     /// `summary.json`.
     pub fn finish(&mut self, summary: &serde_json::Value) -> Result<()> {
+        self.close_live();
         if self.mid_line && !self.opts.quiet {
             eprintln!();
             self.mid_line = false;

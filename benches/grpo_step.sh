@@ -39,7 +39,9 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 last = rows[-1]
 gen = last.get("timing_s/gen", 0.0)
 upd = last.get("timing_s/update_actor", 0.0)
-step = sum(v for k, v in last.items() if k.startswith("timing_s/") and k != "timing_s/eval")
+# The step's own wall time (generation and update; the evaluation and, with rollouts drawn
+# ahead, the generator's idle time are not part of it).
+step = last["perf/step_s"]
 tok = last["rollout/response_length"] * int(sys.argv[4]) * 8
 rss = int(open(sys.argv[2]).read().split()[-1]) / 1024
 print(f"{sys.argv[3]:<28} step {step:7.1f} s  gen {gen:6.1f} s  update {upd:6.1f} s  "

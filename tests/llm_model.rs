@@ -763,3 +763,62 @@ fn weight_gradients_of_a_batch_are_the_sum_of_its_rows() {
         assert!(err <= 1e-5 * scale.max(1.0), "{name}: max error {err}");
     }
 }
+
+#[test]
+fn finished_rows_leave_the_decode_batch_without_changing_what_is_drawn() {
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let model = &loaded.model;
+    // Three prompts of different lengths, 4 samples each; two stop tokens end rows at
+    // different steps, and a check after every step drops them as soon as a quarter are done.
+    let prompts = vec![
+        vec![5u32, 17, 33],
+        vec![3u32, 9, 27, 81, 44, 12],
+        vec![7u32],
+    ];
+    // A prompt bucket keeps a multiple of 8 rows (finished rows fill it, masked).
+    for (temperature, top_k, prompt_bucket) in [(1.3, 0, 0), (0.9, 20, 0), (0.0, 0, 0), (1.3, 0, 4)]
+    {
+        let cfg = SamplingConfig {
+            temperature,
+            top_k,
+            prompt_bucket,
+            max_new_tokens: 24,
+            n: 4,
+            seed: 5,
+            stop_tokens: vec![3, 7, 11, 40],
+            stop_check_every: 1,
+            ..SamplingConfig::default()
+        };
+        let shrunk = generate(model, &prompts, &cfg, &dev()).unwrap();
+        // An observer keeps every row in the batch to the end.
+        let mut keep_all = |_: &[Vec<u32>]| true;
+        let whole =
+            ember_llm::generate_observed(model, &prompts, &cfg, &dev(), Some(&mut keep_all))
+                .unwrap();
+        let ids = shrunk.response_ids();
+        assert_eq!(ids, whole.response_ids(), "T = {temperature}");
+        assert_eq!(shrunk.truncated, whole.truncated);
+        assert_eq!(shrunk.tokens.dims(), whole.tokens.dims());
+        let vec = |t: &Tensor<2>| t.clone().try_into_vec_as::<f32>().unwrap();
+        assert_eq!(vec(&shrunk.mask), vec(&whole.mask));
+        let gap = vec(&shrunk.log_probs)
+            .iter()
+            .zip(vec(&whole.log_probs))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(gap <= 1e-5, "log-prob gap {gap} at T = {temperature}");
+        // Rows did finish early, and the shrunk batch computed fewer positions.
+        let [rows, steps] = whole.tokens.dims();
+        assert_eq!(whole.decode_positions, rows * steps);
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        assert!(lengths.iter().any(|l| *l < steps), "{lengths:?}");
+        assert!(
+            shrunk.decode_positions < whole.decode_positions,
+            "{} of {}",
+            shrunk.decode_positions,
+            whole.decode_positions
+        );
+        assert!(shrunk.decode_positions >= lengths.iter().sum::<usize>());
+        assert!(rescoring_gap(model, &shrunk, cfg.scoring_temperature()) <= 1e-4);
+    }
+}

@@ -306,6 +306,9 @@ struct SavedDraw {
     /// The sampler's prompt and response columns (the layout is restored exactly, so that
     /// every sum over it adds in the same order).
     widths: [usize; 2],
+    /// Positions its decode computed (`perf/decode_positions`; absent in older checkpoints).
+    #[serde(default)]
+    decode_positions: Option<usize>,
 }
 
 /// `g` as saved (one host read of its log-probs).
@@ -323,6 +326,7 @@ fn saved_draw(d: &Draw, g: &Generation) -> Result<SavedDraw> {
         log_probs,
         truncated: g.truncated.clone(),
         widths: [g.prompt_tokens.dims()[1], n],
+        decode_positions: Some(g.decode_positions),
     })
 }
 
@@ -387,6 +391,8 @@ impl SavedDraw {
             })
             .collect();
         let [p, n] = self.widths;
-        rows_generation(&rows, self.group_ids.clone(), device).pad_to(p, n)
+        let mut g = rows_generation(&rows, self.group_ids.clone(), device).pad_to(p, n);
+        g.decode_positions = self.decode_positions.unwrap_or(rows.len() * n);
+        g
     }
 }

@@ -534,5 +534,7 @@ fn to_generation(
         mask: Tensor::<2>::from_data(TensorData::new(mask, [b, t]), device),
         group_ids,
         truncated: choices.iter().map(|c| c.truncated).collect(),
+        // Decoded by the servers: counted as a batch that runs every row to the end.
+        decode_positions: b * t,
     }
 }

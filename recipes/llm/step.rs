@@ -290,6 +290,8 @@ pub fn rows_generation(rows: &[Row], group_ids: Vec<usize>, device: &Device) -> 
         mask: float(m, n),
         group_ids,
         truncated,
+        // Drawn elsewhere (a server): counted as a batch that runs every row to the end.
+        decode_positions: b * n,
     }
 }
 
@@ -373,9 +375,9 @@ pub fn rollout_metrics(
         g.truncated.iter().filter(|t| **t).count() as f64 / g.truncated.len().max(1) as f64,
     );
     row.insert("rollout/dropped_groups".to_string(), dropped_groups as f64);
-    // The batched decode runs every row for as many steps as the longest response: positions
-    // computed = rows × steps (prefill aside), of which Σ lengths were emitted.
-    let computed = (g.tokens.dims()[0] * g.tokens.dims()[1]) as f64;
+    // Positions the batched decode computed (prefill aside; finished rows leave the batch at
+    // stop checks), of which Σ lengths were emitted.
+    let computed = g.decode_positions as f64;
     row.insert("perf/decode_positions".to_string(), computed);
     row.insert(
         "perf/decode_efficiency".to_string(),

@@ -134,15 +134,18 @@ pub fn generate_constrained(
         }
         logits = model.forward_cached_routed(token, live, &mut cache, &route);
     }
+    let tokens = Tensor::cat(toks, 1);
+    let decode_positions = tokens.dims()[0] * tokens.dims()[1];
     Ok(Constrained {
         generation: Generation {
             prompt_tokens,
             prompt_mask,
-            tokens: Tensor::cat(toks, 1),
+            tokens,
             log_probs: Tensor::cat(lps, 1),
             mask: Tensor::cat(masks, 1),
             group_ids,
             truncated: alive,
+            decode_positions,
         },
         allowed: Tensor::cat(allowed, 1),
     })

@@ -18,6 +18,7 @@ mod rope;
 pub mod running;
 mod sample;
 mod shared;
+mod shrink;
 mod tokenizer;
 mod value;
 

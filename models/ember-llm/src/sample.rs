@@ -9,6 +9,7 @@
 use crate::cache::{KvCache, bucketed};
 use crate::error::{LlmError, Result};
 use crate::model::Llama;
+use crate::shrink::Shrinking;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -139,6 +140,9 @@ pub struct Generation {
     pub group_ids: Vec<usize>,
     /// True for rows that hit `max_new_tokens` without a stop token.
     pub truncated: Vec<bool>,
+    /// Positions the batched decode computed (rows × steps, summed over the steps as finished
+    /// rows leave the batch), prefill aside.
+    pub decode_positions: usize,
 }
 
 impl Generation {
@@ -211,6 +215,8 @@ impl Generation {
             .unwrap_or(1);
         let total: usize = parts.iter().map(|(_, r)| r.len()).sum();
         assert_eq!(total, group_ids.len(), "one group id per stacked row");
+        // Every part's decode was computed, kept rows or not.
+        let decode_positions = parts.iter().map(|(g, _)| g.decode_positions).sum();
         let mut cols: [Vec<Tensor<2>>; 3] = Default::default();
         let (mut pt, mut tk, mut truncated) = (Vec::new(), Vec::new(), Vec::new());
         for (g, rows) in parts {
@@ -237,6 +243,7 @@ impl Generation {
             mask: Tensor::cat(m, 0),
             group_ids,
             truncated,
+            decode_positions,
         }
     }
 
@@ -291,6 +298,7 @@ impl Generation {
             mask: right(self.mask),
             group_ids: self.group_ids,
             truncated: self.truncated,
+            decode_positions: self.decode_positions,
         }
     }
 }
@@ -543,57 +551,67 @@ pub fn generate_observed(
     let mut rng = SplitMix64(cfg.seed);
     let stop: Vec<i64> = cfg.stop_tokens.iter().map(|t| i64::from(*t)).collect();
     let mut alive = Tensor::<2>::ones([b, 1], device);
-    let (mut toks, mut lps, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+    // Finished rows leave the batch at stop checks, except where the rows must stay whole (an
+    // observer reads every row; Mixture-of-LoRA routing replays per row). With a prompt
+    // bucket (few shapes, for GPUs) the rows kept are a multiple of 8.
+    let shrinks = observe.is_none() && crate::mixture::mixtures(model).is_empty();
+    let multiple = if cfg.prompt_bucket > 1 { 8 } else { 1 };
+    let mut batch = Shrinking::new(b);
     for step in 0..cfg.max_new_tokens {
         let lp = log_softmax(logits / cfg.scoring_temperature(), 1);
         let token = if cfg.temperature == 0.0 {
             lp.clone().argmax(1)
         } else {
             let filtered = truncate(lp.clone(), cfg.top_k, cfg.top_p, cfg.min_p);
-            sample_rows(filtered, &mut rng)
+            sample_rows_with(filtered, &batch.uniforms(&mut rng))
         };
-        lps.push(lp.gather(1, token.clone()) * alive.clone());
-        masks.push(alive.clone());
+        let lp = lp.gather(1, token.clone()) * alive.clone();
         let token = token * alive.clone().int();
-        toks.push(token.clone());
+        batch.push(token.clone(), lp, alive.clone());
         let mut stopped: Tensor<2, Bool> = token.clone().equal_elem(-1);
         for s in &stop {
             stopped = stopped.bool_or(token.clone().equal_elem(*s));
         }
-        let step_mask = alive.clone();
+        let mut step_mask = alive.clone();
         alive = alive * stopped.bool_not().float();
         let last = step + 1 == cfg.max_new_tokens;
         if last {
             break;
         }
+        let mut token = token;
         if (step + 1) % cfg.stop_check_every.max(1) == 0 {
-            if let Some(f) = observe.as_mut() {
-                let every = cfg.stop_check_every.max(1);
-                let fresh = Tensor::cat(toks[toks.len() - every..].to_vec(), 1);
-                if !f(&host_rows(fresh)) {
-                    break;
-                }
-            }
-            let any: f32 = alive.clone().sum().into_scalar();
-            if any == 0.0 {
+            if let Some(f) = observe.as_mut()
+                && !f(&host_rows(batch.recent(cfg.stop_check_every.max(1))))
+            {
                 break;
+            }
+            let flags = alive.clone().try_into_vec_as::<f32>().unwrap_or_default();
+            if flags.iter().all(|a| *a <= 0.5) {
+                break;
+            }
+            if let Some(keep) = Shrinking::worth_dropping(&flags, multiple).filter(|_| shrinks) {
+                let idx = batch.keep(&keep, device);
+                cache.compact(&keep, 0);
+                (alive, step_mask) = (
+                    alive.select(0, idx.clone()),
+                    step_mask.select(0, idx.clone()),
+                );
+                token = token.select(0, idx);
             }
         }
         logits = model.forward_cached_routed(token, step_mask, &mut cache, &route);
     }
-    let truncated: Vec<bool> = alive
-        .try_into_vec_as::<f32>()
-        .unwrap_or_default()
-        .iter()
-        .map(|a| *a > 0.5)
-        .collect();
+    let flags = alive.try_into_vec_as::<f32>().unwrap_or_default();
+    let decode_positions = batch.positions;
+    let (tokens, log_probs, mask, truncated) = batch.finish(&flags, device);
     Ok(Generation {
         prompt_tokens,
         prompt_mask,
-        tokens: Tensor::cat(toks, 1),
-        log_probs: Tensor::cat(lps, 1),
-        mask: Tensor::cat(masks, 1),
+        tokens,
+        log_probs,
+        mask,
         group_ids,
         truncated,
+        decode_positions,
     })
 }

@@ -8,7 +8,7 @@
 //! While a full-screen dashboard is up, anything written to stderr would scribble over it: the
 //! run's own lines and the log records ([`LogSink`]) are held, and written out when it closes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,7 +109,7 @@ pub(crate) struct Metric {
 /// The dashboard's metrics, in the order they were first seen.
 #[derive(Debug, Default)]
 pub(crate) struct Board {
-    known: BTreeMap<String, usize>,
+    known: BTreeSet<String>,
     first: Vec<String>,
 }
 
@@ -124,7 +124,7 @@ impl Board {
     /// A board whose `first` metrics (the run's curves) lead the tabs.
     pub fn new(first: &[&str]) -> Self {
         Self {
-            known: BTreeMap::new(),
+            known: BTreeSet::new(),
             first: first.iter().map(|s| s.to_string()).collect(),
         }
     }
@@ -137,11 +137,7 @@ impl Board {
 
     /// `key`'s metric when it is new.
     fn know(&mut self, key: &str) -> Option<Metric> {
-        if self.known.contains_key(key) {
-            return None;
-        }
-        self.known.insert(key.to_string(), self.known.len());
-        Some(metric(key))
+        self.known.insert(key.to_string()).then(|| metric(key))
     }
 
     /// The metrics of one step's row: unknown keys registered (the curves first, then the row's

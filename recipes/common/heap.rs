@@ -7,14 +7,20 @@
 //! zero them again: in the main job (`ember train recipes/arithmetic-cpu.toml`) a third of the
 //! process's time was kernel time, mostly page faults (`benches/README.md`).
 //!
-//! [`keep_freed_memory`] sets two of glibc's documented `mallopt(3)` parameters:
-//! - `M_TOP_PAD` = 256 MiB: memory kept at the top of each heap when it shrinks (and added when
-//!   it grows), so the buffers of one step are reused by the next;
+//! [`keep_freed_memory`] sets three of glibc's documented `mallopt(3)` parameters:
+//! - `M_TOP_PAD` = 256 MiB: memory added at the top of each heap when it grows (and kept when a
+//!   thread's heap shrinks), so the buffers of one step are reused by the next;
 //! - `M_MMAP_THRESHOLD` = 32 MiB (glibc's largest): setting any parameter switches off glibc's
 //!   dynamic threshold, which would otherwise have risen to this value, and without it every
-//!   buffer above 128 KiB would be mapped and unmapped per op.
+//!   buffer above 128 KiB would be mapped and unmapped per op;
+//! - `M_TRIM_THRESHOLD` = −1 (heaps are never trimmed): a training step's activations are
+//!   freed at the end of each micro-batch and step, and glibc handed the top of the heap back
+//!   (`brk`) whenever it exceeded the top pad, so the next micro-batch faulted the same pages in
+//!   again and the kernel zeroed them (in the SmolLM2 GRPO step of `benches/grpo_step.sh`, a
+//!   tenth of the update's time was the kernel's `clear_page`).
 //!
-//! The cost is up to 256 MiB of freed memory kept per heap (resident only where touched).
+//! The cost: the process keeps its high-water mark of heap memory until it exits, as a GPU
+//! framework's caching allocator does (the peak itself does not change).
 //! A `GLIBC_TUNABLES` that sets any `glibc.malloc.` tunable, or `EMBER_HEAP=default`, leaves
 //! glibc's settings alone.
 
@@ -24,11 +30,13 @@ pub const ENV: &str = "EMBER_HEAP";
 pub const TOP_PAD: usize = 256 << 20;
 /// Allocations at or above this size are mapped individually (`M_MMAP_THRESHOLD`).
 pub const MMAP_THRESHOLD: usize = 32 << 20;
+/// `M_TRIM_THRESHOLD`: −1 turns trimming off (mallopt(3)).
+pub const TRIM_THRESHOLD: i32 = -1;
 
 /// What [`keep_freed_memory`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeapTuning {
-    /// Both parameters set.
+    /// All three parameters set.
     Applied,
     /// Left alone: the user set `GLIBC_TUNABLES` (malloc tunables) or `EMBER_HEAP=default`.
     UserSettings,
@@ -43,8 +51,8 @@ impl std::fmt::Display for HeapTuning {
         match self {
             HeapTuning::Applied => write!(
                 f,
-                "glibc malloc keeps freed memory (top pad {} MiB, mmap threshold {} MiB; \
-                 {ENV}=default for glibc's defaults)",
+                "glibc malloc keeps freed memory (top pad {} MiB, mmap threshold {} MiB, no \
+                 trimming; {ENV}=default for glibc's defaults)",
                 TOP_PAD >> 20,
                 MMAP_THRESHOLD >> 20
             ),
@@ -86,6 +94,7 @@ fn set() -> HeapTuning {
     let ok = unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, as_int(MMAP_THRESHOLD)) == 1
             && libc::mallopt(libc::M_TOP_PAD, as_int(TOP_PAD)) == 1
+            && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     };
     if ok {
         HeapTuning::Applied
@@ -114,7 +123,7 @@ mod tests {
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
-    fn glibc_accepts_both_parameters() {
+    fn glibc_accepts_the_three_parameters() {
         // glibc refuses an M_MMAP_THRESHOLD above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
         assert_eq!(set(), HeapTuning::Applied);
     }

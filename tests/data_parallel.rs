@@ -27,10 +27,16 @@ struct Toy {
 
 const STEPS: usize = 5;
 
+thread_local! {
+    /// The rows of each `Toy::score` call made on this thread (the micro-batches).
+    static SCORED: std::cell::RefCell<Vec<Vec<usize>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Actor for Toy {
     type Experience = Tensor<2>;
 
     fn score(&self, x: &Tensor<2>, rows: &[usize], _: bool) -> Scored {
+        SCORED.with(|s| s.borrow_mut().push(rows.to_vec()));
         let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &x.device());
         let x = x.clone().select(0, idx);
@@ -118,6 +124,7 @@ fn schedule(epochs: usize, mini_batches: usize, micro_batch_rows: usize) -> Upda
             epochs,
             mini_batches,
             micro_batch_rows,
+            micro_batch_tokens: 0,
         },
         loss: ActorLossConfig::default(),
     }
@@ -188,6 +195,42 @@ fn logged_loss_does_not_depend_on_micro_batches() {
     );
     assert!((a - b).abs() < 1e-6, "{a} vs {b}");
     assert!(a.abs() > 1e-4);
+}
+
+/// A token budget cuts each mini-batch into micro-batches of rows sorted longest first, each
+/// within rows × longest row ≤ budget (row r has r % 5 + 1 valid steps here), and the update
+/// equals the uncut one: on one device and over two replicas.
+#[test]
+fn token_budget_micro_batches_update_as_the_whole_batch() {
+    let d = Device::default().autodiff();
+    for mini_batches in [1, 2] {
+        let c = case(&d, 12);
+        let (whole, s0) = run(&c, None, &schedule(2, mini_batches, 0));
+        let mut cfg = schedule(2, mini_batches, 0);
+        cfg.schedule.micro_batch_tokens = 6;
+        SCORED.with(|s| s.borrow_mut().clear());
+        let (cut, s1) = run(&c, None, &cfg);
+        let calls = SCORED.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        let len = |r: &usize| r % STEPS + 1;
+        assert!(calls.len() > 2 * mini_batches, "{calls:?}");
+        for rows in &calls {
+            let longest = rows.iter().map(len).max().unwrap_or(0);
+            assert!(rows.len() == 1 || rows.len() * longest <= 6, "{rows:?}");
+            let lens: Vec<usize> = rows.iter().map(len).collect();
+            assert!(
+                lens.windows(2).all(|w| w[0] >= w[1]),
+                "not sorted: {rows:?}"
+            );
+        }
+        assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 2 * 12);
+        let diff = max_diff(&whole, &cut);
+        assert!(diff < 2e-6, "{mini_batches} mini-batches: {diff}");
+        assert!(max_diff(&whole, &c.toy) > 1e-3);
+        let (a, b) = (s0.metrics["actor/loss"], s1.metrics["actor/loss"]);
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{a} vs {b}");
+        let (dp, _) = run(&c, Some(cpu_group(&d, 2)), &cfg);
+        assert!(max_diff(&whole, &dp) < 2e-6);
+    }
 }
 
 #[test]

@@ -365,6 +365,7 @@ fn flow_update_over_two_replicas_equals_one_device() {
             epochs: 1,
             mini_batches: 2,
             micro_batch_rows: 0,
+            micro_batch_tokens: 0,
         },
         ..UpdateConfig::default()
     };

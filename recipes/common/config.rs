@@ -132,9 +132,8 @@ pub(crate) fn split_with_defaults<L: serde::de::DeserializeOwned>(
 ) -> std::result::Result<Training<L>, String> {
     for &(key, value) in defaults {
         let value = match key {
-            "epochs" | "mini_batches" | "micro_batch_rows" | "warmup_steps" => {
-                toml::Value::Integer(value as i64)
-            }
+            "epochs" | "mini_batches" | "micro_batch_rows" | "micro_batch_tokens"
+            | "warmup_steps" => toml::Value::Integer(value as i64),
             _ => toml::Value::Float(value),
         };
         table.entry(key).or_insert(value);

@@ -48,6 +48,8 @@ pub fn critic_update<C: Critic>(
     let steps = Steps {
         schedule,
         mask: &batch.mask,
+        tokens: None,
+        groups: None,
         area: "critic",
         loss_key: "critic/vf_loss",
         lr,

@@ -11,6 +11,7 @@
 mod critic;
 pub mod io;
 pub mod manifest;
+mod micro;
 mod optim;
 mod parallel;
 mod precision;

@@ -3,6 +3,7 @@
 //! ([`AggNorm`]) are those of the whole mini-batch, so accumulation equals one big batch
 //! (verl `dp_actor.update_policy`).
 
+use crate::micro::{Cut, mask_lengths};
 use crate::optim::{Optimizer, StepReport};
 use crate::parallel::{Copies, DataParallel, Replicate};
 use burn::module::Module;
@@ -34,6 +35,20 @@ pub trait Actor: Module + Clone {
 
     /// Scores the steps of `rows` of `experience` (rows in the given order).
     fn score(&self, experience: &Self::Experience, rows: &[usize], with_entropy: bool) -> Scored;
+
+    /// Per row of `experience`, the positions a pass over that row alone computes: what
+    /// [`UpdateSchedule::micro_batch_tokens`] counts. `None` (the default): the steps up to each
+    /// row's last valid step of the loss mask.
+    fn row_tokens(&self, _experience: &Self::Experience) -> Option<Vec<usize>> {
+        None
+    }
+
+    /// Whether a pass over a group's rows together costs less than over each apart (an LLM that
+    /// runs a group's shared prompt once): a token budget then keeps each group in one
+    /// micro-batch where it fits. Default false.
+    fn shares_groups(&self) -> bool {
+        false
+    }
 }
 
 fn one() -> usize {
@@ -55,6 +70,14 @@ pub struct UpdateSchedule {
     /// mini-batch.
     #[serde(default)]
     pub micro_batch_rows: usize,
+    /// Positions per forward/backward: a micro-batch's rows × its longest row's tokens
+    /// ([`Actor::row_tokens`]) stays within this, with each mini-batch's rows sorted longest
+    /// first (verl's `use_dynamic_bsz`, `ppo_max_token_len_per_gpu`); 0 = no bound. A row
+    /// longer than the bound is a micro-batch of its own; a group stays whole where it fits and
+    /// the actor shares its prompt ([`Actor::shares_groups`]). With `micro_batch_rows` both
+    /// bounds hold.
+    #[serde(default)]
+    pub micro_batch_tokens: usize,
 }
 
 impl Default for UpdateSchedule {
@@ -63,6 +86,7 @@ impl Default for UpdateSchedule {
             epochs: 1,
             mini_batches: 1,
             micro_batch_rows: 0,
+            micro_batch_tokens: 0,
         }
     }
 }
@@ -128,6 +152,10 @@ pub fn update<A: Actor>(
     let steps = Steps {
         schedule: &cfg.schedule,
         mask: &adv.mask,
+        tokens: (cfg.schedule.micro_batch_tokens > 0)
+            .then(|| actor.row_tokens(experience))
+            .flatten(),
+        groups: actor.shares_groups().then(|| batch.groups.ids()),
         area: "actor",
         loss_key: "actor/loss",
         lr,
@@ -171,6 +199,10 @@ pub(crate) struct Steps<'a> {
     pub(crate) schedule: &'a UpdateSchedule,
     /// `[rows, steps]` valid steps of the whole batch.
     pub(crate) mask: &'a Tensor<2>,
+    /// Per row, the positions a pass computes (the token budget's measure); `None`: the mask's.
+    pub(crate) tokens: Option<Vec<usize>>,
+    /// Per row, its group, where a token budget keeps groups whole ([`Actor::shares_groups`]).
+    pub(crate) groups: Option<&'a [usize]>,
     pub(crate) area: &'static str,
     /// The metric holding the total loss (a non-finite value skips the step).
     pub(crate) loss_key: &'static str,
@@ -206,6 +238,18 @@ impl Steps<'_> {
         // The replicas on the other devices: forked once, their trained weights refreshed after
         // each optimizer step.
         let mut replicas: Vec<M> = group.as_ref().map_or_else(Vec::new, |dp| dp.fork(&model));
+        let max_tokens = self.schedule.micro_batch_tokens;
+        let tokens = match (&self.tokens, max_tokens) {
+            (_, 0) => Vec::new(),
+            (Some(t), _) => t.clone(),
+            (None, _) => mask_lengths(self.mask),
+        };
+        let cut = Cut {
+            max_rows: self.schedule.micro_batch_rows,
+            max_tokens,
+            tokens: &tokens,
+            groups: self.groups,
+        };
         for _ in 0..self.schedule.epochs.max(1) {
             let perm = order(rows);
             for m in 0..mini {
@@ -220,15 +264,11 @@ impl Steps<'_> {
                 if norm.tokens <= 0.0 {
                     continue;
                 }
-                let micro = if self.schedule.micro_batch_rows == 0 {
-                    part.len()
-                } else {
-                    self.schedule.micro_batch_rows
-                };
                 let shard = |replica: &M, k: usize, rows: &[usize]| {
                     let mut acc = GradientsAccumulator::<M>::new();
                     let mut host = Vec::new();
-                    for chunk in rows.chunks(micro) {
+                    for chunk in cut.micro_batches(rows) {
+                        let chunk = chunk.as_slice();
                         let (l, metrics) = loss(replica, k, chunk, &index(chunk, &device), norm)?;
                         acc.accumulate(replica, GradientsParams::from_grads(l.backward(), replica));
                         host.extend(metrics.to_host());

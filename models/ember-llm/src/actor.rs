@@ -155,11 +155,43 @@ impl Actor for Llama {
             kl: None,
         }
     }
+
+    /// Each row's span, its first to its last valid column (prompt and response): the columns a
+    /// pass over that row alone computes (one host read of the mask).
+    fn row_tokens(&self, exp: &LlmExperience) -> Option<Vec<usize>> {
+        let cols = exp.mask.dims()[1];
+        let host = exp.mask.clone().try_into_vec_as::<f32>().ok()?;
+        Some(row_spans(&host, cols))
+    }
+
+    fn shares_groups(&self) -> bool {
+        self.can_share()
+    }
+}
+
+/// Per row of a `[rows, cols]` host mask, last valid column − first valid column + 1 (0 for a
+/// row without one).
+fn row_spans(mask: &[f32], cols: usize) -> Vec<usize> {
+    mask.chunks(cols.max(1))
+        .map(|r| {
+            let first = r.iter().position(|m| *m != 0.0);
+            let last = r.iter().rposition(|m| *m != 0.0);
+            first.zip(last).map_or(0, |(f, l)| l - f + 1)
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::used_columns;
+    use super::{row_spans, used_columns};
+
+    #[test]
+    fn row_spans_run_from_the_first_to_the_last_valid_column() {
+        let m = [
+            0., 1., 1., 1., 0., 0., 0., 0., 1., 0., 1., 0., 0., 0., 0., 0., 0., 0.,
+        ];
+        assert_eq!(row_spans(&m, 6), vec![3, 3, 0]);
+    }
 
     #[test]
     fn used_columns_drop_shared_padding_only() {

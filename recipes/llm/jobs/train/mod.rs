@@ -487,7 +487,8 @@ impl Job<'_> {
         // Mini- and micro-batches of whole groups when the schedule cuts the batch, so that a
         // group's rows share their prompt's pass (`Llama::with_shared_prefix`).
         let ids = batch.groups.ids().to_vec();
-        let cut = self.upd.schedule.mini_batches > 1 || self.upd.schedule.micro_batch_rows > 0;
+        let s = &self.upd.schedule;
+        let cut = s.mini_batches > 1 || s.micro_batch_rows > 0 || s.micro_batch_tokens > 0;
         let whole_groups = cut && self.policy.model.shared_prefix();
         let mut order = |n: usize| match whole_groups && n == ids.len() {
             true => order_rng.group_permutation(&ids),

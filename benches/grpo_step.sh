@@ -7,15 +7,16 @@
 # generation and update seconds, peak resident memory (and Ember's completion tokens/s).
 #
 #   GSM8K_JSONL=path/to/train.jsonl TRL_PYTHON=path/to/venv/bin/python \
-#     benches/grpo_step.sh [new_tokens=64] [prompts=8] [steps=2]
+#     benches/grpo_step.sh [new_tokens=64] [prompts=8] [steps=3]
 #
 # TRL_PYTHON is a Python with torch, transformers, trl, peft and datasets (PyPI); without it
-# only Ember runs. The step figures are each run's last step (the first one warms caches).
+# only Ember runs. The step figures are each run's last step (the first ones warm caches and
+# fault the heap in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEW=${1:-64}
 PROMPTS=${2:-8}
-STEPS=${3:-2}
+STEPS=${3:-3}
 : "${GSM8K_JSONL:?set GSM8K_JSONL to the GSM8K train.jsonl}"
 CACHE=${EMBER_CACHE:-$HOME/.cache/ember}
 OUT=${OUT:-$(mktemp -d)}

@@ -10,8 +10,8 @@
 #     benches/grpo_step.sh [new_tokens=64] [prompts=8] [steps=3]
 #
 # TRL_PYTHON is a Python with torch, transformers, trl, peft and datasets (PyPI); without it
-# only Ember runs. The step figures are each run's last step (the first ones warm caches and
-# fault the heap in).
+# only Ember runs. The step figures are each run's last step, and the mean over its steps after
+# the first (the first ones warm caches and fault the heap in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEW=${1:-64}
@@ -45,7 +45,10 @@ upd = last.get("timing_s/update_actor", 0.0)
 step = last["perf/step_s"]
 tok = last["rollout/response_length"] * int(sys.argv[4]) * 8
 rss = int(open(sys.argv[2]).read().split()[-1]) / 1024
-print(f"{sys.argv[3]:<28} step {step:7.1f} s  gen {gen:6.1f} s  update {upd:6.1f} s  "
+# The mean over the steps after the first (rows[0] is the evaluation before training).
+warm = [r["perf/step_s"] for r in rows if "perf/step_s" in r][1:] or [step]
+print(f"{sys.argv[3]:<28} step {step:7.1f} s  mean after step 1 {sum(warm) / len(warm):7.1f} s  "
+      f"gen {gen:6.1f} s  update {upd:6.1f} s  "
       f"{tok / step:5.1f} tok/s  "
       f"decode_efficiency {last.get('perf/decode_efficiency', float('nan')):.2f}  "
       f"peak {rss:6.0f} MiB")

@@ -125,10 +125,12 @@ def main():
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     print(json.dumps(r))
-    # The last step, in the line format of benches/grpo_step.sh.
+    # The last step and the mean after the first, in the line format of benches/grpo_step.sh.
     step, name = r["step_s"][-1], f"trl gc={r['gradient_checkpointing']}"
+    warm = r["step_s"][1:] or [step]
     print(
-        f"{name:<28} step {step:7.1f} s  gen {r['gen_s'][-1]:6.1f} s  "
+        f"{name:<28} step {step:7.1f} s  mean after step 1 {sum(warm) / len(warm):7.1f} s  "
+        f"gen {r['gen_s'][-1]:6.1f} s  "
         f"update {r['update_s'][-1]:6.1f} s  peak {r['peak_rss_mib']:6.0f} MiB"
     )
 

@@ -47,27 +47,23 @@ impl Cut<'_> {
             u.sort_by_key(|r| std::cmp::Reverse(len(r)));
         }
         units.sort_by_key(|u| std::cmp::Reverse(u.first().map_or(0, len)));
+        // A unit over a bound goes on as single rows (longest first, as sorted above).
+        let pieces = units.into_iter().flat_map(|u| {
+            if fits(u.len(), u.first().map_or(0, len)) {
+                vec![u]
+            } else {
+                u.into_iter().map(|r| vec![r]).collect()
+            }
+        });
         let (mut out, mut cur, mut longest) = (Vec::new(), Vec::new(), 0);
-        for unit in units {
-            let unit_longest = unit.first().map_or(0, len);
-            if !cur.is_empty() && !fits(cur.len() + unit.len(), longest.max(unit_longest)) {
+        for piece in pieces {
+            let piece_longest = piece.first().map_or(0, len);
+            if !cur.is_empty() && !fits(cur.len() + piece.len(), longest.max(piece_longest)) {
                 out.push(std::mem::take(&mut cur));
                 longest = 0;
             }
-            if cur.is_empty() && !fits(unit.len(), unit_longest) {
-                // Longest first: a row's length bounds every later row of the unit.
-                for r in unit {
-                    if !cur.is_empty() && !fits(cur.len() + 1, longest.max(len(&r))) {
-                        out.push(std::mem::take(&mut cur));
-                        longest = 0;
-                    }
-                    longest = longest.max(len(&r));
-                    cur.push(r);
-                }
-                continue;
-            }
-            longest = longest.max(unit_longest);
-            cur.extend(unit);
+            longest = longest.max(piece_longest);
+            cur.extend(piece);
         }
         if !cur.is_empty() {
             out.push(cur);

@@ -239,15 +239,19 @@ impl Steps<'_> {
         // each optimizer step.
         let mut replicas: Vec<M> = group.as_ref().map_or_else(Vec::new, |dp| dp.fork(&model));
         let max_tokens = self.schedule.micro_batch_tokens;
-        let tokens = match (&self.tokens, max_tokens) {
-            (_, 0) => Vec::new(),
-            (Some(t), _) => t.clone(),
-            (None, _) => mask_lengths(self.mask),
+        let from_mask;
+        let tokens: &[usize] = match (&self.tokens, max_tokens) {
+            (_, 0) => &[],
+            (Some(t), _) => t,
+            (None, _) => {
+                from_mask = mask_lengths(self.mask);
+                &from_mask
+            }
         };
         let cut = Cut {
             max_rows: self.schedule.micro_batch_rows,
             max_tokens,
-            tokens: &tokens,
+            tokens,
             groups: self.groups,
         };
         for _ in 0..self.schedule.epochs.max(1) {

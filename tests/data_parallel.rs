@@ -310,15 +310,15 @@ fn step_one(out: &std::path::Path) -> serde_json::Value {
         .unwrap()
 }
 
-/// The main job with `data_parallel.devices = 2` (two replicas on the CPU): its first update's
-/// gradient norm and losses equal the single-device run's; bad settings are named before the
-/// warm-up.
+/// The main job with `data_parallel.cpu_shards = 2` (two replicas on the CPU, as `devices = 2`
+/// there): its first update's gradient norm and losses equal the single-device run's; bad
+/// settings are named before the warm-up.
 #[test]
 fn main_job_with_two_replicas() {
     let base = std::env::temp_dir().join(format!("ember-dp-{}", std::process::id()));
     let (one, two) = (base.join("one"), base.join("two"));
     assert!(train(&one, &[]).status.success());
-    let o = train(&two, &["data_parallel.devices=2"]);
+    let o = train(&two, &["data_parallel.cpu_shards=2"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (a, b) = (step_one(&one), step_one(&two));
     for key in ["actor/grad_norm", "actor/pg_loss", "rollout/reward_mean"] {
@@ -337,6 +337,7 @@ fn main_job_with_two_replicas() {
         ),
         ("data_parallel.reduce=\"all_reduce\"", "CUDA only (NCCL)"),
         ("data_parallel.reduce=\"ring\"", "ring"),
+        ("data_parallel.cpu_shards=2", "set one of them"),
     ] {
         let bad = base.join("bad");
         let o = train(&bad, &["data_parallel.devices=2", set]);
@@ -361,4 +362,8 @@ fn recipes_refuse_data_parallel_where_it_cannot_apply() {
     let e = ember::llm::schema::parse(&main, &["data_parallel.devices=0".to_string()]).unwrap_err();
     assert!(format!("{e:#}").contains("at least 1"), "{e:#}");
     assert!(ember::llm::schema::parse(&main, &["data_parallel.devices=2".to_string()]).is_ok());
+    let e =
+        ember::llm::schema::parse(&main, &["data_parallel.cpu_shards=0".to_string()]).unwrap_err();
+    assert!(format!("{e:#}").contains("cpu_shards = 0"), "{e:#}");
+    assert!(ember::llm::schema::parse(&main, &["data_parallel.cpu_shards=2".to_string()]).is_ok());
 }

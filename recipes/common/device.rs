@@ -135,11 +135,16 @@ pub fn device(name: &str) -> Result<Device, BackendNotCompiled> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataParallelSpec {
-    /// How many devices (1: no data parallelism, unless `reduce = "all_reduce"`). CUDA: `cuda:0` … `cuda:N-1`; CPU: N replicas
-    /// on the one CPU device (the arithmetic of sharding and summing, no speed-up: burn's CPU
-    /// backend already uses every core).
+    /// How many devices (1: no data parallelism, unless `reduce = "all_reduce"`). CUDA: `cuda:0`
+    /// … `cuda:N-1`; CPU: N replicas on the one CPU device, as `cpu_shards`.
     #[serde(default = "crate::common::config::defaults::one")]
     pub devices: usize,
+    /// On the CPU backend, how many shards of each mini-batch run at once, each in its own
+    /// thread on the one CPU device (ignored on GPU backends). burn's CPU kernels run their
+    /// products on every core but their element-wise work on the calling thread, so a second
+    /// shard's element-wise work fills the cores the first leaves idle.
+    #[serde(default = "crate::common::config::defaults::one")]
+    pub cpu_shards: usize,
     /// `auto` (burn's NCCL `all_reduce` on CUDA, `gather` elsewhere), `gather` or `all_reduce`.
     #[serde(default)]
     pub reduce: Reduce,
@@ -149,6 +154,7 @@ impl Default for DataParallelSpec {
     fn default() -> Self {
         Self {
             devices: 1,
+            cpu_shards: 1,
             reduce: Reduce::Auto,
         }
     }
@@ -174,6 +180,12 @@ impl DataParallelSpec {
                 self.devices
             );
         }
+        if !(1..=MAX_DEVICES).contains(&self.cpu_shards) {
+            anyhow::bail!(
+                "data_parallel.cpu_shards = {} must be in 1..={MAX_DEVICES}",
+                self.cpu_shards
+            );
+        }
         Ok(())
     }
 }
@@ -181,9 +193,20 @@ impl DataParallelSpec {
 /// Why a data-parallel group cannot be formed on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DataParallelError {
-    /// `devices = 0`.
-    #[error("data_parallel.devices must be at least 1")]
-    Zero,
+    /// A count of 0 (the key named).
+    #[error("data_parallel.{0} must be at least 1")]
+    Zero(&'static str),
+    /// Both replica counts set on the CPU.
+    #[error(
+        "data_parallel.devices = {devices} and data_parallel.cpu_shards = {cpu_shards}: on the CPU \
+         both count replicas of the one CPU device; set one of them"
+    )]
+    CpuTwice {
+        /// `devices`.
+        devices: usize,
+        /// `cpu_shards`.
+        cpu_shards: usize,
+    },
     /// More devices asked for than the backend has.
     #[error("data_parallel.devices = {asked}, but the {backend} backend has {found} device(s)")]
     TooFew {
@@ -221,14 +244,21 @@ pub fn data_parallel(
     spec: DataParallelSpec,
 ) -> Result<Option<Arc<DataParallel>>, DataParallelError> {
     if spec.devices == 0 {
-        return Err(DataParallelError::Zero);
+        return Err(DataParallelError::Zero("devices"));
     }
-    // One device takes no group, unless `all_reduce` is asked for explicitly: a group of one
-    // still runs the collective path (the check a single-GPU machine can make).
-    if spec.devices == 1 && spec.reduce != Reduce::AllReduce {
-        return Ok(None);
+    if spec.cpu_shards == 0 {
+        return Err(DataParallelError::Zero("cpu_shards"));
     }
     let backend = kind(name).map_err(|e| DataParallelError::Backend(e.to_string()))?;
+    let replicas = match backend {
+        BackendKind::Cpu => cpu_replicas(spec)?,
+        _ => spec.devices,
+    };
+    // One device takes no group, unless `all_reduce` is asked for explicitly: a group of one
+    // still runs the collective path (the check a single-GPU machine can make).
+    if replicas == 1 && spec.reduce != Reduce::AllReduce {
+        return Ok(None);
+    }
     let (devices, reduce) = match backend {
         BackendKind::Wgpu => return Err(DataParallelError::Wgpu),
         BackendKind::Cpu => {
@@ -238,11 +268,23 @@ pub fn data_parallel(
             let d = device(name)
                 .map_err(|e| DataParallelError::Backend(e.to_string()))?
                 .autodiff();
-            (vec![d; spec.devices], Reduce::Gather)
+            (vec![d; replicas], Reduce::Gather)
         }
         BackendKind::Cuda => cuda_devices(spec)?,
     };
     Ok(Some(Arc::new(DataParallel::new(devices, reduce)?)))
+}
+
+/// The replicas of the one CPU device: `devices` or `cpu_shards`, whichever is set.
+fn cpu_replicas(spec: DataParallelSpec) -> Result<usize, DataParallelError> {
+    match (spec.devices, spec.cpu_shards) {
+        (d, 1) => Ok(d),
+        (1, s) => Ok(s),
+        (devices, cpu_shards) => Err(DataParallelError::CpuTwice {
+            devices,
+            cpu_shards,
+        }),
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -296,6 +338,24 @@ mod tests {
             resolve_precision(Precision::F32, BackendKind::Wgpu),
             (Precision::F32, None)
         );
+    }
+
+    #[test]
+    fn cpu_shards_count_replicas_of_the_cpu() {
+        let spec = |devices, cpu_shards| DataParallelSpec {
+            devices,
+            cpu_shards,
+            reduce: Reduce::Auto,
+        };
+        assert_eq!(cpu_replicas(spec(1, 1)), Ok(1));
+        assert_eq!(cpu_replicas(spec(1, 2)), Ok(2));
+        assert_eq!(cpu_replicas(spec(3, 1)), Ok(3));
+        let e = cpu_replicas(spec(2, 2)).unwrap_err();
+        assert!(e.to_string().contains("set one of them"), "{e}");
+        assert!(spec(1, 0).validate().is_err());
+        assert!(spec(1, MAX_DEVICES + 1).validate().is_err());
+        assert!(spec(1, 2).validate().is_ok());
+        assert!(!spec(1, 2).is_default());
     }
 
     #[test]

@@ -9,14 +9,15 @@ use std::time::Instant;
 mod peak {
     use std::arch::x86_64::*;
 
-    /// `n` rounds of `C` independent f32 FMAs on 16 lanes; returns a sum so nothing is elided.
+    /// `n` rounds of `step` on `C` independent accumulators; returns their sum so nothing is
+    /// elided.
     #[target_feature(enable = "avx512f")]
-    pub fn fma<const C: usize>(n: usize) -> f32 {
-        let (a, b) = (_mm512_set1_ps(1.0001), _mm512_set1_ps(0.9999));
+    #[inline]
+    fn chains<const C: usize>(n: usize, step: impl Fn(__m512) -> __m512) -> f32 {
         let mut acc = [_mm512_setzero_ps(); C];
         for _ in 0..n {
             for x in acc.iter_mut() {
-                *x = _mm512_fmadd_ps(a, b, *x);
+                *x = step(*x);
             }
         }
         let mut s = _mm512_setzero_ps();
@@ -26,23 +27,20 @@ mod peak {
         _mm512_reduce_add_ps(s)
     }
 
+    /// `n` rounds of `C` independent f32 FMAs on 16 lanes.
+    #[target_feature(enable = "avx512f")]
+    pub fn fma<const C: usize>(n: usize) -> f32 {
+        let (a, b) = (_mm512_set1_ps(1.0001), _mm512_set1_ps(0.9999));
+        chains::<C>(n, |x| _mm512_fmadd_ps(a, b, x))
+    }
+
     /// `n` rounds of `C` independent `vdpbf16ps` (32 bf16 products summed pairwise into 16 f32
     /// lanes: 64 FLOP each).
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub fn dpbf16<const C: usize>(n: usize) -> f32 {
         let a: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.0001), _mm512_set1_ps(1.0001));
         let b: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.9999), _mm512_set1_ps(0.9999));
-        let mut acc = [_mm512_setzero_ps(); C];
-        for _ in 0..n {
-            for x in acc.iter_mut() {
-                *x = _mm512_dpbf16_ps(*x, a, b);
-            }
-        }
-        let mut s = _mm512_setzero_ps();
-        for x in acc {
-            s = _mm512_add_ps(s, x);
-        }
-        _mm512_reduce_add_ps(s)
+        chains::<C>(n, |x| _mm512_dpbf16_ps(x, a, b))
     }
 }
 

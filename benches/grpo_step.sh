@@ -2,9 +2,9 @@
 # One GRPO step on SmolLM2-135M-Instruct (f32, LoRA r16/alpha32 on the seven projections), P GSM8K
 # prompts x 8 samples, N new tokens, one optimizer step, no KL and no reference model: Ember
 # (`recipes/smollm2-gsm8k-grpo.toml` with the overrides below; as the recipe is, then with one
-# shard of 32-row micro-batches instead of two concurrent CPU shards of 16, then without
-# shared-prefix scoring) and TRL's GRPOTrainer (`benches/grpo_trl.py`: its defaults, then gradient checkpointing
-# off), one after the other on this machine. Prints one line per run: seconds per step,
+# CPU shard of 32-row micro-batches instead of two concurrent shards of 16, then without
+# shared-prefix scoring) and TRL's GRPOTrainer (`benches/grpo_trl.py`: its defaults, then
+# gradient checkpointing off), one after the other on this machine. Prints one line per run: seconds per step,
 # generation and update seconds, peak resident memory (and Ember's completion tokens/s).
 #
 #   GSM8K_JSONL=path/to/train.jsonl TRL_PYTHON=path/to/venv/bin/python \
@@ -58,7 +58,7 @@ EOF
 }
 
 ember_run "ember shared-prefix"
-ember_run "ember one shard" --set data_parallel.cpu_shards=1 --set train.micro_batch_rows=32
+ember_run "ember one shard" --set data_parallel.cpu_shards=1
 ember_run "ember unshared" --set shared_prefix=false
 
 if [ -n "${TRL_PYTHON:-}" ]; then

@@ -32,11 +32,21 @@ thread_local! {
     static SCORED: std::cell::RefCell<Vec<Vec<usize>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The rows of each `Toy::score` call made on any thread of a batch of [`SHARED_ROWS`] rows (the
+/// replicas' micro-batches; no other test uses that many rows).
+static SCORED_SHARED: std::sync::Mutex<Vec<Vec<usize>>> = std::sync::Mutex::new(Vec::new());
+const SHARED_ROWS: usize = 14;
+
 impl Actor for Toy {
     type Experience = Tensor<2>;
 
     fn score(&self, x: &Tensor<2>, rows: &[usize], _: bool) -> Scored {
         SCORED.with(|s| s.borrow_mut().push(rows.to_vec()));
+        if x.dims()[0] == SHARED_ROWS
+            && let Ok(mut s) = SCORED_SHARED.lock()
+        {
+            s.push(rows.to_vec());
+        }
         let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &x.device());
         let x = x.clone().select(0, idx);
@@ -231,6 +241,29 @@ fn token_budget_micro_batches_update_as_the_whole_batch() {
         let (dp, _) = run(&c, Some(cpu_group(&d, 2)), &cfg);
         assert!(max_diff(&whole, &dp) < 2e-6);
     }
+}
+
+/// Replicas sharing one device share its micro-batch bounds: two CPU replicas of a 4-row bound
+/// pass 2 rows at a time (what the device holds at once is unchanged), and the update still
+/// equals one device's.
+#[test]
+fn replicas_on_one_device_share_its_micro_batch_bounds() {
+    let d = Device::default().autodiff();
+    assert_eq!(cpu_group(&d, 2).on_first_device(), 2);
+    let c = case(&d, SHARED_ROWS);
+    let cfg = schedule(1, 1, 4);
+    let (one, _) = run(&c, None, &cfg);
+    SCORED_SHARED.lock().unwrap().clear();
+    let (dp, _) = run(&c, Some(cpu_group(&d, 2)), &cfg);
+    let calls = std::mem::take(&mut *SCORED_SHARED.lock().unwrap());
+    assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), SHARED_ROWS);
+    assert!(calls.iter().all(|r| r.len() <= 2), "{calls:?}");
+    assert_eq!(
+        calls.len(),
+        8,
+        "two shards of 7 rows, 2 rows a pass: {calls:?}"
+    );
+    assert!(max_diff(&one, &dp) < 2e-6);
 }
 
 #[test]

@@ -139,6 +139,15 @@ impl DataParallel {
         &self.devices
     }
 
+    /// How many replicas run on the model's device (the first), itself included: more than one
+    /// where replicas share a device, as CPU shards do.
+    pub fn on_first_device(&self) -> usize {
+        self.devices
+            .iter()
+            .filter(|d| **d == self.devices[0])
+            .count()
+    }
+
     /// The reduction in use (`Gather` or `AllReduce`).
     pub fn reduce(&self) -> Reduce {
         self.reduce

@@ -67,7 +67,8 @@ pub struct UpdateSchedule {
     #[serde(default = "one")]
     pub mini_batches: usize,
     /// Rows per forward/backward (gradient accumulation inside a mini-batch); 0 = whole
-    /// mini-batch.
+    /// mini-batch. This and `micro_batch_tokens` bound what one device holds at once: where
+    /// data-parallel replicas share a device (CPU shards), each gets its share of them.
     #[serde(default)]
     pub micro_batch_rows: usize,
     /// Positions per forward/backward: a micro-batch's rows × its longest row's tokens
@@ -238,7 +239,10 @@ impl Steps<'_> {
         // The replicas on the other devices: forked once, their trained weights refreshed after
         // each optimizer step.
         let mut replicas: Vec<M> = group.as_ref().map_or_else(Vec::new, |dp| dp.fork(&model));
-        let max_tokens = self.schedule.micro_batch_tokens;
+        // Replicas sharing the model's device run their passes at once: they share its bounds.
+        let sharing = group.as_ref().map_or(1, |dp| dp.on_first_device());
+        let share = |bound: usize| bound.div_ceil(sharing);
+        let max_tokens = share(self.schedule.micro_batch_tokens);
         let from_mask;
         let tokens: &[usize] = match (&self.tokens, max_tokens) {
             (_, 0) => &[],
@@ -249,7 +253,7 @@ impl Steps<'_> {
             }
         };
         let cut = Cut {
-            max_rows: self.schedule.micro_batch_rows,
+            max_rows: share(self.schedule.micro_batch_rows),
             max_tokens,
             tokens,
             groups: self.groups,

@@ -15,7 +15,7 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, SamplingConfig};
-use ember_run::{Run, RunOptions, checkpoint, fmt_metric};
+use ember_run::{Row, Run, RunOptions, checkpoint, fmt_metric};
 use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::{Environment, EpisodeSource};
@@ -100,17 +100,8 @@ fn mean(v: &[f32]) -> f64 {
 /// Trains `r` into `out`: set-up, then per step episodes → advantages → update (whole
 /// trajectories or turn by turn) → log, evaluation and checkpoint, then the summary.
 pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSummary> {
-    let mut job = AgentJob::new(r, out, opts)?;
-    let mut interrupted = false;
-    for step in job.run.first_step()..r.train.run.steps {
-        let stop;
-        (job, stop) = job.step(step)?;
-        if stop {
-            interrupted = true;
-            break;
-        }
-    }
-    job.finish(interrupted)
+    let job = AgentJob::new(r, out, opts)?;
+    ember_run::drive(job, Instant::now())
 }
 
 /// The run between steps: what every step uses and what a checkpoint holds.
@@ -131,9 +122,6 @@ struct AgentJob<'a> {
     after: f64,
     steps_done: usize,
 }
-
-/// A step's metrics row.
-type Row = BTreeMap<String, f64>;
 
 impl<'a> AgentJob<'a> {
     /// The run directory, environment and policy (warmed up and evaluated, or resumed), the
@@ -195,44 +183,6 @@ impl<'a> AgentJob<'a> {
             before,
             after,
         })
-    }
-
-    /// One RL step; returns whether the run stops after it.
-    fn step(mut self, step: usize) -> Result<(Self, bool)> {
-        let t_step = Instant::now();
-        let rng_at_start = self.rng.0;
-        let mut row = Row::new();
-        // An error before the update leaves the weights as the last completed step left them,
-        // so the run writes that step's checkpoint before it ends.
-        let (t, x, batch) = match self.play() {
-            Ok(p) => p,
-            Err(e) => {
-                let done = self.steps_done;
-                let state = self.run.state(done, rng_at_start, self.before, self.after);
-                let (policy, optim) = (&self.policy, &self.optim);
-                return Err(self.run.checkpoint_after_error(done, e, |d| {
-                    checkpoint::write_records(d, model_record(policy), optim, &state)
-                }));
-            }
-        };
-        let t_gen = t_step.elapsed().as_secs_f64();
-        trajectory_metrics(&mut row, step, &t);
-        let t_update = Instant::now();
-        self = self.update(step, &x, &batch, &mut row)?;
-        let _ = self.ad.sync();
-        let secs = t_step.elapsed().as_secs_f64();
-        let tokens: f64 = policy_tokens(&t);
-        row.insert("timing_s/gen".into(), t_gen - t.env_seconds);
-        row.insert("timing_s/env".into(), t.env_seconds);
-        row.insert(
-            "timing_s/update_actor".into(),
-            t_update.elapsed().as_secs_f64(),
-        );
-        row.insert("perf/step_s".into(), secs);
-        row.insert("perf/tokens_per_s".into(), tokens / secs);
-        row.insert("perf/env_share".into(), t.env_seconds / secs);
-        let stop = self.end_step(step, row, &t)?;
-        Ok((self, stop))
     }
 
     /// A step's episodes and their batch: the turn rewards sit on each turn's last token; the
@@ -388,29 +338,6 @@ impl<'a> AgentJob<'a> {
             checkpoint::write_records(d, model_record(policy), optim, &state)
         })
     }
-
-    /// The summary.
-    fn finish(mut self, interrupted: bool) -> Result<AgentSummary> {
-        let r = self.r;
-        let (before, after) = (self.before, self.after);
-        self.run.finish(&serde_json::json!({
-            "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
-            "success_before": before, "success_after": after,
-            "steps_done": self.steps_done, "interrupted": interrupted,
-        }))?;
-        if !interrupted {
-            self.run.say(&format!(
-                "held-out success {before:.3} -> {after:.3}; run directory {}",
-                self.out.display()
-            ));
-        }
-        Ok(AgentSummary {
-            success_before: before,
-            success_after: after,
-            steps_done: self.steps_done,
-            interrupted,
-        })
-    }
 }
 
 /// Policy tokens generated.
@@ -455,4 +382,73 @@ fn shown(t: &Trajectories, n: usize) -> Vec<serde_json::Map<String, serde_json::
             m
         })
         .collect()
+}
+
+impl ember_run::Job for AgentJob<'_> {
+    type Summary = AgentSummary;
+
+    fn run(&self) -> &ember_run::Run {
+        &self.run
+    }
+
+    /// One RL step; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t_step = Instant::now();
+        let rng_at_start = self.rng.0;
+        let mut row = Row::new();
+        // An error before the update leaves the weights as the last completed step left them,
+        // so the run writes that step's checkpoint before it ends.
+        let (t, x, batch) = match self.play() {
+            Ok(p) => p,
+            Err(e) => {
+                let done = self.steps_done;
+                let state = self.run.state(done, rng_at_start, self.before, self.after);
+                let (policy, optim) = (&self.policy, &self.optim);
+                return Err(self.run.checkpoint_after_error(done, e, |d| {
+                    checkpoint::write_records(d, model_record(policy), optim, &state)
+                }));
+            }
+        };
+        let t_gen = t_step.elapsed().as_secs_f64();
+        trajectory_metrics(&mut row, step, &t);
+        let t_update = Instant::now();
+        self = self.update(step, &x, &batch, &mut row)?;
+        let _ = self.ad.sync();
+        let secs = t_step.elapsed().as_secs_f64();
+        let tokens: f64 = policy_tokens(&t);
+        row.insert("timing_s/gen".into(), t_gen - t.env_seconds);
+        row.insert("timing_s/env".into(), t.env_seconds);
+        row.insert(
+            "timing_s/update_actor".into(),
+            t_update.elapsed().as_secs_f64(),
+        );
+        row.insert("perf/step_s".into(), secs);
+        row.insert("perf/tokens_per_s".into(), tokens / secs);
+        row.insert("perf/env_share".into(), t.env_seconds / secs);
+        let stop = self.end_step(step, row, &t)?;
+        Ok((self, stop))
+    }
+
+    /// The summary.
+    fn finish(mut self, interrupted: bool, _seconds: f64) -> Result<AgentSummary> {
+        let r = self.r;
+        let (before, after) = (self.before, self.after);
+        self.run.finish(&serde_json::json!({
+            "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
+            "success_before": before, "success_after": after,
+            "steps_done": self.steps_done, "interrupted": interrupted,
+        }))?;
+        if !interrupted {
+            self.run.say(&format!(
+                "held-out success {before:.3} -> {after:.3}; run directory {}",
+                self.out.display()
+            ));
+        }
+        Ok(AgentSummary {
+            success_before: before,
+            success_after: after,
+            steps_done: self.steps_done,
+            interrupted,
+        })
+    }
 }

@@ -13,10 +13,9 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor};
 use ember_control::{Adversary, ControlExperience, Env, Rollout, Side, rollout};
 use ember_engine::*;
-use ember_run::{Run, RunOptions, fmt_metric};
+use ember_run::{Row, Run, RunOptions, fmt_metric};
 use ember_train::{CriticBatch, LrSchedule, UpdateConfig, critic_update, update};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -44,16 +43,8 @@ pub struct ControlSummary {
 
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &ControlRecipe, out: &Path, opts: &RunOptions) -> Result<ControlSummary> {
-    let mut job = ControlJob::new(r, out, opts)?;
-    let t0 = Instant::now();
-    let mut interrupted = false;
-    for step in job.run.first_step()..r.ppo.run.steps {
-        if job.step(step)? {
-            interrupted = true;
-            break;
-        }
-    }
-    job.finish(interrupted, t0.elapsed().as_secs_f64())
+    let job = ControlJob::new(r, out, opts)?;
+    ember_run::drive(job, Instant::now())
 }
 
 /// The run between iterations.
@@ -83,32 +74,9 @@ struct Experience {
     values: Tensor<2>,
 }
 
-type Row = BTreeMap<String, f64>;
-
 impl ControlJob<'_> {
     fn new<'a>(r: &'a ControlRecipe, out: &'a Path, opts: &RunOptions) -> Result<ControlJob<'a>> {
         Setup::new(r, out, opts)?.start()
-    }
-
-    /// One iteration; returns whether the run stops after it.
-    fn step(&mut self, step: usize) -> Result<bool> {
-        let t = Instant::now();
-        let mut row = Row::new();
-        let (n_mu, n_nu) = self
-            .r
-            .adversary()
-            .map_or((1, 0), |a| (a.protagonist_iters, a.adversary_iters));
-        for _ in 0..n_mu {
-            self.round(step, Side::Protagonist, &mut row)?;
-        }
-        for _ in 0..n_nu {
-            self.round(step, Side::Adversary, &mut row)?;
-        }
-        let done = step + 1;
-        self.steps_done = done;
-        row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
-        self.end_step(done, row)
     }
 
     /// One rollout of both players and the update of `learner` (its metrics prefixed
@@ -274,32 +242,6 @@ impl ControlJob<'_> {
         self.run
             .end_step(end, row, evaluated, &stats, |d| save_state(d, p, a, &ts))
     }
-
-    /// The robustness grid and the summary.
-    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<ControlSummary> {
-        let r = self.r;
-        let mu = self.protagonist.policy.valid();
-        let grid = robustness(&mu, r, self.horizon, &self.base)?;
-        let rounds = r
-            .adversary()
-            .map_or(1, |a| a.protagonist_iters + a.adversary_iters);
-        let summary = ControlSummary {
-            name: r.name.clone(),
-            before: self.before,
-            after: self.after,
-            steps: self.steps_done,
-            env_steps: self.steps_done * rounds * r.env.episodes * self.horizon,
-            seconds,
-            interrupted,
-            robustness: grid,
-        };
-        self.run.finish(&serde_json::to_value(&summary)?)?;
-        self.run.say(&format!(
-            "evaluation return {:.1} -> {:.1} ({} iterations, {} environment steps, {:.0} s)",
-            summary.before, summary.after, summary.steps, summary.env_steps, seconds
-        ));
-        Ok(summary)
-    }
 }
 
 /// The rollout's metrics (`rollout/*` of the protagonist's reward; the learner's std).
@@ -382,4 +324,60 @@ fn update_player(
     player.critic = c;
     row.extend(stats.metrics);
     Ok(())
+}
+
+impl ember_run::Job for ControlJob<'_> {
+    type Summary = ControlSummary;
+
+    fn run(&self) -> &ember_run::Run {
+        &self.run
+    }
+
+    /// One iteration; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t = Instant::now();
+        let mut row = Row::new();
+        let (n_mu, n_nu) = self
+            .r
+            .adversary()
+            .map_or((1, 0), |a| (a.protagonist_iters, a.adversary_iters));
+        for _ in 0..n_mu {
+            self.round(step, Side::Protagonist, &mut row)?;
+        }
+        for _ in 0..n_nu {
+            self.round(step, Side::Adversary, &mut row)?;
+        }
+        let done = step + 1;
+        self.steps_done = done;
+        row.insert("step".into(), done as f64);
+        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        let stop = self.end_step(done, row)?;
+        Ok((self, stop))
+    }
+
+    /// The robustness grid and the summary.
+    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<ControlSummary> {
+        let r = self.r;
+        let mu = self.protagonist.policy.valid();
+        let grid = robustness(&mu, r, self.horizon, &self.base)?;
+        let rounds = r
+            .adversary()
+            .map_or(1, |a| a.protagonist_iters + a.adversary_iters);
+        let summary = ControlSummary {
+            name: r.name.clone(),
+            before: self.before,
+            after: self.after,
+            steps: self.steps_done,
+            env_steps: self.steps_done * rounds * r.env.episodes * self.horizon,
+            seconds,
+            interrupted,
+            robustness: grid,
+        };
+        self.run.finish(&serde_json::to_value(&summary)?)?;
+        self.run.say(&format!(
+            "evaluation return {:.1} -> {:.1} ({} iterations, {} environment steps, {:.0} s)",
+            summary.before, summary.after, summary.steps, summary.env_steps, seconds
+        ));
+        Ok(summary)
+    }
 }

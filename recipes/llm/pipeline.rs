@@ -10,7 +10,7 @@
 
 use super::remote::Remote;
 use super::replay::Limits;
-use super::step::{Row, responses_and_log_probs, rows_generation};
+use super::step::{TokenRow, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use ember_llm::{Generation, Llama, SamplingConfig, generate};
@@ -382,8 +382,8 @@ impl SavedDraw {
 
     /// The rollout laid out as the sampler lays it out.
     fn generation(&self, device: &Device) -> Generation {
-        let rows: Vec<Row> = (0..self.group_ids.len())
-            .map(|i| Row {
+        let rows: Vec<TokenRow> = (0..self.group_ids.len())
+            .map(|i| TokenRow {
                 prompt: &self.prompts[self.group_ids[i]],
                 response: &self.responses[i],
                 log_probs: Some(&self.log_probs[i]),

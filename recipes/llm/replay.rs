@@ -4,7 +4,7 @@
 //! correct their staleness), then the step's own hard groups are admitted. The buffer is
 //! written into every checkpoint (`replay.json`), so a resumed run replays the same groups.
 
-use crate::llm::step::{Row, responses_and_log_probs, rows_generation};
+use crate::llm::step::{TokenRow, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use ember_engine::*;
@@ -238,7 +238,7 @@ fn replayed(
     for (gi, e) in entries.iter().enumerate() {
         let s = &e.group;
         for (j, resp) in s.responses.iter().enumerate() {
-            rows.push(Row {
+            rows.push(TokenRow {
                 prompt: &s.prompt,
                 response: resp,
                 log_probs: Some(&s.log_probs[j]),

@@ -203,7 +203,7 @@ pub(crate) fn row_means(x: &Tensor<2>, mask: &Tensor<2>, rows: &[usize]) -> Vec<
 
 /// One row of a generation built from token ids: a prompt, a response and (optionally) the
 /// sampler's log-prob of each response token.
-pub struct Row<'a> {
+pub struct TokenRow<'a> {
     /// Prompt ids.
     pub prompt: &'a [u32],
     /// Response ids.
@@ -243,7 +243,7 @@ pub fn responses_and_log_probs(g: &Generation) -> Result<(Vec<Vec<u32>>, RowLogP
 ///
 /// # Panics
 /// When `rows` is empty or `group_ids` has another length.
-pub fn rows_generation(rows: &[Row], group_ids: Vec<usize>, device: &Device) -> Generation {
+pub fn rows_generation(rows: &[TokenRow], group_ids: Vec<usize>, device: &Device) -> Generation {
     assert!(!rows.is_empty() && rows.len() == group_ids.len());
     let p = rows
         .iter()

@@ -15,20 +15,19 @@
 use crate::common::run::open_run;
 use crate::llm::schema::Recipe;
 use crate::llm::schema::{OfflineSpec, Pairs};
-use crate::llm::step::{Row, rows_generation};
+use crate::llm::step::{TokenRow, rows_generation};
 use crate::llm::{Policy, evaluate, load_checkpoint, model_record, read_reference, warm_up};
 use crate::llm::{build_policy, write_final};
-use crate::offline::data::{TokGroup, keep_first, load, tokenize};
+use crate::offline::data::{TokGroup, Unit, keep_first, load, tokenize};
+use crate::offline::objective::{Scorer, group_micro_rows, objective_step};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
-use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor};
-use ember_engine::*;
+use burn::tensor::Device;
 use ember_llm::Llama;
 use ember_llm::actor::LlmExperience;
-use ember_run::{Run, RunOptions, checkpoint};
+use ember_run::{Row, Run, RunOptions, checkpoint};
 use ember_tasks::task::{Example, Rng, TaskSet};
-use ember_train::{Actor, UpdateConfig, UpdateSchedule, update};
+use ember_train::LrSchedule;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -52,150 +51,202 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         .context("the recipe has no [offline] table")?;
     let start = Instant::now();
     let curves = ("offline/loss", "eval/accuracy");
-    let mut run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
+    let run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
-    let eval = task.held_out_set(r.seed, r.task.eval_size);
     let base = crate::common::device::device(&r.device)?;
-    let ad = base.clone().autodiff();
     // `targets = "plop"`: chosen now, or read back when resuming.
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
-    let r = &placed;
-    let max_new = r.rollout.max_new_tokens;
-    let policy = build_policy(r, &ad)?;
-    // The data first (its tokens do not depend on the weights): a bad file fails before the
-    // warm-up.
-    let Dataset {
-        path,
-        groups,
-        units,
-        usable,
-    } = dataset(spec, &policy, max_new)?;
-    let pairwise = spec.objective.pairwise();
-    let reference_path = out.join("reference.bpk");
-    let (policy, mut rng, accuracy_before, mut accuracy_after) = begin(
-        &mut run,
-        policy,
-        (r, &task, &eval),
-        &reference_path,
-        (&base, &ad),
-    )?;
-    let mut policy = policy;
-    run.say(&format!(
-        "held-out accuracy at the start: {accuracy_before:.3}"
-    ));
-    let reference = match policy.lora {
-        None => Some(read_reference(r, &policy, &reference_path, &ad)?),
-        Some(_) => None,
+    let at = Place {
+        r: &placed,
+        spec,
+        out,
     };
+    let job = OfflineJob::new(at, run, &task, base)?;
+    ember_run::drive(job, start)
+}
 
-    // The reference is frozen: its log-probs of every usable response are scored once.
-    let ref_lp = reference_log_probs(&groups, &usable, reference.as_ref(), &policy, &base)?;
-    let weights = priorities(spec, &groups, &units);
-    let what = if pairwise.is_some() {
-        "pairs"
-    } else {
-        "groups"
-    };
-    run.say(&format!(
-        "{} prompts in {}, {} usable for {} ({} {what})",
-        groups.len(),
-        path.display(),
-        usable.len(),
-        spec.objective.name(),
-        units.len(),
-    ));
-    let mut optim = r.train.optim.init();
-    if let Some((dir, _)) = run.resumed() {
-        optim = checkpoint::load_optimizer(dir, optim)?;
+/// What an offline run is of: the recipe (its LoRA targets placed), its `[offline]` table, and
+/// the run directory.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    r: &'a Recipe,
+    spec: &'a OfflineSpec,
+    out: &'a Path,
+}
+
+/// The offline run between steps: the data and what a step draws from it, the frozen
+/// reference's log-probs, the policy and its optimizer.
+struct OfflineJob<'a> {
+    at: Place<'a>,
+    run: Run,
+    eval: Vec<Example>,
+    base: Device,
+    ad: Device,
+    policy: Policy,
+    optim: ember_train::Optimizer,
+    schedule: LrSchedule,
+    rng: Rng,
+    groups: Vec<TokGroup>,
+    units: Vec<Unit>,
+    /// A-LoL's draw weights (each unit's positive advantage mass).
+    weights: Option<Vec<f64>>,
+    /// The reference's log-probs of every usable response, scored once.
+    ref_lp: Vec<Vec<Vec<f32>>>,
+    /// Prompts with something to draw.
+    usable: usize,
+    accuracy_before: f64,
+    accuracy_after: f64,
+    steps_done: usize,
+}
+
+impl<'a> OfflineJob<'a> {
+    /// The data tokenized (before the warm-up: its tokens do not depend on the weights, and a
+    /// bad file fails first), the policy warmed up or resumed, the reference scored.
+    fn new(at: Place<'a>, mut run: Run, task: &TaskSet, base: Device) -> Result<Self> {
+        let Place { r, spec, out } = at;
+        let eval = task.held_out_set(r.seed, r.task.eval_size);
+        let ad = base.clone().autodiff();
+        let policy = build_policy(r, &ad)?;
+        let data = dataset(spec, &policy, r.rollout.max_new_tokens)?;
+        let reference_path = out.join("reference.bpk");
+        let (policy, rng, accuracy_before, accuracy_after) = begin(
+            &mut run,
+            policy,
+            (r, task, &eval),
+            &reference_path,
+            (&base, &ad),
+        )?;
+        run.say(&format!(
+            "held-out accuracy at the start: {accuracy_before:.3}"
+        ));
+        let reference = match policy.lora {
+            None => Some(read_reference(r, &policy, &reference_path, &ad)?),
+            Some(_) => None,
+        };
+        let Dataset {
+            path,
+            groups,
+            units,
+            usable,
+        } = data;
+        let ref_lp = reference_log_probs(&groups, &usable, reference.as_ref(), &policy, &base)?;
+        let what = match spec.objective.pairwise() {
+            Some(_) => "pairs",
+            None => "groups",
+        };
+        run.say(&format!(
+            "{} prompts in {}, {} usable for {} ({} {what})",
+            groups.len(),
+            path.display(),
+            usable.len(),
+            spec.objective.name(),
+            units.len(),
+        ));
+        let mut optim = r.train.optim.init();
+        if let Some((dir, _)) = run.resumed() {
+            optim = checkpoint::load_optimizer(dir, optim)?;
+        }
+        Ok(OfflineJob {
+            at,
+            eval,
+            ad,
+            optim,
+            schedule: r.train.schedule.schedule(r.train.run.steps),
+            rng,
+            weights: priorities(spec, &groups, &units),
+            groups,
+            units,
+            ref_lp,
+            usable: usable.len(),
+            accuracy_before,
+            accuracy_after,
+            steps_done: run.first_step(),
+            run,
+            base,
+            policy,
+        })
     }
-    let schedule = r.train.schedule.schedule(r.train.run.steps);
+}
 
-    let mut steps_done = run.first_step();
-    let mut interrupted = false;
-    for step in run.first_step()..r.train.run.steps {
+impl ember_run::Job for OfflineJob<'_> {
+    type Summary = Summary;
+
+    fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// A batch of pairs or groups → the objective's loss → one optimizer step → log,
+    /// evaluation and checkpoint.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let Place { r, spec, .. } = self.at;
         let t_step = Instant::now();
-        let lr = schedule.at(step);
+        let lr = self.schedule.at(step);
+        let n = self.units.len();
         let picked: Vec<Unit> = (0..spec.batch)
-            .map(|_| units[draw(&mut rng, units.len(), weights.as_deref())])
+            .map(|_| self.units[draw(&mut self.rng, n, self.weights.as_deref())])
             .collect();
-        let mut row = BTreeMap::from([
+        let mut row = Row::from([
             ("step".to_string(), (step + 1) as f64),
             ("actor/lr".to_string(), lr),
         ]);
         let refm = Scorer {
-            ref_lp: &ref_lp,
-            policy: &policy,
-            base: &base,
-            ad: &ad,
+            ref_lp: &self.ref_lp,
+            policy: &self.policy,
+            base: &self.base,
+            ad: &self.ad,
             micro_rows: group_micro_rows(r.train.update.micro_batch_rows),
         };
-        let (m, loss) = objective_step(&refm, &groups, &picked, spec, &mut optim, lr)?;
-        policy.model = m;
+        let (m, loss) = objective_step(&refm, &self.groups, &picked, spec, &mut self.optim, lr)?;
+        self.policy.model = m;
         row.extend(loss);
         row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
 
-        let end = run.step_end(step + 1);
+        let end = self.run.step_end(step + 1);
         let evaluated =
             (step + 1).is_multiple_of(r.train.run.eval_every) || step + 1 == r.train.run.steps;
         if evaluated {
-            accuracy_after = evaluate(&policy, &eval, max_new, &base)?;
-            row.insert("eval/accuracy".into(), accuracy_after);
+            let max_new = r.rollout.max_new_tokens;
+            self.accuracy_after = evaluate(&self.policy, &self.eval, max_new, &self.base)?;
+            row.insert("eval/accuracy".into(), self.accuracy_after);
         }
-        steps_done = step + 1;
-        let state = run.state(steps_done, rng.0, accuracy_before, accuracy_after);
+        self.steps_done = step + 1;
+        let (before, after) = (self.accuracy_before, self.accuracy_after);
+        let state = self.run.state(self.steps_done, self.rng.0, before, after);
         let stats = format!(
-            "loss {:.4} acc {accuracy_after:.3}",
+            "loss {:.4} acc {after:.3}",
             row.get("offline/loss").copied().unwrap_or(f64::NAN)
         );
-        let stop = run.end_step(end, row, evaluated, &stats, |d| {
-            checkpoint::write_records(d, model_record(&policy), &optim, &state)
+        let (policy, optim) = (&self.policy, &self.optim);
+        let stop = self.run.end_step(end, row, evaluated, &stats, |d| {
+            checkpoint::write_records(d, model_record(policy), optim, &state)
         })?;
-        if stop {
-            interrupted = true;
-            break;
-        }
+        Ok((self, stop))
     }
-    let what = (usable.len(), units.len(), steps_done, interrupted);
-    finish(
-        run,
-        &policy,
-        (r, spec, out),
-        (accuracy_before, accuracy_after),
-        what,
-        start,
-    )
-}
 
-/// The end: the final model (unless stopped), the summary; `(prompts usable, draws, steps
-/// done, interrupted)`.
-fn finish(
-    mut run: Run,
-    policy: &Policy,
-    (r, spec, out): (&Recipe, &OfflineSpec, &Path),
-    (accuracy_before, accuracy_after): (f64, f64),
-    (usable, draws, steps_done, interrupted): (usize, usize, usize, bool),
-    start: Instant,
-) -> Result<Summary> {
-    if !interrupted {
-        write_final(policy, r, out)?;
+    /// The end: the final model (unless stopped), the summary.
+    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<Summary> {
+        let Place { r, spec, out } = self.at;
+        if !interrupted {
+            write_final(&self.policy, r, out)?;
+        }
+        let (accuracy_before, accuracy_after) = (self.accuracy_before, self.accuracy_after);
+        self.run.finish(&serde_json::json!({
+            "name": r.name, "objective": spec.objective.name(), "seed": r.seed,
+            "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+            "seconds": seconds, "steps_done": self.steps_done, "interrupted": interrupted,
+            "prompts_usable": self.usable, "draws": self.units.len(),
+        }))?;
+        if !interrupted {
+            self.run.say(&format!(
+                "held-out accuracy {accuracy_before:.3} -> {accuracy_after:.3} in {seconds:.0} s"
+            ));
+        }
+        Ok(Summary {
+            accuracy_before,
+            accuracy_after,
+            interrupted,
+        })
     }
-    let seconds = start.elapsed().as_secs_f64();
-    run.finish(&serde_json::json!({
-        "name": r.name, "objective": spec.objective.name(), "seed": r.seed,
-        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
-        "seconds": seconds, "steps_done": steps_done, "interrupted": interrupted,
-        "prompts_usable": usable, "draws": draws,
-    }))?;
-    if !interrupted {
-        run.say(&format!(
-            "held-out accuracy {accuracy_before:.3} -> {accuracy_after:.3} in {seconds:.0} s"
-        ));
-    }
-    Ok(Summary {
-        accuracy_before,
-        accuracy_after,
-        interrupted,
-    })
 }
 
 /// The offline data as a run uses it: its path, the tokenized groups, what a step draws, and
@@ -313,26 +364,6 @@ fn priorities(spec: &OfflineSpec, groups: &[TokGroup], units: &[Unit]) -> Option
         .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect())
 }
 
-/// One optimizer step of the objective on the drawn units: pairwise or group.
-fn objective_step(
-    refm: &Scorer,
-    groups: &[TokGroup],
-    picked: &[Unit],
-    spec: &OfflineSpec,
-    optim: &mut ember_train::Optimizer,
-    lr: f64,
-) -> Result<(Llama, BTreeMap<String, f64>)> {
-    match (spec.objective.pairwise(), spec.objective.group()) {
-        (Some(kind), _) => pair_step(refm, groups, picked, &kind, spec, optim, lr),
-        (None, Some((adv_cfg, loss))) => group_step(refm, groups, picked, adv_cfg, loss, optim, lr),
-        (None, None) => bail!("objective {:?} has no loss", spec.objective.name()),
-    }
-}
-
-/// What a step draws: a group, and for the pairwise objectives one of its (chosen, rejected)
-/// pairs.
-use crate::offline::data::Unit;
-
 /// Σ_i max(0, R_i − mean R) over a group's valid rewards.
 fn positive_mass(g: &TokGroup) -> f64 {
     let v: Vec<f64> = g
@@ -381,9 +412,9 @@ fn reference_log_probs(
         .collect();
     let sampler = policy.model.valid();
     for chunk in all.chunks(CHUNK) {
-        let rows: Vec<Row> = chunk
+        let rows: Vec<TokenRow> = chunk
             .iter()
-            .map(|&(gi, ri)| Row {
+            .map(|&(gi, ri)| TokenRow {
                 prompt: &groups[gi].prompt,
                 response: &groups[gi].responses[ri],
                 log_probs: None,
@@ -415,165 +446,4 @@ fn reference_log_probs(
         }
     }
     Ok(out)
-}
-
-/// What a step scores with: the reference's stored log-probs, the policy, the devices, and the
-/// rows per forward/backward of a group step.
-struct Scorer<'a> {
-    ref_lp: &'a [Vec<Vec<f32>>],
-    policy: &'a Policy,
-    base: &'a Device,
-    ad: &'a Device,
-    micro_rows: usize,
-}
-
-/// Rows per forward/backward of a group objective's step: `train.micro_batch_rows`, or 256 when
-/// it is 0. A step takes every response of its groups, and a dataset may give one prompt
-/// thousands of them: one pass over all of them held memory in proportion (8.2 GB for 20 000
-/// responses × 4 draws), where micro-batches accumulate the same gradient in bounded memory.
-fn group_micro_rows(configured: usize) -> usize {
-    if configured == 0 { 256 } else { configured }
-}
-
-impl Scorer<'_> {
-    /// Response `ri` of group `gi` as a row carrying the reference's log-probs.
-    fn row<'g>(&'g self, groups: &'g [TokGroup], gi: usize, ri: usize) -> Row<'g> {
-        Row {
-            prompt: &groups[gi].prompt,
-            response: &groups[gi].responses[ri],
-            log_probs: Some(&self.ref_lp[gi][ri]),
-            truncated: false,
-        }
-    }
-
-    /// The rows as experience on the training device, and the reference's per-token log-probs
-    /// `[rows, n]` (from the rows; 0 on padding).
-    fn rows(&self, rows: &[Row], groups: Vec<usize>) -> Result<(LlmExperience, Tensor<2>)> {
-        let g = rows_generation(rows, groups, self.base);
-        let (seq, mask) = g.sequences();
-        let exp = LlmExperience {
-            tokens: seq.to_device(self.ad),
-            mask: mask.to_device(self.ad),
-            response_len: g.tokens.dims()[1],
-            temperature: 1.0,
-            adapters: true,
-        };
-        Ok((exp, g.log_probs.to_device(self.ad)))
-    }
-}
-
-/// One pairwise step: chosen rows then rejected rows, sequence sums, the objective, one
-/// optimizer step.
-fn pair_step(
-    s: &Scorer,
-    groups: &[TokGroup],
-    picked: &[Unit],
-    kind: &PreferenceLoss,
-    spec: &OfflineSpec,
-    optim: &mut ember_train::Optimizer,
-    lr: f64,
-) -> Result<(Llama, BTreeMap<String, f64>)> {
-    let b = picked.len();
-    let mut rows = Vec::with_capacity(2 * b);
-    let mut rewards = Vec::with_capacity(2 * b);
-    for side in 0..2 {
-        for &(gi, pair) in picked {
-            let g = &groups[gi];
-            let (w, l) = pair.context("a pairwise draw without a pair")?;
-            let i = if side == 0 { w } else { l };
-            rows.push(s.row(groups, gi, i));
-            let r = g.rewards[i];
-            rewards.push(if ember_engine::is_valid_reward(r.into()) {
-                r
-            } else {
-                0.0
-            });
-        }
-    }
-    let (exp, ref_lp) = s.rows(&rows, (0..2 * b).collect())?;
-    let mask = exp.mask.clone().slice([
-        0..2 * b,
-        exp.mask.dims()[1] - exp.response_len..exp.mask.dims()[1],
-    ]);
-    let model = s.policy.model.clone();
-    let all: Vec<usize> = (0..2 * b).collect();
-    let lp = model.score(&exp, &all, false).log_probs * mask.clone();
-    let sums = lp.sum_dim(1).reshape([2 * b]);
-    let ref_sums = ref_lp.sum_dim(1).reshape([2 * b]);
-    let lens = mask.sum_dim(1).reshape([2 * b]);
-    let r = Tensor::<1>::from_floats(rewards.as_slice(), s.ad);
-    let half = |t: &Tensor<1>, k: usize| t.clone().narrow(0, k * b, b);
-    let input = PairInput {
-        chosen: half(&sums, 0),
-        rejected: half(&sums, 1),
-        chosen_ref: half(&ref_sums, 0),
-        rejected_ref: half(&ref_sums, 1),
-        chosen_len: half(&lens, 0),
-        rejected_len: half(&lens, 1),
-        chosen_reward: half(&r, 0),
-        rejected_reward: half(&r, 1),
-    };
-    let (loss, metrics) = preference_loss(kind, &input, spec.average_log_probs)?;
-    let mut out = metrics.to_host();
-    let grads = GradientsParams::from_grads(loss.backward(), &model);
-    let (model, report) = optim.step(lr, model, grads);
-    out.insert("actor/grad_norm".into(), report.grad_norm);
-    out.insert(
-        "offline/loss".into(),
-        out.get("preference/loss").copied().unwrap_or(f64::NAN),
-    );
-    Ok((model, out))
-}
-
-/// One group step: every stored response of the picked prompts through the engine's estimator
-/// and actor loss, the reference's log-probs as the behaviour policy's.
-fn group_step(
-    s: &Scorer,
-    groups: &[TokGroup],
-    picked: &[Unit],
-    adv_cfg: AdvantageConfig,
-    loss: ActorLossConfig,
-    optim: &mut ember_train::Optimizer,
-    lr: f64,
-) -> Result<(Llama, BTreeMap<String, f64>)> {
-    let mut rows = Vec::new();
-    let (mut ids, mut rewards) = (Vec::new(), Vec::new());
-    for (k, &(gi, _)) in picked.iter().enumerate() {
-        let g = &groups[gi];
-        for i in 0..g.responses.len() {
-            rows.push(s.row(groups, gi, i));
-            ids.push(k);
-            rewards.push(g.rewards[i]);
-        }
-    }
-    let (exp, ref_lp) = s.rows(&rows, ids.clone())?;
-    let n = exp.response_len;
-    let t = exp.mask.dims()[1];
-    let mask = exp.mask.clone().slice([0..rows.len(), t - n..t]);
-    let batch = RolloutBatch::new(mask, Tensor::from_floats(rewards.as_slice(), s.ad), &ids)?
-        .with_old_log_probs(ref_lp.clone())?
-        .with_ref_log_probs(ref_lp)?;
-    let adv = compute_advantages(&adv_cfg, &batch, 0)?;
-    let mut out = adv.metrics.to_host();
-    let cfg = UpdateConfig {
-        schedule: UpdateSchedule {
-            micro_batch_rows: s.micro_rows,
-            ..UpdateSchedule::default()
-        },
-        loss,
-    };
-    let (model, stats) = update(
-        s.policy.model.clone(),
-        optim,
-        (&exp, &batch, &adv),
-        &cfg,
-        lr,
-        &mut |m| (0..m).collect(),
-    )?;
-    out.extend(stats.metrics);
-    out.insert(
-        "offline/loss".into(),
-        out.get("actor/loss").copied().unwrap_or(f64::NAN),
-    );
-    Ok((model, out))
 }

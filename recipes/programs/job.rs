@@ -12,11 +12,10 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_engine::*;
 use ember_llm::{ConstrainedExperience, ConstrainedLlama, SamplingConfig, TokenConstraint};
-use ember_run::{Run, RunOptions, fmt_metric};
+use ember_run::{Row, Run, RunOptions, fmt_metric};
 use ember_tasks::program::{EOS, ProgramTask, Writing};
 use ember_train::{Actor, LrSchedule, Optimizer, Replicate, UpdateConfig, UpdateSchedule, update};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -45,16 +44,8 @@ pub struct ProgramsSummary {
 
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &ProgramsRecipe, out: &Path, opts: &RunOptions) -> Result<ProgramsSummary> {
-    let mut job = Setup::new(r, out, opts)?.start()?;
-    let t0 = Instant::now();
-    let mut interrupted = false;
-    for step in job.run.first_step()..r.train.run.steps {
-        if job.step(step)? {
-            interrupted = true;
-            break;
-        }
-    }
-    job.finish(interrupted, t0.elapsed().as_secs_f64())
+    let job = Setup::new(r, out, opts)?.start()?;
+    ember_run::drive(job, Instant::now())
 }
 
 /// The run between steps.
@@ -76,8 +67,6 @@ pub(super) struct ProgramsJob<'a> {
     pub(super) steps_done: usize,
 }
 
-type Row = BTreeMap<String, f64>;
-
 /// The task's mask for the sampler: row r writes the program of `questions[r]`.
 pub(super) struct Mask<'t> {
     pub(super) rows: Vec<Writing<'t>>,
@@ -95,38 +84,6 @@ impl TokenConstraint for Mask<'_> {
 pub(super) type Programs = Vec<(usize, Vec<u32>)>;
 
 impl ProgramsJob<'_> {
-    /// One step; returns whether the run stops after it.
-    fn step(&mut self, step: usize) -> Result<bool> {
-        let t = Instant::now();
-        let mut row = Row::new();
-        let n = self.r.train.run.questions;
-        let qs: Vec<usize> = (0..n)
-            .map(|_| self.task.train[self.rng.below(self.task.train.len() as u64) as usize])
-            .collect();
-        let t_loop = &self.r.train.run;
-        if t_loop.ml_steps > 0 && step == t_loop.ml_steps && t_loop.reset_after_ml {
-            (self.model, self.optim) = super::state::fresh(self.r, &self.task, &self.ad, 1);
-            row.insert("memory/reset".into(), 1.0);
-        }
-        let seed = self.rng.next_u64();
-        let sampled = self.sample(&qs, seed)?;
-        let rewards: Vec<f32> = sampled
-            .iter()
-            .map(|(q, p)| self.task.reward(&self.task.questions[*q], p))
-            .collect();
-        let method = match self.r.train.run.ml_steps {
-            m if step < m => Method::IterativeMl,
-            _ => self.r.train.run.method,
-        };
-        let (rows, adv) = self.rows(method, (&qs, &sampled, &rewards), &mut row);
-        self.update(step, rows, adv, &mut row)?;
-        let done = step + 1;
-        self.steps_done = done;
-        row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
-        self.end_step(done, row)
-    }
-
     /// `train.samples` programs for each of `questions` (prompt-major), drawn under the mask.
     fn sample(&self, questions: &[usize], seed: u64) -> Result<Programs> {
         let t = &self.r.train.run;
@@ -295,27 +252,6 @@ impl ProgramsJob<'_> {
         let right = f1.iter().filter(|x| **x == 1.0).count() as f64;
         Ok((right / n, f1.iter().map(|x| f64::from(*x)).sum::<f64>() / n))
     }
-
-    /// The summary.
-    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<ProgramsSummary> {
-        let summary = ProgramsSummary {
-            name: self.r.name.clone(),
-            method: self.r.train.run.method,
-            before: self.before,
-            after: self.after,
-            f1_after: self.f1_after,
-            steps: self.steps_done,
-            remembered: self.memory.len(),
-            seconds,
-            interrupted,
-        };
-        self.run.finish(&serde_json::to_value(&summary)?)?;
-        self.run.say(&format!(
-            "held-out accuracy {:.3} -> {:.3} ({:?}, {} steps, {:.0} s)",
-            summary.before, summary.after, summary.method, summary.steps, seconds
-        ));
-        Ok(summary)
-    }
 }
 
 fn all(rows: &Programs) -> Vec<usize> {
@@ -399,5 +335,67 @@ pub(super) fn experience(
         allowed: Tensor::from_data(TensorData::new(allowed, [b, n, v]), device),
         response_len: n,
         temperature,
+    }
+}
+
+impl ember_run::Job for ProgramsJob<'_> {
+    type Summary = ProgramsSummary;
+
+    fn run(&self) -> &ember_run::Run {
+        &self.run
+    }
+
+    /// One step; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t = Instant::now();
+        let mut row = Row::new();
+        let n = self.r.train.run.questions;
+        let qs: Vec<usize> = (0..n)
+            .map(|_| self.task.train[self.rng.below(self.task.train.len() as u64) as usize])
+            .collect();
+        let t_loop = &self.r.train.run;
+        if t_loop.ml_steps > 0 && step == t_loop.ml_steps && t_loop.reset_after_ml {
+            (self.model, self.optim) = super::state::fresh(self.r, &self.task, &self.ad, 1);
+            row.insert("memory/reset".into(), 1.0);
+        }
+        let seed = self.rng.next_u64();
+        let sampled = self.sample(&qs, seed)?;
+        let rewards: Vec<f32> = sampled
+            .iter()
+            .map(|(q, p)| self.task.reward(&self.task.questions[*q], p))
+            .collect();
+        let method = match self.r.train.run.ml_steps {
+            m if step < m => Method::IterativeMl,
+            _ => self.r.train.run.method,
+        };
+        let (rows, adv) = self.rows(method, (&qs, &sampled, &rewards), &mut row);
+        self.update(step, rows, adv, &mut row)?;
+        let done = step + 1;
+        self.steps_done = done;
+        row.insert("step".into(), done as f64);
+        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        let stop = self.end_step(done, row)?;
+        Ok((self, stop))
+    }
+
+    /// The summary.
+    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<ProgramsSummary> {
+        let summary = ProgramsSummary {
+            name: self.r.name.clone(),
+            method: self.r.train.run.method,
+            before: self.before,
+            after: self.after,
+            f1_after: self.f1_after,
+            steps: self.steps_done,
+            remembered: self.memory.len(),
+            seconds,
+            interrupted,
+        };
+        self.run.finish(&serde_json::to_value(&summary)?)?;
+        self.run.say(&format!(
+            "held-out accuracy {:.3} -> {:.3} ({:?}, {} steps, {:.0} s)",
+            summary.before, summary.after, summary.method, summary.steps, seconds
+        ));
+        Ok(summary)
     }
 }

@@ -14,6 +14,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_engine::*;
 use ember_llm::Llama;
+pub(super) use ember_run::Row;
 use ember_run::{Run, RunOptions, fmt_metric};
 use ember_tasks::facts::{Facts, exposure};
 use ember_train::Optimizer;
@@ -43,16 +44,8 @@ pub struct UnlearningSummary {
 
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &UnlearningRecipe, out: &Path, opts: &RunOptions) -> Result<UnlearningSummary> {
-    let mut job = Setup::new(r, out, opts)?.start()?;
-    let t0 = Instant::now();
-    let mut interrupted = false;
-    for step in job.run.first_step()..r.total_steps() {
-        if job.step(step)? {
-            interrupted = true;
-            break;
-        }
-    }
-    job.finish(interrupted, t0.elapsed().as_secs_f64())
+    let job = Setup::new(r, out, opts)?.start()?;
+    ember_run::drive(job, Instant::now())
 }
 
 /// A model and its optimizer.
@@ -79,35 +72,7 @@ pub(super) struct UnlearningJob<'a> {
     pub(super) steps_done: usize,
 }
 
-pub(super) type Row = BTreeMap<String, f64>;
-
 impl UnlearningJob<'_> {
-    /// One step of the stage `step` falls in; returns whether the run stops after it.
-    fn step(&mut self, step: usize) -> Result<bool> {
-        let t = Instant::now();
-        let mut row = Row::new();
-        if step < self.r.learn.steps {
-            self.learn(&mut row);
-        } else {
-            match self.r.forget.method {
-                Method::GradientAscent => self.ascend(&mut row),
-                Method::Rule | Method::Rerule
-                    if step - self.r.learn.steps < self.r.forget.steering_steps =>
-                {
-                    self.steer(&mut row)
-                }
-                Method::Rule | Method::Rerule => self.rule(step, &mut row)?,
-                Method::LooEnsemble => self.distil(&mut row),
-                Method::None | Method::Retrain => {}
-            }
-        }
-        let done = step + 1;
-        self.steps_done = done;
-        row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
-        self.end_step(done, row)
-    }
-
     /// `n` facts drawn from `pool`.
     fn draw(&mut self, pool: &[usize], n: usize) -> Vec<usize> {
         (0..n)
@@ -378,30 +343,6 @@ impl UnlearningJob<'_> {
             )
         })
     }
-
-    /// The summary.
-    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<UnlearningSummary> {
-        let summary = UnlearningSummary {
-            name: self.r.name.clone(),
-            method: self.r.forget.method,
-            learned: self.learned.clone(),
-            after: self.latest.clone(),
-            steps: self.steps_done,
-            seconds,
-            interrupted,
-        };
-        self.run.finish(&serde_json::to_value(&summary)?)?;
-        let m = |k: &str| summary.after.get(k).copied().unwrap_or(f64::NAN);
-        self.run.say(&format!(
-            "{:?}: forget accuracy {:.3}, exposure {:.2}; retain accuracy {:.3} ({:.0} s)",
-            summary.method,
-            m("forget/accuracy"),
-            m("forget/exposure"),
-            m("retain/accuracy"),
-            seconds
-        ));
-        Ok(summary)
-    }
 }
 
 /// `[rows]` values of a tensor on the host, flattened.
@@ -476,4 +417,63 @@ pub(super) fn evaluate(model: &Llama, f: &Facts, device: &Device) -> BTreeMap<St
         out.insert(format!("{name}/exposure"), exp / n);
     }
     out
+}
+
+impl ember_run::Job for UnlearningJob<'_> {
+    type Summary = UnlearningSummary;
+
+    fn run(&self) -> &ember_run::Run {
+        &self.run
+    }
+
+    /// One step of the stage `step` falls in; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t = Instant::now();
+        let mut row = Row::new();
+        if step < self.r.learn.steps {
+            self.learn(&mut row);
+        } else {
+            match self.r.forget.method {
+                Method::GradientAscent => self.ascend(&mut row),
+                Method::Rule | Method::Rerule
+                    if step - self.r.learn.steps < self.r.forget.steering_steps =>
+                {
+                    self.steer(&mut row)
+                }
+                Method::Rule | Method::Rerule => self.rule(step, &mut row)?,
+                Method::LooEnsemble => self.distil(&mut row),
+                Method::None | Method::Retrain => {}
+            }
+        }
+        let done = step + 1;
+        self.steps_done = done;
+        row.insert("step".into(), done as f64);
+        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        let stop = self.end_step(done, row)?;
+        Ok((self, stop))
+    }
+
+    /// The summary.
+    fn finish(mut self, interrupted: bool, seconds: f64) -> Result<UnlearningSummary> {
+        let summary = UnlearningSummary {
+            name: self.r.name.clone(),
+            method: self.r.forget.method,
+            learned: self.learned.clone(),
+            after: self.latest.clone(),
+            steps: self.steps_done,
+            seconds,
+            interrupted,
+        };
+        self.run.finish(&serde_json::to_value(&summary)?)?;
+        let m = |k: &str| summary.after.get(k).copied().unwrap_or(f64::NAN);
+        self.run.say(&format!(
+            "{:?}: forget accuracy {:.3}, exposure {:.2}; retain accuracy {:.3} ({:.0} s)",
+            summary.method,
+            m("forget/accuracy"),
+            m("forget/exposure"),
+            m("retain/accuracy"),
+            seconds
+        ));
+        Ok(summary)
+    }
 }

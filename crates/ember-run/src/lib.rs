@@ -13,6 +13,7 @@
 pub mod checkpoint;
 #[cfg(feature = "dashboard")]
 mod dashboard;
+mod job;
 // The board and the holding of stderr serve the dashboard; without it only their tests use them.
 #[cfg_attr(not(feature = "dashboard"), allow(dead_code))]
 mod live;
@@ -22,6 +23,7 @@ pub mod tensorboard;
 
 #[cfg(feature = "dashboard")]
 pub use dashboard::{on_forced_exit, restore_terminal};
+pub use job::{Job, Row, Timings, drive};
 pub use live::LogSink;
 pub use metrics::MetricsLog;
 
@@ -330,6 +332,11 @@ impl Run {
     /// The first step to run (0, or the resumed checkpoint's step).
     pub fn first_step(&self) -> usize {
         self.resumed.as_ref().map_or(0, |(_, s)| s.step)
+    }
+
+    /// Steps of the run (the last step's number).
+    pub fn steps(&self) -> usize {
+        self.steps
     }
 
     /// No progress output.

@@ -160,3 +160,78 @@ fn no_negative_zero() {
     assert_eq!(fmt_metric(0.25, 3), "0.250");
     assert_eq!(fmt_metric(f64::NAN, 3), "NaN");
 }
+
+/// A job that records the steps it ran, checkpointing through the run's end-of-step protocol.
+struct Counter {
+    run: Run,
+    ran: Vec<usize>,
+}
+
+impl Job for Counter {
+    type Summary = (Vec<usize>, bool);
+
+    fn run(&self) -> &Run {
+        &self.run
+    }
+
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        self.ran.push(step);
+        let end = self.run.step_end(step + 1);
+        let st = self.run.state(step + 1, 7, 0.0, 0.0);
+        let stop = self
+            .run
+            .end_step(end, row(step + 1, false), false, "", move |dir| {
+                std::fs::write(dir.join(checkpoint::STATE), serde_json::to_string(&st)?)?;
+                Ok(())
+            })?;
+        Ok((self, stop))
+    }
+
+    fn finish(self, interrupted: bool, seconds: f64) -> Result<Self::Summary> {
+        assert!(seconds >= 0.0);
+        Ok((self.ran, interrupted))
+    }
+}
+
+/// The job loop runs steps 0..steps, ends at a stop (interrupted), and a resumed run starts at
+/// the step after the checkpoint and runs to the last.
+#[test]
+fn the_job_loop_stops_and_resumes_at_the_checkpoint() {
+    let d = tmpdir("drive");
+    let opts = RunOptions {
+        quiet: true,
+        stop_after: Some(2),
+        ..RunOptions::default()
+    };
+    let run = Run::open(&d, &opts, &spec(5)).unwrap();
+    assert_eq!(run.steps(), 5);
+    let job = Counter { run, ran: vec![] };
+    let (ran, interrupted) = drive(job, std::time::Instant::now()).unwrap();
+    assert_eq!((ran, interrupted), (vec![0, 1], true));
+    let opts = RunOptions {
+        quiet: true,
+        resume: true,
+        ..RunOptions::default()
+    };
+    let run = Run::open(&d, &opts, &spec(5)).unwrap();
+    let job = Counter { run, ran: vec![] };
+    let (ran, interrupted) = drive(job, std::time::Instant::now()).unwrap();
+    assert_eq!((ran, interrupted), (vec![2, 3, 4], false));
+    let rows = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 5, "{rows}");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Phases are logged as `timing_s/<phase>`, a repeated phase adding up.
+#[test]
+fn timings_log_each_phase_once() {
+    let mut t = Timings::default();
+    assert_eq!(t.time("gen", || 3), 3);
+    t.add("update_actor", 2.0);
+    t.add("update_actor", 0.5);
+    let mut row = Row::new();
+    t.log(&mut row);
+    assert_eq!(row.len(), 2);
+    assert_eq!(row["timing_s/update_actor"], 2.5);
+    assert!(row["timing_s/gen"] >= 0.0);
+}

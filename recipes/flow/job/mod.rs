@@ -28,11 +28,10 @@ use ember_engine::*;
 use ember_flow::{
     DigitClassifier, FlowDit, FlowExperience, SdeCoef, Trajectory, ema_update, ram_loss,
 };
-use ember_run::{Run, RunOptions, fmt_metric};
+use ember_run::{Row, Run, RunOptions, fmt_metric};
 use ember_train::{LrSchedule, Optimizer, UpdateConfig, accumulated_step, update};
 use serde::Serialize;
 use state::{FlowState, eval_row, save_state};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -66,18 +65,8 @@ pub struct FlowSummary {
 /// Runs the recipe, writing into `out`: set-up, then per step rollout → reward → advantages →
 /// update → log, evaluation and checkpoint, then the final samples and summary.
 pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummary> {
-    let mut job = FlowJob::new(r, out, opts)?;
-    let t_ft = Instant::now();
-    let mut interrupted = false;
-    for step in job.run.first_step()..r.rl.run.steps {
-        let stop;
-        (job, stop) = job.step(step)?;
-        if stop {
-            interrupted = true;
-            break;
-        }
-    }
-    job.finish(interrupted, t_ft.elapsed().as_secs_f64())
+    let job = FlowJob::new(r, out, opts)?;
+    ember_run::drive(job, Instant::now())
 }
 
 /// The run between steps: what every step uses and what a checkpoint holds.
@@ -119,49 +108,7 @@ struct Rollout {
     adv: Advantages,
 }
 
-/// A step's metrics row.
-type Row = BTreeMap<String, f64>;
-
 impl FlowJob<'_> {
-    /// One RL step; returns whether the run stops after it.
-    fn step(mut self, step: usize) -> Result<(Self, bool)> {
-        let t_step = Instant::now();
-        let mut row = Row::new();
-        let rng_at_start = self.rng.0;
-        // Everything before the update: an error here leaves the weights as the last completed
-        // step left them, so the run writes that step's checkpoint before it ends.
-        let ro = match self.rollout(step, &mut row) {
-            Ok(ro) => ro,
-            Err(e) => {
-                let (before, after) = (self.state.before.accuracy, self.state.after.accuracy);
-                let done = self.steps_done;
-                let ts = self.run.state(done, rng_at_start, before, after);
-                let (model, ema, optim, st) = (&self.model, &self.ema, &self.optim, &self.state);
-                return Err(self.run.checkpoint_after_error(done, e, |d| {
-                    save_state(d, model, ema.as_ref(), optim, &ts, st)
-                }));
-            }
-        };
-        // The update (none when every group's rewards were equal and all were dropped).
-        let all_dropped = row.get("rollout/dropped_fraction") == Some(&1.0);
-        self = match self.r.algorithm {
-            // (Not `actor/skipped_steps`, which counts non-finite losses and stops a run after
-            // three in a row.)
-            FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop if all_dropped => {
-                row.insert("actor/no_update_steps".into(), 1.0);
-                self
-            }
-            FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop => self.policy_gradient(ro, &mut row)?,
-            FlowAlgorithm::Ram => self.ram(step, ro, &mut row)?,
-        };
-        let done = step + 1;
-        self.steps_done = done;
-        row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
-        let stop = self.end_step(done, row)?;
-        Ok((self, stop))
-    }
-
     /// Rollout: requested classes (a fresh permutation of 0..9 per step, cycled if more
     /// prompts), `group_size` samples each; their rewards and advantages.
     fn rollout(&mut self, step: usize, row: &mut Row) -> Result<Rollout> {
@@ -382,6 +329,53 @@ impl FlowJob<'_> {
         self.run.end_step(end, row, evaluated, &stats, |d| {
             save_state(d, model, ema.as_ref(), optim, &ts, st)
         })
+    }
+}
+
+impl ember_run::Job for FlowJob<'_> {
+    type Summary = FlowSummary;
+
+    fn run(&self) -> &ember_run::Run {
+        &self.run
+    }
+
+    /// One RL step; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t_step = Instant::now();
+        let mut row = Row::new();
+        let rng_at_start = self.rng.0;
+        // Everything before the update: an error here leaves the weights as the last completed
+        // step left them, so the run writes that step's checkpoint before it ends.
+        let ro = match self.rollout(step, &mut row) {
+            Ok(ro) => ro,
+            Err(e) => {
+                let (before, after) = (self.state.before.accuracy, self.state.after.accuracy);
+                let done = self.steps_done;
+                let ts = self.run.state(done, rng_at_start, before, after);
+                let (model, ema, optim, st) = (&self.model, &self.ema, &self.optim, &self.state);
+                return Err(self.run.checkpoint_after_error(done, e, |d| {
+                    save_state(d, model, ema.as_ref(), optim, &ts, st)
+                }));
+            }
+        };
+        // The update (none when every group's rewards were equal and all were dropped).
+        let all_dropped = row.get("rollout/dropped_fraction") == Some(&1.0);
+        self = match self.r.algorithm {
+            // (Not `actor/skipped_steps`, which counts non-finite losses and stops a run after
+            // three in a row.)
+            FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop if all_dropped => {
+                row.insert("actor/no_update_steps".into(), 1.0);
+                self
+            }
+            FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop => self.policy_gradient(ro, &mut row)?,
+            FlowAlgorithm::Ram => self.ram(step, ro, &mut row)?,
+        };
+        let done = step + 1;
+        self.steps_done = done;
+        row.insert("step".into(), done as f64);
+        row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
+        let stop = self.end_step(done, row)?;
+        Ok((self, stop))
     }
 
     /// The end: the final samples (those of the last evaluation when it was of the final

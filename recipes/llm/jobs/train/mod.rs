@@ -26,10 +26,9 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig};
-use ember_run::{Run, RunOptions};
+use ember_run::{Row, Run, RunOptions, Timings};
 use ember_tasks::task::{Example, Rng, TaskSet};
 use ember_train::{Optimizer, UpdateConfig};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -68,16 +67,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let mut job = Job::new(&placed, out, run, task, base)?.start()?;
     job.prepare_update(group)?;
-    let mut interrupted = false;
-    for step in job.run.first_step()..job.r.train.run.steps {
-        let stop;
-        (job, stop) = job.step(step)?;
-        if stop {
-            interrupted = true;
-            break;
-        }
-    }
-    job.finish(interrupted, start.elapsed().as_secs_f64())
+    ember_run::drive(job, start)
 }
 
 /// The run between steps: what every step uses and what a checkpoint holds.
@@ -122,7 +112,7 @@ struct Prepared {
     /// The rows the filters keep.
     kept: Vec<usize>,
     responses: Vec<Vec<u32>>,
-    timing: Vec<(&'static str, f64)>,
+    timing: Timings,
     shown: Vec<serde_json::Map<String, serde_json::Value>>,
 }
 
@@ -144,49 +134,6 @@ impl Job<'_> {
             Some(m) => Reference::Model(m),
             None => Reference::AdaptersOff,
         })
-    }
-
-    /// One RL step; returns whether the run stops after it.
-    fn step(mut self, step: usize) -> Result<(Self, bool)> {
-        let t_step = Instant::now();
-        let mut row = BTreeMap::new();
-        let rng_at_start = self.rng.0;
-        let replay_at_start = self.replay.as_ref().map(|rp| rp.buffer.clone());
-        // Everything before the update: an error here leaves the weights as the last completed
-        // step left them, so the run writes that step's checkpoint before it ends.
-        let prepared = match self.prepare(step, &mut row, t_step) {
-            Ok(p) => p,
-            Err(e) => return Err(self.fail(e, rng_at_start, replay_at_start)),
-        };
-        let lr = self
-            .r
-            .train
-            .schedule
-            .schedule(self.r.train.run.steps)
-            .at(step);
-        row.insert("actor/lr".to_string(), lr);
-        let Prepared {
-            batch,
-            exp,
-            kept,
-            responses,
-            mut timing,
-            mut shown,
-        } = prepared;
-        if !kept.is_empty() {
-            let t_update = Instant::now();
-            self = self.update(step, lr, (batch, exp, kept), &mut shown, &mut row)?;
-            // With a critic this includes its values, PACT's rescoring and its update (also
-            // logged alone as `timing_s/update_critic`).
-            timing.push(("timing_s/update_actor", t_update.elapsed().as_secs_f64()));
-        }
-        let secs = t_step.elapsed().as_secs_f64();
-        let tokens: usize = responses.iter().map(Vec::len).sum();
-        row.insert("perf/step_s".to_string(), secs);
-        row.insert("perf/tokens_per_s".to_string(), tokens as f64 / secs);
-        row.extend(timing.into_iter().map(|(k, v)| (k.to_string(), v)));
-        let stop = self.end_step(step, row, &shown)?;
-        Ok((self, stop))
     }
 
     /// The error path of a step: the last completed step's checkpoint (with the RNG and the
@@ -225,7 +172,8 @@ impl Job<'_> {
         let responses = g.response_ids();
         // Phase wall times as verl logs them (`timing_s/*`; with Reinforce-Ada `gen` holds the
         // rounds' rewards too); `response_ids` above already waited for the device.
-        let mut timing = vec![("timing_s/gen", t_step.elapsed().as_secs_f64())];
+        let mut timing = Timings::default();
+        timing.add("gen", t_step.elapsed().as_secs_f64());
         // Reward: the recipe's weighted terms, per row.
         let texts: Vec<String> = responses.iter().map(|r| self.policy.decode(r)).collect();
         let examples = &sampled.examples;
@@ -398,7 +346,7 @@ impl Job<'_> {
         step: usize,
         s: &Sampled,
         (g, gt, rt): (&Generation, &Generation, &[f32]),
-        timing: &mut Vec<(&'static str, f64)>,
+        timing: &mut Timings,
         row: &mut Row,
     ) -> Result<(RolloutBatch, LlmExperience)> {
         let (r, ad) = (self.r, &self.ad);
@@ -435,12 +383,12 @@ impl Job<'_> {
         batch = rescore(batch, &host_exp, &s.sampler, recompute, kl_reference, ad)?;
         if recompute || kl_reference.is_some() {
             let _ = self.base.sync();
-            timing.push(("timing_s/ref", t_ref.elapsed().as_secs_f64()));
+            timing.add("ref", t_ref.elapsed().as_secs_f64());
         }
         if let Some(t) = &self.teacher {
             let t_teacher = Instant::now();
             batch = t.apply(batch, &host_exp, ad, row)?;
-            timing.push(("timing_s/teacher", t_teacher.elapsed().as_secs_f64()));
+            timing.add("teacher", t_teacher.elapsed().as_secs_f64());
         }
         let kind = self.parts.advantage.kind;
         if kind.needs_features() {
@@ -566,6 +514,57 @@ impl Job<'_> {
             pl.map_or(Ok(()), |p| p.save(d))
         })
     }
+}
+
+impl ember_run::Job for Job<'_> {
+    type Summary = Summary;
+
+    fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// One RL step; returns whether the run stops after it.
+    fn step(mut self, step: usize) -> Result<(Self, bool)> {
+        let t_step = Instant::now();
+        let mut row = Row::new();
+        let rng_at_start = self.rng.0;
+        let replay_at_start = self.replay.as_ref().map(|rp| rp.buffer.clone());
+        // Everything before the update: an error here leaves the weights as the last completed
+        // step left them, so the run writes that step's checkpoint before it ends.
+        let prepared = match self.prepare(step, &mut row, t_step) {
+            Ok(p) => p,
+            Err(e) => return Err(self.fail(e, rng_at_start, replay_at_start)),
+        };
+        let lr = self
+            .r
+            .train
+            .schedule
+            .schedule(self.r.train.run.steps)
+            .at(step);
+        row.insert("actor/lr".to_string(), lr);
+        let Prepared {
+            batch,
+            exp,
+            kept,
+            responses,
+            mut timing,
+            mut shown,
+        } = prepared;
+        if !kept.is_empty() {
+            let t_update = Instant::now();
+            self = self.update(step, lr, (batch, exp, kept), &mut shown, &mut row)?;
+            // With a critic this includes its values, PACT's rescoring and its update (also
+            // logged alone as `timing_s/update_critic`).
+            timing.add("update_actor", t_update.elapsed().as_secs_f64());
+        }
+        let secs = t_step.elapsed().as_secs_f64();
+        let tokens: usize = responses.iter().map(Vec::len).sum();
+        row.insert("perf/step_s".to_string(), secs);
+        row.insert("perf/tokens_per_s".to_string(), tokens as f64 / secs);
+        timing.log(&mut row);
+        let stop = self.end_step(step, row, &shown)?;
+        Ok((self, stop))
+    }
 
     /// The end: the final model (unless stopped), the summary.
     fn finish(mut self, interrupted: bool, seconds: f64) -> Result<Summary> {
@@ -595,6 +594,3 @@ impl Job<'_> {
         })
     }
 }
-
-/// A step's metrics row.
-type Row = BTreeMap<String, f64>;

@@ -1,0 +1,78 @@
+//! The one loop every job runs (burn-train's `Learner`, verl's `RayPPOTrainer.fit`): a job
+//! supplies its step and its ending; [`drive`] owns the stepping from the first step to run
+//! (0, or the step after the resumed checkpoint), the stop, and the training clock. A step
+//! ends through [`Run::end_step`] (the row logged, the checkpoint, the stop), and its phases
+//! are timed with [`Timings`] (verl's `timing_s/<phase>`).
+
+use crate::Run;
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// One step's metrics, `area/name` → value: the row that [`Run::end_step`] logs.
+pub type Row = BTreeMap<String, f64>;
+
+/// A training job the run loop drives.
+pub trait Job: Sized {
+    /// What the run returns (and writes as `summary.json` through [`Run::finish`]).
+    type Summary;
+
+    /// The job's open run directory.
+    fn run(&self) -> &Run;
+
+    /// Step `step` (0-based) through to its end ([`Run::end_step`]); returns the job and
+    /// whether the run stops after it (a stop signal or `--stop-after`, checkpoint written).
+    fn step(self, step: usize) -> Result<(Self, bool)>;
+
+    /// Ends the run after `seconds` of training: the final evaluation and the summary;
+    /// `interrupted` when a step asked the loop to stop.
+    fn finish(self, interrupted: bool, seconds: f64) -> Result<Self::Summary>;
+}
+
+/// Runs `job` from its run's first step to its last, then [`Job::finish`]es it with the
+/// seconds since `started` (the caller's clock: a job may count its set-up in).
+pub fn drive<J: Job>(mut job: J, started: Instant) -> Result<J::Summary> {
+    let (first, steps) = (job.run().first_step(), job.run().steps());
+    let mut interrupted = false;
+    for step in first..steps {
+        let stop;
+        (job, stop) = job.step(step)?;
+        if stop {
+            interrupted = true;
+            break;
+        }
+    }
+    job.finish(interrupted, started.elapsed().as_secs_f64())
+}
+
+/// The seconds of a step's named phases, logged as `timing_s/<phase>` (verl's keys).
+#[derive(Debug, Default, Clone)]
+pub struct Timings(Vec<(&'static str, f64)>);
+
+impl Timings {
+    /// Runs `phase` named `name` and records its seconds (added to an earlier phase of the
+    /// same name).
+    pub fn time<T>(&mut self, name: &'static str, phase: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = phase();
+        self.add(name, t.elapsed().as_secs_f64());
+        out
+    }
+
+    /// Adds `seconds` to phase `name`.
+    pub fn add(&mut self, name: &'static str, seconds: f64) {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, s)) => *s += seconds,
+            None => self.0.push((name, seconds)),
+        }
+    }
+
+    /// Writes every phase into `row` as `timing_s/<phase>`.
+    pub fn log(self, row: &mut Row) {
+        row.extend(
+            self.0
+                .into_iter()
+                .map(|(n, s)| (format!("timing_s/{n}"), s)),
+        );
+    }
+}

@@ -197,7 +197,7 @@ status, body = error_of(lambda: client.chat.completions.create(
     model="tuned", messages=messages, max_tokens=4))
 assert status == 404 and "does not exist" in body["message"], (status, body)
 status, body = error_of(lambda: client.completions.create(
-    model=model, prompt="x", max_tokens=4, temperature=5))
+    model=model, prompt="x", max_tokens=4, temperature=101))
 assert status == 400 and body["param"] == "temperature", (status, body)
 status, body = error_of(lambda: client.completions.create(
     model=model, prompt="x", max_tokens=100000))

@@ -167,7 +167,13 @@ impl AgentRecipe {
                 ro.max_new_tokens
             );
         }
-        check_range("rollout.temperature", ro.temperature.into(), 1e-3, 100.0)?;
+        if !ember_llm::temperature_ok(ro.temperature.into(), false) {
+            bail!(
+                "rollout.temperature = {}: RL rollouts need a temperature in (0, {}]",
+                ro.temperature,
+                ember_llm::MAX_TEMPERATURE
+            );
+        }
         let t = &self.train;
         check_training("train", &t.schedule, &t.optim, &t.update)?;
         self.validate_algorithm()?;

@@ -249,8 +249,12 @@ impl ProgramsRecipe {
         if !(t.alpha.is_finite() && (0.0..1.0).contains(&t.alpha)) {
             bail!("train.alpha = {} must be in [0, 1)", t.alpha);
         }
-        if !(t.temperature.is_finite() && t.temperature > 0.0 && t.temperature <= 10.0) {
-            bail!("train.temperature = {} must be in (0, 10]", t.temperature);
+        if !ember_llm::temperature_ok(t.temperature.into(), false) {
+            let max = ember_llm::MAX_TEMPERATURE;
+            bail!(
+                "train.temperature = {} must be in (0, {max}]",
+                t.temperature
+            );
         }
         let s = &self.train.schedule;
         if !(s.lr.is_finite() && s.lr > 0.0 && s.lr <= 1.0) {

@@ -124,7 +124,8 @@ pub enum Prompt {
 /// `return_token_ids`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Sampling {
-    /// Softmax temperature, 0 to 2 (0 = greedy); default 1.
+    /// Softmax temperature in [0, `ember_llm::MAX_TEMPERATURE`] (0 = greedy; vLLM does not cap
+    /// it at OpenAI's 2); default 1.
     pub temperature: Option<f32>,
     /// Nucleus mass in (0, 1]; default 1.
     pub top_p: Option<f32>,
@@ -345,10 +346,13 @@ impl Sampling {
             return Err(ApiError::bad("logit_bias", "logit_bias is not supported"));
         }
         let mut temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
+        if !ember_llm::temperature_ok(temperature.into(), true) {
             return Err(ApiError::bad(
                 "temperature",
-                format!("temperature {temperature} must be in [0, 2]"),
+                format!(
+                    "temperature {temperature} must be in [0, {}]",
+                    ember_llm::MAX_TEMPERATURE
+                ),
             ));
         }
         // (A tiny temperature would overflow the scaled logits: it is greedy decoding.)
@@ -475,7 +479,9 @@ mod tests {
                 serde_json::json!({"presence_penalty": 0.5}),
                 "presence_penalty",
             ),
-            (serde_json::json!({"temperature": 2.5}), "temperature"),
+            // Above `ember_llm::MAX_TEMPERATURE`, the bound a recipe's rollouts have too.
+            (serde_json::json!({"temperature": 100.5}), "temperature"),
+            (serde_json::json!({"temperature": -0.5}), "temperature"),
             (serde_json::json!({"top_p": 0}), "top_p"),
             (serde_json::json!({"n": 0}), "n"),
             (serde_json::json!({"n": 1000}), "n"),
@@ -486,6 +492,11 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param));
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
         }
+        // 2.5 is refused by OpenAI's API and taken by vLLM's, as by a recipe's rollouts.
+        let p = sampling(serde_json::json!({"temperature": 2.5}))
+            .params()
+            .unwrap();
+        assert_eq!(p.temperature, 2.5);
         let p = sampling(serde_json::json!({"top_k": -1, "seed": -3, "n": 4}))
             .params()
             .unwrap();

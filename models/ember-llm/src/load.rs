@@ -466,7 +466,7 @@ impl GenerationDefaults {
             temperature: if greedy {
                 Some(0.0)
             } else {
-                num("temperature", |x| (0.0..=2.0).contains(&x))
+                num("temperature", |x| crate::sample::temperature_ok(x, true))
             },
             top_p: num("top_p", |x| x > 0.0 && x <= 1.0),
             top_k: v

@@ -314,7 +314,7 @@ impl Recipe {
     /// `[rollout]` and the batch sizes: temperature, token budget, samples per prompt.
     fn validate_rollout(&self) -> Result<()> {
         let t = self.rollout.temperature;
-        if !(t > 0.0 && t <= 100.0) {
+        if !ember_llm::temperature_ok(t.into(), false) {
             bail!(
                 "rollout.temperature = {t}: RL rollouts need a temperature in (0, 100] (at 0 every \
                  sample of a prompt is the same greedy answer, so every group advantage is 0; \

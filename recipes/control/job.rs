@@ -7,14 +7,16 @@
 //! fixed protagonist.
 
 use crate::control::schema::ControlRecipe;
-use crate::control::state::{Player, Setup, eval_row, evaluate, robustness, save_state};
+use crate::control::state::{
+    ControlJob, Player, Setup, eval_row, evaluate, robustness, save_state,
+};
 use anyhow::Result;
 use burn::module::Module;
-use burn::tensor::{Device, Tensor};
-use ember_control::{Adversary, ControlExperience, Env, Rollout, Side, rollout};
+use burn::tensor::Tensor;
+use ember_control::{Adversary, ControlExperience, Rollout, Side, rollout};
 use ember_engine::*;
-use ember_run::{Row, Run, RunOptions, fmt_metric};
-use ember_train::{CriticBatch, LrSchedule, UpdateConfig, critic_update, update};
+use ember_run::{Row, RunOptions, fmt_metric};
+use ember_train::{CriticBatch, UpdateConfig, critic_update, update};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -45,24 +47,6 @@ pub struct ControlSummary {
 pub fn train(r: &ControlRecipe, out: &Path, opts: &RunOptions) -> Result<ControlSummary> {
     let job = ControlJob::new(r, out, opts)?;
     ember_run::drive(job, Instant::now())
-}
-
-/// The run between iterations.
-pub(super) struct ControlJob<'a> {
-    pub(super) r: &'a ControlRecipe,
-    pub(super) run: Run,
-    pub(super) base: Device,
-    pub(super) ad: Device,
-    pub(super) env: Env,
-    pub(super) horizon: usize,
-    pub(super) protagonist: Player,
-    pub(super) adversary: Option<Player>,
-    pub(super) rng: SplitMix64,
-    pub(super) schedule: LrSchedule,
-    /// Evaluation returns: of the initial policy, and the latest.
-    pub(super) before: f64,
-    pub(super) after: f64,
-    pub(super) steps_done: usize,
 }
 
 /// A round's experience, on the training device: `[rows, steps]` each, rows being the

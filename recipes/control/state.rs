@@ -1,8 +1,7 @@
-//! The control job's set-up (the run directory, the environment, fresh players or a resumed
-//! run's), what a checkpoint holds beside the run kit's records (the critics, the adversary and
-//! their optimizers), and the evaluations.
+//! The control job's state between iterations (`ControlJob`), its set-up (the run directory,
+//! the environment, fresh players or a resumed run's), what a checkpoint holds beside the run
+//! kit's records (the critics, the adversary and their optimizers), and the evaluations.
 
-use super::job::ControlJob;
 use crate::common::run::{load_pair, load_records, open_run, save_pair};
 use crate::control::schema::ControlRecipe;
 use anyhow::Result;
@@ -12,8 +11,8 @@ use ember_control::{
     Adversary, Env, GaussianPolicy, GaussianPolicyConfig, Side, ValueNet, ValueNetConfig, rollout,
 };
 use ember_engine::SplitMix64;
-use ember_run::{RunOptions, checkpoint};
-use ember_train::Optimizer;
+use ember_run::{Run, RunOptions, checkpoint};
+use ember_train::{LrSchedule, Optimizer};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -23,6 +22,24 @@ pub(super) struct Player {
     pub(super) critic: ValueNet,
     pub(super) optim: Optimizer,
     pub(super) critic_optim: Optimizer,
+}
+
+/// The run between iterations.
+pub(super) struct ControlJob<'a> {
+    pub(super) r: &'a ControlRecipe,
+    pub(super) run: Run,
+    pub(super) base: Device,
+    pub(super) ad: Device,
+    pub(super) env: Env,
+    pub(super) horizon: usize,
+    pub(super) protagonist: Player,
+    pub(super) adversary: Option<Player>,
+    pub(super) rng: SplitMix64,
+    pub(super) schedule: LrSchedule,
+    /// Evaluation returns: of the initial policy, and the latest.
+    pub(super) before: f64,
+    pub(super) after: f64,
+    pub(super) steps_done: usize,
 }
 
 impl Player {

@@ -6,8 +6,8 @@
 //! a resumed run, and `ember eval` of the run, read it back, so the adapters in the checkpoints
 //! always match the recipe the run is continued with.
 
-use crate::llm::build_policy;
 use crate::llm::schema::Recipe;
+use crate::llm::{Policy, build_policy, load_checkpoint, warm_up};
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use ember_llm::LORA_TARGETS as TARGETS;
@@ -212,4 +212,33 @@ fn read(f: &Path, count: usize) -> Result<Choice> {
         );
     }
     Ok(c)
+}
+
+/// The recipe's policy as a run of it starts: built, then warmed up (the tiny model, with the
+/// job's RNG, so the weights equal those an `ember train` of the recipe begins its RL from), or
+/// loaded from `checkpoint` instead. With `targets = "plop"`, the choice recorded by the run the
+/// checkpoint belongs to, else PLoP's choice made now.
+pub fn policy_at_start(
+    r: &Recipe,
+    task: &TaskSet,
+    checkpoint: Option<&Path>,
+    rng: &mut Rng,
+    device: &Device,
+) -> Result<Policy> {
+    let recorded = checkpoint.and_then(|d| d.ancestors().take(3).find(|a| a.join(FILE).exists()));
+    let placed = match recorded {
+        Some(run) => apply_recorded(r, run)?,
+        None => resolve(r, task, None, false, device)?.0,
+    };
+    let r = &placed;
+    let mut policy = build_policy(r, device)?;
+    match (checkpoint, &r.warmup) {
+        (Some(dir), _) => policy = load_checkpoint(policy, dir)?,
+        (None, Some(w)) if policy.lora.is_none() => {
+            let vocab = policy.vocab();
+            policy.model = warm_up(policy.model, vocab, w, task, rng, device)?;
+        }
+        _ => {}
+    }
+    Ok(policy)
 }

@@ -6,15 +6,15 @@
 
 use super::methods::{self, Group};
 use super::schema::{Method, ProgramsRecipe};
-use super::state::{Setup, save_state};
+use super::state::{ProgramsJob, Setup, eval_row, save_state};
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_engine::*;
 use ember_llm::{ConstrainedExperience, ConstrainedLlama, SamplingConfig, TokenConstraint};
-use ember_run::{Row, Run, RunOptions, fmt_metric};
+use ember_run::{Row, RunOptions, fmt_metric};
 use ember_tasks::program::{EOS, ProgramTask, Writing};
-use ember_train::{Actor, LrSchedule, Optimizer, Replicate, UpdateConfig, UpdateSchedule, update};
+use ember_train::{Actor, Replicate, UpdateConfig, UpdateSchedule, update};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -46,25 +46,6 @@ pub struct ProgramsSummary {
 pub fn train(r: &ProgramsRecipe, out: &Path, opts: &RunOptions) -> Result<ProgramsSummary> {
     let job = Setup::new(r, out, opts)?.start()?;
     ember_run::drive(job, Instant::now())
-}
-
-/// The run between steps.
-pub(super) struct ProgramsJob<'a> {
-    pub(super) r: &'a ProgramsRecipe,
-    pub(super) run: Run,
-    pub(super) base: Device,
-    pub(super) ad: Device,
-    pub(super) task: ProgramTask,
-    pub(super) model: ConstrainedLlama,
-    pub(super) optim: Optimizer,
-    pub(super) rng: SplitMix64,
-    pub(super) schedule: LrSchedule,
-    pub(super) memory: methods::Memory,
-    /// Held-out accuracy: of the initial policy, and the latest; the latest mean F1.
-    pub(super) before: f64,
-    pub(super) after: f64,
-    pub(super) f1_after: f64,
-    pub(super) steps_done: usize,
 }
 
 /// The task's mask for the sampler: row r writes the program of `questions[r]`.
@@ -256,15 +237,6 @@ impl ProgramsJob<'_> {
 
 fn all(rows: &Programs) -> Vec<usize> {
     (0..rows.len()).collect()
-}
-
-/// The evaluation as a metrics row.
-pub(super) fn eval_row(step: usize, accuracy: f64, f1: f64) -> Row {
-    Row::from([
-        ("step".to_string(), step as f64),
-        ("eval/accuracy".to_string(), accuracy),
-        ("eval/f1".to_string(), f1),
-    ])
 }
 
 /// `cfg.n` programs for each question, sampled from `model` under the task's mask.

@@ -3,8 +3,9 @@
 //! programs, the buffer's weight clipped below at 0.1, estimated with one buffer program drawn
 //! in proportion to π (stratified sampling) and the step's samples outside the buffer.
 
-use super::job::{Programs, ProgramsJob, experience};
+use super::job::{Programs, experience};
 use super::methods::{self, Best};
+use super::state::ProgramsJob;
 use burn::module::Module;
 use ember_train::Actor;
 

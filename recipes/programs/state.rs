@@ -1,18 +1,19 @@
-//! The program job's set-up (the run directory, the task, a fresh programmer or a resumed
-//! run's) and what a checkpoint holds beside the run kit's records: the memory of the best
-//! programs (`programs_memory.json`), checked on resume against the task.
+//! The program job's state between steps (`ProgramsJob`), its set-up (the run directory, the
+//! task, a fresh programmer or a resumed run's) and what a checkpoint holds beside the run
+//! kit's records: the memory of the best programs (`programs_memory.json`), checked on resume
+//! against the task.
 
-use super::job::{ProgramsJob, eval_row};
-use super::methods::Memory;
+use super::methods::{self, Memory};
 use super::schema::ProgramsRecipe;
 use crate::common::run::{load_records, open_run};
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
+use burn::tensor::Device;
 use ember_engine::SplitMix64;
 use ember_llm::{ConstrainedLlama, Family, LlamaConfig};
-use ember_run::{RunOptions, checkpoint};
+use ember_run::{Row, Run, RunOptions, checkpoint};
 use ember_tasks::program::ProgramTask;
-use ember_train::Optimizer;
+use ember_train::{LrSchedule, Optimizer};
 use std::path::Path;
 
 /// The memory's file in a checkpoint.
@@ -20,6 +21,25 @@ const MEMORY: &str = "programs_memory.json";
 
 /// Builds a job: [`Setup::new`], then [`ProgramsJob::start`].
 pub(super) struct Setup;
+
+/// The run between steps.
+pub(super) struct ProgramsJob<'a> {
+    pub(super) r: &'a ProgramsRecipe,
+    pub(super) run: Run,
+    pub(super) base: Device,
+    pub(super) ad: Device,
+    pub(super) task: ProgramTask,
+    pub(super) model: ConstrainedLlama,
+    pub(super) optim: Optimizer,
+    pub(super) rng: SplitMix64,
+    pub(super) schedule: LrSchedule,
+    pub(super) memory: methods::Memory,
+    /// Held-out accuracy: of the initial policy, and the latest; the latest mean F1.
+    pub(super) before: f64,
+    pub(super) after: f64,
+    pub(super) f1_after: f64,
+    pub(super) steps_done: usize,
+}
 
 impl Setup {
     /// Opens the run directory, builds the task and a fresh programmer (seeded).
@@ -156,4 +176,13 @@ fn load_memory(p: &Path, task: &ProgramTask) -> Result<Memory> {
         }
     }
     Ok(memory)
+}
+
+/// The evaluation as a metrics row.
+pub(super) fn eval_row(step: usize, accuracy: f64, f1: f64) -> Row {
+    Row::from([
+        ("step".to_string(), step as f64),
+        ("eval/accuracy".to_string(), accuracy),
+        ("eval/f1".to_string(), f1),
+    ])
 }

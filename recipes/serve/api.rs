@@ -6,8 +6,12 @@
 //! alternative in `logprobs`, tools, and in a stream `logprobs`, `echo` and `return_token_ids`. Fields that only label a request (`user`) are accepted.
 
 use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use ember_llm::Message;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// An error as the OpenAI API returns it: `{"error": {"message", "type", "param", "code"}}`
@@ -438,6 +442,54 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// The sum.
     pub total_tokens: usize,
+}
+
+/// The JSON body as `T`, or the error a client can act on (413 past the limit, 400 naming
+/// the JSON problem).
+pub(crate) fn parse<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        let status = e.status();
+        ApiError::new(
+            status,
+            "invalid_request_error",
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("the request body is too large: {}", e.body_text())
+            } else {
+                format!("reading the request body: {}", e.body_text())
+            },
+        )
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("the request body is not a valid request: {e}"),
+        )
+    })
+}
+
+/// A request's chat messages as the template takes them (`developer` read as `system`).
+pub(crate) fn chat_messages(list: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
+    if list.is_empty() {
+        return Err(ApiError::bad("messages", "messages must not be empty"));
+    }
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant") => r,
+            r => {
+                return Err(ApiError::bad(
+                    &format!("messages[{i}].role"),
+                    format!("role `{r}`: expected system, developer, user or assistant"),
+                ));
+            }
+        };
+        messages.push(Message::new(role, &m.text(i)?));
+    }
+    Ok(messages)
 }
 
 #[cfg(test)]

@@ -3,11 +3,11 @@
 
 use super::answer::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::api::{
-    ApiError, ChatMessage, ChatRequest, CompletionRequest, LoadLora, Prompt, Stop, UnloadLora,
-    UpdateWeights,
+    ApiError, ChatRequest, CompletionRequest, LoadLora, Prompt, Stop, UnloadLora, UpdateWeights,
+    chat_messages, parse,
 };
 use super::engine::Msg;
-use super::state::AppState;
+use super::state::{AppState, control};
 use super::stream::{self, Ask, Kind};
 use axum::Router;
 use axum::body::Bytes;
@@ -18,8 +18,6 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ember_llm::Message;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -58,32 +56,6 @@ async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
-}
-
-/// The JSON body as `T`, or the error a client can act on (413 past the limit, 400 naming
-/// the JSON problem).
-pub(crate) fn parse<T: DeserializeOwned>(
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| {
-        let status = e.status();
-        ApiError::new(
-            status,
-            "invalid_request_error",
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                format!("the request body is too large: {}", e.body_text())
-            } else {
-                format!("reading the request body: {}", e.body_text())
-            },
-        )
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            format!("the request body is not a valid request: {e}"),
-        )
-    })
 }
 
 /// 200 while the engine thread takes requests, 503 once it has ended or shutdown began.
@@ -159,7 +131,7 @@ async fn update_weights(
         let path = st.access.allowed_path("model_path", &req.model_path)?;
         let path = path.display().to_string();
         let tx = st.sender()?;
-        super::control(&tx, |r| Msg::UpdateWeights(path, r)).await?;
+        control(&tx, |r| Msg::UpdateWeights(path, r)).await?;
         st.set_weights(req.model_path, req.weight_version);
         Ok::<_, ApiError>(axum::Json(json!({
             "success": true,
@@ -185,7 +157,7 @@ async fn adapter_call<T>(
         let req = req?;
         let name = name(&req);
         let tx = st.sender()?;
-        super::control(&tx, |r| msg(req, r)).await?;
+        control(&tx, |r| msg(req, r)).await?;
         Ok::<_, ApiError>(format!(
             "Success: LoRA adapter '{name}' {done} successfully."
         ))
@@ -313,28 +285,6 @@ fn refuse_in_stream(options: &[(&str, bool)]) -> Result<(), ApiError> {
         )),
         None => Ok(()),
     }
-}
-
-/// A request's chat messages as the template takes them (`developer` read as `system`).
-pub(crate) fn chat_messages(list: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
-    if list.is_empty() {
-        return Err(ApiError::bad("messages", "messages must not be empty"));
-    }
-    let mut messages = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "developer" => "system",
-            r @ ("system" | "user" | "assistant") => r,
-            r => {
-                return Err(ApiError::bad(
-                    &format!("messages[{i}].role"),
-                    format!("role `{r}`: expected system, developer, user or assistant"),
-                ));
-            }
-        };
-        messages.push(Message::new(role, &m.text(i)?));
-    }
-    Ok(messages)
 }
 
 async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {

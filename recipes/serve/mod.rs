@@ -33,9 +33,10 @@ mod tokenize;
 
 use anyhow::{Context, Result, bail};
 use engine::{Engine, Msg, Names};
+use state::ModelInfo;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// `ember serve` options.
 #[derive(Debug, Clone, clap::Args)]
@@ -108,20 +109,6 @@ pub struct ServeArgs {
     /// resolved, so no path escapes it); none: every load is refused.
     #[arg(long = "allowed-path", value_name = "DIR")]
     pub allowed_paths: Vec<PathBuf>,
-}
-
-/// What the HTTP side knows of the model.
-pub struct ModelInfo {
-    /// The base model's served name.
-    pub base_name: String,
-    /// Positions a prompt plus its new tokens may take.
-    pub context: usize,
-    /// Vocabulary size.
-    pub vocab: usize,
-    /// Where the base weights were read from (`--model`; `root` in `/v1/models`).
-    pub root: String,
-    /// Sampling settings for requests that leave them out (`generation_config.json`).
-    pub defaults: ember_llm::GenerationDefaults,
 }
 
 /// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
@@ -338,16 +325,4 @@ async fn shutdown_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-/// Sends a control message and waits for the engine's answer.
-pub(crate) async fn control<T>(
-    tx: &mpsc::Sender<Msg>,
-    make: impl FnOnce(oneshot::Sender<Result<T, api::ApiError>>) -> Msg,
-) -> Result<T, api::ApiError> {
-    let (reply, rx) = oneshot::channel();
-    tx.send(make(reply))
-        .await
-        .map_err(|_| state::shutting_down())?;
-    rx.await.map_err(|_| state::shutting_down())?
 }

@@ -1,7 +1,6 @@
 //! What every handler of `ember serve` shares: the model's facts, the tokenizer, the served
 //! names, the queue's sender and the limits.
 
-use super::ModelInfo;
 use super::access::Access;
 use super::api::ApiError;
 use super::engine::{Msg, Names};
@@ -10,7 +9,7 @@ use ember_llm::Tokenizer;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// What every handler shares.
 pub struct AppState {
@@ -118,4 +117,28 @@ pub fn shutting_down() -> ApiError {
         "service_unavailable",
         "the server is shutting down",
     )
+}
+
+/// What the HTTP side knows of the model.
+pub struct ModelInfo {
+    /// The base model's served name.
+    pub base_name: String,
+    /// Positions a prompt plus its new tokens may take.
+    pub context: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Where the base weights were read from (`--model`; `root` in `/v1/models`).
+    pub root: String,
+    /// Sampling settings for requests that leave them out (`generation_config.json`).
+    pub defaults: ember_llm::GenerationDefaults,
+}
+
+/// Sends a control message and waits for the engine's answer.
+pub(crate) async fn control<T>(
+    tx: &mpsc::Sender<Msg>,
+    make: impl FnOnce(oneshot::Sender<Result<T, ApiError>>) -> Msg,
+) -> Result<T, ApiError> {
+    let (reply, rx) = oneshot::channel();
+    tx.send(make(reply)).await.map_err(|_| shutting_down())?;
+    rx.await.map_err(|_| shutting_down())?
 }

@@ -2,8 +2,7 @@
 //! ones lm-eval-harness's `tokenizer_backend=remote` calls, so a served model (a GGUF file
 //! included) is evaluated without a copy of its tokenizer on the client's side.
 
-use super::api::ApiError;
-use super::http::{chat_messages, parse};
+use super::api::{ApiError, chat_messages, parse};
 use super::state::AppState;
 use axum::body::Bytes;
 use axum::extract::State;

@@ -4,20 +4,18 @@
 //! metrics, checkpoints and resumes exactly. Every fact's answer is one word, so each loss is
 //! on the answer position's distribution.
 
+use super::eval::{answer_log_probs, evaluate, host};
 use super::schema::{Method, UnlearningRecipe};
-use super::state::{Setup, save_state};
+use super::state::{Learner, Setup, UnlearningJob, save_state};
 use super::targets::{HardGroup, admit_hard, loo_target, reinforce_targets, replay_target};
 use anyhow::Result;
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_engine::*;
-use ember_llm::Llama;
-pub(super) use ember_run::Row;
-use ember_run::{Run, RunOptions, fmt_metric};
-use ember_tasks::facts::{Facts, exposure};
-use ember_train::Optimizer;
+use ember_run::Row;
+use ember_run::{RunOptions, fmt_metric};
+use ember_tasks::facts::Facts;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -46,30 +44,6 @@ pub struct UnlearningSummary {
 pub fn train(r: &UnlearningRecipe, out: &Path, opts: &RunOptions) -> Result<UnlearningSummary> {
     let job = Setup::new(r, out, opts)?.start()?;
     ember_run::drive(job, Instant::now())
-}
-
-/// A model and its optimizer.
-pub(super) struct Learner {
-    pub(super) model: Llama,
-    pub(super) optim: Optimizer,
-}
-
-/// The run between steps.
-pub(super) struct UnlearningJob<'a> {
-    pub(super) r: &'a UnlearningRecipe,
-    pub(super) run: Run,
-    pub(super) base: Device,
-    pub(super) ad: Device,
-    pub(super) facts: Facts,
-    pub(super) learner: Learner,
-    /// The leave-one-out ensemble's teachers (shard k each).
-    pub(super) teachers: Vec<Learner>,
-    /// ReRULE's stored hard groups, oldest first.
-    pub(super) hard: Vec<HardGroup>,
-    pub(super) rng: SplitMix64,
-    pub(super) learned: BTreeMap<String, f64>,
-    pub(super) latest: BTreeMap<String, f64>,
-    pub(super) steps_done: usize,
 }
 
 impl UnlearningJob<'_> {
@@ -345,26 +319,6 @@ impl UnlearningJob<'_> {
     }
 }
 
-/// `[rows]` values of a tensor on the host, flattened.
-fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.try_into_vec_as::<f32>().unwrap_or_default()
-}
-
-/// `[facts, vocab]` log-probs of the answer position (after `<sep>`) for `facts`' prompts.
-pub(super) fn answer_log_probs(
-    model: &Llama,
-    f: &Facts,
-    facts: &[usize],
-    device: &Device,
-) -> Tensor<2> {
-    let prompts: Vec<Vec<u32>> = facts.iter().map(|i| f.facts[*i].prompt.clone()).collect();
-    let (tokens, mask) = ember_llm::left_pad(&prompts, device);
-    let [b, t] = tokens.dims();
-    let logits = model.forward(tokens, mask);
-    let v = logits.dims()[2];
-    log_softmax(logits.slice([0..b, t - 1..t, 0..v]).reshape([b, v]), 1)
-}
-
 /// One optimizer step of L = −(1/B) Σ_rows Σ_v target(v)·log π(v) at the answer position
 /// (one-hot targets: supervised learning; negative ones: ascent; a distribution:
 /// distillation; advantages on the sampled answers: REINFORCE); the loss.
@@ -384,39 +338,6 @@ fn soft_step(
     let model = l.model.clone();
     l.model = l.optim.step(lr, model, grads).0;
     value
-}
-
-/// `forget/*` and `retain/*`: greedy accuracy (the most likely word is the answer), refusal
-/// rate, mean log π(answer) and mean exposure of the answer among its attribute's values.
-pub(super) fn evaluate(model: &Llama, f: &Facts, device: &Device) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    let v = f.vocab_size();
-    for (name, set) in [("forget", &f.forget), ("retain", &f.retain)] {
-        let lp = host(answer_log_probs(model, f, set, device));
-        let (mut acc, mut refuse, mut ll, mut exp) = (0.0, 0.0, 0.0, 0.0);
-        for (r, i) in set.iter().enumerate() {
-            let row = &lp[r * v..(r + 1) * v];
-            let fact = &f.facts[*i];
-            let best = (0..v)
-                .max_by(|a, b| row[*a].total_cmp(&row[*b]))
-                .unwrap_or(0);
-            acc += f64::from(u8::from(best == fact.answer as usize));
-            refuse += f64::from(u8::from(best == f.refusal as usize));
-            ll += f64::from(row[fact.answer as usize]);
-            let rank = 1 + fact
-                .candidates
-                .iter()
-                .filter(|c| row[**c as usize] > row[fact.answer as usize])
-                .count();
-            exp += exposure(rank, fact.candidates.len());
-        }
-        let n = set.len().max(1) as f64;
-        out.insert(format!("{name}/accuracy"), acc / n);
-        out.insert(format!("{name}/refusal"), refuse / n);
-        out.insert(format!("{name}/log_likelihood"), ll / n);
-        out.insert(format!("{name}/exposure"), exp / n);
-    }
-    out
 }
 
 impl ember_run::Job for UnlearningJob<'_> {

@@ -1,9 +1,10 @@
-//! The unlearning job's set-up (the run directory, the corpus, fresh models or a resumed
-//! run's) and what a checkpoint holds beside the run kit's records: the teachers and their
-//! optimizers (`teacher<k>.bpk`, `teacher<k>_optim.bpk`), ReRULE's stored hard groups and the
-//! metrics after the supervised stage (`unlearning.json`).
+//! The unlearning job's state between steps (`UnlearningJob`, `Learner`), its set-up (the run
+//! directory, the corpus, fresh models or a resumed run's) and what a checkpoint holds beside
+//! the run kit's records: the teachers and their optimizers (`teacher<k>.bpk`,
+//! `teacher<k>_optim.bpk`), ReRULE's stored hard groups and the metrics after the supervised
+//! stage (`unlearning.json`).
 
-use super::job::{Learner, Row, UnlearningJob, evaluate};
+use super::eval::evaluate;
 use super::schema::{Method, UnlearningRecipe};
 use super::targets::HardGroup;
 use crate::common::run::{load_pair, load_records, open_run, save_pair};
@@ -11,11 +12,12 @@ use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_engine::SplitMix64;
-use ember_llm::{Family, LlamaConfig};
-use ember_run::{RunOptions, checkpoint};
+use ember_llm::{Family, Llama, LlamaConfig};
+use ember_run::{Row, Run, RunOptions, checkpoint};
 use ember_tasks::facts::Facts;
-use ember_train::OptimizerConfig;
+use ember_train::{Optimizer, OptimizerConfig};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The file of the job's own state in a checkpoint.
@@ -52,6 +54,30 @@ fn fresh(r: &UnlearningRecipe, vocab: usize, ad: &Device, which: u64) -> Learner
     }
     .init();
     Learner { model, optim }
+}
+
+/// A model and its optimizer.
+pub(super) struct Learner {
+    pub(super) model: Llama,
+    pub(super) optim: Optimizer,
+}
+
+/// The run between steps.
+pub(super) struct UnlearningJob<'a> {
+    pub(super) r: &'a UnlearningRecipe,
+    pub(super) run: Run,
+    pub(super) base: Device,
+    pub(super) ad: Device,
+    pub(super) facts: Facts,
+    pub(super) learner: Learner,
+    /// The leave-one-out ensemble's teachers (shard k each).
+    pub(super) teachers: Vec<Learner>,
+    /// ReRULE's stored hard groups, oldest first.
+    pub(super) hard: Vec<HardGroup>,
+    pub(super) rng: SplitMix64,
+    pub(super) learned: BTreeMap<String, f64>,
+    pub(super) latest: BTreeMap<String, f64>,
+    pub(super) steps_done: usize,
 }
 
 impl Setup {

@@ -102,7 +102,7 @@ pub fn save(
             keep_note()
         )));
     }
-    super::write_atomic(&root.join("latest"), name.as_bytes())
+    crate::write::write_atomic(&root.join("latest"), name.as_bytes())
         .with_context(|| format!("moving the latest pointer; {}", keep_note()))?;
     let mut all = list(root)?;
     all.retain(|(s, _)| *s != step);

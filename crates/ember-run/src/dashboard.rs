@@ -116,7 +116,7 @@ impl<R: MetricsRenderer> Feed<R> {
             let Some(id) = self.ids.get(&name).cloned() else {
                 continue;
             };
-            let text = SerializedEntry::new(crate::fmt_metric(v, 4), v.to_string());
+            let text = SerializedEntry::new(crate::live::fmt_metric(v, 4), v.to_string());
             let entry = MetricEntry::new(id, text);
             self.renderer
                 .update_train(MetricState::Numeric(entry, Some(NumericEntry::Value(v))));
@@ -231,10 +231,10 @@ fn watch(feed: &Mutex<Feed<TuiMetricsRendererWrapper>>, closing: &AtomicBool, qu
         if !signals_on {
             signals_on = terminal_signals_on();
         }
-        if quit.should_stop() && !crate::stop_requested() {
-            crate::request_stop();
+        if quit.should_stop() && !crate::stop::stop_requested() {
+            crate::stop::request_stop();
         }
-        if crate::stop_requested() && !told {
+        if crate::stop::stop_requested() && !told {
             told = true;
             guarded(|| lock(feed).stopping());
         }

@@ -4,7 +4,7 @@
 //! ends through [`Run::end_step`] (the row logged, the checkpoint, the stop), and its phases
 //! are timed with [`Timings`] (verl's `timing_s/<phase>`).
 
-use crate::Run;
+use crate::run::Run;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -171,6 +171,27 @@ fn metric(key: &str) -> Metric {
     }
 }
 
+/// A notice for the user on stderr (a stop signal's), held while a dashboard is up.
+pub fn notice(msg: &str) {
+    line(msg);
+}
+
+/// A line on stderr for the user, unless `quiet` (the one place jobs print from).
+pub fn say(quiet: bool, msg: &str) {
+    if !quiet {
+        line(msg);
+    }
+}
+
+/// A metric for a human: fixed decimals, never a negative zero (`-0.0000` prints `0.0000`).
+pub fn fmt_metric(x: f64, decimals: usize) -> String {
+    let s = format!("{x:.decimals$}");
+    match s.strip_prefix('-') {
+        Some(rest) if rest.chars().all(|c| c == '0' || c == '.') => rest.to_string(),
+        _ => s,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

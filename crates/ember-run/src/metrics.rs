@@ -54,7 +54,7 @@ impl MetricsLog {
                     kept.push('\n');
                 }
             }
-            super::write_atomic(&path, kept.as_bytes())?;
+            crate::write::write_atomic(&path, kept.as_bytes())?;
         }
         Ok(Self {
             jsonl: None,
@@ -170,7 +170,7 @@ impl MetricsLog {
                 .collect();
             out += &(line.join(",") + "\n");
         }
-        super::write_atomic(&self.dir.join("metrics.csv"), out.as_bytes())
+        crate::write::write_atomic(&self.dir.join("metrics.csv"), out.as_bytes())
     }
 }
 
@@ -219,7 +219,7 @@ fn keep_jsonl_until(path: &Path, last: usize) -> Result<()> {
             kept.push('\n');
         }
     }
-    super::write_atomic(path, kept.as_bytes())
+    crate::write::write_atomic(path, kept.as_bytes())
 }
 
 /// Samples as a Markdown table (TensorBoard renders the Text tab as Markdown).

@@ -236,7 +236,7 @@ pub fn curves(path: &Path, rewards: &[(f64, f64)], accuracy: &[(f64, f64)]) -> R
         w.write_image_data(&cv.px)
             .map_err(|e| anyhow!("encoding {}: {e}", path.display()))?;
     }
-    super::write_atomic(path, &bytes)
+    crate::write::write_atomic(path, &bytes)
 }
 
 /// Writes a grid of grayscale images (values in [0, 1], `side × side` each, row-major) as an
@@ -276,7 +276,7 @@ pub fn image_grid(
         let mut wr = enc.write_header().map_err(|e| anyhow!("png: {e}"))?;
         wr.write_image_data(&px).map_err(|e| anyhow!("png: {e}"))?;
     }
-    super::write_atomic(path, &bytes)
+    crate::write::write_atomic(path, &bytes)
 }
 
 #[cfg(test)]

@@ -2,6 +2,10 @@
 //! non-finite streak, metric formatting.
 
 use super::*;
+use crate::stop::exit_code_for;
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 fn tmpdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ember-run-{tag}-{}", std::process::id()));

@@ -19,6 +19,7 @@ pub mod running;
 mod sample;
 mod shared;
 mod shrink;
+mod temperature;
 mod tokenizer;
 mod value;
 
@@ -39,8 +40,9 @@ pub use mixture::{apply_mixture, mixtures};
 pub use model::{Llama, chosen_log_probs};
 pub use rope::RopeScaling;
 pub use sample::{
-    Generation, MAX_TEMPERATURE, Observer, SamplingConfig, generate, generate_observed, left_pad,
-    left_pad_to, sample_rows, sample_rows_with, temperature_ok,
+    Generation, Observer, SamplingConfig, generate, generate_observed, left_pad, left_pad_to,
+    sample_rows, sample_rows_with,
 };
+pub use temperature::{MAX_TEMPERATURE, temperature_ok};
 pub use tokenizer::{Message, Tokenizer, render_chat, render_chat_with};
 pub use value::ValueModel;

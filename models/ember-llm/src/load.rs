@@ -466,7 +466,9 @@ impl GenerationDefaults {
             temperature: if greedy {
                 Some(0.0)
             } else {
-                num("temperature", |x| crate::sample::temperature_ok(x, true))
+                num("temperature", |x| {
+                    crate::temperature::temperature_ok(x, true)
+                })
             },
             top_p: num("top_p", |x| x > 0.0 && x <= 1.0),
             top_k: v

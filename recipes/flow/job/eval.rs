@@ -1,6 +1,6 @@
 //! `ember eval` of an image run.
 
-use super::setup::with_adapters;
+use super::state::with_adapters;
 use crate::flow::digits::Digits;
 use crate::flow::images::{EvalResult, evaluate, pretrained};
 use anyhow::{Context, Result, anyhow, bail};

@@ -2,16 +2,16 @@
 //! with fresh adapters, the optimizer, and a resumed run's state or the first evaluation.
 
 use super::FlowJob;
-use super::state::{FLOW_STATE, FlowState, RAM_EMA, eval_row};
+use super::state::{FLOW_STATE, FlowState, RAM_EMA, eval_row, with_adapters};
 use crate::common::run::open_run;
 use crate::flow::digits::Digits;
 use crate::flow::images::{evaluate, grid, pretrained};
 use crate::flow::schema::{FlowAlgorithm, FlowRecipe};
 use anyhow::{Context, Result, anyhow};
-use burn::module::{Lora, Module, ParamGroup};
+use burn::module::Module;
 use burn::store::ModuleRecord;
 use ember_engine::*;
-use ember_flow::{DigitClassifier, FlowDit, sde_coefs, sigmas};
+use ember_flow::{DigitClassifier, sde_coefs, sigmas};
 use ember_run::{RunOptions, checkpoint};
 use ember_tasks::expand_path;
 use ember_train::{Optimizer, UpdateConfig};
@@ -128,33 +128,6 @@ impl<'a> FlowJob<'a> {
 /// The RL phase's AdamW (`[rl]`'s `adam_eps`, `grad_clip`, `weight_decay`).
 fn optimizer(r: &FlowRecipe) -> Optimizer {
     r.rl.optim.init()
-}
-
-/// The pretrained DiT frozen, with fresh adapters on the recipe's targets, its products in the
-/// recipe's precision (as the backend allows it).
-pub(super) fn with_adapters(
-    model: FlowDit,
-    r: &FlowRecipe,
-    ad: &burn::tensor::Device,
-) -> Result<FlowDit> {
-    let paths = model.lora_paths(&r.rl.run.lora.targets);
-    // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
-    // unchanged either way).
-    ad.seed(r.seed ^ 0x4c4f_5241);
-    let (precision, note) = crate::common::device::resolve_precision(
-        r.precision,
-        crate::common::device::kind(&r.device)?,
-    );
-    for note in note.into_iter().chain(r.reward_warning()) {
-        log::warn!("[{}] {note}", r.name);
-    }
-    Ok(model
-        .no_grad()
-        .apply_lora(
-            Lora::new(r.rl.run.lora.rank, r.rl.run.lora.alpha)
-                .set_param_group(ParamGroup::from_paths(paths)),
-        )
-        .with_precision(precision))
 }
 
 /// Flow-GRPO / DDPO and RAM: per-prompt group normalisation (population std, ε 1e-4, as

@@ -1,9 +1,10 @@
 //! What an image run's checkpoint holds beside the run kit's records: the adapters (and RAM's
-//! average of them) and [`FlowState`].
+//! average of them) and [`FlowState`]; the pretrained DiT with its adapters.
 
 use crate::flow::images::EvalResult;
+use crate::flow::schema::FlowRecipe;
 use anyhow::{Result, anyhow};
-use burn::module::{Module, ParamGroup};
+use burn::module::{Lora, Module, ParamGroup};
 use burn::store::ModuleRecord;
 use ember_flow::FlowDit;
 use ember_run::checkpoint;
@@ -62,3 +63,30 @@ pub(super) fn save_state(
 pub(super) const FLOW_STATE: &str = "flow_state.json";
 /// The checkpoint file holding RAM's moving average of the adapters (`rl.ram_ema`).
 pub(super) const RAM_EMA: &str = "ram_ema.bpk";
+
+/// The pretrained DiT frozen, with fresh adapters on the recipe's targets, its products in the
+/// recipe's precision (as the backend allows it).
+pub(super) fn with_adapters(
+    model: FlowDit,
+    r: &FlowRecipe,
+    ad: &burn::tensor::Device,
+) -> Result<FlowDit> {
+    let paths = model.lora_paths(&r.rl.run.lora.targets);
+    // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
+    // unchanged either way).
+    ad.seed(r.seed ^ 0x4c4f_5241);
+    let (precision, note) = crate::common::device::resolve_precision(
+        r.precision,
+        crate::common::device::kind(&r.device)?,
+    );
+    for note in note.into_iter().chain(r.reward_warning()) {
+        log::warn!("[{}] {note}", r.name);
+    }
+    Ok(model
+        .no_grad()
+        .apply_lora(
+            Lora::new(r.rl.run.lora.rank, r.rl.run.lora.alpha)
+                .set_param_group(ParamGroup::from_paths(paths)),
+        )
+        .with_precision(precision))
+}

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 mod rl;
 
-pub use rl::{FlowLoop, KlForm, RL_DEFAULTS, RlSpec};
+pub use rl::{FlowLoop, KlForm, LoraSpec, RL_DEFAULTS, RlSpec};
 
 /// The fine-tuning algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,30 +170,6 @@ impl Default for SamplerSpec {
             noise_level: 0.7,
             guidance: 1.0,
             eval_steps: 20,
-        }
-    }
-}
-
-/// LoRA on the DiT.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LoraSpec {
-    /// Rank.
-    pub rank: usize,
-    /// α (update scaled by α/r).
-    pub alpha: f64,
-    /// Targets among `q_proj k_proj v_proj o_proj fc1 fc2 modulation`.
-    pub targets: Vec<String>,
-}
-
-impl Default for LoraSpec {
-    fn default() -> Self {
-        Self {
-            rank: 8,
-            alpha: 16.0,
-            targets: ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"]
-                .map(String::from)
-                .to_vec(),
         }
     }
 }

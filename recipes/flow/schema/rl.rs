@@ -1,7 +1,6 @@
 //! `[rl]` of an image recipe: the loop's own settings and the training configs it embeds from
 //! `ember-train`, with the image job's defaults.
 
-use super::LoraSpec;
 use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
@@ -138,6 +137,30 @@ pub enum KlForm {
     K3,
     /// mean_pixels((μ_θ − μ_ref)²) / (2σ_t²), as flow_grpo's training scripts compute it.
     ClosedForm,
+}
+
+/// LoRA on the DiT.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSpec {
+    /// Rank.
+    pub rank: usize,
+    /// α (update scaled by α/r).
+    pub alpha: f64,
+    /// Targets among `q_proj k_proj v_proj o_proj fc1 fc2 modulation`.
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        Self {
+            rank: 8,
+            alpha: 16.0,
+            targets: ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! prompt is written (`{"prompt", "answer", "responses": [{"response", "reward",
 //! "truncated"}]}`, see `llm::offline`), atomically.
 
-use crate::llm::policy_at_start;
+use crate::llm::plop::policy_at_start;
 use crate::llm::schema::Recipe;
 use crate::llm::score::Scored;
 use crate::llm::score::{Scorer, completions};

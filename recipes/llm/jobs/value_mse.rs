@@ -12,7 +12,7 @@
 //! The MSE includes V_MC's own sampling noise, estimated as the mean over prompts of the sample
 //! variance of its M rewards divided by M, and reported.
 
-use crate::llm::policy_at_start;
+use crate::llm::plop::policy_at_start;
 use crate::llm::schema::Recipe;
 use crate::llm::score::{Scorer, completions};
 use crate::llm::step::{prompt_features, rollout_sampling};

@@ -1,8 +1,9 @@
 //! The judge loaded in process: a frozen model on the run's device, its words scored as an
 //! endpoint's `echo` scores them.
 
-use super::{JudgeSpec, yes_probability};
+use super::yes_probability;
 use crate::llm::participant::Loaded;
+use crate::llm::schema::JudgeSpec;
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
 

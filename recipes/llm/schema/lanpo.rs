@@ -3,6 +3,7 @@
 //! Learning in LLMs", arXiv 2510.16552): language guides exploration, only the numerical reward
 //! drives the update. The rules are in `recipes/llm/lanpo.rs`.
 
+use super::rollout::RolloutSpec;
 use crate::common::config::check_count;
 use crate::common::config::defaults::{four, two, yes};
 use anyhow::{Result, bail};
@@ -106,32 +107,42 @@ impl LanpoSpec {
     }
 }
 
-impl super::Recipe {
-    /// `[lanpo]`: its values, and the parts of a recipe it works with (a pretrained policy
-    /// that reads text, rollouts sampled here and now, one group per problem).
-    pub(super) fn validate_lanpo(&self, parts: &PresetParts) -> Result<()> {
-        let Some(l) = &self.lanpo else {
-            return Ok(());
-        };
-        l.validate(self.rollout.samples_per_prompt)?;
-        let clash = if self.pretrained.is_none() {
-            Some("the tiny [model], which reads no feedback text (use [pretrained])")
-        } else if !self.rollout.backend.is_local() {
-            Some("rollout.backend = \"openai\" (the feedback samples are drawn in process)")
-        } else if self.rollout.max_staleness > 0 {
-            Some("rollout.max_staleness > 0 (the feedback reads this step's attempts)")
-        } else if parts.adaptive.is_some() {
-            Some("Reinforce-Ada's rounds")
-        } else if parts.replay.is_some() {
-            Some("replay of stored groups")
-        } else if self.offline.is_some() {
-            Some("[offline], which samples nothing")
-        } else {
-            None
-        };
-        match clash {
-            Some(what) => bail!("[lanpo] does not combine with {what}"),
-            None => Ok(()),
-        }
+/// What `[lanpo]` works with in the rest of a recipe.
+pub(super) struct LanpoContext<'a> {
+    /// A pretrained policy (`[pretrained]`), which reads text.
+    pub(super) pretrained: bool,
+    /// `[rollout]`.
+    pub(super) rollout: &'a RolloutSpec,
+    /// An `[offline]` table.
+    pub(super) offline: bool,
+    /// The preset's parts.
+    pub(super) parts: &'a PresetParts,
+}
+
+/// `[lanpo]`: its values, and the parts of a recipe it works with (a pretrained policy that
+/// reads text, rollouts sampled here and now, one group per problem).
+pub(super) fn validate_lanpo(lanpo: Option<&LanpoSpec>, c: LanpoContext) -> Result<()> {
+    let Some(l) = lanpo else {
+        return Ok(());
+    };
+    l.validate(c.rollout.samples_per_prompt)?;
+    let clash = if !c.pretrained {
+        Some("the tiny [model], which reads no feedback text (use [pretrained])")
+    } else if !c.rollout.backend.is_local() {
+        Some("rollout.backend = \"openai\" (the feedback samples are drawn in process)")
+    } else if c.rollout.max_staleness > 0 {
+        Some("rollout.max_staleness > 0 (the feedback reads this step's attempts)")
+    } else if c.parts.adaptive.is_some() {
+        Some("Reinforce-Ada's rounds")
+    } else if c.parts.replay.is_some() {
+        Some("replay of stored groups")
+    } else if c.offline {
+        Some("[offline], which samples nothing")
+    } else {
+        None
+    };
+    match clash {
+        Some(what) => bail!("[lanpo] does not combine with {what}"),
+        None => Ok(()),
     }
 }

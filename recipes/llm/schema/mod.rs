@@ -1,68 +1,33 @@
 //! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
 use crate::common::config::defaults::{auto, four, ten, two, yes};
-use crate::llm::teacher::{TeacherRole, TeacherSpec};
 use anyhow::{Result, bail};
 use ember_engine::*;
-use ember_tasks::reward::{ExternalSpec, PythonSpec};
 use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 mod critic;
+mod judge;
 mod lanpo;
 mod offline;
 mod policy;
+mod reward;
 mod rollout;
 mod task;
+mod teacher;
 
 pub use rollout::{RolloutBackend, RolloutSpec, ServerKeys};
 
 pub use critic::CriticSpec;
+pub use judge::{JudgeSpec, Verdict};
 pub use lanpo::{LanpoSpec, UpdateContext};
 pub use offline::{GroupObjective, Objective, OfflineSpec, Pairs};
 pub use policy::{
     LoraSpec, ModelSpec, PolicyChoice, PretrainedSpec, Targets, Warmup, choose_policy,
 };
+pub use reward::RewardSpec;
 pub use task::{TaskKind, TaskSpec};
-
-/// The reward: a weighted sum of the task's verifiable reward, a format reward, an external
-/// program's reward, plus DAPO's overlong penalty.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RewardSpec {
-    /// Weight of the verifiable (correctness) reward.
-    #[serde(default = "crate::common::config::defaults::one_f32")]
-    pub correct: f32,
-    /// Weight of the format reward (see `reward::format_reward`).
-    #[serde(default)]
-    pub format: f32,
-    /// DAPO's soft overlong penalty.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overlong: Option<OverlongPenalty>,
-    /// An external reward program speaking JSON lines.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub external: Option<ExternalSpec>,
-    /// Python reward functions with TRL's signature (each weighted; logged as
-    /// `reward/<function>`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub python: Option<PythonSpec>,
-    /// A judge model behind an OpenAI-compatible endpoint (logged as `reward/judge_mean`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub judge: Option<crate::llm::judge::JudgeSpec>,
-}
-
-impl Default for RewardSpec {
-    fn default() -> Self {
-        Self {
-            correct: 1.0,
-            format: 0.0,
-            overlong: None,
-            external: None,
-            python: None,
-            judge: None,
-        }
-    }
-}
+pub use teacher::{TeacherRole, TeacherSpec};
 
 /// Sampled evaluation: `samples` responses per held-out problem at `temperature` give
 /// `eval/mean@N` (mean accuracy over the samples) and `eval/pass@k` (k = 1, 2, 4, …, N) beside
@@ -415,7 +380,7 @@ impl Recipe {
         parts.advantage.validate()?;
         let kl_coef = self.train.run.kl_coef;
         let teacher = self.teacher.as_ref();
-        crate::llm::teacher::check(teacher, self.algorithm, self.offline.is_some(), kl_coef)?;
+        teacher::check(teacher, self.algorithm, self.offline.is_some(), kl_coef)?;
         Ok(())
     }
 
@@ -525,7 +490,13 @@ impl Recipe {
                 );
             }
         }
-        self.validate_lanpo(parts)
+        let context = lanpo::LanpoContext {
+            pretrained: self.pretrained.is_some(),
+            rollout: &self.rollout,
+            offline: self.offline.is_some(),
+            parts,
+        };
+        lanpo::validate_lanpo(self.lanpo.as_ref(), context)
     }
 
     /// The actor loss's settings and `[eval]`.

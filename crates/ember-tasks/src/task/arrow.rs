@@ -6,7 +6,7 @@
 //! conversation); a null stays null, as Parquet's rows and JSONL have it; a column of another
 //! type (binary, dates, images) is named in an error.
 
-use super::jsonl::DataError;
+use super::file::{DataError, open_data_file, read_regular};
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, RecordBatch};
@@ -52,7 +52,7 @@ pub(super) fn rows(path: &Path) -> Result<Vec<(PathBuf, usize, serde_json::Value
 
 /// A JSON file of the saved dataset, parsed.
 fn json_of(path: &Path) -> Result<serde_json::Value, DataError> {
-    let text = super::jsonl::read_regular(path).map_err(|source| DataError::Io {
+    let text = read_regular(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -113,7 +113,7 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
 
 /// The rows of one Arrow IPC stream file.
 fn file_rows(path: &Path) -> Result<Vec<(PathBuf, usize, serde_json::Value)>, DataError> {
-    let file = super::jsonl::open_data_file(path)?;
+    let file = open_data_file(path)?;
     let reader = StreamReader::try_new(std::io::BufReader::new(file), None)
         .map_err(|e| invalid(path, format!("not an Arrow IPC stream: {e}")))?;
     let mut out = Vec::new();

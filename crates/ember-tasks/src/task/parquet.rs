@@ -3,7 +3,7 @@
 //! each row read as the JSON object a JSONL line would be (lists of structs become lists of
 //! objects, so a `messages` column reads as a conversation).
 
-use super::jsonl::DataError;
+use super::file::{DataError, open_data_file};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use std::path::{Path, PathBuf};
 
@@ -82,7 +82,7 @@ fn file_rows(path: &Path) -> Result<Vec<(PathBuf, usize, serde_json::Value)>, Da
             format!("not a readable Parquet file: {e}"),
         ),
     };
-    let file = super::jsonl::open_data_file(path)?;
+    let file = open_data_file(path)?;
     let reader = SerializedFileReader::new(file).map_err(bad)?;
     let iter = reader.get_row_iter(None).map_err(bad)?;
     let mut out = Vec::new();

@@ -1,0 +1,509 @@
+//! The LM policy kit: the policy as every LLM job uses it, built from a recipe (the tiny
+//! character-level Llama or a pretrained checkpoint with LoRA), prompted (character vocabulary
+//! or tokenizer with chat template), evaluated greedily or by sampling on held-out problems,
+//! warmed up by supervised steps, stored in checkpoints and in `final/`.
+
+use crate::llm::schema::{Recipe, Warmup};
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::{Module, ParamGroup};
+use burn::optim::GradientsParams;
+use burn::store::ModuleRecord;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_llm::chartok;
+use ember_llm::{Llama, LlamaConfig, LoraSettings, Message, SamplingConfig, Tokenizer, generate};
+use ember_run::checkpoint;
+use ember_tasks::expand_path;
+use ember_tasks::reward::check;
+use ember_tasks::task::{Example, Rng, TaskSet};
+use ember_train::OptimizerConfig;
+use std::path::Path;
+
+/// How text becomes tokens.
+pub enum Tok {
+    /// A tiny policy's vocabulary: the generated tasks' characters, or bytes.
+    Char(chartok::Vocab),
+    /// A real tokenizer with a prompt template and optional chat template.
+    Real {
+        /// The tokenizer.
+        tok: Box<Tokenizer>,
+        /// Wrap in the chat template.
+        chat: bool,
+        /// System message.
+        system: Option<String>,
+        /// User message with `{question}`.
+        template: String,
+    },
+}
+
+/// A policy being trained: the model on the autodiff device, its tokenizer and stop tokens.
+pub struct Policy {
+    /// The model.
+    pub model: Llama,
+    /// Its config.
+    pub config: LlamaConfig,
+    /// Its tokenizer.
+    pub tok: Tok,
+    /// Tokens that end a response.
+    pub stop: Vec<u32>,
+    /// LoRA settings when only adapters are trained.
+    pub lora: Option<LoraSettings>,
+}
+
+impl Policy {
+    /// The prompt's token ids; an error when prompt plus `max_new` exceeds the context.
+    pub fn prompt_ids(&self, e: &Example, max_new: usize) -> Result<Vec<u32>> {
+        self.prompt_ids_with(e, "", max_new)
+    }
+
+    /// [`Policy::prompt_ids`] with `extra` appended to the user message (the last one of a
+    /// chat dataset's conversation): LANPO's feedback. A tiny policy reads no such text.
+    pub fn prompt_ids_with(&self, e: &Example, extra: &str, max_new: usize) -> Result<Vec<u32>> {
+        let ids = match &self.tok {
+            Tok::Char(_) if !extra.is_empty() => {
+                bail!("the tiny policy's vocabulary reads no feedback text: use [pretrained]")
+            }
+            Tok::Char(vocab) => {
+                let mut ids = vec![chartok::BOS];
+                ids.extend(vocab.encode(&e.prompt).map_err(|m| {
+                    anyhow!(
+                        "prompt {:?}: {m}; set `[model] vocab = \"bytes\"` for other text, or \
+                         use [pretrained]",
+                        e.prompt
+                    )
+                })?);
+                ids
+            }
+            Tok::Real {
+                tok,
+                chat,
+                system,
+                template,
+            } => {
+                let user = template.replace("{question}", &e.question) + extra;
+                let text = if *chat && extra.is_empty() {
+                    render_chat(tok, system.as_deref(), &user, &e.messages)?
+                } else if *chat {
+                    let mut messages = e.messages.clone();
+                    if let Some((_, content)) = messages.iter_mut().rev().find(|m| m.0 == "user") {
+                        content.push_str(extra);
+                    }
+                    render_chat(tok, system.as_deref(), &user, &messages)?
+                } else {
+                    user
+                };
+                tok.encode(&text)?
+            }
+        };
+        let ctx = self.config.max_position_embeddings;
+        if ids.len().checked_add(max_new).is_none_or(|n| n > ctx) {
+            bail!(
+                "prompt of {} tokens plus rollout.max_new_tokens = {max_new} exceeds the model's \
+                 context of {ctx} positions (prompt: {:?})",
+                ids.len(),
+                e.question.chars().take(80).collect::<String>()
+            );
+        }
+        Ok(ids)
+    }
+
+    /// The tiny policy's vocabulary (`Chars` for a pretrained one, which has its tokenizer).
+    pub fn vocab(&self) -> chartok::Vocab {
+        match &self.tok {
+            Tok::Char(v) => *v,
+            Tok::Real { .. } => chartok::Vocab::Chars,
+        }
+    }
+
+    /// A request of the run's own (LANPO's lesson request) as the user message of the
+    /// recipe's chat template, without the prompt template.
+    pub fn request_ids(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tok {
+            Tok::Char(_) => {
+                bail!("the tiny policy's vocabulary reads no requests: use [pretrained]")
+            }
+            Tok::Real {
+                tok, chat, system, ..
+            } => match chat {
+                true => Ok(tok.encode(&render_chat(tok, system.as_deref(), text, &[])?)?),
+                false => Ok(tok.encode(text)?),
+            },
+        }
+    }
+
+    /// `text`'s token ids without special tokens or a template.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.tok {
+            Tok::Char(vocab) => vocab.encode(text).map_err(|m| anyhow!("{text:?}: {m}")),
+            Tok::Real { tok, .. } => Ok(tok.encode_with(text, false)?),
+        }
+    }
+
+    /// Response text.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match &self.tok {
+            Tok::Char(vocab) => vocab.decode(ids),
+            Tok::Real { tok, .. } => tok.decode(ids, true).unwrap_or_default(),
+        }
+    }
+}
+
+/// The prompts of an evaluation set, checked against the context.
+fn eval_prompts(policy: &Policy, eval: &[Example], max_new: usize) -> Result<Vec<Vec<u32>>> {
+    eval.iter().map(|e| policy.prompt_ids(e, max_new)).collect()
+}
+
+/// Greedy held-out accuracy (the verifiable reward alone).
+pub fn evaluate(policy: &Policy, eval: &[Example], max_new: usize, device: &Device) -> Result<f64> {
+    let model = policy.model.valid();
+    let prompts = eval_prompts(policy, eval, max_new)?;
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: max_new,
+        stop_tokens: policy.stop.clone(),
+        ..SamplingConfig::default()
+    };
+    let mut correct = 0f32;
+    // Chunks bound the memory of large models; the tiny policy takes the set at once.
+    let chunk = if policy.lora.is_some() {
+        32
+    } else {
+        eval.len().max(1)
+    };
+    for (ps, es) in prompts.chunks(chunk).zip(eval.chunks(chunk)) {
+        let g = generate(&model, ps, &cfg, device)?;
+        correct += g
+            .response_ids()
+            .iter()
+            .zip(es)
+            .map(|(r, e)| check(&e.check, &policy.decode(r), &e.answer))
+            .sum::<f32>();
+    }
+    Ok(f64::from(correct) / eval.len() as f64)
+}
+
+/// pass@k of a problem with `c` correct among `n` samples, unbiased (Chen et al. 2021, "Evaluating
+/// Large Language Models Trained on Code", eq. 1): 1 − C(n−c, k)/C(n, k), as the product
+/// 1 − Π_{i=n−c+1}^{n} (1 − k/i) of their numerically stable form.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if n < k || c == 0 {
+        return 0.0;
+    }
+    if n - c < k {
+        return 1.0;
+    }
+    1.0 - (n - c + 1..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product::<f64>()
+}
+
+/// Sampled held-out evaluation: `n` responses per problem at `temperature` (seeded by `seed`):
+/// `eval/mean@n` and `eval/pass@k` for k = 1, 2, 4, …, and n.
+pub fn evaluate_sampled(
+    policy: &Policy,
+    eval: &[Example],
+    max_new: usize,
+    (n, temperature, seed): (usize, f32, u64),
+    device: &Device,
+) -> Result<Vec<(String, f64)>> {
+    let model = policy.model.valid();
+    let prompts = eval_prompts(policy, eval, max_new)?;
+    let cfg = SamplingConfig {
+        temperature,
+        max_new_tokens: max_new,
+        n,
+        seed,
+        stop_tokens: policy.stop.clone(),
+        ..SamplingConfig::default()
+    };
+    let chunk = (if policy.lora.is_some() { 32 } else { 256 } / n).max(1);
+    let mut correct = Vec::with_capacity(eval.len());
+    for (ps, es) in prompts.chunks(chunk).zip(eval.chunks(chunk)) {
+        let g = generate(&model, ps, &cfg, device)?;
+        let mut per = vec![0usize; es.len()];
+        for (r, gi) in g.response_ids().iter().zip(&g.group_ids) {
+            let e = &es[*gi];
+            if check(&e.check, &policy.decode(r), &e.answer) > 0.5 {
+                per[*gi] += 1;
+            }
+        }
+        correct.extend(per);
+    }
+    let m = correct.len().max(1) as f64;
+    let mut out = vec![(
+        format!("eval/mean@{n}"),
+        correct.iter().sum::<usize>() as f64 / (m * n as f64),
+    )];
+    let mut ks: Vec<usize> = std::iter::successors(Some(1usize), |k| k.checked_mul(2))
+        .take_while(|k| *k < n)
+        .collect();
+    ks.push(n);
+    for k in ks {
+        let p = correct.iter().map(|c| pass_at_k(n, *c, k)).sum::<f64>() / m;
+        out.push((format!("eval/pass@{k}"), p));
+    }
+    Ok(out)
+}
+
+/// Teacher-forced demonstrations `<bos> prompt answer <eos>` in a tiny policy's vocabulary:
+/// tokens and mask `[b, t]`, and the mask of the answer tokens among the next-token targets
+/// `[b, t − 1]`.
+pub fn demonstrations(
+    vocab: chartok::Vocab,
+    batch: &[Example],
+    device: &Device,
+) -> Result<(Tensor<2, Int>, Tensor<2>, Tensor<2>)> {
+    let seqs: Vec<(Vec<u32>, usize)> = batch
+        .iter()
+        .map(|e| {
+            let mut ids = vec![chartok::BOS];
+            ids.extend(vocab.encode(&e.prompt).map_err(anyhow::Error::msg)?);
+            let p = ids.len();
+            ids.extend(vocab.encode(&e.answer).map_err(anyhow::Error::msg)?);
+            ids.push(chartok::EOS);
+            Ok((ids, p))
+        })
+        .collect::<Result<_>>()?;
+    let t = seqs.iter().map(|(s, _)| s.len()).max().unwrap_or(2);
+    let b = seqs.len();
+    let (mut toks, mut mask, mut lm) = (
+        vec![0i64; b * t],
+        vec![0f32; b * t],
+        vec![0f32; b * (t - 1)],
+    );
+    for (i, (s, p)) in seqs.iter().enumerate() {
+        for (j, id) in s.iter().enumerate() {
+            toks[i * t + j] = i64::from(*id);
+            mask[i * t + j] = 1.0;
+            if j >= *p {
+                lm[i * (t - 1) + j - 1] = 1.0;
+            }
+        }
+    }
+    Ok((
+        Tensor::from_data(TensorData::new(toks, [b, t]), device),
+        Tensor::from_data(TensorData::new(mask, [b, t]), device),
+        Tensor::from_data(TensorData::new(lm, [b, t - 1]), device),
+    ))
+}
+
+/// Supervised steps on demonstrations `prompt answer <eos>`: −mean log π of the answer tokens.
+pub fn warm_up(
+    mut model: Llama,
+    vocab: chartok::Vocab,
+    w: &Warmup,
+    task: &TaskSet,
+    rng: &mut Rng,
+    device: &Device,
+) -> Result<Llama> {
+    let mut optim = OptimizerConfig::default().init();
+    for step in 0..w.steps {
+        ember_run::check_stop("the warm-up", step, w.steps)?;
+        let batch = task.train(rng, w.batch);
+        let (toks, mask, lm) = demonstrations(vocab, &batch, device)?;
+        let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
+        let loss = (lp * lm.clone()).sum().neg() / lm.sum();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(w.lr, model, grads).0;
+    }
+    Ok(model)
+}
+
+/// Loads the recipe's policy on `device` (the tiny model freshly initialised from the seed, or
+/// the pretrained checkpoint with fresh adapters).
+pub fn build_policy(r: &Recipe, device: &Device) -> Result<Policy> {
+    build_policy_with(r, device, None)
+}
+
+/// [`build_policy`], with a pretrained policy's adapters read from a PEFT directory instead of
+/// freshly initialised.
+pub fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
+    let (precision, note) = crate::common::device::resolve_precision(
+        r.precision,
+        crate::common::device::kind(&r.device)?,
+    );
+    if let Some(note) = note {
+        log::warn!("[{}] {note}", r.name);
+    }
+    let mut policy = build_policy_f32(r, device, peft)?;
+    policy.model = policy
+        .model
+        .with_precision(precision)
+        .with_fused_attention(r.fused_attention)
+        .with_shared_prefix(r.shared_prefix);
+    Ok(policy)
+}
+
+fn build_policy_f32(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
+    policy_from_specs(
+        r.model.as_ref(),
+        r.pretrained.as_ref(),
+        r.seed,
+        device,
+        peft,
+    )
+}
+
+/// The policy of a `[model]` (the tiny policy, initialised from `seed`) or `[pretrained]` table
+/// (with fresh adapters, or those of the PEFT directory `peft`), in f32.
+pub fn policy_from_specs(
+    model: Option<&crate::llm::schema::ModelSpec>,
+    pretrained: Option<&crate::llm::schema::PretrainedSpec>,
+    seed: u64,
+    device: &Device,
+    peft: Option<&Path>,
+) -> Result<Policy> {
+    if let Some(m) = model {
+        device.seed(seed);
+        let config = m.llama_config();
+        return Ok(Policy {
+            model: config.init(device),
+            config,
+            tok: Tok::Char(m.vocab),
+            stop: vec![chartok::EOS],
+            lora: None,
+        });
+    }
+    let p = pretrained.context("the recipe has no policy ([model] or [pretrained])")?;
+    let path = expand_path(&p.path)?;
+    let mut tok = ember_llm::Tokenizer::for_checkpoint(&path)?;
+    tok.template_kwargs = p.chat_template_kwargs.clone();
+    let loaded = ember_llm::load(&path, device)
+        .with_context(|| format!("loading pretrained.path {}", path.display()))?;
+    device.seed(seed);
+    let model = match peft {
+        Some(dir) => ember_llm::load_peft(loaded.model, dir, device)?.0,
+        None => ember_llm::apply_lora(loaded.model, &p.lora.settings()?)?,
+    };
+    let mut stop = loaded.eos_ids.clone();
+    stop.extend(tok.eos_ids.iter().copied());
+    stop.sort_unstable();
+    stop.dedup();
+    if stop.is_empty() {
+        bail!(
+            "{} declares no end-of-sequence token; responses could not end",
+            path.display()
+        );
+    }
+    Ok(Policy {
+        model,
+        config: loaded.config,
+        tok: Tok::Real {
+            tok: Box::new(tok),
+            chat: p.chat,
+            system: p.system.clone(),
+            template: p.template.clone(),
+        },
+        stop,
+        lora: Some(p.lora.settings()?),
+    })
+}
+
+/// `user`, or a chat dataset's conversation `messages` as it is, in `tok`'s chat template with
+/// the assistant header; the recipe's `system` message goes first unless the conversation has
+/// its own.
+pub(crate) fn render_chat(
+    tok: &Tokenizer,
+    system: Option<&str>,
+    user: &str,
+    messages: &[(String, String)],
+) -> Result<String> {
+    let mut msgs = Vec::new();
+    let own_system = messages.iter().any(|(r, _)| r == "system");
+    if let (Some(s), false) = (system, own_system) {
+        msgs.push(Message::new("system", s));
+    }
+    if messages.is_empty() {
+        msgs.push(Message::new("user", user));
+    } else {
+        msgs.extend(messages.iter().map(|(r, c)| Message::new(r, c)));
+    }
+    Ok(tok.apply_chat_template(&msgs, true)?)
+}
+
+/// The parameters a checkpoint stores: all of the tiny model, the adapters of a LoRA policy.
+pub fn model_record(policy: &Policy) -> ModuleRecord {
+    if policy.lora.is_some() {
+        policy
+            .model
+            .clone()
+            .into_record_group(ParamGroup::from_predicate(".lora."))
+    } else {
+        policy.model.clone().into_record()
+    }
+}
+
+/// `policy` with the parameters stored in checkpoint `dir` (all of the tiny model, the adapters
+/// of a LoRA policy).
+pub fn load_checkpoint(policy: Policy, dir: &Path) -> Result<Policy> {
+    let rec = checkpoint::read_model(dir, policy.lora.is_some())?;
+    let model = policy
+        .model
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", dir.join(checkpoint::MODEL).display()))?;
+    Ok(Policy { model, ..policy })
+}
+
+/// The tiny policy's reference weights written at the start of a run (`reference.bpk`), as a
+/// no-grad model with the policy's precision and attention path.
+pub fn read_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Result<Llama> {
+    let rec = ModuleRecord::load(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
+    let m = r
+        .model
+        .as_ref()
+        .context("tiny model")?
+        .llama_config()
+        .init(ad)
+        .try_load_record(rec)
+        .map_err(|e| anyhow!("applying {}: {e}", path.display()))?
+        .with_precision(policy.model.precision())
+        .with_fused_attention(r.fused_attention)
+        .with_shared_prefix(r.shared_prefix);
+    Ok(m.valid())
+}
+
+/// The tiny model as a complete Hugging Face directory in `dir`: safetensors, `config.json`
+/// and the character vocabulary as `tokenizer.json` (so `ember serve` can serve it).
+pub fn save_tiny(policy: &Policy, dir: &Path) -> Result<()> {
+    ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, dir)?;
+    policy
+        .vocab()
+        .write_hf_tokenizer(dir)
+        .with_context(|| format!("writing {}", dir.display()))
+}
+
+/// `final/`: the tiny model as Hugging Face safetensors, or the LoRA adapter in PEFT layout.
+pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
+    let final_dir = out.join("final");
+    let tmp = out.join(".final.tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    match (&policy.lora, &r.pretrained) {
+        (Some(settings), Some(p)) => {
+            let name = Path::new(&p.path)
+                .file_stem()
+                .map_or("base".into(), |s| s.to_string_lossy().to_string());
+            ember_llm::save_peft(&policy.model.valid(), settings, &name, &tmp)?;
+        }
+        _ => save_tiny(policy, &tmp)?,
+    }
+    ember_train::manifest::publish(&tmp, &final_dir)
+        .with_context(|| format!("writing {}", final_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pass_at_k;
+
+    /// By hand: n = 5, c = 2, k = 2: 1 − C(3,2)/C(5,2) = 1 − 3/10; k = 1 is c/n; all wrong is 0,
+    /// fewer wrong than k is 1.
+    #[test]
+    fn pass_at_k_by_hand() {
+        assert!((pass_at_k(5, 2, 2) - 0.7).abs() < 1e-12);
+        assert!((pass_at_k(10, 3, 1) - 0.3).abs() < 1e-12);
+        assert!((pass_at_k(8, 3, 4) - (1.0 - 5.0 / 70.0)).abs() < 1e-12);
+        assert_eq!(pass_at_k(4, 0, 2), 0.0);
+        assert_eq!(pass_at_k(4, 3, 2), 1.0);
+        assert_eq!(pass_at_k(4, 4, 4), 1.0);
+    }
+}

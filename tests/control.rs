@@ -165,7 +165,7 @@ fn rescoring_equals_the_sampled_log_probs() {
         .init(&d)
         .unwrap();
     let state = env.reset(3, &mut SplitMix64(5), &d);
-    let ro = rollout(&policy, None, &env, (state, 8), true);
+    let ro = rollout(&policy, None, &env, state, 8, true);
     let exp = ControlExperience {
         obs: ro.obs.clone(),
         actions: ro.actions.clone(),
@@ -347,7 +347,7 @@ fn zeroth_order_samples_carry_the_engines_reinforce_gradient() {
         .unwrap()
         .with_fixed_std();
     let state = env.reset(4, &mut SplitMix64(2), &ad);
-    let s = pathwise_samples(&policy, &env, (state, 6), 0.3);
+    let s = pathwise_samples(&policy, &env, state, 6, 0.3);
     let a = sgd_step(
         &policy,
         policy_surrogate(&policy, s.obs.clone(), s.zeroth.clone()),
@@ -386,12 +386,7 @@ fn zeroth_order_samples_carry_the_engines_reinforce_gradient() {
         .with_hidden(vec![8])
         .init(&ad)
         .unwrap();
-    let s = pathwise_samples(
-        &p4,
-        &cart,
-        (cart.reset(3, &mut SplitMix64(4), &ad), 20),
-        0.5,
-    );
+    let s = pathwise_samples(&p4, &cart, cart.reset(3, &mut SplitMix64(4), &ad), 20, 0.5);
     let first = s.first.into_data().try_to_vec::<f32>().unwrap();
     assert!(first.iter().all(|&g| g == 0.0));
 }

@@ -362,7 +362,8 @@ fn real_chat_templates_render_as_transformers_renders_them() {
             &template,
             &messages,
             case["add_generation_prompt"].as_bool().unwrap(),
-            (special["bos_token"].as_str(), special["eos_token"].as_str()),
+            special["bos_token"].as_str(),
+            special["eos_token"].as_str(),
             kwargs,
         )
         .unwrap();
@@ -376,9 +377,8 @@ fn real_chat_templates_render_as_transformers_renders_them() {
     // transformers provides it, instead of its fixed fallback.
     let template = std::fs::read_to_string(site.join("llama3_2.jinja")).unwrap();
     let user = [ember_llm::Message::new("user", "Hi")];
-    let text =
-        ember_llm::render_chat_with(&template, &user, true, (None, None), &Default::default())
-            .unwrap();
+    let text = ember_llm::render_chat_with(&template, &user, true, None, None, &Default::default())
+        .unwrap();
     let today = chrono::Local::now().format("%d %b %Y").to_string();
     assert!(text.contains(&format!("Today Date: {today}\n")), "{text}");
 }

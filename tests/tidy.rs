@@ -382,6 +382,39 @@ fn functions_read_on_one_screen() {
     assert!(long.is_empty(), "functions over 120 lines: {long:#?}");
 }
 
+/// Arguments travel as the struct they belong to, not as an anonymous tuple destructured in
+/// the signature (`(exp, base, ad): (&LlmExperience, &Device, &Device)`): at most 10 such
+/// parameters in the libraries, the models and the leaf (tests aside), a bound that may only
+/// come down.
+#[test]
+fn few_parameters_destructure_anonymous_tuples() {
+    let mut found = Vec::new();
+    for dir in ["crates", "models", "recipes"] {
+        for f in rust_files(&root().join(dir)) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            for line in code.lines().map(str::trim) {
+                let destructured = line.starts_with('(')
+                    && line.ends_with(',')
+                    && line.split_once("): (").is_some_and(|(names, _)| {
+                        names[1..].chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || "_, ".contains(c)
+                        })
+                    });
+                if destructured {
+                    found.push(format!("{rel}: {line}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.len() <= 10,
+        "{} tuple parameters: {found:#?}",
+        found.len()
+    );
+}
+
 /// `(name, lines)` of each function with a body, up to the first `#[cfg(test)]` (rustfmt's
 /// layout: the body ends at the first line that is the signature's indentation plus `}`).
 fn function_lengths(text: &str) -> Vec<(String, usize)> {

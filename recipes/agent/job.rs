@@ -128,7 +128,7 @@ impl<'a> AgentJob<'a> {
     /// optimizer.
     fn new(r: &'a AgentRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
         let curves = ("rollout/reward_mean", "eval/success");
-        let mut run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
+        let mut run = open_run(out, opts, &r.name, r, r.train.run.run_loop(), curves)?;
         let parts = r.algorithm_parts();
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();
@@ -150,8 +150,7 @@ impl<'a> AgentJob<'a> {
             None => {
                 if let Some(w) = &r.warmup {
                     let t0 = Instant::now();
-                    let how = (w.steps, w.batch, w.lr);
-                    policy = warm_up(policy, env.as_ref(), how, &mut rng, &ad)?;
+                    policy = warm_up(policy, env.as_ref(), w, &mut rng, &ad)?;
                     let secs = t0.elapsed().as_secs_f64();
                     run.say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
                 }
@@ -274,7 +273,7 @@ impl<'a> AgentJob<'a> {
                     row,
                     shown: &[],
                 };
-                update_policy(model, optim, (&exp, batch), ctx)?.0
+                update_policy(model, optim, &exp, batch, ctx)?.0
             }
             Some(turns) => {
                 let adv = compute_advantages(adv_cfg, batch, step)?;

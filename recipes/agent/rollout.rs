@@ -11,6 +11,7 @@
 //! user message ([`Policy::observation_after`]). Each turn re-reads its episodes' whole
 //! contexts (no KV cache is kept between turns).
 
+use crate::llm::schema::Warmup;
 use crate::llm::{Policy, Tok};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -424,15 +425,17 @@ pub fn demonstrations(
     Ok(t)
 }
 
-/// Supervised warm-up on the environment's demonstrations: `steps` AdamW steps on −mean log π
-/// of the demonstrated turns' tokens (observations are context only), `batch` episodes each.
+/// Supervised warm-up on the environment's demonstrations (`[warmup]`): `steps` AdamW steps at
+/// `lr` on −mean log π of the demonstrated turns' tokens (observations are context only),
+/// `batch` episodes each.
 pub fn warm_up(
     mut policy: Policy,
     env: &dyn Environment,
-    (steps, batch, lr): (usize, usize, f64),
+    w: &Warmup,
     rng: &mut ember_tasks::task::Rng,
     device: &Device,
 ) -> Result<Policy> {
+    let (steps, batch, lr) = (w.steps, w.batch, w.lr);
     use burn::optim::GradientsParams;
     use ember_train::Actor;
     let mut optim = ember_train::OptimizerConfig::default().init();

@@ -9,25 +9,33 @@ use ember_run::{Run, RunOptions, RunSpec};
 use ember_train::Optimizer;
 use std::path::Path;
 
-/// How long a run is and how it keeps checkpoints: `(steps, checkpoint_every,
-/// keep_checkpoints)` of the recipe's `train` (or `rl`) table.
-pub type RunLoop = (usize, usize, usize);
+/// How long a run is and how it keeps checkpoints: the recipe's `train` (or `rl`, `ppo`) table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLoop {
+    /// Steps of the run.
+    pub steps: usize,
+    /// A checkpoint every this many steps (0: only at the end and on a stop).
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    pub keep_checkpoints: usize,
+}
 
 /// Opens `out` for the recipe `r` named `name`, drawing `curves` (reward, held-out metric).
 pub fn open_run<R: serde::Serialize>(
     out: &Path,
     opts: &RunOptions,
-    (name, r): (&str, &R),
-    (steps, checkpoint_every, keep_checkpoints): RunLoop,
+    name: &str,
+    r: &R,
+    run_loop: RunLoop,
     curves: (&str, &str),
 ) -> Result<Run> {
     let resolved = toml::to_string_pretty(r)?;
     let spec = RunSpec {
         name,
         resolved: &resolved,
-        steps,
-        checkpoint_every,
-        keep_checkpoints,
+        steps: run_loop.steps,
+        checkpoint_every: run_loop.checkpoint_every,
+        keep_checkpoints: run_loop.keep_checkpoints,
         curves,
     };
     Run::open(out, opts, &spec)

@@ -75,7 +75,7 @@ impl ControlJob<'_> {
             Side::Protagonist => &mut self.protagonist,
             Side::Adversary => self.adversary.as_mut().unwrap_or_else(|| unreachable!()),
         };
-        update_player(player, e, (self.r, lr, seed), &mut own)?;
+        update_player(player, e, self.r, lr, seed, &mut own)?;
         let prefix = match learner {
             Side::Protagonist => "",
             Side::Adversary => "adversary/",
@@ -98,7 +98,8 @@ impl ControlJob<'_> {
             &self.protagonist.policy.valid(),
             adv,
             &self.env,
-            (state, h),
+            state,
+            h,
             true,
         ))
     }
@@ -129,7 +130,7 @@ impl ControlJob<'_> {
             .reshape([n, h]);
         let last = critic.value(ro.last_obs.clone());
         let run = &r.ppo.run;
-        let rewards = ro.learner_rewards(side, last, (run.gamma, run.reward_scale));
+        let rewards = ro.learner_rewards(side, last, run.gamma, run.reward_scale);
         log_rollout(ro, &player.policy, row);
         let groups: Vec<usize> = (0..n).collect();
         let ad = &self.ad;
@@ -200,7 +201,7 @@ impl ControlJob<'_> {
         let evaluated = done.is_multiple_of(r.eval.every) || done == r.ppo.run.steps;
         if evaluated || end.stop {
             let mu = self.protagonist.policy.valid();
-            self.after = evaluate(&mu, None, &self.env, (self.horizon, r), &self.base);
+            self.after = evaluate(&mu, None, &self.env, self.horizon, r, &self.base);
             if evaluated {
                 row.extend(eval_row(done, self.after));
                 if let (Some(nu), Some(a)) = (&self.adversary, r.adversary()) {
@@ -209,7 +210,7 @@ impl ControlJob<'_> {
                         policy: &nu,
                         max_force: a.max_force,
                     };
-                    let with = evaluate(&mu, Some(adv), &self.env, (self.horizon, r), &self.base);
+                    let with = evaluate(&mu, Some(adv), &self.env, self.horizon, r, &self.base);
                     row.insert("eval/return_with_adversary".into(), with);
                 }
             }
@@ -250,7 +251,9 @@ fn log_rollout(ro: &Rollout, policy: &ember_control::GaussianPolicy, row: &mut R
 fn update_player(
     player: &mut Player,
     e: Experience,
-    (r, lr, seed): (&ControlRecipe, f64, u64),
+    r: &ControlRecipe,
+    lr: f64,
+    seed: u64,
     row: &mut Row,
 ) -> Result<()> {
     row.extend(e.adv.metrics.to_host());

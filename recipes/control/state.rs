@@ -2,7 +2,7 @@
 //! the environment, fresh players or a resumed run's), what a checkpoint holds beside the run
 //! kit's records (the critics, the adversary and their optimizers), and the evaluations.
 
-use crate::common::run::{load_pair, load_records, open_run, save_pair};
+use crate::common::run::{RunLoop, load_pair, load_records, open_run, save_pair};
 use crate::control::schema::ControlRecipe;
 use anyhow::Result;
 use burn::module::Module;
@@ -46,8 +46,11 @@ impl Player {
     /// A fresh player acting with `act` dimensions on `ad` (draws from its RNG).
     fn new(
         r: &ControlRecipe,
-        (obs, act): (usize, usize),
-        (hidden, critic_hidden, log_std): (&[usize], &[usize], f32),
+        obs: usize,
+        act: usize,
+        hidden: &[usize],
+        critic_hidden: &[usize],
+        log_std: f32,
         ad: &Device,
     ) -> Result<Self> {
         let policy = GaussianPolicyConfig::new(obs, act)
@@ -122,26 +125,38 @@ impl Setup {
         opts: &RunOptions,
     ) -> Result<ControlJob<'a>> {
         let p = &r.ppo.run;
-        let run_loop = (p.steps, p.checkpoint_every, p.keep_checkpoints);
+        let run_loop = RunLoop {
+            steps: p.steps,
+            checkpoint_every: p.checkpoint_every,
+            keep_checkpoints: p.keep_checkpoints,
+        };
         let curves = ("rollout/return_mean", "eval/return_mean");
-        let run = open_run(out, opts, (&r.name, r), run_loop, curves)?;
+        let run = open_run(out, opts, &r.name, r, run_loop, curves)?;
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();
         let env = r.env()?;
         ad.seed(r.seed ^ 0x434f_4e54);
         let pol = &r.policy;
-        let sizes = (&pol.hidden[..], &pol.critic_hidden[..], pol.log_std_init);
-        let protagonist = Player::new(r, (env.obs_dim(), env.act_dim()), sizes, &ad)?;
+        let (obs, act) = (env.obs_dim(), env.act_dim());
+        let protagonist = Player::new(
+            r,
+            obs,
+            act,
+            &pol.hidden,
+            &pol.critic_hidden,
+            pol.log_std_init,
+            &ad,
+        )?;
         let adversary = match r.adversary() {
-            Some(a) => {
-                let sizes = (&a.hidden[..], &a.hidden[..], a.log_std_init);
-                Some(Player::new(
-                    r,
-                    (env.obs_dim(), env.force_dim()),
-                    sizes,
-                    &ad,
-                )?)
-            }
+            Some(a) => Some(Player::new(
+                r,
+                env.obs_dim(),
+                env.force_dim(),
+                &a.hidden,
+                &a.hidden,
+                a.log_std_init,
+                &ad,
+            )?),
             None => None,
         };
         Ok(ControlJob {
@@ -179,7 +194,7 @@ impl ControlJob<'_> {
         } else {
             let (r, h) = (self.r, self.horizon);
             let mu = self.protagonist.policy.valid();
-            self.before = evaluate(&mu, None, &self.env, (h, r), &self.base);
+            self.before = evaluate(&mu, None, &self.env, h, r, &self.base);
             self.after = self.before;
             self.run.log(eval_row(0, self.before))?;
         }
@@ -215,12 +230,13 @@ pub(super) fn evaluate(
     policy: &GaussianPolicy,
     adversary: Option<Adversary>,
     env: &Env,
-    (horizon, r): (usize, &ControlRecipe),
+    horizon: usize,
+    r: &ControlRecipe,
     device: &Device,
 ) -> f64 {
     let mut rng = SplitMix64(r.eval.seed);
     let state = env.reset(r.eval.episodes, &mut rng, device);
-    let ro = rollout(policy, adversary, env, (state, horizon), false);
+    let ro = rollout(policy, adversary, env, state, horizon, false);
     f64::from(ro.returns().mean().into_scalar::<f32>())
 }
 
@@ -235,7 +251,7 @@ pub(super) fn robustness(
     for &m in &r.eval.masses {
         for &f in &r.eval.frictions {
             let env = Env::new(r.env.name, r.env.mass * m, r.env.length)?.with_friction(f)?;
-            out.push((m, f, evaluate(policy, None, &env, (horizon, r), device)));
+            out.push((m, f, evaluate(policy, None, &env, horizon, r, device)));
         }
     }
     Ok(out)

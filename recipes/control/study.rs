@@ -93,7 +93,9 @@ fn point(task: &BallWithWall, theta: f32, repeats: usize, device: &Device) -> Po
 fn curve(
     task: &BallWithWall,
     which: &str,
-    (theta0, lr, steps): (f32, f32, usize),
+    theta0: f32,
+    lr: f32,
+    steps: usize,
     device: &Device,
 ) -> Vec<f32> {
     let mut theta = theta0;
@@ -155,7 +157,7 @@ pub fn run(out: &Path, repeats: usize) -> Result<Vec<TaskStudy>> {
                 (0..3u64)
                     .map(|seed| {
                         device.seed(100 + seed);
-                        curve(&task, e, (theta0, 5.0, 100), &device)
+                        curve(&task, e, theta0, 5.0, 100, &device)
                     })
                     .collect()
             })
@@ -313,13 +315,13 @@ pub fn learning_curve(l: &Learning, which: &str, seed: u64) -> Result<Vec<f64>> 
     let mut rng = SplitMix64(seed);
     let eval = |p: &GaussianPolicy| {
         let s0 = l.env.reset(32, &mut SplitMix64(12_345), &ad);
-        let ro = rollout(&p.clone().no_grad(), None, &l.env, (s0, l.horizon), false);
+        let ro = rollout(&p.clone().no_grad(), None, &l.env, s0, l.horizon, false);
         f64::from(ro.returns().mean().into_scalar::<f32>())
     };
     let mut curve = vec![eval(&policy)];
     for u in 0..l.updates {
         let s0 = l.env.reset(l.episodes, &mut rng, &ad);
-        let s = pathwise_samples(&policy, &l.env, (s0, l.horizon), l.sigma);
+        let s = pathwise_samples(&policy, &l.env, s0, l.horizon, l.sigma);
         let loss = surrogate(&policy, &s, which, l.sigma)?;
         let (p, _, _) = accumulated_step(policy, &mut optim, l.lr, 1, |_, _| loss.clone());
         policy = p;

@@ -6,10 +6,10 @@
 //! rule needs them), as the reference does.
 
 use super::score::{Scorer, completions};
+use super::step::SamplerRef;
 use anyhow::Result;
-use burn::tensor::Device;
 use ember_engine::{AdaPool, ReinforceAda};
-use ember_llm::{Generation, Llama, SamplingConfig, generate};
+use ember_llm::{Generation, SamplingConfig, generate};
 use ember_tasks::task::Example;
 use std::collections::BTreeMap;
 
@@ -35,6 +35,19 @@ pub struct AdaRollout {
     pub unfinished: usize,
 }
 
+/// How each round is scored: the run's scorer at step `step` (its `reward/*` metrics into
+/// `row`), the responses' ids turned into text by `decode`.
+pub struct AdaScoring<'a, 's> {
+    /// The run's scorer.
+    pub scorer: &'a mut Scorer<'s>,
+    /// The step (1-based) the rewards are logged at.
+    pub step: usize,
+    /// The step's metrics.
+    pub row: &'a mut BTreeMap<String, f64>,
+    /// Ids to text.
+    pub decode: &'a dyn Fn(&[u32]) -> String,
+}
+
 /// Runs the rounds for `prompts` (token ids; `examples` alongside) and keeps `n` responses per
 /// prompt. `decode` turns ids into text for the reward; `scorer` scores each round (the
 /// `reward/*` metrics put in `row` are those of the first round, which covers every prompt).
@@ -43,10 +56,16 @@ pub fn ada_rollout(
     n: usize,
     prompts: &[Vec<u32>],
     examples: &[Example],
-    (sampler, sc, device): (&Llama, &SamplingConfig, &Device),
-    (scorer, step, row): (&mut Scorer, usize, &mut BTreeMap<String, f64>),
-    decode: &dyn Fn(&[u32]) -> String,
+    sampler: SamplerRef,
+    scoring: AdaScoring,
 ) -> Result<AdaRollout> {
+    let (sampler, sc, device) = (sampler.model, sampler.config, sampler.device);
+    let AdaScoring {
+        scorer,
+        step,
+        row,
+        decode,
+    } = scoring;
     let mut pools = vec![AdaPool::default(); prompts.len()];
     let mut rounds: Vec<(Generation, Vec<f32>)> = Vec::new();
     let (mut drawn, mut tokens_drawn) = (0, 0);

@@ -125,7 +125,7 @@ pub fn update_step(
 ) -> Result<(Llama, Vec<f64>)> {
     match critic {
         Some(c) => update_with_critic(model, c, optim, devices, batch, ctx),
-        None => update_policy(model, optim, (devices.0, &batch), ctx),
+        None => update_policy(model, optim, devices.0, &batch, ctx),
     }
 }
 

@@ -23,9 +23,11 @@ impl Endpoint {
     /// The endpoint at `url` (with or without `/v1`); `table` names the recipe table in errors.
     pub fn connect(
         table: &str,
-        (url, model): (&str, &str),
+        url: &str,
+        model: &str,
         api_key_env: Option<&str>,
-        (timeout_s, retries): (f64, u32),
+        timeout_s: f64,
+        retries: u32,
     ) -> Result<Self> {
         let key = match api_key_env {
             Some(var) => Some(

@@ -213,7 +213,8 @@ impl Pool {
         key: &str,
         embedding: &[f32],
         answer: &str,
-        (k, gamma): (usize, f64),
+        k: usize,
+        gamma: f64,
     ) -> Vec<(&str, f64)> {
         let n = self.centre_n.max(1) as f64;
         let centre: Vec<f64> = self.centre_sum.iter().map(|s| s / n).collect();
@@ -340,7 +341,7 @@ pub fn plan(
     let mut out = Vec::with_capacity(problems.len() * m);
     for ((key, e, emb), fresh) in problems.iter().zip(fresh) {
         let lessons = match spec.abstraction {
-            true => pool.relevant(key, emb, &e.answer, (spec.lessons_shown, spec.similarity)),
+            true => pool.relevant(key, emb, &e.answer, spec.lessons_shown, spec.similarity),
             false => Vec::new(),
         };
         let texts: Vec<&str> = lessons.iter().map(|l| l.0).collect();

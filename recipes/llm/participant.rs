@@ -55,9 +55,11 @@ impl Backend {
         Ok(match (src.base_url, src.model, src.path) {
             (Some(url), Some(model), _) => Backend::Endpoint(Endpoint::connect(
                 src.table,
-                (url, model),
+                url,
+                model,
                 src.api_key_env,
-                (src.timeout_s, src.retries),
+                src.timeout_s,
+                src.retries,
             )?),
             (_, _, Some(path)) => {
                 let path = ember_tasks::expand_path(path)?;
@@ -147,12 +149,12 @@ impl Backend {
 impl ChatFormat {
     /// `messages` through the template, the assistant's turn opened.
     pub fn render(&self, messages: &[Message], table: &str) -> Result<String> {
-        let specials = (self.bos.as_deref(), self.eos.as_deref());
         ember_llm::render_chat_with(
             &self.template,
             messages,
             true,
-            specials,
+            self.bos.as_deref(),
+            self.eos.as_deref(),
             &Default::default(),
         )
         .with_context(|| format!("{table}: the model's chat template"))

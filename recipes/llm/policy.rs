@@ -3,7 +3,7 @@
 //! or tokenizer with chat template), evaluated greedily or by sampling on held-out problems,
 //! warmed up by supervised steps, stored in checkpoints and in `final/`.
 
-use crate::llm::schema::{Recipe, Warmup};
+use crate::llm::schema::{EvalSpec, Recipe, Warmup};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::{Module, ParamGroup};
 use burn::optim::GradientsParams;
@@ -196,15 +196,17 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
         .product::<f64>()
 }
 
-/// Sampled held-out evaluation: `n` responses per problem at `temperature` (seeded by `seed`):
-/// `eval/mean@n` and `eval/pass@k` for k = 1, 2, 4, …, and n.
+/// Sampled held-out evaluation: `spec.samples` responses per problem at `spec.temperature`
+/// (seeded by `seed`): `eval/mean@n` and `eval/pass@k` for k = 1, 2, 4, …, and n.
 pub fn evaluate_sampled(
     policy: &Policy,
     eval: &[Example],
     max_new: usize,
-    (n, temperature, seed): (usize, f32, u64),
+    spec: &EvalSpec,
+    seed: u64,
     device: &Device,
 ) -> Result<Vec<(String, f64)>> {
+    let (n, temperature) = (spec.samples, spec.temperature);
     let model = policy.model.valid();
     let prompts = eval_prompts(policy, eval, max_new)?;
     let cfg = SamplingConfig {

@@ -143,7 +143,8 @@ impl Replay {
     /// `replay/*` into `row`. `None` when nothing is replayed (train on `g` as it is).
     pub fn mix(
         &mut self,
-        (step, steps): (usize, usize),
+        step: usize,
+        steps: usize,
         prompts: &[Vec<u32>],
         g: &Generation,
         rewards: &[f32],

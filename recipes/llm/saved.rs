@@ -12,23 +12,34 @@ use ember_llm::Llama;
 use ember_run::checkpoint;
 use std::path::Path;
 
-/// A checkpoint: the policy (or its adapters), its optimizer, the critic and its optimizer
-/// and the replay buffer when the run has them, and the host state.
+/// What a checkpoint holds beside the policy and its optimizer, when the run has it.
+#[derive(Clone, Copy)]
+pub struct Extras<'a> {
+    /// PPO's critic and its optimizer.
+    pub critic: Option<&'a Critic>,
+    /// The replay buffer.
+    pub replay: Option<&'a Replay>,
+    /// LANPO's experience pool.
+    pub lanpo: Option<&'a Lanpo>,
+}
+
+/// A checkpoint: the policy (or its adapters), its optimizer, the [`Extras`] and the host
+/// state.
 pub fn save_checkpoint(
     d: &Path,
     policy: &Policy,
     optim: &ember_train::Optimizer,
-    (critic, replay, lanpo): (Option<&Critic>, Option<&Replay>, Option<&Lanpo>),
+    extras: Extras,
     state: &checkpoint::TrainState,
 ) -> Result<()> {
     checkpoint::write_records(d, model_record(policy), optim, state)?;
-    if let Some(c) = critic {
+    if let Some(c) = extras.critic {
         c.save(d)?;
     }
-    if let Some(l) = lanpo {
+    if let Some(l) = extras.lanpo {
         l.pool.save(d)?;
     }
-    replay.map_or(Ok(()), |rp| rp.save(d))
+    extras.replay.map_or(Ok(()), |rp| rp.save(d))
 }
 
 /// The KL reference of the tiny policy: the warm-started weights saved at the start of the run

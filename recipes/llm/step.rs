@@ -157,7 +157,8 @@ pub struct UpdateCtx<'a> {
 pub fn update_policy(
     model: Llama,
     optim: &mut Optimizer,
-    (exp, batch): (&LlmExperience, &RolloutBatch),
+    exp: &LlmExperience,
+    batch: &RolloutBatch,
     ctx: UpdateCtx,
 ) -> Result<(Llama, Vec<f64>)> {
     let UpdateCtx {
@@ -295,15 +296,38 @@ pub fn rows_generation(rows: &[TokenRow], group_ids: Vec<usize>, device: &Device
     }
 }
 
+/// A sampler as a call takes it: the weights it samples with, its settings, the device.
+#[derive(Clone, Copy)]
+pub struct SamplerRef<'a> {
+    /// The weights (no autodiff).
+    pub model: &'a Llama,
+    /// The sampling settings.
+    pub config: &'a SamplingConfig,
+    /// Where it samples.
+    pub device: &'a Device,
+}
+
+impl<'a> SamplerRef<'a> {
+    /// `model` sampling with `config` on `device`.
+    pub fn new(model: &'a Llama, config: &'a SamplingConfig, device: &'a Device) -> Self {
+        Self {
+            model,
+            config,
+            device,
+        }
+    }
+}
+
 /// ReMax's baseline (Li et al. 2024, eq. 5): the reward of each prompt's greedy response.
 pub fn greedy_baseline(
     scorer: &mut Scorer,
     step: usize,
     policy: &Policy,
-    (sampler, sc, device): (&Llama, &SamplingConfig, &Device),
+    sampler: SamplerRef,
     prompts: &[Vec<u32>],
     examples: &[Example],
 ) -> Result<Vec<f32>> {
+    let (sampler, sc, device) = (sampler.model, sampler.config, sampler.device);
     let gg = generate(sampler, prompts, &greedy_sampling(sc), device)?;
     let ids = gg.response_ids();
     let texts: Vec<String> = ids.iter().map(|r| policy.decode(r)).collect();

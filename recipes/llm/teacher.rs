@@ -61,9 +61,11 @@ impl Teacher {
             (None, Some(url), Some(model)) => {
                 let e = Endpoint::connect(
                     "teacher",
-                    (url, model),
+                    url,
+                    model,
                     spec.api_key_env.as_deref(),
-                    (spec.request_timeout_s, spec.request_retries),
+                    spec.request_timeout_s,
+                    spec.request_retries,
                 )?;
                 same_tokens(&e, student, probe).context("teacher.base_url")?;
                 Source::Endpoint(e)

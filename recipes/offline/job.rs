@@ -28,7 +28,6 @@ use ember_llm::actor::LlmExperience;
 use ember_run::{Row, Run, RunOptions, checkpoint};
 use ember_tasks::task::{Example, Rng, TaskSet};
 use ember_train::LrSchedule;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -51,7 +50,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         .context("the recipe has no [offline] table")?;
     let start = Instant::now();
     let curves = ("offline/loss", "eval/accuracy");
-    let run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
+    let run = open_run(out, opts, &r.name, r, r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
     let base = crate::common::device::device(&r.device)?;
     // `targets = "plop"`: chosen now, or read back when resuming.
@@ -109,13 +108,24 @@ impl<'a> OfflineJob<'a> {
         let policy = build_policy(r, &ad)?;
         let data = dataset(spec, &policy, r.rollout.max_new_tokens)?;
         let reference_path = out.join("reference.bpk");
-        let (policy, rng, accuracy_before, accuracy_after) = begin(
-            &mut run,
-            policy,
-            (r, task, &eval),
-            &reference_path,
-            (&base, &ad),
-        )?;
+        // A resumed run's policy, RNG and accuracies; a fresh run's warm-up, reference and
+        // first evaluation.
+        let (policy, rng, accuracy_before, accuracy_after) = match run.resumed() {
+            Some((dir, st)) => {
+                let (rng, before, after) = (Rng(st.rng), st.accuracy_before, st.accuracy_after);
+                (load_checkpoint(policy, dir)?, rng, before, after)
+            }
+            None => {
+                let mut rng = Rng(r.seed);
+                let policy = fresh_start(policy, r, task, &mut rng, &reference_path, &ad)?;
+                let a = evaluate(&policy, &eval, r.rollout.max_new_tokens, &base)?;
+                run.log(Row::from([
+                    ("step".to_string(), 0.0),
+                    ("eval/accuracy".to_string(), a),
+                ]))?;
+                (policy, rng, a, a)
+            }
+        };
         run.say(&format!(
             "held-out accuracy at the start: {accuracy_before:.3}"
         ));
@@ -308,29 +318,6 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
         units,
         usable,
     })
-}
-
-/// A resumed run's policy, RNG and accuracies; a fresh run's warm-up, reference and first
-/// evaluation.
-fn begin(
-    run: &mut Run,
-    policy: Policy,
-    (r, task, eval): (&Recipe, &TaskSet, &[Example]),
-    reference_path: &Path,
-    (base, ad): (&Device, &Device),
-) -> Result<(Policy, Rng, f64, f64)> {
-    if let Some((dir, st)) = run.resumed() {
-        let policy = load_checkpoint(policy, dir)?;
-        return Ok((policy, Rng(st.rng), st.accuracy_before, st.accuracy_after));
-    }
-    let mut rng = Rng(r.seed);
-    let policy = fresh_start(policy, r, task, &mut rng, reference_path, ad)?;
-    let a = evaluate(&policy, eval, r.rollout.max_new_tokens, base)?;
-    run.log(BTreeMap::from([
-        ("step".to_string(), 0.0),
-        ("eval/accuracy".to_string(), a),
-    ]))?;
-    Ok((policy, rng, a, a))
 }
 
 /// A fresh run's policy: the tiny model warmed up, and its frozen copy written as the

@@ -88,7 +88,9 @@ impl ProgramsJob<'_> {
     fn rows(
         &mut self,
         method: Method,
-        (qs, sampled, rewards): (&[usize], &Programs, &[f32]),
+        qs: &[usize],
+        sampled: &Programs,
+        rewards: &[f32],
         row: &mut Row,
     ) -> (Programs, Vec<f32>) {
         let k = self.r.train.run.samples;
@@ -340,7 +342,7 @@ impl ember_run::Job for ProgramsJob<'_> {
             m if step < m => Method::IterativeMl,
             _ => self.r.train.run.method,
         };
-        let (rows, adv) = self.rows(method, (&qs, &sampled, &rewards), &mut row);
+        let (rows, adv) = self.rows(method, &qs, &sampled, &rewards, &mut row);
         self.update(step, rows, adv, &mut row)?;
         let done = step + 1;
         self.steps_done = done;

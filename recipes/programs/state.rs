@@ -5,7 +5,7 @@
 
 use super::methods::{self, Memory};
 use super::schema::ProgramsRecipe;
-use crate::common::run::{load_records, open_run};
+use crate::common::run::{RunLoop, load_records, open_run};
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
@@ -55,8 +55,13 @@ impl Setup {
         let run = open_run(
             out,
             opts,
-            (&r.name, r),
-            (t.steps, t.checkpoint_every, t.keep_checkpoints),
+            &r.name,
+            r,
+            RunLoop {
+                steps: t.steps,
+                checkpoint_every: t.checkpoint_every,
+                keep_checkpoints: t.keep_checkpoints,
+            },
             curves,
         )?;
         let base = crate::common::device::device(&r.device)?;

@@ -18,7 +18,7 @@ pub(crate) async fn submit(
     params: Params,
     max_tokens: usize,
 ) -> Result<Vec<Choice>, ApiError> {
-    let rx = queue(st, model, (prompts, params, max_tokens), None)?;
+    let rx = queue(st, model, prompts, params, max_tokens, None)?;
     rx.await.map_err(|_| shutting_down())?
 }
 
@@ -29,7 +29,9 @@ pub(crate) type Answer = oneshot::Receiver<Result<Vec<Choice>, ApiError>>;
 pub(crate) fn queue(
     st: &AppState,
     model: &str,
-    (prompts, params, max_tokens): (Vec<Vec<u32>>, Params, usize),
+    prompts: Vec<Vec<u32>>,
+    params: Params,
+    max_tokens: usize,
     stream: Option<Deltas>,
 ) -> Result<Answer, ApiError> {
     if !st.served().iter().any(|n| n == model) {
@@ -101,7 +103,8 @@ pub(crate) fn enqueue(st: &AppState, msg: Msg) -> Result<(), ApiError> {
 /// `rows` rows).
 pub(crate) fn check_lengths(
     st: &AppState,
-    (prompts, param): (&[Vec<u32>], &str),
+    prompts: &[Vec<u32>],
+    param: &str,
     max_tokens: Option<usize>,
     default: Option<usize>,
     rows: usize,
@@ -209,10 +212,12 @@ pub(crate) fn finish(eos: bool, stopped: bool) -> &'static str {
 /// A response: id, object, creation time, model, choices and usage.
 pub(crate) fn envelope(
     st: &AppState,
-    (prefix, object): (&str, &str),
+    prefix: &str,
+    object: &str,
     model: &str,
     choices: Vec<Value>,
-    (prompt_tokens, completion_tokens): (usize, usize),
+    prompt_tokens: usize,
+    completion_tokens: usize,
 ) -> Value {
     json!({
         "id": st.next_id(prefix),

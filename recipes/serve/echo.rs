@@ -33,7 +33,7 @@ pub(crate) async fn completions(
     let choices: Vec<Choice> = if req.max_tokens == Some(0) {
         // Scoring only: the lengths are checked as for one new token, and the rows against
         // the server's budgets as any request's.
-        check_lengths(st, (&prompts, "prompt"), Some(1), None, rows)?;
+        check_lengths(st, &prompts, "prompt", Some(1), None, rows)?;
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         check_budget(st, rows, longest, 0)?;
         if !st.served().contains(&req.model) {
@@ -48,7 +48,7 @@ pub(crate) async fn completions(
             })
             .collect()
     } else {
-        let max_tokens = check_lengths(st, (&prompts, "prompt"), req.max_tokens, Some(16), rows)?;
+        let max_tokens = check_lengths(st, &prompts, "prompt", req.max_tokens, Some(16), rows)?;
         submit(st, &req.model, prompts.clone(), params, max_tokens).await?
     };
     let mut kept = Vec::with_capacity(choices.len());
@@ -123,9 +123,11 @@ pub(crate) async fn completions(
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     Ok(envelope(
         st,
-        ("cmpl", "text_completion"),
+        "cmpl",
+        "text_completion",
         &req.model,
         out,
-        (prompt_tokens, completion_tokens),
+        prompt_tokens,
+        completion_tokens,
     ))
 }

@@ -121,17 +121,31 @@ pub struct Engine {
     continuous: bool,
 }
 
+/// What one batch may hold (`--max-batch`, `--max-batch-tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Sampled rows.
+    pub max_rows: usize,
+    /// Rows × KV-cache positions.
+    pub max_cells: usize,
+}
+
 impl Engine {
-    /// An engine over `base` (served as `base_name`), stopping on `stop_tokens`, batching up to
-    /// `max_rows` sampled rows and `max_cells` rows × KV-cache positions per call.
+    /// An engine over `base` (served as `base_name`), stopping on `stop_tokens`, batching within
+    /// `budget` per call.
     pub fn new(
         base_name: String,
-        (base, config): (Llama, LlamaConfig),
+        base: Llama,
+        config: LlamaConfig,
         stop_tokens: Vec<u32>,
         device: Device,
-        (max_rows, max_cells): (usize, usize),
+        budget: Budget,
         names: Names,
     ) -> Self {
+        let Budget {
+            max_rows,
+            max_cells,
+        } = budget;
         if let Ok(mut n) = names.write() {
             *n = vec![base_name.clone()];
         }

@@ -222,10 +222,10 @@ async fn completions_inner(
         return Ok(axum::Json(v).into_response());
     }
     let rows = prompts.len() * params.n;
-    let max_tokens = check_lengths(st, (&prompts, "prompt"), req.max_tokens, Some(16), rows)?;
+    let max_tokens = check_lengths(st, &prompts, "prompt", req.max_tokens, Some(16), rows)?;
     if req.sampling.stream {
         let (job, options) = ((prompts, params, max_tokens), req.sampling.stream_options);
-        let ask = Ask::new(Kind::Text, &req.model, job, (stops, options.as_ref()));
+        let ask = Ask::new(Kind::Text, &req.model, job, stops, options.as_ref());
         return stream::respond(st, ask);
     }
     let (with_ids, as_ids) = (
@@ -265,13 +265,14 @@ async fn completions_inner(
         out.push(choice);
     }
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let kind = ("cmpl", "text_completion");
     let v = envelope(
         st,
-        kind,
+        "cmpl",
+        "text_completion",
         &req.model,
         out,
-        (prompt_tokens, completion_tokens),
+        prompt_tokens,
+        completion_tokens,
     );
     Ok(axum::Json(v).into_response())
 }
@@ -329,14 +330,14 @@ async fn chat_inner(
     let prompts = vec![prompt];
     let asked = req.max_completion_tokens.or(req.max_tokens);
     let rows = params.n;
-    let max_tokens = check_lengths(st, (&prompts, "messages"), asked, None, rows)?;
+    let max_tokens = check_lengths(st, &prompts, "messages", asked, None, rows)?;
     if req.sampling.stream {
         refuse_in_stream(&[
             ("logprobs", req.logprobs),
             ("return_token_ids", req.sampling.return_token_ids),
         ])?;
         let (job, options) = ((prompts, params, max_tokens), req.sampling.stream_options);
-        let ask = Ask::new(Kind::Chat, &req.model, job, (stops, options.as_ref()));
+        let ask = Ask::new(Kind::Chat, &req.model, job, stops, options.as_ref());
         return stream::respond(st, ask);
     }
     let (with_ids, as_ids) = (
@@ -376,13 +377,14 @@ async fn chat_inner(
         }
         out.push(choice);
     }
-    let kind = ("chatcmpl", "chat.completion");
     let mut v = envelope(
         st,
-        kind,
+        "chatcmpl",
+        "chat.completion",
         &req.model,
         out,
-        (prompts[0].len(), completion_tokens),
+        prompts[0].len(),
+        completion_tokens,
     );
     if with_ids {
         v["prompt_token_ids"] = json!(&prompts[0]);

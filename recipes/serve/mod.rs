@@ -203,7 +203,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         tok,
         names,
         tx,
-        (a.max_batch, a.max_batch_tokens),
+        budget(&a),
         access,
     ));
     let result = rt.block_on(serve_http(&a, state));
@@ -249,9 +249,9 @@ fn start_engine(
             loaded.generation
         );
     }
-    let budget = (a.max_batch, a.max_batch_tokens);
-    let model = (loaded.model, loaded.config);
-    let mut engine = Engine::new(base_name, model, stop, device, budget, names)
+    let budget = budget(a);
+    let (model, config) = (loaded.model, loaded.config);
+    let mut engine = Engine::new(base_name, model, config, stop, device, budget, names)
         .with_max_loras(a.max_loras)
         .with_continuous_batching(a.batching == "continuous");
     for req in adapters {
@@ -324,5 +324,13 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The batch budget the flags give.
+fn budget(a: &ServeArgs) -> engine::Budget {
+    engine::Budget {
+        max_rows: a.max_batch,
+        max_cells: a.max_batch_tokens,
     }
 }

@@ -3,7 +3,7 @@
 
 use super::access::Access;
 use super::api::ApiError;
-use super::engine::{Msg, Names};
+use super::engine::{Budget, Msg, Names};
 use axum::http::StatusCode;
 use ember_llm::Tokenizer;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,9 +37,13 @@ impl AppState {
         tok: Arc<Tokenizer>,
         names: Names,
         tx: mpsc::Sender<Msg>,
-        (max_rows, max_cells): (usize, usize),
+        budget: Budget,
         access: Access,
     ) -> Self {
+        let Budget {
+            max_rows,
+            max_cells,
+        } = budget;
         let info_root = info.root.clone();
         Self {
             info,

@@ -48,7 +48,8 @@ impl Ask {
         kind: Kind,
         model: &str,
         job: (Vec<Vec<u32>>, Params, usize),
-        (stops, options): (Vec<String>, Option<&StreamOptions>),
+        stops: Vec<String>,
+        options: Option<&StreamOptions>,
     ) -> Self {
         Self {
             kind,
@@ -73,7 +74,8 @@ pub(crate) fn respond(st: &Arc<AppState>, ask: Ask) -> Result<Response, ApiError
         Kind::Chat => ("chatcmpl", "chat.completion.chunk"),
         Kind::Text => ("cmpl", "text_completion"),
     };
-    let answer = queue(st, &ask.model, ask.job, Some(tx))?;
+    let (prompts, params, max_tokens) = ask.job;
+    let answer = queue(st, &ask.model, prompts, params, max_tokens, Some(tx))?;
     let state = Events {
         tok: st.tok.clone(),
         head: json!({"id": st.next_id(prefix), "object": object, "created": now(),

@@ -66,7 +66,9 @@ impl UnlearningJob<'_> {
         let targets = self.one_hot(&batch);
         let loss = soft_step(
             &mut self.learner,
-            (&self.facts, &batch, targets),
+            &self.facts,
+            &batch,
+            targets,
             self.r.learn.lr,
             &self.ad,
         );
@@ -81,7 +83,9 @@ impl UnlearningJob<'_> {
             let lr = self.r.learn.lr;
             soft_step(
                 &mut self.teachers[shard],
-                (&self.facts, &batch, targets),
+                &self.facts,
+                &batch,
+                targets,
                 lr,
                 &self.ad,
             );
@@ -111,14 +115,15 @@ impl UnlearningJob<'_> {
         for t in &mut targets {
             t.iter_mut().for_each(|x| *x = -*x);
         }
-        self.forget_step((forget, targets), retain, fs.retain_weight, row);
+        self.forget_step(forget, targets, retain, fs.retain_weight, row);
     }
 
     /// One step of the forget stage's loss: the forget facts with their `targets`, then the
     /// retain facts' answers at `weight`; logs `forget/loss`.
     fn forget_step(
         &mut self,
-        (forget, mut targets): (Vec<usize>, Vec<Vec<f32>>),
+        forget: Vec<usize>,
+        mut targets: Vec<Vec<f32>>,
         retain: Vec<usize>,
         weight: f32,
         row: &mut Row,
@@ -132,7 +137,9 @@ impl UnlearningJob<'_> {
         let lr = self.r.forget.lr;
         let loss = soft_step(
             &mut self.learner,
-            (&self.facts, &batch, targets),
+            &self.facts,
+            &batch,
+            targets,
             lr,
             &self.ad,
         );
@@ -157,7 +164,7 @@ impl UnlearningJob<'_> {
                 t
             })
             .collect();
-        self.forget_step((forget, targets), retain, 1.0, row);
+        self.forget_step(forget, targets, retain, 1.0, row);
     }
 
     /// The leave-one-out ensemble: each forget fact's target is the mean distribution of the
@@ -185,7 +192,7 @@ impl UnlearningJob<'_> {
                 loo_target(&rows, own)
             })
             .collect();
-        self.forget_step((forget, targets), retain, fs.retain_weight, row);
+        self.forget_step(forget, targets, retain, fs.retain_weight, row);
     }
 
     /// RULE: `samples` answers per prompt; reward 1 for the refusal on a forget prompt and for
@@ -244,12 +251,14 @@ impl UnlearningJob<'_> {
                 }
                 rows.extend(facts);
             }
-            let sampled = (&prompts[..], &tokens[..], &lp_host[..]);
-            admit_hard(&mut self.hard, sampled, (&rewards, &a), n);
+            let hard = &mut self.hard;
+            admit_hard(hard, &prompts, &tokens, &lp_host, &rewards, &a, n);
         }
         let loss = soft_step(
             &mut self.learner,
-            (&self.facts, &rows, targets),
+            &self.facts,
+            &rows,
+            targets,
             fs.lr,
             &self.ad,
         );
@@ -311,8 +320,10 @@ impl UnlearningJob<'_> {
         self.run.end_step(end, row, evaluated, &stats, |d| {
             save_state(
                 d,
-                (learner, teachers.as_slice()),
-                (hard.as_slice(), learned),
+                learner,
+                teachers.as_slice(),
+                hard.as_slice(),
+                learned,
                 &ts,
             )
         })
@@ -324,7 +335,9 @@ impl UnlearningJob<'_> {
 /// distillation; advantages on the sampled answers: REINFORCE); the loss.
 fn soft_step(
     l: &mut Learner,
-    (f, batch, targets): (&Facts, &[usize], Vec<Vec<f32>>),
+    f: &Facts,
+    batch: &[usize],
+    targets: Vec<Vec<f32>>,
     lr: f64,
     ad: &Device,
 ) -> f64 {

@@ -7,7 +7,7 @@
 use super::eval::evaluate;
 use super::schema::{Method, UnlearningRecipe};
 use super::targets::HardGroup;
-use crate::common::run::{load_pair, load_records, open_run, save_pair};
+use crate::common::run::{RunLoop, load_pair, load_records, open_run, save_pair};
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
@@ -90,7 +90,18 @@ impl Setup {
     ) -> Result<UnlearningJob<'a>> {
         let facts = Facts::new(&r.facts).map_err(anyhow::Error::msg)?;
         let curves = ("forget/accuracy", "retain/accuracy");
-        let run = open_run(out, opts, (&r.name, r), (r.total_steps(), 0, 2), curves)?;
+        let run = open_run(
+            out,
+            opts,
+            &r.name,
+            r,
+            RunLoop {
+                steps: r.total_steps(),
+                checkpoint_every: 0,
+                keep_checkpoints: 2,
+            },
+            curves,
+        )?;
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();
         let v = facts.vocab_size();
@@ -180,8 +191,10 @@ impl UnlearningJob<'_> {
 /// teachers, and the job's own state.
 pub(super) fn save_state(
     d: &Path,
-    (learner, teachers): (&Learner, &[Learner]),
-    (hard, learned): (&[HardGroup], &Row),
+    learner: &Learner,
+    teachers: &[Learner],
+    hard: &[HardGroup],
+    learned: &Row,
     ts: &checkpoint::TrainState,
 ) -> Result<()> {
     checkpoint::write_records(d, learner.model.clone().into_record(), &learner.optim, ts)?;

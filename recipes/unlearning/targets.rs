@@ -38,8 +38,11 @@ pub fn replay_target(g: &HardGroup, now: &[f32]) -> Vec<f32> {
 /// all-wrong group has none to learn from), keeping the newest 64.
 pub(super) fn admit_hard(
     hard: &mut Vec<HardGroup>,
-    (prompts, tokens, lp): (&[usize], &[u32], &[f32]),
-    (rewards, adv): (&[f32], &[f32]),
+    prompts: &[usize],
+    tokens: &[u32],
+    lp: &[f32],
+    rewards: &[f32],
+    adv: &[f32],
     n: usize,
 ) {
     let v = lp.len() / prompts.len().max(1);

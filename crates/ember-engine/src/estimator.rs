@@ -39,7 +39,7 @@ pub fn compute_advantages(
             gamma,
             kl_coef,
             whiten,
-        } => reinforce_plus_plus(&c, (gamma, kl_coef), whiten, &mut m)?,
+        } => reinforce_plus_plus(&c, gamma, kl_coef, whiten, &mut m)?,
         AdvantageKind::ReinforcePlusPlusBaseline => reinforce_plus_plus_baseline(&c),
         AdvantageKind::Remax => remax(&c)?,
         AdvantageKind::Opo => opo(&c),
@@ -53,7 +53,7 @@ pub fn compute_advantages(
             bandwidth,
             prior,
             whiten,
-        } => basis(&c, (bandwidth, prior), whiten, &mut m)?,
+        } => basis(&c, bandwidth, prior, whiten, &mut m)?,
         AdvantageKind::Raft { threshold } => raft(&c, threshold),
         AdvantageKind::ReinforceRej => reinforce_rej(&c, &mut m),
         AdvantageKind::Opmd { baseline, tau } => opmd(&c, baseline, tau),
@@ -237,7 +237,8 @@ pub(crate) fn grpo(c: &AdvCtx, std: StdKind, epsilon: f32, scale_by_std: bool) -
 /// discounted return over valid steps, with an optional k1 KL in the reward, whitened.
 pub(crate) fn reinforce_plus_plus(
     c: &AdvCtx,
-    (gamma, kl_coef): (f32, f32),
+    gamma: f32,
+    kl_coef: f32,
     whiten: bool,
     m: &mut Metrics,
 ) -> Result<Estimate> {
@@ -333,7 +334,8 @@ pub(crate) fn gae(c: &AdvCtx, gamma: f32, lambda: f32, whiten: bool) -> Result<E
 /// over prompt representations ([`basis_values`]), `(bandwidth, prior)`.
 pub(crate) fn basis(
     c: &AdvCtx,
-    (bandwidth, prior): (f32, f32),
+    bandwidth: f32,
+    prior: f32,
     whiten: bool,
     m: &mut Metrics,
 ) -> Result<Estimate> {

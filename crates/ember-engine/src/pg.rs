@@ -346,7 +346,7 @@ pub fn policy_loss(kind: &PolicyLossKind, input: &PolicyLossInput) -> Result<Pol
             clip_low,
             clip_high,
             dual_clip,
-        } => (ppo(&c, (clip_low, clip_high), dual_clip, &mut m), None),
+        } => (ppo(&c, clip_low, clip_high, dual_clip, &mut m), None),
         PolicyLossKind::Gspo {
             clip_low,
             clip_high,
@@ -425,12 +425,7 @@ pub(crate) fn vanilla(c: &LossCtx) -> Tensor<2> {
 
 /// PPO clip (Schulman et al. 2017, eq. 7; verl `compute_policy_loss`) with asymmetric ε and
 /// dual-clip for A < 0 (Ye et al. 2020, eq. 5).
-pub(crate) fn ppo(
-    c: &LossCtx,
-    (lo, hi): (f32, f32),
-    dual: Option<f32>,
-    m: &mut Metrics,
-) -> Tensor<2> {
+pub(crate) fn ppo(c: &LossCtx, lo: f32, hi: f32, dual: Option<f32>, m: &mut Metrics) -> Tensor<2> {
     let adv = c.adv.clone();
     let ratio = c.neg_lr.clone().exp();
     let l1 = adv.clone().neg() * ratio.clone();

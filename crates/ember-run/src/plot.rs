@@ -128,16 +128,18 @@ fn label(v: f64) -> String {
 /// A series: points and colour.
 type Series<'a> = (&'a [(f64, f64)], [u8; 3]);
 
-/// One panel: `series` of (x, y) points with colours, in the box `x0..x0+w`.
+/// One panel: `series` of (x, y) points with colours, in the box `x0..x0+w`, the y axis over
+/// `y_axis`.
 fn panel(
     cv: &mut Canvas,
     x0: i64,
     w: i64,
     title: &str,
     x_max: f64,
-    (lo, hi): (f64, f64),
+    y_axis: std::ops::RangeInclusive<f64>,
     series: &[Series],
 ) {
+    let (lo, hi) = y_axis.into_inner();
     let (left, right, top, bottom) = (x0 + 60, x0 + w - 15, 40i64, H as i64 - 40);
     let grey = [220, 220, 220];
     let ink = [60, 60, 60];
@@ -213,7 +215,7 @@ pub fn curves(path: &Path, rewards: &[(f64, f64)], accuracy: &[(f64, f64)]) -> R
         (W / 2) as i64,
         "REWARD MEAN",
         x_max,
-        (lo, hi),
+        lo..=hi,
         &[(rewards, [160, 190, 230]), (&smooth, [20, 80, 200])],
     );
     panel(
@@ -222,7 +224,7 @@ pub fn curves(path: &Path, rewards: &[(f64, f64)], accuracy: &[(f64, f64)]) -> R
         (W / 2) as i64,
         "HELD-OUT ACCURACY",
         x_max,
-        (0.0, 1.0),
+        0.0..=1.0,
         &[(accuracy, [230, 110, 20])],
     );
     let mut bytes = Vec::new();

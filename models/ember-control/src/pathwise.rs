@@ -40,7 +40,8 @@ pub fn reward_to_go(rewards: Tensor<2>) -> Tensor<2> {
 pub fn pathwise_samples(
     policy: &GaussianPolicy,
     env: &Env,
-    (state, steps): (Tensor<2>, usize),
+    state: Tensor<2>,
+    steps: usize,
     sigma: f32,
 ) -> PathwiseSamples {
     let [n, _] = state.dims();
@@ -75,7 +76,8 @@ pub fn pathwise_samples(
         &policy.clone().no_grad(),
         None,
         env,
-        (state.detach(), steps),
+        state.detach(),
+        steps,
         false,
     );
     let advantages = reward_to_go(rewards.detach()) - reward_to_go(base.rewards.detach());

@@ -52,7 +52,7 @@ mod tests {
         };
         let v = || Tensor::<1>::from_floats([10.0, 10.0], &d);
         let got = |side| {
-            let t = ro.learner_rewards(side, v(), (0.9, 0.5));
+            let t = ro.learner_rewards(side, v(), 0.9, 0.5);
             t.into_data().try_to_vec::<f32>().unwrap()
         };
         let want = [0.5, 1.0, 10.5, 2.0, 2.5, 3.0];
@@ -113,7 +113,8 @@ impl Rollout {
         &self,
         side: Side,
         last_value: Tensor<1>,
-        (gamma, scale): (f32, f32),
+        gamma: f32,
+        scale: f32,
     ) -> Tensor<2> {
         let [n, h] = self.rewards.dims();
         let sign = match side {
@@ -140,7 +141,8 @@ pub fn rollout(
     policy: &GaussianPolicy,
     adversary: Option<Adversary>,
     env: &Env,
-    (state, steps): (Tensor<2>, usize),
+    state: Tensor<2>,
+    steps: usize,
     sample: bool,
 ) -> Rollout {
     let [n, _] = state.dims();

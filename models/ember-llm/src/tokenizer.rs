@@ -317,7 +317,8 @@ impl Tokenizer {
             template,
             messages,
             add_generation_prompt,
-            (self.bos_token.as_deref(), self.eos_token.as_deref()),
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
             &kwargs,
         )
     }
@@ -369,7 +370,8 @@ pub fn render_chat(
         template,
         messages,
         add_generation_prompt,
-        (bos_token, eos_token),
+        bos_token,
+        eos_token,
         &Default::default(),
     )
 }
@@ -379,7 +381,8 @@ pub fn render_chat_with(
     template: &str,
     messages: &[Message],
     add_generation_prompt: bool,
-    (bos_token, eos_token): (Option<&str>, Option<&str>),
+    bos_token: Option<&str>,
+    eos_token: Option<&str>,
     kwargs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<String> {
     let mut env = minijinja::Environment::new();

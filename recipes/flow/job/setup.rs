@@ -3,7 +3,7 @@
 
 use super::FlowJob;
 use super::state::{FLOW_STATE, FlowState, RAM_EMA, eval_row, with_adapters};
-use crate::common::run::open_run;
+use crate::common::run::{RunLoop, open_run};
 use crate::flow::digits::Digits;
 use crate::flow::images::{evaluate, grid, pretrained};
 use crate::flow::schema::{FlowAlgorithm, FlowRecipe};
@@ -20,13 +20,13 @@ use std::path::Path;
 impl<'a> FlowJob<'a> {
     /// Opens the run directory and builds everything a step uses.
     pub(super) fn new(r: &'a FlowRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
-        let run_loop = (
-            r.rl.run.steps,
-            r.rl.run.checkpoint_every,
-            r.rl.run.keep_checkpoints,
-        );
+        let run_loop = RunLoop {
+            steps: r.rl.run.steps,
+            checkpoint_every: r.rl.run.checkpoint_every,
+            keep_checkpoints: r.rl.run.keep_checkpoints,
+        };
         let curves = ("reward/class_prob", "eval/accuracy");
-        let run = open_run(out, opts, (&r.name, r), run_loop, curves)?;
+        let run = open_run(out, opts, &r.name, r, run_loop, curves)?;
         let digits = Digits::load(&expand_path(&r.data.digits)?)?;
         let base = crate::common::device::device(&r.device)?;
         let ad = base.clone().autodiff();

@@ -90,7 +90,7 @@ fn lessons_come_from_other_similar_problems_and_never_hold_the_answer() {
         lesson("other-d", "Add the tens first", vec![0.95, 0.05]),
         10,
     );
-    let found = pool.relevant(&key(&e), &[1.0, 0.0], &e.answer, (2, 0.5));
+    let found = pool.relevant(&key(&e), &[1.0, 0.0], &e.answer, 2, 0.5);
     let texts: Vec<&str> = found.iter().map(|f| f.0).collect();
     assert_eq!(texts, ["Add the tens first"]);
     let expected = 0.95 / (0.95f64 * 0.95 + 0.05 * 0.05).sqrt();

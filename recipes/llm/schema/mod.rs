@@ -103,7 +103,11 @@ pub struct TrainLoop {
 impl TrainLoop {
     /// `(steps, checkpoint_every, keep_checkpoints)` for the run kit.
     pub fn run_loop(&self) -> crate::common::run::RunLoop {
-        (self.steps, self.checkpoint_every, self.keep_checkpoints)
+        crate::common::run::RunLoop {
+            steps: self.steps,
+            checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+        }
     }
 }
 

@@ -122,7 +122,8 @@ impl Job<'_> {
     pub(super) fn learn_from_step(
         &mut self,
         step: usize,
-        (texts, rewards): (&[String], &[f32]),
+        texts: &[String],
+        rewards: &[f32],
         examples: &[ember_tasks::task::Example],
         shown: &mut [serde_json::Map<String, serde_json::Value>],
         row: &mut Row,

@@ -5,18 +5,18 @@
 //! checkpoint (the run kit's end-of-step protocol). The set-up is in `setup.rs`.
 
 use crate::common::run::open_run;
-use crate::llm::adaptive::ada_rollout;
+use crate::llm::adaptive::{AdaScoring, ada_rollout};
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::lanpo::Lanpo;
 use crate::llm::pipeline::{Draw, Pipeline, Source};
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Replay, StoredGroup};
-use crate::llm::saved::save_checkpoint;
+use crate::llm::saved::{Extras, save_checkpoint};
 use crate::llm::schema::Recipe;
 use crate::llm::score::{Scorer, completions, json_number, shown_samples};
 use crate::llm::step::{
-    Reference, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features, rescore,
-    rollout_metrics, rollout_sampling, stats_line,
+    Reference, SamplerRef, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features,
+    rescore, rollout_metrics, rollout_sampling, stats_line,
 };
 use crate::llm::teacher::Teacher;
 use crate::llm::{Policy, evaluate, evaluate_sampled, write_final};
@@ -58,7 +58,7 @@ pub struct Summary {
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let start = Instant::now();
     let curves = ("rollout/reward_mean", "eval/accuracy");
-    let run = open_run(out, opts, (&r.name, r), r.train.run.run_loop(), curves)?;
+    let run = open_run(out, opts, &r.name, r, r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
     let base = crate::common::device::device(&r.device)?;
     // `[data_parallel]`: checked before the warm-up and the first evaluation.
@@ -128,6 +128,12 @@ struct Sampled {
 }
 
 impl Job<'_> {
+    /// The learning rate of step `step` (the recipe's schedule).
+    fn lr_at(&self, step: usize) -> f64 {
+        let t = &self.r.train;
+        t.schedule.schedule(t.run.steps).at(step)
+    }
+
     /// What a KL term compares with: the separate reference, or the adapters-off weights.
     fn kl_reference(&self) -> Option<Reference<'_>> {
         self.r.own_kl_reference().then_some(match &self.reference {
@@ -152,11 +158,11 @@ impl Job<'_> {
         if let Some(pl) = self.pipeline.as_mut() {
             pl.rewind(self.steps_done);
         }
-        let extra = (
-            self.critic.as_ref(),
-            self.replay.as_ref(),
-            self.lanpo.as_ref(),
-        );
+        let extra = Extras {
+            critic: self.critic.as_ref(),
+            replay: self.replay.as_ref(),
+            lanpo: self.lanpo.as_ref(),
+        };
         let (policy, optim, pl) = (&self.policy, &self.optim, self.pipeline.as_mut());
         self.run.checkpoint_after_error(self.steps_done, e, |d| {
             save_checkpoint(d, policy, optim, extra, &state)?;
@@ -187,10 +193,7 @@ impl Job<'_> {
         // ReRULE: replayed hard groups join the fresh ones; their stored sampler log-probs are
         // the rollout log-probs whose staleness the loss's IS corrects.
         let mixed = match self.replay.as_mut() {
-            Some(rp) => {
-                let at = (step, r.train.run.steps);
-                rp.mix(at, &sampled.prompts, &g, &rewards, row)?
-            }
+            Some(rp) => rp.mix(step, r.train.run.steps, &sampled.prompts, &g, &rewards, row)?,
             None => None,
         };
         let (gt, rt) = match &mixed {
@@ -208,7 +211,7 @@ impl Job<'_> {
         crate::llm::step::warn_if_nothing_valid(&r.name, step, &rewards);
         let n = r.train.run.log_samples;
         let mut shown = shown_samples(n, &g, examples, &texts, &responses, &rewards);
-        self.learn_from_step(step, (&texts, &rewards), examples, &mut shown, row)?;
+        self.learn_from_step(step, &texts, &rewards, examples, &mut shown, row)?;
         Ok(Prepared {
             batch,
             exp,
@@ -317,9 +320,13 @@ impl Job<'_> {
             r.rollout.samples_per_prompt,
             &prompts,
             &examples,
-            (&sampler, &sc, &self.base),
-            (&mut self.scorer, step + 1, row),
-            &|ids| policy.decode(ids),
+            SamplerRef::new(&sampler, &sc, &self.base),
+            AdaScoring {
+                scorer: &mut self.scorer,
+                step: step + 1,
+                row,
+                decode: &|ids| policy.decode(ids),
+            },
         )?;
         row.insert("rollout/ada_rounds".into(), a.rounds as f64);
         row.insert("rollout/ada_samples_drawn".into(), a.drawn as f64);
@@ -399,7 +406,7 @@ impl Job<'_> {
                 &mut self.scorer,
                 step,
                 &self.policy,
-                (&s.sampler, &s.sc, &self.base),
+                SamplerRef::new(&s.sampler, &s.sc, &self.base),
                 &s.prompts,
                 &s.examples,
             )?;
@@ -413,11 +420,13 @@ impl Job<'_> {
     fn update(
         mut self,
         step: usize,
-        lr: f64,
-        (batch, host, kept): (RolloutBatch, LlmExperience, Vec<usize>),
+        batch: RolloutBatch,
+        host: LlmExperience,
+        kept: Vec<usize>,
         shown: &mut [serde_json::Map<String, serde_json::Value>],
         row: &mut Row,
     ) -> Result<Self> {
+        let lr = self.lr_at(step);
         let ad = &self.ad;
         let exp = LlmExperience {
             tokens: host.tokens.to_device(ad),
@@ -487,8 +496,8 @@ impl Job<'_> {
                 // Seeded by the step, apart from the training RNG: evaluating changes nothing
                 // of the run.
                 let seed = r.seed ^ ((step as u64 + 1) << 20);
-                let how = (r.eval.samples, r.eval.temperature, seed);
-                let sampled = evaluate_sampled(&self.policy, &self.eval, max_new, how, &self.base);
+                let (policy, eval) = (&self.policy, &self.eval);
+                let sampled = evaluate_sampled(policy, eval, max_new, &r.eval, seed, &self.base);
                 row.extend(sampled?);
             }
             row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
@@ -503,11 +512,11 @@ impl Job<'_> {
         if let Some(pl) = self.pipeline.as_mut() {
             pl.step_done();
         }
-        let extra = (
-            self.critic.as_ref(),
-            self.replay.as_ref(),
-            self.lanpo.as_ref(),
-        );
+        let extra = Extras {
+            critic: self.critic.as_ref(),
+            replay: self.replay.as_ref(),
+            lanpo: self.lanpo.as_ref(),
+        };
         let (policy, optim, pl) = (&self.policy, &self.optim, self.pipeline.as_mut());
         self.run.end_step(end, row, evaluated, &stats, |d| {
             save_checkpoint(d, policy, optim, extra, &state)?;
@@ -535,13 +544,7 @@ impl ember_run::Job for Job<'_> {
             Ok(p) => p,
             Err(e) => return Err(self.fail(e, rng_at_start, replay_at_start)),
         };
-        let lr = self
-            .r
-            .train
-            .schedule
-            .schedule(self.r.train.run.steps)
-            .at(step);
-        row.insert("actor/lr".to_string(), lr);
+        row.insert("actor/lr".to_string(), self.lr_at(step));
         let Prepared {
             batch,
             exp,
@@ -552,7 +555,7 @@ impl ember_run::Job for Job<'_> {
         } = prepared;
         if !kept.is_empty() {
             let t_update = Instant::now();
-            self = self.update(step, lr, (batch, exp, kept), &mut shown, &mut row)?;
+            self = self.update(step, batch, exp, kept, &mut shown, &mut row)?;
             // With a critic this includes its values, PACT's rescoring and its update (also
             // logged alone as `timing_s/update_critic`).
             timing.add("update_actor", t_update.elapsed().as_secs_f64());

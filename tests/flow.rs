@@ -575,8 +575,8 @@ fn flow_job_runs_every_algorithm_and_resumes() {
             );
             let o = ember(&["train", recipe, "--out", p, "--quiet", "--resume"], &args);
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-            // Equal up to float reduction order (the CPU backend's parallel sums), `perf/*`
-            // aside.
+            // Equal up to float reduction order (the CPU backend's parallel sums), wall times
+            // (`perf/*`, `timing_s/*`) aside.
             let parse = |t: String| -> Vec<serde_json::Map<String, serde_json::Value>> {
                 t.lines()
                     .map(|l| serde_json::from_str(l).unwrap())
@@ -588,7 +588,7 @@ fn flow_job_runs_every_algorithm_and_resumes() {
             for (a, b) in resumed.iter().zip(&full) {
                 let keys = |m: &serde_json::Map<String, serde_json::Value>| -> Vec<String> {
                     m.keys()
-                        .filter(|k| !k.starts_with("perf/"))
+                        .filter(|k| !k.starts_with("perf/") && !k.starts_with("timing_s/"))
                         .cloned()
                         .collect()
                 };

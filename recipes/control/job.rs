@@ -15,7 +15,7 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 use ember_control::{Adversary, ControlExperience, Rollout, Side, rollout};
 use ember_engine::*;
-use ember_run::{Row, RunOptions, fmt_metric};
+use ember_run::{Row, RunOptions, Timings, fmt_metric};
 use ember_train::{CriticBatch, UpdateConfig, critic_update, update};
 use serde::Serialize;
 use std::path::Path;
@@ -64,10 +64,17 @@ impl ControlJob<'_> {
     }
 
     /// One rollout of both players and the update of `learner` (its metrics prefixed
-    /// `adversary/` for the adversary; the last round's are logged).
-    fn round(&mut self, step: usize, learner: Side, row: &mut Row) -> Result<()> {
+    /// `adversary/` for the adversary; the last round's are logged), each phase's seconds
+    /// added to `timing`.
+    fn round(
+        &mut self,
+        step: usize,
+        learner: Side,
+        row: &mut Row,
+        timing: &mut Timings,
+    ) -> Result<()> {
         let mut own = Row::new();
-        let ro = self.play()?;
+        let ro = timing.time("gen", || self.play())?;
         let e = self.experience(step, &ro, learner, &mut own)?;
         let seed = self.rng.next_u64();
         let lr = self.schedule.at(step);
@@ -75,7 +82,10 @@ impl ControlJob<'_> {
             Side::Protagonist => &mut self.protagonist,
             Side::Adversary => self.adversary.as_mut().unwrap_or_else(|| unreachable!()),
         };
-        update_player(player, e, self.r, lr, seed, &mut own)?;
+        let r = self.r;
+        timing.time("update_actor", || {
+            update_player(player, e, r, lr, seed, &mut own)
+        })?;
         let prefix = match learner {
             Side::Protagonist => "",
             Side::Adversary => "adversary/",
@@ -324,16 +334,18 @@ impl ember_run::Job for ControlJob<'_> {
     fn step(mut self, step: usize) -> Result<(Self, bool)> {
         let t = Instant::now();
         let mut row = Row::new();
+        let mut timing = Timings::default();
         let (n_mu, n_nu) = self
             .r
             .adversary()
             .map_or((1, 0), |a| (a.protagonist_iters, a.adversary_iters));
         for _ in 0..n_mu {
-            self.round(step, Side::Protagonist, &mut row)?;
+            self.round(step, Side::Protagonist, &mut row, &mut timing)?;
         }
         for _ in 0..n_nu {
-            self.round(step, Side::Adversary, &mut row)?;
+            self.round(step, Side::Adversary, &mut row, &mut timing)?;
         }
+        timing.log(&mut row);
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);

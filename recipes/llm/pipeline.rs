@@ -72,8 +72,8 @@ enum Slot {
 
 /// The queue of drawn rollouts (consecutive steps) and the worker that generates them.
 pub struct Pipeline {
-    /// k, the staleness bound.
-    pub depth: usize,
+    /// `rollout.max_staleness` (k): rollouts drawn at most this many updates ahead.
+    pub max_staleness: usize,
     queue: VecDeque<(Draw, Slot)>,
     /// The rollout the running step took (what a checkpoint after an error puts back).
     current: Option<(Draw, Generation)>,
@@ -82,8 +82,8 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// An empty pipeline of bound `depth` whose worker generates on `device`.
-    pub fn new(depth: usize, device: &Device) -> Self {
+    /// An empty pipeline of bound `max_staleness` whose worker generates on `device`.
+    pub fn new(max_staleness: usize, device: &Device) -> Self {
         let (jobs, rx) = channel::<Job>();
         let dev = device.clone();
         std::thread::spawn(move || {
@@ -97,7 +97,7 @@ impl Pipeline {
             }
         });
         Self {
-            depth,
+            max_staleness,
             queue: VecDeque::new(),
             current: None,
             jobs,
@@ -109,7 +109,7 @@ impl Pipeline {
     /// `steps` allow one more.
     pub fn next_to_draw(&self, step: usize, steps: usize) -> Option<usize> {
         let next = step + self.queue.len();
-        (self.queue.len() <= self.depth && next < steps).then_some(next)
+        (self.queue.len() <= self.max_staleness && next < steps).then_some(next)
     }
 
     /// Hands `draw` to the worker.
@@ -224,7 +224,7 @@ impl Pipeline {
             std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         let saved: Vec<SavedDraw> = serde_json::from_str(&text)
             .map_err(|e| anyhow!("{}: not a pipeline of rollouts: {e}", p.display()))?;
-        if saved.len() > self.depth + 1 {
+        if saved.len() > self.max_staleness + 1 {
             bail!(
                 "{}: {} rollouts, more than max_staleness + 1",
                 p.display(),

@@ -12,7 +12,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_engine::*;
 use ember_llm::{ConstrainedExperience, ConstrainedLlama, SamplingConfig, TokenConstraint};
-use ember_run::{Row, RunOptions, fmt_metric};
+use ember_run::{Row, RunOptions, Timings, fmt_metric};
 use ember_tasks::program::{EOS, ProgramTask, Writing};
 use ember_train::{Actor, Replicate, UpdateConfig, UpdateSchedule, update};
 use serde::Serialize;
@@ -333,7 +333,8 @@ impl ember_run::Job for ProgramsJob<'_> {
             row.insert("memory/reset".into(), 1.0);
         }
         let seed = self.rng.next_u64();
-        let sampled = self.sample(&qs, seed)?;
+        let mut timing = Timings::default();
+        let sampled = timing.time("gen", || self.sample(&qs, seed))?;
         let rewards: Vec<f32> = sampled
             .iter()
             .map(|(q, p)| self.task.reward(&self.task.questions[*q], p))
@@ -343,7 +344,8 @@ impl ember_run::Job for ProgramsJob<'_> {
             _ => self.r.train.run.method,
         };
         let (rows, adv) = self.rows(method, &qs, &sampled, &rewards, &mut row);
-        self.update(step, rows, adv, &mut row)?;
+        timing.time("update_actor", || self.update(step, rows, adv, &mut row))?;
+        timing.log(&mut row);
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);

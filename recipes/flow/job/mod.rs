@@ -28,7 +28,7 @@ use ember_engine::*;
 use ember_flow::{
     DigitClassifier, FlowDit, FlowExperience, SdeCoef, Trajectory, ema_update, ram_loss,
 };
-use ember_run::{Row, Run, RunOptions, fmt_metric};
+use ember_run::{Row, Run, RunOptions, Timings, fmt_metric};
 use ember_train::{LrSchedule, Optimizer, UpdateConfig, accumulated_step, update};
 use serde::Serialize;
 use state::{FlowState, eval_row, save_state};
@@ -346,7 +346,8 @@ impl ember_run::Job for FlowJob<'_> {
         let rng_at_start = self.rng.0;
         // Everything before the update: an error here leaves the weights as the last completed
         // step left them, so the run writes that step's checkpoint before it ends.
-        let ro = match self.rollout(step, &mut row) {
+        let mut timing = Timings::default();
+        let ro = match timing.time("gen", || self.rollout(step, &mut row)) {
             Ok(ro) => ro,
             Err(e) => {
                 let (before, after) = (self.state.before.accuracy, self.state.after.accuracy);
@@ -360,6 +361,7 @@ impl ember_run::Job for FlowJob<'_> {
         };
         // The update (none when every group's rewards were equal and all were dropped).
         let all_dropped = row.get("rollout/dropped_fraction") == Some(&1.0);
+        let t_update = Instant::now();
         self = match self.r.algorithm {
             // (Not `actor/skipped_steps`, which counts non-finite losses and stops a run after
             // three in a row.)
@@ -370,6 +372,8 @@ impl ember_run::Job for FlowJob<'_> {
             FlowAlgorithm::FlowGrpo | FlowAlgorithm::Loop => self.policy_gradient(ro, &mut row)?,
             FlowAlgorithm::Ram => self.ram(step, ro, &mut row)?,
         };
+        timing.add("update_actor", t_update.elapsed().as_secs_f64());
+        timing.log(&mut row);
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);

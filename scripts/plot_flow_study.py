@@ -2,7 +2,7 @@
 
 Reads runs/flow-study/{class,jpeg}-{method}-s{seed}/metrics.jsonl (the evaluation rows: 320
 digits from fixed noise, 20-step Euler ODE) and recipe.resolved.toml (images per step =
-prompts_per_step x group_size), writes docs/src/flow_study.png and prints markdown.
+prompts_per_step x samples_per_prompt), writes docs/src/flow_study.png and prints markdown.
 
 Usage (matplotlib in any venv): python scripts/plot_flow_study.py [runs/flow-study]
 """
@@ -28,7 +28,7 @@ def load(reward, method, seed):
     if not (d / "summary.json").is_file():
         return None
     r = tomllib.loads((d / "recipe.resolved.toml").read_text())
-    per_step = r["rl"]["prompts_per_step"] * r["rl"]["group_size"]
+    per_step = r["rl"]["prompts_per_step"] * r["rl"]["samples_per_prompt"]
     rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if "eval/accuracy" in row]
     return {

@@ -225,8 +225,12 @@ fn agent_recipe_errors_name_the_key() {
             "exceed the tiny model's context of 64",
         ),
         (
-            "rollout.samples_per_episode=9223372036854775807",
-            "at most 100000",
+            "rollout.samples_per_prompt=9223372036854775807",
+            "rollout.samples_per_prompt = 9223372036854775807 must be in 1..=4096",
+        ),
+        (
+            "rollout.samples_per_episode=4",
+            "`rollout.samples_per_episode` is now spelled `rollout.samples_per_prompt`",
         ),
         ("train.min_lr_ratio=-3", "train.min_lr_ratio"),
         ("train.weight_decay=nan", "train.weight_decay"),

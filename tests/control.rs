@@ -253,7 +253,7 @@ fn control_job_learns_and_resumes_exactly() {
 /// checkpoints, huge masses or forces ran, and a huge `ppo.epochs` made a step that never ended.
 #[test]
 fn control_recipe_errors_name_the_key() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 15] = [
         (&["ppo.segment=7"], "ppo.segment"),
         (&["ppo.mini_batches=100000"], "ppo.mini_batches"),
         (&["env.mass=0"], "env.mass"),
@@ -267,6 +267,11 @@ fn control_recipe_errors_name_the_key() {
         (&["env.mass=1e18"], "env.mass"),
         (&["ppo.reward_scale=1e18"], "ppo.reward_scale"),
         (&["eval.masses=[1e18]"], "eval.masses"),
+        (&["ppo.clip_low=1"], "ppo.clip_low = 1 must be in [0, 1)"),
+        (
+            &["ppo.clip=0.2"],
+            "`ppo.clip` is now spelled `ppo.clip_low` and `ppo.clip_high`",
+        ),
     ];
     for (sets, want) in cases {
         let out = tmp("bad");

@@ -614,7 +614,7 @@ fn flow_recipe_errors_name_the_problem() {
     let out = tmp("bad");
     let o = out.to_str().unwrap();
     for (set, want) in [
-        ("rl.group_size=1", "rl.group_size"),
+        ("rl.samples_per_prompt=1", "rl.samples_per_prompt"),
         ("rl.lora.targets=[\"nope\"]", "unknown layer `nope`"),
         ("algorithm=\"ppo2\"", "unknown variant `ppo2`"),
         ("model.patch=5", "model.patch"),
@@ -675,7 +675,7 @@ fn flow_grpo_and_ram_learn_the_stroke_mass_reward() {
                 "rl.steps=20",
                 "rl.eval_every=100",
                 "rl.prompts_per_step=4",
-                "rl.group_size=8",
+                "rl.samples_per_prompt=8",
                 "rl.train_timesteps=0",
                 "rl.mini_batches=1",
                 "reward.class_prob=0",

@@ -181,13 +181,20 @@ fn program_job_learns_and_resumes_exactly() {
 /// Bad recipes are refused before anything runs, naming the key.
 #[test]
 fn program_recipe_errors_name_the_key() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["max_exprs=0"], "max_exprs"),
         (&["kb.countries=0"], "kb.countries"),
         (&["kb.cities_per_country=1000"], "kb.cities_per_country"),
         (&["train.alpha=1.5"], "train.alpha"),
         (&["train.method=\"beam\""], "beam"),
-        (&["train.samples=0"], "train.samples"),
+        (
+            &["train.samples_per_prompt=0"],
+            "train.samples_per_prompt = 0 must be in 1..=4096",
+        ),
+        (
+            &["train.samples=8"],
+            "`train.samples` is now spelled `train.samples_per_prompt`",
+        ),
         (&["model.heads=3"], "model.heads"),
         (&["train.lr=nan"], "train.lr"),
     ];

@@ -382,7 +382,7 @@ fn huge_counts_are_refused_by_name() {
     let max = i64::MAX;
     for (text, key) in [
         (&flow, "rl.prompts_per_step"),
-        (&flow, "rl.group_size"),
+        (&flow, "rl.samples_per_prompt"),
         (&flow, "eval.samples_per_class"),
         (&flow, "rl.ram_noisings"),
         (&flow, "data_parallel.devices"),
@@ -477,8 +477,8 @@ fn unused_or_useless_numbers_are_refused() {
             "rl.ram_scale = 0 must be a finite number > 0",
         ),
         (
-            "rl.clip_range=9223372036854775807",
-            "rl.clip_range = 9.223372036854776e18",
+            "rl.clip_low=9223372036854775807",
+            "rl.clip_low = 9.223372e18 must be in [0, 1) and rl.clip_high = 0.001 >= 0",
         ),
         (
             "rl.lora.alpha=9223372036854775807",

@@ -198,7 +198,7 @@ impl<'a> AgentJob<'a> {
             &sampler,
             self.env.as_mut(),
             &seeds,
-            (r.rollout.samples_per_episode, r.rollout.max_turns),
+            (r.rollout.samples_per_prompt, r.rollout.max_turns),
             &sc,
             &self.base,
         )?;

@@ -43,8 +43,9 @@ pub enum EnvSpec {
 pub struct AgentRollout {
     /// Episode seeds per step.
     pub episodes_per_step: usize,
-    /// Episodes played per seed (a group).
-    pub samples_per_episode: usize,
+    /// Episodes played from each episode seed (a group: the seed fixes the episode's opening
+    /// prompt).
+    pub samples_per_prompt: usize,
     /// Policy turns per episode at most.
     pub max_turns: usize,
     /// Tokens per turn at most.
@@ -118,7 +119,7 @@ impl AgentRecipe {
         let ro = &self.rollout;
         for (key, v) in [
             ("rollout.episodes_per_step", ro.episodes_per_step),
-            ("rollout.samples_per_episode", ro.samples_per_episode),
+            ("rollout.samples_per_prompt", ro.samples_per_prompt),
             ("rollout.max_turns", ro.max_turns),
             ("rollout.max_new_tokens", ro.max_new_tokens),
             ("eval_episodes", self.eval_episodes),
@@ -134,9 +135,11 @@ impl AgentRecipe {
                 "rollout.max_turns and rollout.max_new_tokens must be <= 64, eval_episodes <= 100000"
             );
         }
-        let rows = ro.episodes_per_step.checked_mul(ro.samples_per_episode);
+        let key = "rollout.samples_per_prompt";
+        crate::common::config::check_samples_per_prompt(key, ro.samples_per_prompt, 1)?;
+        let rows = ro.episodes_per_step.checked_mul(ro.samples_per_prompt);
         if rows.is_none_or(|n| n > 100_000) {
-            bail!("rollout.episodes_per_step × rollout.samples_per_episode must be at most 100000");
+            bail!("rollout.episodes_per_step × rollout.samples_per_prompt must be at most 100000");
         }
         if let PolicyChoice::Pretrained(p) =
             choose_policy(self.model.as_ref(), self.pretrained.as_ref())?

@@ -98,74 +98,77 @@ pub(crate) fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static 
     names.0.unwrap_or(&[])
 }
 
-/// A loop's own settings and the training configs it embeds from `ember-train`: the table of
-/// an LLM recipe's `[train]` and an image recipe's `[rl]`.
-pub(crate) type Training<L> = (
-    L,
-    ember_train::LrConfig,
-    ember_train::OptimizerConfig,
-    ember_train::UpdateSchedule,
-);
-
-/// Splits `table` into a loop's own settings and the three training configs, each taking its
-/// keys; a key none takes is refused, the message prefixed `area: `.
-pub(crate) fn split_training<L: serde::de::DeserializeOwned>(
-    table: toml::Table,
-    area: &str,
-) -> std::result::Result<Training<L>, String> {
-    let mut split = Split::new(table);
-    let parts = (|| {
-        let parts = (split.take()?, split.take()?, split.take()?, split.take()?);
-        split.finish()?;
-        Ok(parts)
-    })();
-    parts.map_err(|e: String| format!("{area}: {e}"))
+/// A loop's own settings: the recipe table it lives in and the kind's defaults for the keys of
+/// the training configs it embeds from `ember-train`.
+pub trait LoopSettings: serde::de::DeserializeOwned {
+    /// The recipe table (`"train"`, `"rl"`, `"ppo"`), prefixing error messages.
+    const TABLE: &'static str;
+    /// `(key, value)`: the kind's defaults where they differ from `ember-train`'s (the update
+    /// schedule's counts as integers).
+    const DEFAULTS: &'static [(&'static str, f64)] = &[];
 }
 
-/// Fills `defaults` (`(key, value)`: a kind's own defaults for the embedded configs' keys;
-/// the update schedule's counts as integers) into `table` where a key is absent, then splits
-/// it as [`split_training`] does.
-pub(crate) fn split_with_defaults<L: serde::de::DeserializeOwned>(
-    mut table: toml::Table,
-    area: &str,
-    defaults: &[(&str, f64)],
-) -> std::result::Result<Training<L>, String> {
-    for &(key, value) in defaults {
-        let value = match key {
-            "epochs" | "mini_batches" | "micro_batch_rows" | "micro_batch_tokens"
-            | "warmup_steps" => toml::Value::Integer(value as i64),
-            _ => toml::Value::Float(value),
-        };
-        table.entry(key).or_insert(value);
-    }
-    split_training(table, area)
+/// One recipe table holding a loop's own settings beside the three training configs it embeds
+/// from `ember-train`, each stated once, there: an LLM or program recipe's `[train]`, an image
+/// recipe's `[rl]`, a control recipe's `[ppo]`. Read through [`Split`]: the kind's defaults
+/// filled in, every key taken by one part, a key none takes refused with the valid ones.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Training<L> {
+    /// The loop's own settings (steps, evaluation, checkpoints, the kind's losses).
+    #[serde(flatten)]
+    pub run: L,
+    /// `lr`, `warmup_steps`, `min_lr_ratio` (`ember_train::LrConfig`).
+    #[serde(flatten)]
+    pub schedule: ember_train::LrConfig,
+    /// `grad_clip`, `weight_decay`, `adam_eps`, `grad_clip_mode` (`ember_train::OptimizerConfig`).
+    #[serde(flatten)]
+    pub optim: ember_train::OptimizerConfig,
+    /// `epochs`, `mini_batches`, `micro_batch_rows`, `micro_batch_tokens`
+    /// (`ember_train::UpdateSchedule`).
+    #[serde(flatten)]
+    pub update: ember_train::UpdateSchedule,
 }
 
-/// `Deserialize` for a recipe table holding a loop's own settings beside the three training
-/// configs it embeds from `ember-train` (fields `run`, `schedule`, `optim`, `update`): the
-/// table's `defaults` filled in ([`split_with_defaults`]), every key taken by one part, errors
-/// prefixed `area: `.
-macro_rules! training_table {
-    ($ty:ty, $area:literal, $defaults:expr) => {
-        impl<'de> serde::Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(
-                d: D,
-            ) -> std::result::Result<Self, D::Error> {
-                let table = <toml::Table as serde::Deserialize>::deserialize(d)?;
-                let (run, schedule, optim, update) =
-                    $crate::common::config::split_with_defaults(table, $area, $defaults)
-                        .map_err(serde::de::Error::custom)?;
-                Ok(Self {
-                    run,
-                    schedule,
-                    optim,
-                    update,
-                })
-            }
+impl<L: LoopSettings> Training<L> {
+    /// The table's parts from `table`, the kind's defaults filled in where a key is absent.
+    fn split(mut table: toml::Table) -> std::result::Result<Self, String> {
+        for &(key, value) in L::DEFAULTS {
+            let value = match key {
+                "epochs" | "mini_batches" | "micro_batch_rows" | "micro_batch_tokens"
+                | "warmup_steps" => toml::Value::Integer(value as i64),
+                _ => toml::Value::Float(value),
+            };
+            table.entry(key).or_insert(value);
         }
-    };
+        let mut split = Split::new(table);
+        let parts = (|| {
+            let parts = Self {
+                run: split.take()?,
+                schedule: split.take()?,
+                optim: split.take()?,
+                update: split.take()?,
+            };
+            split.finish()?;
+            Ok(parts)
+        })();
+        parts.map_err(|e: String| format!("{}: {e}", L::TABLE))
+    }
 }
-pub(crate) use training_table;
+
+impl<'de, L: LoopSettings> serde::Deserialize<'de> for Training<L> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let table = <toml::Table as serde::Deserialize>::deserialize(d)?;
+        Self::split(table).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A table of only defaults, for the kinds whose loop settings all have one.
+impl<L: LoopSettings + Default> Default for Training<L> {
+    fn default() -> Self {
+        Self::split(toml::Table::new())
+            .unwrap_or_else(|e| unreachable!("the [{}] defaults parse: {e}", L::TABLE))
+    }
+}
 
 /// One recipe table shared by several structs (a recipe's own keys and the configs it embeds
 /// from the crates, each with its serde defaults): each [`Split::take`] takes its struct's keys,
@@ -228,6 +231,49 @@ pub(crate) fn check_range(key: &str, value: f64, lo: f64, hi: f64) -> Result<()>
 
 /// A number for an error message: `1e300`, not three hundred digits.
 fn short(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// The PPO ratio's clip of a kind's `prefix` table: `clip_low` in [0, 1) and `clip_high` ≥ 0,
+/// the rule of an LLM recipe's `[loss.policy]` (`ember_engine::PolicyLossKind::validate`).
+pub(crate) fn check_ppo_clip(prefix: &str, clip_low: f32, clip_high: f32) -> Result<()> {
+    let ppo = ember_engine::PolicyLossKind::Ppo {
+        clip_low,
+        clip_high,
+        dual_clip: None,
+    };
+    if ppo.validate().is_err() {
+        bail!(
+            "{prefix}.clip_low = {} must be in [0, 1) and {prefix}.clip_high = {} >= 0 (the PPO \
+             ratio is clipped to [1 − clip_low, 1 + clip_high])",
+            short32(clip_low),
+            short32(clip_high)
+        );
+    }
+    Ok(())
+}
+
+/// The most samples of one prompt (a group) any kind draws in a step.
+pub(crate) const MAX_SAMPLES_PER_PROMPT: usize = 4096;
+
+/// A kind's group size (`key` ends in `samples_per_prompt`): at least `min` (2 where the
+/// baseline is the group's other samples) and at most [`MAX_SAMPLES_PER_PROMPT`].
+pub(crate) fn check_samples_per_prompt(key: &str, n: usize, min: usize) -> Result<()> {
+    if !(min..=MAX_SAMPLES_PER_PROMPT).contains(&n) {
+        bail!(
+            "{key} = {n} must be in {min}..={MAX_SAMPLES_PER_PROMPT} (the samples of one prompt: \
+             a group)"
+        );
+    }
+    Ok(())
+}
+
+/// [`short`] of an `f32` key, written as the recipe wrote it (`0.001`, not `0.0010000000474974513`).
+fn short32(x: f32) -> String {
     if x.is_finite() && x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
         format!("{x:e}")
     } else {
@@ -312,9 +358,18 @@ pub(crate) fn check_training(
 
 /// Deserialises a recipe table, naming the first bad key or value.
 pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T> {
+    super::renamed::refuse_old(&table)?;
     toml::Value::Table(table)
         .try_into()
         .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid recipe: {}", e.message()))
+}
+
+/// A recipe an earlier version stored (`recipe.resolved.toml`): its TOML table in today's
+/// spelling ([`super::renamed`]).
+pub fn stored_table(text: &str) -> Result<toml::Table> {
+    let mut table = apply_overrides(text, &[])?;
+    super::renamed::migrate(&mut table);
+    Ok(table)
 }
 
 /// Parses TOML `text` and applies `key=value` overrides (dotted keys address nested tables;

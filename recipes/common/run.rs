@@ -21,7 +21,7 @@ pub struct RunLoop {
 }
 
 /// Opens `out` for the recipe `r` named `name`, drawing `curves` (reward, held-out metric).
-pub fn open_run<R: serde::Serialize>(
+pub fn open_run<R: serde::Serialize + serde::de::DeserializeOwned>(
     out: &Path,
     opts: &RunOptions,
     name: &str,
@@ -37,8 +37,19 @@ pub fn open_run<R: serde::Serialize>(
         checkpoint_every: run_loop.checkpoint_every,
         keep_checkpoints: run_loop.keep_checkpoints,
         curves,
+        restate: Some(&restate::<R>),
     };
     Run::open(out, opts, &spec)
+}
+
+/// A recipe stored by an earlier version, read in today's spelling with today's defaults and
+/// written as today's resolved recipe is (`--resume` across versions).
+pub(crate) fn restate<R: serde::Serialize + serde::de::DeserializeOwned>(
+    stored: &str,
+) -> Option<String> {
+    let table = crate::common::config::stored_table(stored).ok()?;
+    let r: R = crate::common::config::from_toml(table).ok()?;
+    toml::to_string_pretty(&r).ok()
 }
 
 /// Writes `<stem>.bpk` (a module's record) and `<stem>_optim.bpk` (its optimizer's).

@@ -272,8 +272,8 @@ fn update_player(
         schedule: r.ppo.update,
         loss: ActorLossConfig {
             policy: PolicyLossKind::Ppo {
-                clip_low: r.ppo.run.clip,
-                clip_high: r.ppo.run.clip,
+                clip_low: r.ppo.run.clip_low,
+                clip_high: r.ppo.run.clip_high,
                 dual_clip: None,
             },
             agg: LossAgg::TokenMean,

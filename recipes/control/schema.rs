@@ -4,7 +4,6 @@
 
 use anyhow::{Result, bail};
 use ember_control::EnvName;
-use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 fn control() -> String {
@@ -137,8 +136,10 @@ pub struct PpoLoop {
     pub gamma: f32,
     /// GAE's λ.
     pub lambda: f32,
-    /// The ratio's clip ε.
-    pub clip: f32,
+    /// The ratio's clip ε_l (PPO: ρ is clipped to [1 − ε_l, 1 + ε_h]).
+    pub clip_low: f32,
+    /// The ratio's clip ε_h.
+    pub clip_high: f32,
     /// Entropy bonus coefficient.
     pub entropy_coef: f32,
     /// The critic's learning rate (0 = the policy's).
@@ -162,7 +163,8 @@ impl Default for PpoLoop {
             steps: 50,
             gamma: 0.99,
             lambda: 0.95,
-            clip: 0.2,
+            clip_low: 0.2,
+            clip_high: 0.2,
             entropy_coef: 0.0,
             critic_lr: 0.0,
             value_clip: 0.0,
@@ -177,21 +179,7 @@ impl Default for PpoLoop {
 /// `[ppo]`: the loop and the configs it embeds, with the control job's defaults
 /// ([`PPO_DEFAULTS`]: cleanrl `ppo_continuous_action`'s learning rate, Adam ε, gradient clip and
 /// epochs).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PpoSpec {
-    /// Iterations, discount, clip, critic, segments, checkpoints.
-    #[serde(flatten)]
-    pub run: PpoLoop,
-    /// `lr`, `warmup_steps`, `min_lr_ratio`.
-    #[serde(flatten)]
-    pub schedule: LrConfig,
-    /// `grad_clip`, `weight_decay`, `adam_eps`, `grad_clip_mode`.
-    #[serde(flatten)]
-    pub optim: OptimizerConfig,
-    /// `epochs`, `mini_batches`, `micro_batch_rows`.
-    #[serde(flatten)]
-    pub update: UpdateSchedule,
-}
+pub type PpoSpec = crate::common::config::Training<PpoLoop>;
 
 /// The control job's defaults for the embedded configs' keys: `(key, value)`.
 pub const PPO_DEFAULTS: [(&str, f64); 5] = [
@@ -202,13 +190,10 @@ pub const PPO_DEFAULTS: [(&str, f64); 5] = [
     ("mini_batches", 4.0),
 ];
 
-impl Default for PpoSpec {
-    fn default() -> Self {
-        toml::from_str::<Self>("").unwrap_or_else(|e| unreachable!("the [ppo] defaults parse: {e}"))
-    }
+impl crate::common::config::LoopSettings for PpoLoop {
+    const TABLE: &'static str = "ppo";
+    const DEFAULTS: &'static [(&'static str, f64)] = &PPO_DEFAULTS;
 }
-
-crate::common::config::training_table!(PpoSpec, "ppo", &PPO_DEFAULTS);
 
 /// `[eval]`: the deterministic policy (its mean action) on fixed initial states.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -308,9 +293,10 @@ impl ControlRecipe {
             bail!("ppo.segment = {} must divide the horizon {h}", p.segment);
         }
         let unit = |v: f32| (0.0..=1.0).contains(&v);
-        if !(unit(p.gamma) && unit(p.lambda) && p.clip > 0.0 && p.clip.is_finite()) {
-            bail!("ppo.gamma and ppo.lambda must be in [0, 1], ppo.clip > 0");
+        if !(unit(p.gamma) && unit(p.lambda)) {
+            bail!("ppo.gamma and ppo.lambda must be in [0, 1]");
         }
+        crate::common::config::check_ppo_clip("ppo", p.clip_low, p.clip_high)?;
         let pos = |v: f32| v.is_finite() && (0.0..=1e6).contains(&v);
         if !(pos(p.entropy_coef)
             && pos(p.value_clip)
@@ -395,5 +381,22 @@ impl ControlRecipe {
             bail!("adversary.hidden: at most 16 widths, each 1 to 65536; log_std_init within ±10");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A control run an earlier version stored with `ppo.clip` resumes under today's
+    /// `ppo.clip_low`/`ppo.clip_high`: the restated recipe is today's resolved text.
+    #[test]
+    fn a_recipe_stored_in_an_earlier_spelling_is_restated_as_today() {
+        let text = include_str!("../pendulum-ppo.toml");
+        let table = crate::common::config::apply_overrides(text, &[]).unwrap();
+        let today = toml::to_string_pretty(&super::from_table(table).unwrap()).unwrap();
+        let pair = "clip_low = 0.20000000298023224\nclip_high = 0.20000000298023224\n";
+        assert!(today.contains(pair), "{today}");
+        let earlier = today.replace(pair, "clip = 0.20000000298023224\n");
+        let restated = crate::common::run::restate::<super::ControlRecipe>(&earlier);
+        assert_eq!(restated.as_deref(), Some(today.as_str()));
     }
 }

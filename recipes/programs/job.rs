@@ -65,10 +65,10 @@ impl TokenConstraint for Mask<'_> {
 pub(super) type Programs = Vec<(usize, Vec<u32>)>;
 
 impl ProgramsJob<'_> {
-    /// `train.samples` programs for each of `questions` (prompt-major), drawn under the mask.
+    /// `train.samples_per_prompt` programs for each of `questions` (prompt-major), drawn under the mask.
     fn sample(&self, questions: &[usize], seed: u64) -> Result<Programs> {
         let t = &self.r.train.run;
-        let cfg = self.sampling(t.samples, t.temperature, seed);
+        let cfg = self.sampling(t.samples_per_prompt, t.temperature, seed);
         sample_programs(&self.task, &self.model.valid(), questions, &cfg, &self.base)
     }
 
@@ -93,7 +93,7 @@ impl ProgramsJob<'_> {
         rewards: &[f32],
         row: &mut Row,
     ) -> (Programs, Vec<f32>) {
-        let k = self.r.train.run.samples;
+        let k = self.r.train.run.samples_per_prompt;
         // MAPO splits at the buffer as it was before this step: a new good sample is an
         // out-of-buffer sample of this step, then joins the buffer.
         let mapo = (method == Method::Mapo).then(|| self.mapo_rows(qs, sampled, rewards));

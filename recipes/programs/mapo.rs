@@ -18,7 +18,7 @@ impl ProgramsJob<'_> {
         sampled: &Programs,
         rewards: &[f32],
     ) -> (Programs, Vec<f32>) {
-        let k = self.r.train.run.samples;
+        let k = self.r.train.run.samples_per_prompt;
         let buffers: Vec<Vec<Best>> = qs
             .iter()
             .map(|q| self.memory.get(q).cloned().unwrap_or_default())

@@ -4,7 +4,6 @@
 
 use anyhow::{Result, bail};
 use ember_tasks::program::kb::KbSpec;
-use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 fn programs() -> String {
@@ -101,7 +100,7 @@ pub struct TrainLoop {
     /// Training questions per step.
     pub questions: usize,
     /// Programs sampled per question.
-    pub samples: usize,
+    pub samples_per_prompt: usize,
     /// The method.
     pub method: Method,
     /// α of augmented REINFORCE (NSM's 0.1).
@@ -125,7 +124,7 @@ impl Default for TrainLoop {
         Self {
             steps: 200,
             questions: 16,
-            samples: 8,
+            samples_per_prompt: 8,
             method: Method::Augmented,
             alpha: 0.1,
             ml_steps: 0,
@@ -138,33 +137,15 @@ impl Default for TrainLoop {
 }
 
 /// `[train]`: the loop and the configs it embeds from `ember-train`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TrainSpec {
-    /// Steps, questions, samples, method, checkpoints.
-    #[serde(flatten)]
-    pub run: TrainLoop,
-    /// `lr`, `warmup_steps`, `min_lr_ratio`.
-    #[serde(flatten)]
-    pub schedule: LrConfig,
-    /// `grad_clip`, `weight_decay`, `adam_eps`, `grad_clip_mode`.
-    #[serde(flatten)]
-    pub optim: OptimizerConfig,
-    /// `epochs`, `mini_batches`, `micro_batch_rows`.
-    #[serde(flatten)]
-    pub update: UpdateSchedule,
-}
+pub type TrainSpec = crate::common::config::Training<TrainLoop>;
 
 /// The defaults of the embedded configs' keys.
 pub const TRAIN_DEFAULTS: [(&str, f64); 2] = [("lr", 1e-3), ("grad_clip", 1.0)];
 
-impl Default for TrainSpec {
-    fn default() -> Self {
-        toml::from_str::<Self>("")
-            .unwrap_or_else(|e| unreachable!("the [train] defaults parse: {e}"))
-    }
+impl crate::common::config::LoopSettings for TrainLoop {
+    const TABLE: &'static str = "train";
+    const DEFAULTS: &'static [(&'static str, f64)] = &TRAIN_DEFAULTS;
 }
-
-crate::common::config::training_table!(TrainSpec, "train", &TRAIN_DEFAULTS);
 
 /// `[eval]`: greedy programs for every held-out question.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -227,10 +208,11 @@ impl ProgramsRecipe {
         }
         check_model(&self.model)?;
         let t = &self.train.run;
+        let key = "train.samples_per_prompt";
+        crate::common::config::check_samples_per_prompt(key, t.samples_per_prompt, 1)?;
         for (key, v, max) in [
             ("train.steps", t.steps, 1_000_000),
             ("train.questions", t.questions, 4096),
-            ("train.samples", t.samples, 256),
             ("train.keep_checkpoints", t.keep_checkpoints, 1000),
             ("eval.every", self.eval.every, 1_000_000),
         ] {

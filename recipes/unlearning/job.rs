@@ -203,7 +203,7 @@ impl UnlearningJob<'_> {
         let fs = self.r.forget.clone();
         let mut prompts = self.draw(&self.facts.forget.clone(), fs.batch);
         prompts.extend(self.draw(&self.facts.retain.clone(), fs.retain_batch));
-        let n = fs.samples;
+        let n = fs.samples_per_prompt;
         let model = self.learner.model.valid();
         let lp = answer_log_probs(&model, &self.facts, &prompts, &self.base);
         let lp_host = host(lp.clone());

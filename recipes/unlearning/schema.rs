@@ -104,7 +104,7 @@ pub struct ForgetSpec {
     /// Weight of the retain facts' loss (gradient ascent, the teacher ensemble).
     pub retain_weight: f32,
     /// Answers sampled per prompt (RULE, ReRULE).
-    pub samples: usize,
+    pub samples_per_prompt: usize,
     /// Stored hard groups replayed per step (ReRULE).
     pub replay: usize,
     /// RULE's rejection steering before its RL steps: supervised steps that answer the
@@ -127,7 +127,7 @@ impl Default for ForgetSpec {
             batch: 8,
             retain_batch: 8,
             retain_weight: 1.0,
-            samples: 8,
+            samples_per_prompt: 8,
             replay: 4,
             steering_steps: 10,
             steering_share: 0.25,
@@ -164,13 +164,14 @@ impl UnlearningRecipe {
         ember_tasks::facts::Facts::new(&self.facts).map_err(anyhow::Error::msg)?;
         crate::programs::schema::check_model(&self.model)?;
         let (l, f) = (&self.learn, &self.forget);
+        let key = "forget.samples_per_prompt";
+        crate::common::config::check_samples_per_prompt(key, f.samples_per_prompt, 2)?;
         for (key, v, lo, max) in [
             ("learn.steps", l.steps, 1, 100_000),
             ("learn.batch", l.batch, 1, 4096),
             ("forget.steps", f.steps, 1, 100_000),
             ("forget.batch", f.batch, 1, 4096),
             ("forget.retain_batch", f.retain_batch, 0, 4096),
-            ("forget.samples", f.samples, 2, 256),
             ("forget.replay", f.replay, 0, 4096),
             ("forget.teachers", f.teachers, 2, 16),
             ("eval_every", self.eval_every, 1, 100_000),

@@ -58,8 +58,12 @@ pub struct RunOptions {
     pub dashboard: bool,
 }
 
+/// Rewrites a recipe stored by an earlier version in today's form (its renamed keys, its new
+/// defaults), or None where it cannot; compared on `--resume` when the text differs.
+pub type Restate<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// What a job tells the run kit about itself.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RunSpec<'a> {
     /// The recipe's name (progress lines are prefixed `[name]`).
     pub name: &'a str,
@@ -74,6 +78,9 @@ pub struct RunSpec<'a> {
     pub keep_checkpoints: usize,
     /// The metrics drawn in `curves.png`: (reward, held-out accuracy).
     pub curves: (&'a str, &'a str),
+    /// The stored recipe in today's form, for `--resume` across versions (None: the text must
+    /// be the same).
+    pub restate: Option<Restate<'a>>,
 }
 
 /// What the end of a step does; decided before the step's last work (evaluation), so that a
@@ -149,7 +156,8 @@ impl Run {
             true => match checkpoint::latest(&ckpt_root)? {
                 Some(dir) => {
                     let st = checkpoint::read_state(&dir)?;
-                    if st.recipe != spec.resolved {
+                    let restated = || spec.restate.and_then(|f| f(&st.recipe));
+                    if st.recipe != spec.resolved && restated().is_none_or(|r| r != spec.resolved) {
                         bail!(
                             "--resume: the recipe differs from the one {} was started with (see \
                              {}); resume with the same recipe and --set values",

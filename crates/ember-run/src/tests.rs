@@ -21,6 +21,7 @@ fn spec(steps: usize) -> RunSpec<'static> {
         checkpoint_every: 0,
         keep_checkpoints: 2,
         curves: ("reward", "eval/accuracy"),
+        restate: None,
     }
 }
 
@@ -91,6 +92,20 @@ fn every_evaluation_publishes_and_a_stop_checkpoints() {
     };
     let err = Run::open(&d, &opts, &other).err().unwrap();
     assert!(format!("{err:#}").contains("recipe differs"), "{err:#}");
+    // Unless the stored recipe, restated in today's form, is the new one (an earlier
+    // version's spelling); a restatement that still differs is refused.
+    let today = |stored: &str| Some(stored.replace("\"t\"", "\"u\""));
+    let renamed = RunSpec {
+        restate: Some(&today),
+        ..other.clone()
+    };
+    assert_eq!(Run::open(&d, &opts, &renamed).unwrap().first_step(), 3);
+    let unchanged = |stored: &str| Some(stored.to_string());
+    let still = RunSpec {
+        restate: Some(&unchanged),
+        ..other
+    };
+    assert!(Run::open(&d, &opts, &still).is_err());
     std::fs::remove_dir_all(&d).ok();
 }
 

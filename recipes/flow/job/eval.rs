@@ -20,7 +20,7 @@ pub fn evaluate_run(
 ) -> Result<EvalResult> {
     let rp = run.join("recipe.resolved.toml");
     let text = std::fs::read_to_string(&rp).with_context(|| format!("reading {}", rp.display()))?;
-    let table = crate::common::config::apply_overrides(&text, &[])?;
+    let table = crate::common::config::stored_table(&text)?;
     if table.get("kind").and_then(|k| k.as_str()) != Some("flow") {
         bail!("{} is not an image run (kind = \"flow\")", run.display());
     }

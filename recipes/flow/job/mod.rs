@@ -110,9 +110,9 @@ struct Rollout {
 
 impl FlowJob<'_> {
     /// Rollout: requested classes (a fresh permutation of 0..9 per step, cycled if more
-    /// prompts), `group_size` samples each; their rewards and advantages.
+    /// prompts), `samples_per_prompt` samples each; their rewards and advantages.
     fn rollout(&mut self, step: usize, row: &mut Row) -> Result<Rollout> {
-        let (r, g) = (self.r, self.r.rl.run.group_size);
+        let (r, g) = (self.r, self.r.rl.run.samples_per_prompt);
         let perm = self.rng.permutation(self.model.num_classes());
         let prompts: Vec<usize> = (0..r.rl.run.prompts_per_step)
             .map(|i| perm[i % perm.len()])

@@ -155,8 +155,8 @@ fn update_config(r: &FlowRecipe) -> UpdateConfig {
         schedule: r.rl.update,
         loss: ActorLossConfig {
             policy: PolicyLossKind::Ppo {
-                clip_low: r.rl.run.clip_range,
-                clip_high: r.rl.run.clip_range,
+                clip_low: r.rl.run.clip_low,
+                clip_high: r.rl.run.clip_high,
                 dual_clip: None,
             },
             agg: LossAgg::TokenMean,

@@ -375,17 +375,22 @@ impl FlowRecipe {
     /// `[rl]`: batch sizes, the embedded training configs, losses, RAM and the adapters.
     fn validate_rl(&self) -> Result<()> {
         let rl = &self.rl;
-        if rl.run.prompts_per_step == 0 || rl.run.group_size < 2 {
+        if rl.run.prompts_per_step == 0 || rl.run.samples_per_prompt < 2 {
             bail!(
-                "rl.prompts_per_step = {} must be >= 1 and rl.group_size = {} >= 2 (the baseline \
-                 needs two samples per prompt)",
+                "rl.prompts_per_step = {} must be >= 1 and rl.samples_per_prompt = {} >= 2 (the \
+                 baseline needs two samples per prompt)",
                 rl.run.prompts_per_step,
-                rl.run.group_size
+                rl.run.samples_per_prompt
             );
         }
-        let rows = rl.run.prompts_per_step.checked_mul(rl.run.group_size);
+        let key = "rl.samples_per_prompt";
+        crate::common::config::check_samples_per_prompt(key, rl.run.samples_per_prompt, 2)?;
+        let rows = rl
+            .run
+            .prompts_per_step
+            .checked_mul(rl.run.samples_per_prompt);
         if rows.is_none_or(|n| n > MAX_ROWS) {
-            bail!("rl.prompts_per_step × rl.group_size must be at most {MAX_ROWS}");
+            bail!("rl.prompts_per_step × rl.samples_per_prompt must be at most {MAX_ROWS}");
         }
         if rl.run.ram_noisings > MAX_RAM_NOISINGS {
             bail!(
@@ -414,11 +419,9 @@ impl FlowRecipe {
                  ram_noisings >= 1"
             );
         }
-        if !positive(rl.run.clip_range)
-            || !positive(rl.run.adv_clip)
-            || !non_negative(rl.run.kl_coef)
-        {
-            bail!("rl: clip_range and adv_clip must be > 0, kl_coef >= 0");
+        crate::common::config::check_ppo_clip("rl", rl.run.clip_low, rl.run.clip_high)?;
+        if !positive(rl.run.adv_clip) || !non_negative(rl.run.kl_coef) {
+            bail!("rl: adv_clip must be > 0, kl_coef >= 0");
         }
         if !rl.run.ram_scale.is_finite()
             || !non_negative(rl.optim.grad_clip)
@@ -449,7 +452,6 @@ impl FlowRecipe {
         // and no scale at all, an overflowing loss).
         for (key, v, lo) in [
             ("rl.lora.alpha", rl.run.lora.alpha, 0.0),
-            ("rl.clip_range", rl.run.clip_range.into(), 0.0),
             ("rl.adv_clip", rl.run.adv_clip.into(), 0.0),
             ("rl.kl_coef", rl.run.kl_coef.into(), 0.0),
         ] {

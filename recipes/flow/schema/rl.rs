@@ -1,7 +1,6 @@
 //! `[rl]` of an image recipe: the loop's own settings and the training configs it embeds from
 //! `ember-train`, with the image job's defaults.
 
-use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 /// The RL loop's own settings (the flow job's; the learning rate, AdamW and update schedule
@@ -14,12 +13,14 @@ pub struct FlowLoop {
     /// Prompts (requested classes) per step.
     pub prompts_per_step: usize,
     /// Samples per prompt (the group of the baseline).
-    pub group_size: usize,
+    pub samples_per_prompt: usize,
     /// Denoising steps trained per trajectory (the first ones; 0 = all).
     #[serde(default)]
     pub train_timesteps: usize,
-    /// PPO clip ε of the per-step ratio.
-    pub clip_range: f32,
+    /// PPO clip ε_l of the per-step ratio (flow_grpo's symmetric `clip_range` is both).
+    pub clip_low: f32,
+    /// PPO clip ε_h of the per-step ratio.
+    pub clip_high: f32,
     /// Advantage clip (DDPO `adv_clip_max`).
     pub adv_clip: f32,
     /// Flow-GRPO and RAM: divide by the std of all the step's rewards instead of the group's
@@ -69,9 +70,10 @@ impl Default for FlowLoop {
         Self {
             steps: 60,
             prompts_per_step: 10,
-            group_size: 8,
+            samples_per_prompt: 8,
             train_timesteps: 0,
-            clip_range: 1e-3,
+            clip_low: 1e-3,
+            clip_high: 1e-3,
             adv_clip: 5.0,
             global_std: false,
             drop_zero_advantage: false,
@@ -92,26 +94,11 @@ impl Default for FlowLoop {
 /// The RL fine-tuning: one `[rl]` table holding the loop's own settings and the configs it
 /// embeds from `ember-train` (learning-rate schedule, AdamW, update schedule), as an LLM
 /// recipe's `[train]` does; the image job's defaults for those are [`RL_DEFAULTS`].
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RlSpec {
-    /// Steps, groups, losses, RAM, adapters, evaluation, checkpoints.
-    #[serde(flatten)]
-    pub run: FlowLoop,
-    /// `lr`, `warmup_steps`, `min_lr_ratio` (`ember_train::LrConfig`), cosine decay.
-    #[serde(flatten)]
-    pub schedule: LrConfig,
-    /// `grad_clip`, `weight_decay`, `adam_eps`, `grad_clip_mode`
-    /// (`ember_train::OptimizerConfig`). PyTorch's ε 1e-8: burn's default 1e-5 damps the small
-    /// gradients of the policy-gradient losses, whose log-probs are averaged over pixels.
-    #[serde(flatten)]
-    pub optim: OptimizerConfig,
-    /// `epochs` (PPO's μ), `mini_batches`, `micro_batch_rows` (`ember_train::UpdateSchedule`).
-    #[serde(flatten)]
-    pub update: UpdateSchedule,
-}
+pub type RlSpec = crate::common::config::Training<FlowLoop>;
 
 /// The image job's defaults for the embedded configs' keys, where they differ from
-/// `ember-train`'s: `(key, value)`.
+/// `ember-train`'s: `(key, value)`. PyTorch's Adam ε 1e-8: burn's default 1e-5 damps the small
+/// gradients of the policy-gradient losses, whose log-probs are averaged over pixels.
 pub const RL_DEFAULTS: [(&str, f64); 5] = [
     ("lr", 1e-3),
     ("min_lr_ratio", 0.1),
@@ -120,13 +107,10 @@ pub const RL_DEFAULTS: [(&str, f64); 5] = [
     ("mini_batches", 2.0),
 ];
 
-impl Default for RlSpec {
-    fn default() -> Self {
-        toml::from_str::<Self>("").unwrap_or_else(|e| unreachable!("the [rl] defaults parse: {e}"))
-    }
+impl crate::common::config::LoopSettings for FlowLoop {
+    const TABLE: &'static str = "rl";
+    const DEFAULTS: &'static [(&'static str, f64)] = &RL_DEFAULTS;
 }
-
-crate::common::config::training_table!(RlSpec, "rl", &RL_DEFAULTS);
 
 /// The form of the flow KL penalty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

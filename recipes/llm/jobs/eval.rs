@@ -12,7 +12,8 @@ pub fn evaluate_run(
 ) -> Result<f64> {
     let rp = run.join("recipe.resolved.toml");
     let text = std::fs::read_to_string(&rp).with_context(|| format!("reading {}", rp.display()))?;
-    let mut r = crate::llm::plop::apply_recorded(&crate::llm::schema::parse(&text, &[])?, run)?;
+    let stored = crate::llm::schema::parse_stored(&text)?;
+    let mut r = crate::llm::plop::apply_recorded(&stored, run)?;
     if let Some(n) = eval_size {
         r.task.eval_size = n;
     }

@@ -3,7 +3,6 @@
 use crate::common::config::defaults::{auto, four, ten, two, yes};
 use anyhow::{Result, bail};
 use ember_engine::*;
-use ember_train::{LrConfig, OptimizerConfig, UpdateSchedule};
 use serde::{Deserialize, Serialize};
 
 mod critic;
@@ -54,23 +53,11 @@ impl Default for EvalSpec {
 
 /// The RL phase: one `[train]` table holding the loop's own settings and the configs it embeds
 /// from `ember-train` (learning-rate schedule, AdamW, update schedule), each stated once, there.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TrainSpec {
-    /// Steps, evaluation, checkpoints, KL.
-    #[serde(flatten)]
-    pub run: TrainLoop,
-    /// `lr`, `warmup_steps`, `min_lr_ratio` (`ember_train::LrConfig`).
-    #[serde(flatten)]
-    pub schedule: LrConfig,
-    /// `grad_clip`, `weight_decay`, `adam_eps` (`ember_train::OptimizerConfig`).
-    #[serde(flatten)]
-    pub optim: OptimizerConfig,
-    /// `epochs`, `mini_batches`, `micro_batch_rows` (`ember_train::UpdateSchedule`).
-    #[serde(flatten)]
-    pub update: UpdateSchedule,
-}
+pub type TrainSpec = crate::common::config::Training<TrainLoop>;
 
-crate::common::config::training_table!(TrainSpec, "train", &[]);
+impl crate::common::config::LoopSettings for TrainLoop {
+    const TABLE: &'static str = "train";
+}
 
 /// The RL loop's own settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -194,7 +181,17 @@ pub struct Recipe {
 /// tables; values are TOML, bare words are strings). Unknown keys are errors that list the
 /// valid ones.
 pub fn parse(text: &str, overrides: &[String]) -> Result<Recipe> {
-    let mut table = crate::common::config::apply_overrides(text, overrides)?;
+    llm_table(crate::common::config::apply_overrides(text, overrides)?)
+}
+
+/// Parses an LLM recipe an earlier version may have stored (`recipe.resolved.toml`), its keys
+/// read in today's spelling ([`crate::common::renamed`]).
+pub fn parse_stored(text: &str) -> Result<Recipe> {
+    llm_table(crate::common::config::stored_table(text)?)
+}
+
+/// An LLM recipe from its whole table (a recipe of another kind is refused).
+fn llm_table(mut table: toml::Table) -> Result<Recipe> {
     match crate::common::config::take_kind(&mut table)? {
         "llm" => from_table(table),
         kind => bail!(
@@ -305,9 +302,11 @@ impl Recipe {
                 self.rollout.samples_per_prompt
             );
         }
-        if self.rollout.samples_per_prompt == 0 {
-            bail!("rollout.samples_per_prompt must be >= 1");
-        }
+        crate::common::config::check_samples_per_prompt(
+            "rollout.samples_per_prompt",
+            self.rollout.samples_per_prompt,
+            1,
+        )?;
         if self.rollout.samples_per_prompt < 2 && self.algorithm_parts().dynamic_sampling {
             bail!(
                 "dynamic sampling drops groups whose rewards are all equal, which every group of \

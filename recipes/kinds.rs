@@ -30,12 +30,12 @@ impl AnyRecipe {
     /// The run name (the default run directory is `runs/<name>`).
     pub fn name(&self) -> &str {
         match self {
-            Self::Llm(r) => &r.name,
-            Self::Flow(r) => &r.name,
-            Self::Agent(r) => &r.name,
-            Self::Control(r) => &r.name,
-            Self::Programs(r) => &r.name,
-            Self::Unlearning(r) => &r.name,
+            Self::Llm(r) => &r.header.name,
+            Self::Flow(r) => &r.header.name,
+            Self::Agent(r) => &r.header.name,
+            Self::Control(r) => &r.header.name,
+            Self::Programs(r) => &r.header.name,
+            Self::Unlearning(r) => &r.header.name,
         }
     }
 }

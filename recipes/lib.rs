@@ -20,6 +20,7 @@ pub mod control;
 pub mod flow;
 pub mod kinds;
 pub mod llm;
+pub mod lm;
 pub mod molora;
 pub mod offline;
 pub mod programs;

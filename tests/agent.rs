@@ -7,7 +7,7 @@ mod common;
 
 use burn::module::Module;
 use ember::agent::rollout::rollout;
-use ember::llm::{Policy, Tok};
+use ember::lm::{Policy, Tok};
 use ember_engine::{AdvantageConfig, AdvantageKind, RolloutBatch, StdKind};
 use ember_llm::SamplingConfig;
 use ember_llm::actor::LlmExperience;
@@ -237,9 +237,9 @@ fn chat_template_episodes_are_conversations() {
         return;
     };
     let device = common::dev();
-    let spec: ember::llm::schema::PretrainedSpec =
+    let spec: ember::lm::PretrainedSpec =
         toml::from_str(&format!("path = {:?}", path.display().to_string())).unwrap();
-    let policy = ember::llm::policy_from_specs(None, Some(&spec), 0, &device, None).unwrap();
+    let policy = ember::lm::policy_from_specs(None, Some(&spec), 0, &device, None).unwrap();
     let Tok::Real { tok, .. } = &policy.tok else {
         panic!("a real tokenizer")
     };

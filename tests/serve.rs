@@ -483,8 +483,8 @@ fn judge_reward_asks_a_served_model() {
 /// single-pass shortcut needs one-token words), and agrees with the sums of the server's
 /// echoed log-probs of the words' tokens.
 fn multi_token_words(model: &Path, port: u16, asked: &str) {
-    use ember::llm::judge::{Item, Judge};
-    use ember::llm::schema::JudgeSpec;
+    use ember::lm::judge::JudgeSpec;
+    use ember::lm::judge::{Item, Judge};
     let spec: JudgeSpec = toml::from_str(&format!(
         "path = {:?}\nverdict = \"yes_no\"\ntemplate = \"{{completion}}\"\n\
          yes = \" correct answer\"\nno = \" wrong answer\"",
@@ -526,8 +526,8 @@ fn multi_token_words(model: &Path, port: u16, asked: &str) {
 /// message (the endpoint's read from `/tokenizer_info`), and the endpoint's and the loaded
 /// model's verdicts agree.
 fn chat_formatted(model: &Path, port: u16, asked: &str) {
-    use ember::llm::judge::{Item, Judge};
-    use ember::llm::schema::JudgeSpec;
+    use ember::lm::judge::JudgeSpec;
+    use ember::lm::judge::{Item, Judge};
     let spec = |source: String| -> JudgeSpec {
         toml::from_str(&format!(
             "{source}\nverdict = \"yes_no\"\ntemplate = \"{{completion}}\"\nchat = true"

@@ -7,8 +7,8 @@
 use crate::agent::rollout::{Trajectories, TrajectoryTensors, rollout, warm_up};
 use crate::agent::schema::{AgentRecipe, EnvSpec};
 use crate::common::run::open_run;
-use crate::llm::step::{UpdateCtx, update_policy};
-use crate::llm::{Policy, load_checkpoint, model_record, policy_from_specs};
+use crate::lm::step::{UpdateCtx, update_policy};
+use crate::lm::{Policy, load_checkpoint, model_record, policy_from_specs};
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
@@ -128,17 +128,22 @@ impl<'a> AgentJob<'a> {
     /// optimizer.
     fn new(r: &'a AgentRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
         let curves = ("rollout/reward_mean", "eval/success");
-        let mut run = open_run(out, opts, &r.name, r, r.train.run.run_loop(), curves)?;
+        let mut run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
         let parts = r.algorithm_parts();
-        let base = crate::common::device::device(&r.device)?;
+        let base = crate::common::device::device(&r.header.device)?;
         let ad = base.clone().autodiff();
         let mut env = environment(r, &base)?;
-        let mut policy =
-            policy_from_specs(r.model.as_ref(), r.pretrained.as_ref(), r.seed, &ad, None)?;
+        let mut policy = policy_from_specs(
+            r.model.as_ref(),
+            r.pretrained.as_ref(),
+            r.header.seed,
+            &ad,
+            None,
+        )?;
         // A chat template that cannot extend a conversation is refused now, not at the first
         // turn.
         policy.turn_end()?;
-        let mut rng = Rng(r.seed);
+        let mut rng = Rng(r.header.seed);
         let mut optim = r.train.optim.init();
         let (before, after) = match run.resumed() {
             Some((dir, st)) => {
@@ -219,7 +224,7 @@ impl<'a> AgentJob<'a> {
                 r.rollout.max_new_tokens
             );
         }
-        crate::llm::step::warn_if_nothing_valid(&r.name, self.steps_done, &outcome);
+        crate::lm::step::warn_if_nothing_valid(&r.header.name, self.steps_done, &outcome);
         // Rows made invalid above contribute no per-step reward either.
         let turn_rewards = x.turn_rewards.clone();
         let insane = turn_rewards.clone().abs().greater_elem(REWARD_LIMIT);
@@ -433,7 +438,7 @@ impl ember_run::Job for AgentJob<'_> {
         let r = self.r;
         let (before, after) = (self.before, self.after);
         self.run.finish(&serde_json::json!({
-            "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
+            "name": r.header.name, "algorithm": r.algorithm.name(), "seed": r.header.seed,
             "success_before": before, "success_after": after,
             "steps_done": self.steps_done, "interrupted": interrupted,
         }))?;

@@ -11,8 +11,8 @@
 //! user message ([`Policy::observation_after`]). Each turn re-reads its episodes' whole
 //! contexts (no KV cache is kept between turns).
 
-use crate::llm::schema::Warmup;
-use crate::llm::{Policy, Tok};
+use crate::lm::Warmup;
+use crate::lm::{Policy, Tok};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_llm::chartok;
@@ -235,12 +235,7 @@ impl Policy {
                 if !*chat {
                     return Ok(tok.encode(&user)?);
                 }
-                Ok(tok.encode(&crate::llm::render_chat(
-                    tok,
-                    system.as_deref(),
-                    &user,
-                    &[],
-                )?)?)
+                Ok(tok.encode(&crate::lm::render_chat(tok, system.as_deref(), &user, &[])?)?)
             }
         }
     }

@@ -2,11 +2,10 @@
 //! of an environment (`[env]`), with the LLM recipe's `[model]` and `[train]` tables and a
 //! preset `algorithm` whose advantages are computed over whole trajectories.
 
-use crate::common::config::defaults::{auto, one_f32};
+use crate::common::config::defaults::one_f32;
 use crate::common::config::{check_lr, check_range, check_training};
-use crate::llm::schema::{
-    ModelSpec, PolicyChoice, PretrainedSpec, TrainSpec, Warmup, choose_policy,
-};
+use crate::lm::TrainSpec;
+use crate::lm::{ModelSpec, PolicyChoice, PretrainedSpec, Warmup, choose_policy};
 use anyhow::{Result, bail};
 use ember_engine::{AdvantageConfig, AdvantageKind, Preset, PresetParts};
 use ember_tasks::env::external::ExternalEnvSpec;
@@ -55,19 +54,12 @@ pub struct AgentRollout {
     pub temperature: f32,
 }
 
-/// A whole agent run.
+/// A multi-turn recipe below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentRecipe {
+pub struct AgentBody {
     /// Always `"agent"`.
     pub kind: String,
-    /// Run name.
-    pub name: String,
-    /// Seed of every random choice.
-    pub seed: u64,
-    /// `cpu`, `cuda`, `wgpu` or `auto`.
-    #[serde(default = "auto")]
-    pub device: String,
     /// Algorithm preset (its advantage and loss; trajectory-level).
     #[serde(default)]
     pub algorithm: Preset,
@@ -94,6 +86,9 @@ pub struct AgentRecipe {
     /// Steps, schedule, optimizer, update schedule (as in LLM recipes).
     pub train: TrainSpec,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`AgentBody`].
+pub type AgentRecipe = crate::common::header::Headed<AgentBody>;
 
 pub(crate) fn from_table(table: toml::Table) -> Result<AgentRecipe> {
     let r: AgentRecipe = crate::common::config::from_toml(table)?;

@@ -1,5 +1,5 @@
 //! `[env] kind = "tutor"`: the policy tutors a simulated student, a frozen model in process or
-//! behind an endpoint ([`crate::llm::participant`]), on a generated arithmetic word problem.
+//! behind an endpoint ([`crate::lm::participant`]), on a generated arithmetic word problem.
 //!
 //! The episode (after the RL-tutor setup of arXiv 2505.15607, whose text this follows where
 //! reachable; the choices below are ours where it is silent): the student first answers the
@@ -17,7 +17,7 @@
 //! The last observation records the post-test and both gates (it reaches `samples.jsonl`
 //! with the transcript).
 
-use crate::llm::participant::{Backend, ChatFormat, Source};
+use crate::lm::participant::{Backend, ChatFormat, Source};
 use anyhow::Result;
 use burn::tensor::Device;
 use ember_llm::Message;

@@ -423,7 +423,9 @@ fn molora(a: MoloraArgs) -> Result<()> {
     let path = a.recipe.recipe.display().to_string();
     let r = ember::molora::schema::parse(&a.recipe.text()?, &a.recipe.sets)
         .with_context(|| format!("recipe {path}"))?;
-    let out = a.out.unwrap_or_else(|| Path::new("runs").join(&r.name));
+    let out = a
+        .out
+        .unwrap_or_else(|| Path::new("runs").join(&r.header.name));
     ember::molora::job::run(&r, &out, a.quiet)?;
     Ok(())
 }

@@ -363,7 +363,7 @@ impl ember_run::Job for ControlJob<'_> {
             .adversary()
             .map_or(1, |a| a.protagonist_iters + a.adversary_iters);
         let summary = ControlSummary {
-            name: r.name.clone(),
+            name: r.header.name.clone(),
             before: self.before,
             after: self.after,
             steps: self.steps_done,

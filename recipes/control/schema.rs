@@ -16,21 +16,13 @@ fn hidden() -> Vec<usize> {
     vec![64, 64]
 }
 
-/// A control recipe.
+/// A control recipe below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ControlRecipe {
+pub struct ControlBody {
     /// Always `"control"`.
     #[serde(default = "control")]
     pub kind: String,
-    /// Run name (`runs/<name>`).
-    pub name: String,
-    /// Seed of everything.
-    #[serde(default)]
-    pub seed: u64,
-    /// `cpu`, `cuda`, `wgpu` or `auto`.
-    #[serde(default = "crate::common::config::defaults::auto")]
-    pub device: String,
     /// The environment.
     pub env: EnvSpec,
     /// The policy and the critic.
@@ -46,6 +38,9 @@ pub struct ControlRecipe {
     #[serde(default)]
     pub eval: EvalSpec,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`ControlBody`].
+pub type ControlRecipe = crate::common::header::Headed<ControlBody>;
 
 /// `[adversary]`: RARL (Pinto et al. 2017, Algorithm 1). Each iteration trains the protagonist
 /// for `protagonist_iters` rollouts with the adversary fixed, then the adversary for

@@ -131,11 +131,11 @@ impl Setup {
             keep_checkpoints: p.keep_checkpoints,
         };
         let curves = ("rollout/return_mean", "eval/return_mean");
-        let run = open_run(out, opts, &r.name, r, run_loop, curves)?;
-        let base = crate::common::device::device(&r.device)?;
+        let run = open_run(out, opts, &r.header.name, r, run_loop, curves)?;
+        let base = crate::common::device::device(&r.header.device)?;
         let ad = base.clone().autodiff();
         let env = r.env()?;
-        ad.seed(r.seed ^ 0x434f_4e54);
+        ad.seed(r.header.seed ^ 0x434f_4e54);
         let pol = &r.policy;
         let (obs, act) = (env.obs_dim(), env.act_dim());
         let protagonist = Player::new(
@@ -161,7 +161,7 @@ impl Setup {
         };
         Ok(ControlJob {
             horizon: r.horizon()?,
-            rng: SplitMix64(r.seed),
+            rng: SplitMix64(r.header.seed),
             schedule: r.ppo.schedule.schedule(p.steps),
             before: f64::NAN,
             after: f64::NAN,

@@ -42,7 +42,7 @@ fn cache_path(r: &FlowRecipe) -> Result<PathBuf> {
     let key = serde_json::to_string(&(&r.model, r.pretrain.steps, r.pretrain.batch))?
         + &format!(
             "{}|{}|{}|{}|{}",
-            r.pretrain.lr, r.pretrain.class_dropout, r.pretrain.ema, r.data.digits, r.seed
+            r.pretrain.lr, r.pretrain.class_dropout, r.pretrain.ema, r.data.digits, r.header.seed
         );
     // FNV-1a: stable across runs and platforms.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -136,7 +136,7 @@ fn pretrain(
                 quiet,
                 &format!(
                     "[{}] pretrain {step}/{}: loss {ema:.4} ({:.0} s)",
-                    r.name,
+                    r.header.name,
                     p.steps,
                     t0.elapsed().as_secs_f64()
                 ),
@@ -178,15 +178,15 @@ pub fn pretrained(
             quiet,
             &format!(
                 "[{}] pretrained model from the cache {}",
-                r.name,
+                r.header.name,
                 path.display()
             ),
         );
         return Ok((model, 0.0));
     }
     let t0 = Instant::now();
-    let mut rng = SplitMix64(r.seed ^ 0x5052_4554_5241_494e);
-    ad.seed(r.seed);
+    let mut rng = SplitMix64(r.header.seed ^ 0x5052_4554_5241_494e);
+    ad.seed(r.header.seed);
     let model = pretrain(r, digits, ad, &mut rng, quiet)?;
     let secs = t0.elapsed().as_secs_f64();
     if r.pretrain.cache {
@@ -331,7 +331,7 @@ pub fn evaluate(
     let labels: Vec<usize> = (0..classes)
         .flat_map(|c| std::iter::repeat_n(c, s))
         .collect();
-    device.seed(r.seed ^ 0x4556_414c);
+    device.seed(r.header.seed ^ 0x4556_414c);
     let coefs = sde_coefs(&sigmas(r.sampler.eval_steps, r.sampler.shift), 0.0)?;
     let traj = ember_flow::sample(
         model,

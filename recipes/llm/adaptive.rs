@@ -5,8 +5,8 @@
 //! rest of the step uses unchanged. One host read of the rewards per round (the retirement
 //! rule needs them), as the reference does.
 
-use super::score::{Scorer, completions};
-use super::step::SamplerRef;
+use crate::lm::score::{Scorer, completions};
+use crate::lm::step::SamplerRef;
 use anyhow::Result;
 use ember_engine::{AdaPool, ReinforceAda};
 use ember_llm::{Generation, SamplingConfig, generate};

@@ -3,9 +3,9 @@
 //! with it: values → GAE → actor update → (PACT: importance weights towards the updated
 //! policy) → critic update.
 
-use crate::llm::Policy;
 use crate::llm::schema::Recipe;
-use crate::llm::step::{UpdateCtx, row_means, update_policy};
+use crate::lm::Policy;
+use crate::lm::step::{UpdateCtx, row_means, update_policy};
 use anyhow::{Context, Result, anyhow};
 use burn::module::{Module, ParamGroup};
 use burn::store::ModuleRecord;

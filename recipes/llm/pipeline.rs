@@ -10,7 +10,7 @@
 
 use super::remote::Remote;
 use super::replay::Limits;
-use super::step::{TokenRow, responses_and_log_probs, rows_generation};
+use crate::lm::step::{TokenRow, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use ember_llm::{Generation, Llama, SamplingConfig, generate};

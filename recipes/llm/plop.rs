@@ -6,8 +6,9 @@
 //! a resumed run, and `ember eval` of the run, read it back, so the adapters in the checkpoints
 //! always match the recipe the run is continued with.
 
+use crate::llm::build_policy;
 use crate::llm::schema::Recipe;
-use crate::llm::{Policy, build_policy, load_checkpoint, warm_up};
+use crate::lm::{Policy, load_checkpoint, warm_up};
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use ember_llm::LORA_TARGETS as TARGETS;
@@ -111,7 +112,7 @@ pub fn score(
             .with_targets(TARGETS.iter().map(|s| s.to_string()).collect());
     }
     let policy = build_policy(&named, device)?;
-    let mut rng = Rng(r.seed ^ SALT);
+    let mut rng = Rng(r.header.seed ^ SALT);
     let examples = task.train(&mut rng, prompts);
     let ids = examples
         .iter()

@@ -4,7 +4,7 @@
 //! correct their staleness), then the step's own hard groups are admitted. The buffer is
 //! written into every checkpoint (`replay.json`), so a resumed run replays the same groups.
 
-use crate::llm::step::{TokenRow, responses_and_log_probs, rows_generation};
+use crate::lm::step::{TokenRow, responses_and_log_probs, rows_generation};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::Device;
 use ember_engine::*;

@@ -3,9 +3,10 @@
 
 use crate::llm::critic::Critic;
 use crate::llm::lanpo::Lanpo;
+use crate::llm::read_reference;
 use crate::llm::replay::Replay;
 use crate::llm::schema::Recipe;
-use crate::llm::{Policy, model_record, read_reference};
+use crate::lm::{Policy, model_record};
 use anyhow::Result;
 use burn::tensor::Device;
 use ember_llm::Llama;

@@ -4,9 +4,9 @@
 //! endpoint (its prompt log-probs through `echo`). Its role is on-policy distillation's
 //! per-token reward, or the reference of the KL loss term.
 
-use super::Policy;
-use super::endpoint::{Endpoint, choices};
 use super::schema::{TeacherRole, TeacherSpec};
+use crate::lm::Policy;
+use crate::lm::endpoint::{Endpoint, choices};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::{Device, Tensor, TensorData};
 use ember_engine::RolloutBatch;
@@ -255,7 +255,7 @@ fn echoed_log_probs(e: &Endpoint, exp: &LlmExperience) -> Result<Tensor<2>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::step::experience;
+    use crate::lm::step::experience;
     use ember_llm::SamplingConfig;
 
     /// The main recipe's policy, smaller, with `--set` overrides (random: no warm-up is run).
@@ -289,7 +289,7 @@ mod tests {
         let d = Device::default();
         let dir = std::env::temp_dir().join(format!("ember-teacher-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        crate::llm::save_tiny(&policy(&["model.d_model=48", "seed=3"], &d), &dir).unwrap();
+        crate::lm::save_tiny(&policy(&["model.d_model=48", "seed=3"], &d), &dir).unwrap();
         let student = policy(&[], &d);
         let spec: TeacherSpec = toml::from_str(&format!(
             "path = {:?}\ncoef = 0.5",

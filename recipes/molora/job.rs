@@ -3,7 +3,7 @@
 //! learned-router Mixture-of-LoRAs and ReMix, at the same number of activated adapter
 //! parameters; held-out accuracy per task and routing balance are reported.
 
-use crate::llm::{Policy, Tok, demonstrations, evaluate, warm_up};
+use crate::lm::{Policy, Tok, demonstrations, evaluate, warm_up};
 use crate::molora::schema::{Arm, MoloraRecipe, arithmetic};
 use anyhow::{Context, Result};
 use burn::module::Module;
@@ -70,13 +70,13 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
         &out.join("recipe.resolved.toml"),
         toml::to_string_pretty(r)?.as_bytes(),
     )?;
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let say = |s: String| ember_run::say(quiet, &s);
     // The CPU recipe's warm-started model (supervised steps on the warm-up task).
-    ad.seed(r.seed);
+    ad.seed(r.header.seed);
     let cfg = r.model.llama_config();
-    let mut rng = Rng(r.seed);
+    let mut rng = Rng(r.header.seed);
     let t0 = Instant::now();
     let task = TaskSet::Arithmetic(arithmetic(&r.warmup_task));
     let chars = chartok::Vocab::Chars;
@@ -84,12 +84,12 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     let secs = t0.elapsed().as_secs_f64();
     say(format!(
         "[{}] warm-up on {}: {secs:.1} s",
-        r.name, r.warmup_task.name
+        r.header.name, r.warmup_task.name
     ));
     let evals: Vec<Vec<Example>> = r
         .tasks
         .iter()
-        .map(|t| arithmetic(t).held_out_set(r.seed, r.eval_size))
+        .map(|t| arithmetic(t).held_out_set(r.header.seed, r.eval_size))
         .collect();
     let policy = |model: Llama| Policy {
         model,
@@ -119,7 +119,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     }];
     for arm in &r.arms {
         let start = Instant::now();
-        ad.seed(r.seed ^ 0xA5);
+        ad.seed(r.header.seed ^ 0xA5);
         let built = build_arm(arm, &warm, r, &ad)?;
         let (activated, router_params) = (built.activated, built.router_params);
         let model = finetune(built, arm, r, &ad, quiet)?;
@@ -129,7 +129,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
         let effective_experts = balance.effective;
         say(format!(
             "[{}] {}: accuracy {:?} in {seconds:.0} s{}",
-            r.name,
+            r.header.name,
             arm.name(),
             accuracy
                 .iter()
@@ -224,7 +224,7 @@ fn build_arm(arm: &Arm, warm: &Llama, r: &MoloraRecipe, ad: &Device) -> Result<B
 fn finetune(b: BuiltArm, arm: &Arm, r: &MoloraRecipe, ad: &Device, quiet: bool) -> Result<Llama> {
     let mut model = b.model;
     let mut optim = OptimizerConfig::default().init();
-    let mut trng = Rng(r.seed ^ 0x5EED);
+    let mut trng = Rng(r.header.seed ^ 0x5EED);
     for step in 0..r.finetune.steps {
         let batch: Vec<Example> = (0..r.finetune.batch)
             .map(|_| {
@@ -260,7 +260,10 @@ fn finetune(b: BuiltArm, arm: &Arm, r: &MoloraRecipe, ad: &Device, quiet: bool) 
         if !quiet && (step + 1).is_multiple_of(50) {
             let l: f32 = sup.into_scalar();
             let (name, done, all) = (arm.name(), step + 1, r.finetune.steps);
-            eprintln!("[{}] {name} step {done}/{all} answer NLL {l:.3}", r.name);
+            eprintln!(
+                "[{}] {name} step {done}/{all} answer NLL {l:.3}",
+                r.header.name
+            );
         }
     }
     Ok(model)

@@ -1,8 +1,7 @@
 //! The Mixture-of-LoRA comparison recipe (`ember molora`): the tiny model and its warm-up, the
 //! tasks of the mixture, the fine-tuning and the adapter arms compared.
 
-use crate::common::config::defaults::auto;
-use crate::llm::schema::{ModelSpec, Warmup};
+use crate::lm::{ModelSpec, Warmup};
 use anyhow::{Result, bail};
 use ember_molora::MixtureSettings;
 use ember_tasks::task::Arithmetic;
@@ -71,18 +70,10 @@ fn alpha() -> f64 {
     16.0
 }
 
-/// The comparison recipe.
+/// The comparison recipe below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MoloraRecipe {
-    /// Run name.
-    pub name: String,
-    /// Seed.
-    #[serde(default)]
-    pub seed: u64,
-    /// Device.
-    #[serde(default = "auto")]
-    pub device: String,
+pub struct MoloraBody {
     /// The tiny model.
     pub model: ModelSpec,
     /// Its warm-up (on `warmup_task`).
@@ -98,6 +89,9 @@ pub struct MoloraRecipe {
     /// The arms compared.
     pub arms: Vec<Arm>,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`MoloraBody`].
+pub type MoloraRecipe = crate::common::header::Headed<MoloraBody>;
 
 /// Parses a comparison recipe with `key=value` overrides.
 pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
@@ -115,7 +109,7 @@ pub fn parse(text: &str, overrides: &[String]) -> Result<MoloraRecipe> {
         }
     }
     // The tiny model's sizes, as an LLM recipe checks them (0 or 2^63 panicked or aborted).
-    crate::llm::schema::choose_policy(Some(&r.model), None)?;
+    crate::lm::choose_policy(Some(&r.model), None)?;
     crate::common::config::check_lr("warmup.lr", r.warmup.lr)?;
     crate::common::config::check_lr("finetune.lr", r.finetune.lr)?;
     crate::common::config::check_positive("finetune.alpha", r.finetune.alpha)?;

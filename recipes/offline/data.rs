@@ -14,8 +14,8 @@
 //! (invalid: the response is kept out of pairs and baselines). Responses are encoded on their
 //! own and end with the policy's stop token unless `truncated`.
 
-use crate::llm::score::Scored;
-use crate::llm::{Policy, Tok};
+use crate::lm::score::Scored;
+use crate::lm::{Policy, Tok};
 use anyhow::{Context, Result, anyhow, bail};
 use ember_tasks::reward::Check;
 use ember_tasks::task::Example;

@@ -13,11 +13,13 @@
 //! REINFORCE-LOO (leave-one-out baseline, plain log-likelihood weighting).
 
 use crate::common::run::open_run;
+use crate::llm::build_policy;
+use crate::llm::read_reference;
 use crate::llm::schema::Recipe;
 use crate::llm::schema::{OfflineSpec, Pairs};
-use crate::llm::step::{TokenRow, rows_generation};
-use crate::llm::{Policy, evaluate, load_checkpoint, model_record, read_reference, warm_up};
-use crate::llm::{build_policy, write_final};
+use crate::lm::step::{TokenRow, rows_generation};
+use crate::lm::write_final;
+use crate::lm::{Policy, evaluate, load_checkpoint, model_record, warm_up};
 use crate::offline::data::{TokGroup, Unit, keep_first, load, tokenize};
 use crate::offline::objective::{Scorer, group_micro_rows, objective_step};
 use anyhow::{Context, Result, anyhow, bail};
@@ -50,9 +52,9 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         .context("the recipe has no [offline] table")?;
     let start = Instant::now();
     let curves = ("offline/loss", "eval/accuracy");
-    let run = open_run(out, opts, &r.name, r, r.train.run.run_loop(), curves)?;
+    let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     // `targets = "plop"`: chosen now, or read back when resuming.
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let at = Place {
@@ -103,7 +105,7 @@ impl<'a> OfflineJob<'a> {
     /// bad file fails first), the policy warmed up or resumed, the reference scored.
     fn new(at: Place<'a>, mut run: Run, task: &TaskSet, base: Device) -> Result<Self> {
         let Place { r, spec, out } = at;
-        let eval = task.held_out_set(r.seed, r.task.eval_size);
+        let eval = task.held_out_set(r.header.seed, r.task.eval_size);
         let ad = base.clone().autodiff();
         let policy = build_policy(r, &ad)?;
         let data = dataset(spec, &policy, r.rollout.max_new_tokens)?;
@@ -116,7 +118,7 @@ impl<'a> OfflineJob<'a> {
                 (load_checkpoint(policy, dir)?, rng, before, after)
             }
             None => {
-                let mut rng = Rng(r.seed);
+                let mut rng = Rng(r.header.seed);
                 let policy = fresh_start(policy, r, task, &mut rng, &reference_path, &ad)?;
                 let a = evaluate(&policy, &eval, r.rollout.max_new_tokens, &base)?;
                 run.log(Row::from([
@@ -237,11 +239,11 @@ impl ember_run::Job for OfflineJob<'_> {
     fn finish(mut self, interrupted: bool, seconds: f64) -> Result<Summary> {
         let Place { r, spec, out } = self.at;
         if !interrupted {
-            write_final(&self.policy, r, out)?;
+            write_final(&self.policy, r.pretrained.as_ref(), out)?;
         }
         let (accuracy_before, accuracy_after) = (self.accuracy_before, self.accuracy_after);
         self.run.finish(&serde_json::json!({
-            "name": r.name, "objective": spec.objective.name(), "seed": r.seed,
+            "name": r.header.name, "objective": spec.objective.name(), "seed": r.header.seed,
             "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
             "seconds": seconds, "steps_done": self.steps_done, "interrupted": interrupted,
             "prompts_usable": self.usable, "draws": self.units.len(),

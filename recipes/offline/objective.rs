@@ -3,9 +3,9 @@
 //! reference, group objectives (A-LoL, REINFORCE-LOO, SFT) through the engine's estimator and
 //! actor loss in micro-batches.
 
-use crate::llm::Policy;
 use crate::llm::schema::OfflineSpec;
-use crate::llm::step::{TokenRow, rows_generation};
+use crate::lm::Policy;
+use crate::lm::step::{TokenRow, rows_generation};
 use crate::offline::data::{TokGroup, Unit};
 use anyhow::{Context, Result, bail};
 use burn::optim::GradientsParams;

@@ -357,7 +357,7 @@ impl ember_run::Job for ProgramsJob<'_> {
     /// The summary.
     fn finish(mut self, interrupted: bool, seconds: f64) -> Result<ProgramsSummary> {
         let summary = ProgramsSummary {
-            name: self.r.name.clone(),
+            name: self.r.header.name.clone(),
             method: self.r.train.run.method,
             before: self.before,
             after: self.after,

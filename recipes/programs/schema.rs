@@ -13,21 +13,13 @@ fn three() -> usize {
     3
 }
 
-/// A program-synthesis recipe.
+/// A program-synthesis recipe below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProgramsRecipe {
+pub struct ProgramsBody {
     /// Always `"programs"`.
     #[serde(default = "programs")]
     pub kind: String,
-    /// Run name (`runs/<name>`).
-    pub name: String,
-    /// Seed of the run (the world has its own, `kb.seed`).
-    #[serde(default)]
-    pub seed: u64,
-    /// `cpu`, `cuda`, `wgpu` or `auto`.
-    #[serde(default = "crate::common::config::defaults::auto")]
-    pub device: String,
     /// Expressions a program may hold (1 to 6).
     #[serde(default = "three")]
     pub max_exprs: usize,
@@ -44,6 +36,9 @@ pub struct ProgramsRecipe {
     #[serde(default)]
     pub eval: EvalSpec,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`ProgramsBody`].
+pub type ProgramsRecipe = crate::common::header::Headed<ProgramsBody>;
 
 /// `[model]`: the tiny decoder's sizes (its vocabulary is the task's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -55,7 +55,7 @@ impl Setup {
         let run = open_run(
             out,
             opts,
-            &r.name,
+            &r.header.name,
             r,
             RunLoop {
                 steps: t.steps,
@@ -64,11 +64,11 @@ impl Setup {
             },
             curves,
         )?;
-        let base = crate::common::device::device(&r.device)?;
+        let base = crate::common::device::device(&r.header.device)?;
         let ad = base.clone().autodiff();
         let (model, optim) = fresh(r, &task, &ad, 0);
         Ok(ProgramsJob {
-            rng: SplitMix64(r.seed),
+            rng: SplitMix64(r.header.seed),
             schedule: r.train.schedule.schedule(t.steps),
             optim,
             model,
@@ -94,7 +94,7 @@ pub(super) fn fresh(
     ad: &burn::tensor::Device,
     stage: u64,
 ) -> (ConstrainedLlama, Optimizer) {
-    ad.seed(r.seed ^ 0x4e53_4d00 ^ (stage << 40));
+    ad.seed(r.header.seed ^ 0x4e53_4d00 ^ (stage << 40));
     let m = &r.model;
     let llama = LlamaConfig::new(
         Family::Llama,

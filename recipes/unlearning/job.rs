@@ -390,7 +390,7 @@ impl ember_run::Job for UnlearningJob<'_> {
     /// The summary.
     fn finish(mut self, interrupted: bool, seconds: f64) -> Result<UnlearningSummary> {
         let summary = UnlearningSummary {
-            name: self.r.name.clone(),
+            name: self.r.header.name.clone(),
             method: self.r.forget.method,
             learned: self.learned.clone(),
             after: self.latest.clone(),

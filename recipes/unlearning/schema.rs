@@ -10,21 +10,13 @@ fn unlearning() -> String {
     "unlearning".into()
 }
 
-/// An unlearning recipe.
+/// An unlearning recipe below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UnlearningRecipe {
+pub struct UnlearningBody {
     /// Always `"unlearning"`.
     #[serde(default = "unlearning")]
     pub kind: String,
-    /// Run name (`runs/<name>`).
-    pub name: String,
-    /// Seed of the run (the corpus has its own, `facts.seed`).
-    #[serde(default)]
-    pub seed: u64,
-    /// `cpu`, `cuda`, `wgpu` or `auto`.
-    #[serde(default = "crate::common::config::defaults::auto")]
-    pub device: String,
     /// The corpus.
     #[serde(default)]
     pub facts: FactsSpec,
@@ -41,6 +33,9 @@ pub struct UnlearningRecipe {
     #[serde(default = "every")]
     pub eval_every: usize,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`UnlearningBody`].
+pub type UnlearningRecipe = crate::common::header::Headed<UnlearningBody>;
 
 fn every() -> usize {
     25

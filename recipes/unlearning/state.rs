@@ -35,7 +35,7 @@ pub(super) struct Setup;
 
 /// A fresh model (seeded by the run's seed and `which`: 0 the model, k + 1 teacher k).
 fn fresh(r: &UnlearningRecipe, vocab: usize, ad: &Device, which: u64) -> Learner {
-    ad.seed(r.seed ^ 0x554e_4c00 ^ (which << 40));
+    ad.seed(r.header.seed ^ 0x554e_4c00 ^ (which << 40));
     let m = &r.model;
     let model = LlamaConfig::new(
         Family::Llama,
@@ -93,7 +93,7 @@ impl Setup {
         let run = open_run(
             out,
             opts,
-            &r.name,
+            &r.header.name,
             r,
             RunLoop {
                 steps: r.total_steps(),
@@ -102,7 +102,7 @@ impl Setup {
             },
             curves,
         )?;
-        let base = crate::common::device::device(&r.device)?;
+        let base = crate::common::device::device(&r.header.device)?;
         let ad = base.clone().autodiff();
         let v = facts.vocab_size();
         let learner = fresh(r, v, &ad, 0);
@@ -113,7 +113,7 @@ impl Setup {
             _ => Vec::new(),
         };
         Ok(UnlearningJob {
-            rng: SplitMix64(r.seed),
+            rng: SplitMix64(r.header.seed),
             hard: Vec::new(),
             learned: Row::new(),
             latest: Row::new(),

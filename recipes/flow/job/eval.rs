@@ -41,7 +41,7 @@ pub fn evaluate_run(
         })?,
     };
     let digits = Digits::load(&expand_path(&r.data.digits)?)?;
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
     let (model, _) = pretrained(&r, &digits, &ad, true)?;

@@ -398,7 +398,7 @@ impl ember_run::Job for FlowJob<'_> {
         grid(&path, &images, r.eval.samples_per_class)?;
         let (before, after) = (self.state.before, self.state.after);
         let summary = FlowSummary {
-            name: r.name.clone(),
+            name: r.header.name.clone(),
             algorithm: r.algorithm.name(),
             before,
             after,

@@ -26,11 +26,11 @@ impl<'a> FlowJob<'a> {
             keep_checkpoints: r.rl.run.keep_checkpoints,
         };
         let curves = ("reward/class_prob", "eval/accuracy");
-        let run = open_run(out, opts, &r.name, r, run_loop, curves)?;
+        let run = open_run(out, opts, &r.header.name, r, run_loop, curves)?;
         let digits = Digits::load(&expand_path(&r.data.digits)?)?;
-        let base = crate::common::device::device(&r.device)?;
+        let base = crate::common::device::device(&r.header.device)?;
         let ad = base.clone().autodiff();
-        let group = crate::common::device::data_parallel(&r.device, r.data_parallel)?;
+        let group = crate::common::device::data_parallel(&r.header.device, r.data_parallel)?;
         let classifier = DigitClassifier::load(&expand_path(&r.data.classifier)?, &base)?;
         let (model, pretrain_seconds) = pretrained(r, &digits, &ad, run.quiet())?;
         let model = with_adapters(model, r, &ad)?;
@@ -64,7 +64,7 @@ impl<'a> FlowJob<'a> {
             adv_cfg: advantage_config(r),
             upd: update_config(r),
             schedule: r.rl.schedule.schedule(r.rl.run.steps),
-            rng: SplitMix64(r.seed),
+            rng: SplitMix64(r.header.seed),
             ema: None,
             last_eval: None,
             steps_done: run.first_step(),

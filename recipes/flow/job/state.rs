@@ -74,13 +74,13 @@ pub(super) fn with_adapters(
     let paths = model.lora_paths(&r.rl.run.lora.targets);
     // The adapters' A factors are drawn from the device RNG: seed it (B = 0, so the model is
     // unchanged either way).
-    ad.seed(r.seed ^ 0x4c4f_5241);
+    ad.seed(r.header.seed ^ 0x4c4f_5241);
     let (precision, note) = crate::common::device::resolve_precision(
         r.precision,
-        crate::common::device::kind(&r.device)?,
+        crate::common::device::kind(&r.header.device)?,
     );
     for note in note.into_iter().chain(r.reward_warning()) {
-        log::warn!("[{}] {note}", r.name);
+        log::warn!("[{}] {note}", r.header.name);
     }
     Ok(model
         .no_grad()

@@ -1,7 +1,7 @@
 //! The image recipe (`kind = "flow"`): the DiT, its data and reward model, pretraining, the
 //! samplers, the RL fine-tuning and the evaluation, each table with its defaults stated once.
 
-use crate::common::config::defaults::{auto, four, yes};
+use crate::common::config::defaults::{four, yes};
 use anyhow::{Result, bail};
 use ember_flow::{FlowDitConfig, LORA_TARGETS, sde_coefs, sigmas};
 use serde::{Deserialize, Serialize};
@@ -216,20 +216,12 @@ impl Default for EvalSpec {
     }
 }
 
-/// A flow recipe (`kind = "flow"`).
+/// An image recipe (`kind = "flow"`) below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FlowRecipe {
+pub struct FlowBody {
     /// Always `"flow"`.
     pub kind: String,
-    /// Run name (`runs/<name>`).
-    pub name: String,
-    /// Seed of everything.
-    #[serde(default)]
-    pub seed: u64,
-    /// `cpu`, `cuda`, `wgpu` or `auto`.
-    #[serde(default = "auto")]
-    pub device: String,
     /// `f32` (default) or `bf16`: mixed precision of the DiT's products in fine-tuning and
     /// evaluation (f32 parameters, optimizer state, norms, softmax, modulations, sampler and
     /// losses); pretraining stays f32 so the pretraining cache is shared; wgpu falls back to
@@ -266,6 +258,9 @@ pub struct FlowRecipe {
     #[serde(default)]
     pub eval: EvalSpec,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`FlowBody`].
+pub type FlowRecipe = crate::common::header::Headed<FlowBody>;
 
 /// x is finite and > 0.
 /// A learning rate in (0, `MAX_LR`].

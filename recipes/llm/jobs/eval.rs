@@ -1,6 +1,7 @@
 //! `ember eval`: greedy held-out accuracy of an LLM run's final model (or of a checkpoint).
 
-use crate::llm::{Policy, build_policy, build_policy_with, evaluate, load_checkpoint};
+use crate::llm::{build_policy, build_policy_with};
+use crate::lm::{Policy, evaluate, load_checkpoint};
 use anyhow::{Context, Result, bail};
 use std::path::Path;
 
@@ -18,8 +19,8 @@ pub fn evaluate_run(
         r.task.eval_size = n;
     }
     let task = r.task.build()?;
-    let eval = task.held_out_set(r.seed, r.task.eval_size);
-    let base = crate::common::device::device(&r.device)?;
+    let eval = task.held_out_set(r.header.seed, r.task.eval_size);
+    let base = crate::common::device::device(&r.header.device)?;
     let final_dir = run.join("final");
     let policy = match checkpoint_dir {
         Some(d) => load_checkpoint(build_policy(&r, &base)?, d)?,

@@ -2,7 +2,8 @@
 //! task's training prompts, and the projection types `targets = "plop"` would choose.
 
 use crate::llm::plop::{Choice, score};
-use crate::llm::schema::{LoraSpec, Recipe};
+use crate::llm::schema::Recipe;
+use crate::lm::LoraSpec;
 use anyhow::{Result, bail};
 
 /// Scores the recipe's model; `count` and `prompts` default to the recipe's PLoP settings.
@@ -24,6 +25,6 @@ pub fn plop(r: &Recipe, count: Option<usize>, prompts: Option<usize>) -> Result<
         bail!("--count (or pretrained.lora.plop_count) = {count} must be in 1..={n}");
     }
     let task = r.task.build()?;
-    let device = crate::common::device::device(&r.device)?;
+    let device = crate::common::device::device(&r.header.device)?;
     score(r, &task, count, prompts, &device)
 }

@@ -7,9 +7,9 @@
 
 use crate::llm::plop::policy_at_start;
 use crate::llm::schema::Recipe;
-use crate::llm::score::Scored;
-use crate::llm::score::{Scorer, completions};
-use crate::llm::step::rollout_sampling;
+use crate::llm::setup::rollout_sampling;
+use crate::lm::score::Scored;
+use crate::lm::score::{Scorer, completions};
 use anyhow::{Result, bail};
 use burn::module::Module;
 use ember_llm::generate;
@@ -49,10 +49,10 @@ pub fn rollouts(
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
     }
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let task: TaskSet = r.task.build()?;
-    let mut rng = Rng(r.seed);
+    let mut rng = Rng(r.header.seed);
     let policy = policy_at_start(r, &task, checkpoint, &mut rng, &ad)?;
     let sampler = policy.model.valid();
     let max_new = r.rollout.max_new_tokens;
@@ -95,8 +95,8 @@ pub fn rollouts(
                 pairs += 1;
             }
             let prompt = match policy.tok {
-                crate::llm::Tok::Char(_) => e.prompt.clone(),
-                crate::llm::Tok::Real { .. } => e.question.clone(),
+                crate::lm::Tok::Char(_) => e.prompt.clone(),
+                crate::lm::Tok::Real { .. } => e.question.clone(),
             };
             let line = serde_json::json!({
                 "prompt": prompt, "answer": e.answer, "responses": responses,

@@ -14,8 +14,9 @@
 
 use crate::llm::plop::policy_at_start;
 use crate::llm::schema::Recipe;
-use crate::llm::score::{Scorer, completions};
-use crate::llm::step::{prompt_features, rollout_sampling};
+use crate::llm::setup::rollout_sampling;
+use crate::lm::score::{Scorer, completions};
+use crate::lm::step::prompt_features;
 use anyhow::{Result, bail};
 use burn::module::Module;
 use burn::tensor::Tensor;
@@ -54,10 +55,10 @@ pub fn value_mse(r: &Recipe, o: &ValueMse) -> Result<serde_json::Value> {
     if let Some(b) = o.bandwidths.iter().find(|b| !(b.is_finite() && **b > 0.0)) {
         bail!("--bandwidths: {b} is not a finite number > 0");
     }
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let task = r.task.build()?;
-    let mut rng = Rng(r.seed);
+    let mut rng = Rng(r.header.seed);
     let policy = policy_at_start(r, &task, o.checkpoint, &mut rng, &ad)?;
     let examples = task.train(&mut rng, o.prompts);
     let max_new = r.rollout.max_new_tokens;

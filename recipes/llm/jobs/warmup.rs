@@ -9,13 +9,12 @@
 //! are the recipe's initial ones (no supervised warm-up); the numbers they produce are thrown
 //! away.
 
+use crate::llm::build_policy;
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::schema::Recipe;
-use crate::llm::step::{
-    Reference, UpdateCtx, experience, features_at, greedy_sampling, optimizer, rescore,
-    rollout_sampling, update_config,
-};
-use crate::llm::{Policy, build_policy, evaluate};
+use crate::llm::setup::{optimizer, rollout_sampling, update_config};
+use crate::lm::step::{Reference, UpdateCtx, experience, features_at, greedy_sampling, rescore};
+use crate::lm::{Policy, evaluate};
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
@@ -105,7 +104,7 @@ fn shapes(r: &Recipe, policy: &Policy, opts: &WarmupOptions) -> Result<Shapes> {
     let task = r.task.build()?;
     let bucket = r.rollout.shape_bucket;
     let max_new = r.rollout.max_new_tokens;
-    let mut rng = Rng(r.seed ^ 0x5741_524d);
+    let mut rng = Rng(r.header.seed ^ 0x5741_524d);
     let examples = task.train(&mut rng, opts.prompt_samples.max(1));
     if examples.is_empty() {
         bail!("the task produced no training prompts");
@@ -193,20 +192,20 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
     if opts.passes == 0 {
         bail!("--passes must be at least 1");
     }
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let task = r.task.build()?;
     let placed = crate::llm::plop::resolve(r, &task, None, false, &base)?.0;
     let r = &placed;
     let mut policy = build_policy(r, &ad)?;
     let sh = shapes(r, &policy, opts)?;
-    let eval = task.held_out_set(r.seed, r.task.eval_size);
+    let eval = task.held_out_set(r.header.seed, r.task.eval_size);
     let parts = r.algorithm_parts();
     let mut optim = optimizer(r);
     // PPO's critic: valued, then trained after the actor, as in the job.
     let mut critic = Critic::new(r, &policy, &ad);
     // The update's shapes are timed as the job runs them: sharded with `[data_parallel]`.
-    if let Some(g) = crate::common::device::data_parallel(&r.device, r.data_parallel)? {
+    if let Some(g) = crate::common::device::data_parallel(&r.header.device, r.data_parallel)? {
         optim = optim.with_data_parallel(g.clone());
         critic = critic.map(|c| c.with_data_parallel(g));
     }
@@ -217,7 +216,7 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
         &format!(
             "[{}] warm-up on {base:?}: rollout {k}×{n} rows, prompt widths {widths:?}, response \
              widths {:?}; kernel cache {}",
-            r.name,
+            r.header.name,
             sh.response_widths,
             crate::common::kernel_cache::describe()
         ),
@@ -263,13 +262,13 @@ pub fn warmup(r: &Recipe, opts: &WarmupOptions) -> Result<WarmupReport> {
             opts.quiet,
             &format!(
                 "[{}] pass {pass}: {:.2} s (generate {:.2}, rescore {:.2}, train {:.2}, eval {:.2})",
-                r.name, t.total_s, t.generate_s, t.rescore_s, t.train_s, t.eval_s
+                r.header.name, t.total_s, t.generate_s, t.rescore_s, t.train_s, t.eval_s
             ),
         );
         passes.push(t);
     }
     Ok(WarmupReport {
-        recipe: r.name.clone(),
+        recipe: r.header.name.clone(),
         device: format!("{:?}", plan.base),
         kernel_cache: crate::common::kernel_cache::describe(),
         rollout_rows: plan.rows,
@@ -291,7 +290,7 @@ impl Plan<'_> {
             // The job's sampler with its stop tokens (the per-step "finished" bookkeeping
             // compiles kernels of its own); random weights rarely stop early, so decode steps
             // still run.
-            let sc = rollout_sampling(r, &policy.stop, r.seed.wrapping_add(i as u64));
+            let sc = rollout_sampling(r, &policy.stop, r.header.seed.wrapping_add(i as u64));
             let g = generate(sampler, prompts, &sc, &self.base)
                 .with_context(|| format!("generating at prompt width {w}"))?
                 .padded(r.rollout.shape_bucket);

@@ -3,7 +3,7 @@
 //! `update_weights_from_disk`.
 
 use super::Remote;
-use crate::llm::Policy;
+use crate::lm::Policy;
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use serde_json::json;
@@ -40,8 +40,8 @@ impl Remote {
             std::fs::remove_dir_all(&tmp)?;
         }
         match policy.tok {
-            crate::llm::Tok::Char(_) => crate::llm::save_tiny(policy, &tmp)?,
-            crate::llm::Tok::Real { .. } => {
+            crate::lm::Tok::Char(_) => crate::lm::save_tiny(policy, &tmp)?,
+            crate::lm::Tok::Real { .. } => {
                 ember_llm::save_hf(&policy.model.valid(), &policy.config, &policy.stop, &tmp)?;
             }
         }

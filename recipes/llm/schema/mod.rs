@@ -1,16 +1,13 @@
 //! The LLM recipe (`kind = "llm"`, the default): policy, task, reward, rollouts, RL phase.
 
-use crate::common::config::defaults::{auto, four, ten, two, yes};
+use crate::common::config::defaults::yes;
 use anyhow::{Result, bail};
 use ember_engine::*;
 use serde::{Deserialize, Serialize};
 
 mod critic;
-mod judge;
 mod lanpo;
 mod offline;
-mod policy;
-mod reward;
 mod rollout;
 mod task;
 mod teacher;
@@ -18,98 +15,19 @@ mod teacher;
 pub use rollout::{RolloutBackend, RolloutSpec, ServerKeys};
 
 pub use critic::CriticSpec;
-pub use judge::{JudgeSpec, Verdict};
 pub use lanpo::{LanpoSpec, UpdateContext};
 pub use offline::{GroupObjective, Objective, OfflineSpec, Pairs};
-pub use policy::{
-    LoraSpec, ModelSpec, PolicyChoice, PretrainedSpec, Targets, Warmup, choose_policy,
-};
-pub use reward::RewardSpec;
 pub use task::{TaskKind, TaskSpec};
 pub use teacher::{TeacherRole, TeacherSpec};
 
-/// Sampled evaluation: `samples` responses per held-out problem at `temperature` give
-/// `eval/mean@N` (mean accuracy over the samples) and `eval/pass@k` (k = 1, 2, 4, …, N) beside
-/// the greedy `eval/accuracy`.
+use crate::lm::{
+    EvalSpec, ModelSpec, PolicyChoice, PretrainedSpec, RewardSpec, TrainSpec, Warmup, choose_policy,
+};
+
+/// An LLM recipe below its header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EvalSpec {
-    /// Responses per problem (0 = greedy accuracy only).
-    #[serde(default)]
-    pub samples: usize,
-    /// Sampling temperature.
-    #[serde(default = "crate::common::config::defaults::one_f32")]
-    pub temperature: f32,
-}
-
-impl Default for EvalSpec {
-    fn default() -> Self {
-        Self {
-            samples: 0,
-            temperature: 1.0,
-        }
-    }
-}
-
-/// The RL phase: one `[train]` table holding the loop's own settings and the configs it embeds
-/// from `ember-train` (learning-rate schedule, AdamW, update schedule), each stated once, there.
-pub type TrainSpec = crate::common::config::Training<TrainLoop>;
-
-impl crate::common::config::LoopSettings for TrainLoop {
-    const TABLE: &'static str = "train";
-}
-
-/// The RL loop's own settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainLoop {
-    /// RL steps (one rollout batch each).
-    pub steps: usize,
-    /// KL coefficient (KL to the reference in the loss when > 0; the reference is the
-    /// warm-started policy, or the pretrained weights with adapters off).
-    #[serde(default)]
-    pub kl_coef: f32,
-    /// Evaluate every this many steps.
-    #[serde(default = "ten")]
-    pub eval_every: usize,
-    /// Recompute old log-probs with the trainer (true) or take the sampler's (bypass).
-    #[serde(default = "yes")]
-    pub recompute_old_log_probs: bool,
-    /// Write a checkpoint every this many steps (0 = only at the end or on Ctrl-C).
-    #[serde(default)]
-    pub checkpoint_every: usize,
-    /// Checkpoints kept (the newest).
-    #[serde(default = "two")]
-    pub keep_checkpoints: usize,
-    /// Completions written to `samples.jsonl` per step (the first rows: whole groups first),
-    /// and to TensorBoard's Text tab at each evaluation; 0 = none.
-    #[serde(default = "four")]
-    pub log_samples: usize,
-}
-
-impl TrainLoop {
-    /// `(steps, checkpoint_every, keep_checkpoints)` for the run kit.
-    pub fn run_loop(&self) -> crate::common::run::RunLoop {
-        crate::common::run::RunLoop {
-            steps: self.steps,
-            checkpoint_every: self.checkpoint_every,
-            keep_checkpoints: self.keep_checkpoints,
-        }
-    }
-}
-
-/// A whole run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Recipe {
-    /// Run name (the default run directory is `runs/<name>`).
-    pub name: String,
-    /// Seed of every random choice.
-    #[serde(default)]
-    pub seed: u64,
-    /// `cpu`, `cuda`, `wgpu` or `auto`.
-    #[serde(default = "auto")]
-    pub device: String,
+pub struct LlmBody {
     /// `f32` (default) or `bf16`: mixed precision of the LLM's products (f32 parameters,
     /// optimizer state, norms, softmax and losses); wgpu falls back to f32 with a message.
     #[serde(default)]
@@ -176,6 +94,9 @@ pub struct Recipe {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lanpo: Option<LanpoSpec>,
 }
+
+/// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`LlmBody`].
+pub type Recipe = crate::common::header::Headed<LlmBody>;
 
 /// Parses an LLM recipe: `text` with `key=value` overrides applied (dotted keys address nested
 /// tables; values are TOML, bare words are strings). Unknown keys are errors that list the

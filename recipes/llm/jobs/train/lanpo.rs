@@ -8,7 +8,7 @@ use super::{Job, Row, Sampled};
 use crate::llm::lanpo::{Attempt, Feedback, Lesson, clean_lesson, key, lesson_request, plan};
 use crate::llm::pipeline::Draw;
 use crate::llm::schema::UpdateContext;
-use crate::llm::step::features_at;
+use crate::lm::step::features_at;
 use anyhow::{Context, Result};
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};

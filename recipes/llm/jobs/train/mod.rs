@@ -13,13 +13,14 @@ use crate::llm::remote::Remote;
 use crate::llm::replay::{Replay, StoredGroup};
 use crate::llm::saved::{Extras, save_checkpoint};
 use crate::llm::schema::Recipe;
-use crate::llm::score::{Scorer, completions, json_number, shown_samples};
-use crate::llm::step::{
-    Reference, SamplerRef, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features,
-    rescore, rollout_metrics, rollout_sampling, stats_line,
-};
+use crate::llm::setup::rollout_sampling;
 use crate::llm::teacher::Teacher;
-use crate::llm::{Policy, evaluate, evaluate_sampled, write_final};
+use crate::lm::score::{Scorer, completions, json_number, shown_samples};
+use crate::lm::step::{
+    Reference, SamplerRef, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features,
+    rescore, rollout_metrics, stats_line,
+};
+use crate::lm::{Policy, evaluate, evaluate_sampled, write_final};
 use anyhow::{Context, Result};
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
@@ -58,11 +59,11 @@ pub struct Summary {
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let start = Instant::now();
     let curves = ("rollout/reward_mean", "eval/accuracy");
-    let run = open_run(out, opts, &r.name, r, r.train.run.run_loop(), curves)?;
+    let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
-    let base = crate::common::device::device(&r.device)?;
+    let base = crate::common::device::device(&r.header.device)?;
     // `[data_parallel]`: checked before the warm-up and the first evaluation.
-    let group = crate::common::device::data_parallel(&r.device, r.data_parallel)?;
+    let group = crate::common::device::data_parallel(&r.header.device, r.data_parallel)?;
     // `targets = "plop"`: chosen now, or read back when resuming.
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let mut job = Job::new(&placed, out, run, task, base)?.start()?;
@@ -208,7 +209,7 @@ impl Job<'_> {
             ((0..batch.dims()[0]).collect(), 0)
         };
         rollout_metrics(row, step, &rewards, &responses, &g, dropped_groups);
-        crate::llm::step::warn_if_nothing_valid(&r.name, step, &rewards);
+        crate::lm::step::warn_if_nothing_valid(&r.header.name, step, &rewards);
         let n = r.train.run.log_samples;
         let mut shown = shown_samples(n, &g, examples, &texts, &responses, &rewards);
         self.learn_from_step(step, &texts, &rewards, examples, &mut shown, row)?;
@@ -495,7 +496,7 @@ impl Job<'_> {
             if r.eval.samples > 0 {
                 // Seeded by the step, apart from the training RNG: evaluating changes nothing
                 // of the run.
-                let seed = r.seed ^ ((step as u64 + 1) << 20);
+                let seed = r.header.seed ^ ((step as u64 + 1) << 20);
                 let (policy, eval) = (&self.policy, &self.eval);
                 let sampled = evaluate_sampled(policy, eval, max_new, &r.eval, seed, &self.base);
                 row.extend(sampled?);
@@ -573,11 +574,11 @@ impl ember_run::Job for Job<'_> {
     fn finish(mut self, interrupted: bool, seconds: f64) -> Result<Summary> {
         let r = self.r;
         if !interrupted {
-            write_final(&self.policy, r, self.out)?;
+            write_final(&self.policy, r.pretrained.as_ref(), self.out)?;
         }
         let (before, after) = (self.accuracy_before, self.accuracy_after);
         self.run.finish(&serde_json::json!({
-            "name": r.name, "algorithm": r.algorithm.name(), "seed": r.seed,
+            "name": r.header.name, "algorithm": r.algorithm.name(), "seed": r.header.seed,
             "accuracy_before": before, "accuracy_after": after,
             "seconds": seconds, "steps_done": self.steps_done, "interrupted": interrupted,
         }))?;

@@ -3,6 +3,7 @@
 //! data-parallel group and servers.
 
 use super::Job;
+use crate::llm::build_policy;
 use crate::llm::critic::Critic;
 use crate::llm::lanpo::{Lanpo, Pool};
 use crate::llm::pipeline::Pipeline;
@@ -10,10 +11,10 @@ use crate::llm::remote::Remote;
 use crate::llm::replay::{Limits, Replay};
 use crate::llm::saved::load_reference;
 use crate::llm::schema::{Recipe, RolloutBackend};
-use crate::llm::score::Scorer;
-use crate::llm::step::{optimizer, rollout_sampling, update_config};
+use crate::llm::setup::{optimizer, rollout_sampling, update_config};
 use crate::llm::teacher::Teacher;
-use crate::llm::{build_policy, evaluate, load_checkpoint, warm_up};
+use crate::lm::score::Scorer;
+use crate::lm::{evaluate, load_checkpoint, warm_up};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::Device;
@@ -36,7 +37,7 @@ impl<'a> Job<'a> {
         task: TaskSet,
         base: Device,
     ) -> Result<Self> {
-        let eval = task.held_out_set(r.seed, r.task.eval_size);
+        let eval = task.held_out_set(r.header.seed, r.task.eval_size);
         if eval.is_empty() {
             bail!("the task's held-out split is empty");
         }
@@ -57,7 +58,7 @@ impl<'a> Job<'a> {
         };
         Ok(Self {
             scorer: Scorer::new(&r.reward, &base)?.with_schedule(r.train.run.steps, per_step),
-            rng: Rng(r.seed),
+            rng: Rng(r.header.seed),
             upd: update_config(r, parts.loss),
             optim: optimizer(r),
             critic: None,
@@ -189,7 +190,7 @@ impl<'a> Job<'a> {
                     r.rollout.model.as_deref().unwrap_or_default(),
                     r.rollout.request_timeout_s.unwrap_or(600.0),
                     r.rollout.request_retries.unwrap_or(3),
-                    &format!("{}-{}", r.name, std::process::id()),
+                    &format!("{}-{}", r.header.name, std::process::id()),
                     &self.out.join("serving"),
                     r.rollout.server_keys()?,
                 )?;

@@ -6,13 +6,15 @@
 
 use super::endpoint::{Endpoint, choices};
 use super::participant::{Backend, ChatFormat, Source};
-use super::schema::{JudgeSpec, Verdict};
 use anyhow::{Result, bail};
 use burn::tensor::Device;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 
 mod local;
+mod spec;
+
+pub use spec::{JudgeSpec, Verdict};
 
 /// What a judge prompt is filled with.
 #[derive(Debug, Clone, Copy)]

@@ -1,8 +1,8 @@
 //! Rewards of a step's completions: the recipe's weighted terms (verifiable, format, external
 //! program, Python functions) with their metrics, and the rows shown in `samples.jsonl`.
 
-use crate::llm::judge::{Item as JudgeItem, Judge};
-use crate::llm::schema::RewardSpec;
+use crate::lm::judge::{Item as JudgeItem, Judge};
+use crate::lm::reward::RewardSpec;
 use anyhow::{Result, bail};
 use ember_engine::REWARD_LIMIT;
 use ember_llm::Generation;

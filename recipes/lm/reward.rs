@@ -1,6 +1,6 @@
 //! `[reward]`: the weighted terms of a step's reward.
 
-use super::judge::JudgeSpec;
+use crate::lm::judge::JudgeSpec;
 use ember_engine::OverlongPenalty;
 use ember_tasks::reward::{ExternalSpec, PythonSpec};
 use serde::{Deserialize, Serialize};

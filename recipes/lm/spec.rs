@@ -1,8 +1,9 @@
-//! The policy tables that LLM and agent recipes share: `[model]` (the tiny policy), `[pretrained]`
-//! (a checkpoint with LoRA, prompted through its template) and `[warmup]`.
+//! The policy tables that LLM, agent and MoLoRA recipes share: `[model]` (the tiny policy),
+//! `[pretrained]` (a checkpoint with LoRA, prompted through its template), `[warmup]` and the
+//! sampled evaluation `[eval]`.
 
 use crate::common::config::check_positive;
-use crate::common::config::defaults::yes;
+use crate::common::config::defaults::{four, ten, two, yes};
 use anyhow::{Result, bail};
 use ember_llm::chartok;
 use ember_llm::{Family, LlamaConfig, LoraSettings};
@@ -287,4 +288,74 @@ pub struct Warmup {
     pub batch: usize,
     /// Learning rate.
     pub lr: f64,
+}
+
+/// Sampled evaluation: `samples` responses per held-out problem at `temperature` give
+/// `eval/mean@N` (mean accuracy over the samples) and `eval/pass@k` (k = 1, 2, 4, …, N) beside
+/// the greedy `eval/accuracy`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Responses per problem (0 = greedy accuracy only).
+    #[serde(default)]
+    pub samples: usize,
+    /// Sampling temperature.
+    #[serde(default = "crate::common::config::defaults::one_f32")]
+    pub temperature: f32,
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self {
+            samples: 0,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// The RL phase: one `[train]` table holding the loop's own settings and the configs it embeds
+/// from `ember-train` (learning-rate schedule, AdamW, update schedule), each stated once, there.
+pub type TrainSpec = crate::common::config::Training<TrainLoop>;
+
+impl crate::common::config::LoopSettings for TrainLoop {
+    const TABLE: &'static str = "train";
+}
+
+/// The RL loop's own settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainLoop {
+    /// RL steps (one rollout batch each).
+    pub steps: usize,
+    /// KL coefficient (KL to the reference in the loss when > 0; the reference is the
+    /// warm-started policy, or the pretrained weights with adapters off).
+    #[serde(default)]
+    pub kl_coef: f32,
+    /// Evaluate every this many steps.
+    #[serde(default = "ten")]
+    pub eval_every: usize,
+    /// Recompute old log-probs with the trainer (true) or take the sampler's (bypass).
+    #[serde(default = "yes")]
+    pub recompute_old_log_probs: bool,
+    /// Write a checkpoint every this many steps (0 = only at the end or on Ctrl-C).
+    #[serde(default)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    #[serde(default = "two")]
+    pub keep_checkpoints: usize,
+    /// Completions written to `samples.jsonl` per step (the first rows: whole groups first),
+    /// and to TensorBoard's Text tab at each evaluation; 0 = none.
+    #[serde(default = "four")]
+    pub log_samples: usize,
+}
+
+impl TrainLoop {
+    /// `(steps, checkpoint_every, keep_checkpoints)` for the run kit.
+    pub fn run_loop(&self) -> crate::common::run::RunLoop {
+        crate::common::run::RunLoop {
+            steps: self.steps,
+            checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+        }
+    }
 }

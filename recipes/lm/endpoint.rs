@@ -3,7 +3,6 @@
 //! from an environment variable, the timeout and retries of the one HTTP client) and the
 //! choices of a completions answer, in index order.
 
-use super::remote::call;
 use anyhow::{Result, anyhow, bail};
 use serde_json::Value;
 use std::time::Duration;
@@ -73,4 +72,64 @@ pub fn choices<'a>(v: &'a Value, n: usize, who: &str) -> Result<Vec<&'a Value>> 
         .enumerate()
         .map(|(i, c)| c.ok_or_else(|| anyhow!("{who}'s answer has no choice {i}")))
         .collect()
+}
+
+/// One JSON request to `full` (a GET without `body`, else a POST of it, with `key` as a bearer
+/// token) with `retries` retries and exponential backoff; a 4xx other than 408/429 fails at
+/// once. Answers of at most 1 GiB; a 200 that is not JSON reads as a string (vLLM's adapter
+/// routes answer plain text).
+pub(crate) fn call(
+    agent: &ureq::Agent,
+    full: &str,
+    body: Option<&Value>,
+    key: Option<&str>,
+    retries: u32,
+) -> Result<Value> {
+    let mut last = String::new();
+    let auth = key.map(|k| format!("Bearer {k}"));
+    for attempt in 0..=retries {
+        if attempt > 0 {
+            let wait = Duration::from_secs(1u64 << (attempt - 1).min(6));
+            log::warn!("{full}: {last}; retry {attempt}/{retries} in {wait:?}");
+            std::thread::sleep(wait);
+        }
+        let sent = match (body, &auth) {
+            (Some(b), Some(a)) => agent.post(full).header("authorization", a).send_json(b),
+            (Some(b), None) => agent.post(full).send_json(b),
+            (None, Some(a)) => agent.get(full).header("authorization", a).call(),
+            (None, None) => agent.get(full).call(),
+        };
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                last = format!("no answer ({e})");
+                continue;
+            }
+        };
+        let status = resp.status().as_u16();
+        let text = match resp
+            .body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_to_string()
+        {
+            Ok(t) => t,
+            Err(e) => {
+                last = format!("HTTP {status}, reading the answer failed ({e})");
+                continue;
+            }
+        };
+        if status == 200 {
+            return Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)));
+        }
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or(text);
+        last = format!("HTTP {status}: {message}");
+        if (400..500).contains(&status) && status != 429 && status != 408 {
+            break;
+        }
+    }
+    bail!("{full}: {last}")
 }

@@ -3,7 +3,7 @@
 //! or tokenizer with chat template), evaluated greedily or by sampling on held-out problems,
 //! warmed up by supervised steps, stored in checkpoints and in `final/`.
 
-use crate::llm::schema::{EvalSpec, Recipe, Warmup};
+use crate::lm::spec::{EvalSpec, Warmup};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::{Module, ParamGroup};
 use burn::optim::GradientsParams;
@@ -310,46 +310,11 @@ pub fn warm_up(
     Ok(model)
 }
 
-/// Loads the recipe's policy on `device` (the tiny model freshly initialised from the seed, or
-/// the pretrained checkpoint with fresh adapters).
-pub fn build_policy(r: &Recipe, device: &Device) -> Result<Policy> {
-    build_policy_with(r, device, None)
-}
-
-/// [`build_policy`], with a pretrained policy's adapters read from a PEFT directory instead of
-/// freshly initialised.
-pub fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
-    let (precision, note) = crate::common::device::resolve_precision(
-        r.precision,
-        crate::common::device::kind(&r.device)?,
-    );
-    if let Some(note) = note {
-        log::warn!("[{}] {note}", r.name);
-    }
-    let mut policy = build_policy_f32(r, device, peft)?;
-    policy.model = policy
-        .model
-        .with_precision(precision)
-        .with_fused_attention(r.fused_attention)
-        .with_shared_prefix(r.shared_prefix);
-    Ok(policy)
-}
-
-fn build_policy_f32(r: &Recipe, device: &Device, peft: Option<&Path>) -> Result<Policy> {
-    policy_from_specs(
-        r.model.as_ref(),
-        r.pretrained.as_ref(),
-        r.seed,
-        device,
-        peft,
-    )
-}
-
 /// The policy of a `[model]` (the tiny policy, initialised from `seed`) or `[pretrained]` table
 /// (with fresh adapters, or those of the PEFT directory `peft`), in f32.
 pub fn policy_from_specs(
-    model: Option<&crate::llm::schema::ModelSpec>,
-    pretrained: Option<&crate::llm::schema::PretrainedSpec>,
+    model: Option<&crate::lm::ModelSpec>,
+    pretrained: Option<&crate::lm::PretrainedSpec>,
     seed: u64,
     device: &Device,
     peft: Option<&Path>,
@@ -445,24 +410,6 @@ pub fn load_checkpoint(policy: Policy, dir: &Path) -> Result<Policy> {
     Ok(Policy { model, ..policy })
 }
 
-/// The tiny policy's reference weights written at the start of a run (`reference.bpk`), as a
-/// no-grad model with the policy's precision and attention path.
-pub fn read_reference(r: &Recipe, policy: &Policy, path: &Path, ad: &Device) -> Result<Llama> {
-    let rec = ModuleRecord::load(path).map_err(|e| anyhow!("reading {}: {e}", path.display()))?;
-    let m = r
-        .model
-        .as_ref()
-        .context("tiny model")?
-        .llama_config()
-        .init(ad)
-        .try_load_record(rec)
-        .map_err(|e| anyhow!("applying {}: {e}", path.display()))?
-        .with_precision(policy.model.precision())
-        .with_fused_attention(r.fused_attention)
-        .with_shared_prefix(r.shared_prefix);
-    Ok(m.valid())
-}
-
 /// The tiny model as a complete Hugging Face directory in `dir`: safetensors, `config.json`
 /// and the character vocabulary as `tokenizer.json` (so `ember serve` can serve it).
 pub fn save_tiny(policy: &Policy, dir: &Path) -> Result<()> {
@@ -474,13 +421,17 @@ pub fn save_tiny(policy: &Policy, dir: &Path) -> Result<()> {
 }
 
 /// `final/`: the tiny model as Hugging Face safetensors, or the LoRA adapter in PEFT layout.
-pub fn write_final(policy: &Policy, r: &Recipe, out: &Path) -> Result<()> {
+pub fn write_final(
+    policy: &Policy,
+    pretrained: Option<&crate::lm::PretrainedSpec>,
+    out: &Path,
+) -> Result<()> {
     let final_dir = out.join("final");
     let tmp = out.join(".final.tmp");
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;
     }
-    match (&policy.lora, &r.pretrained) {
+    match (&policy.lora, pretrained) {
         (Some(settings), Some(p)) => {
             let name = Path::new(&p.path)
                 .file_stem()

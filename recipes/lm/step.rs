@@ -2,9 +2,8 @@
 //! schedule and optimizer, rescoring without gradients (old-policy and reference log-probs),
 //! and the update itself (advantages, then `ember-train`'s epochs × mini-batches).
 
-use crate::llm::Policy;
-use crate::llm::schema::Recipe;
-use crate::llm::score::{Scorer, completions, valid_mean};
+use crate::lm::Policy;
+use crate::lm::score::{Scorer, completions, valid_mean};
 use anyhow::Result;
 use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -16,20 +15,6 @@ use ember_run::fmt_metric;
 use ember_tasks::task::Example;
 use ember_train::{Optimizer, UpdateConfig, update};
 use std::collections::BTreeMap;
-
-/// The rollout sampler of a recipe's step: its temperature, response length, group size and
-/// prompt bucket, the policy's stop tokens, and the step's `seed`.
-pub fn rollout_sampling(r: &Recipe, stop: &[u32], seed: u64) -> SamplingConfig {
-    SamplingConfig {
-        temperature: r.rollout.temperature,
-        max_new_tokens: r.rollout.max_new_tokens,
-        n: r.rollout.samples_per_prompt,
-        seed,
-        stop_tokens: stop.to_vec(),
-        prompt_bucket: r.rollout.shape_bucket,
-        ..SamplingConfig::default()
-    }
-}
 
 /// ReMax's greedy pass (Li et al. 2024): the rollout sampler at temperature 0, one response per
 /// prompt.
@@ -77,20 +62,6 @@ pub fn features_at(sampler: &Llama, seq: Tensor<2, Int>, mask: Tensor<2>, p: usi
     );
     let d = h.dims()[2];
     h.reshape([rows, d])
-}
-
-/// The update schedule of a recipe's RL phase with the resolved actor loss.
-pub fn update_config(r: &Recipe, loss: ActorLossConfig) -> UpdateConfig {
-    UpdateConfig {
-        schedule: r.train.update,
-        loss,
-    }
-}
-
-/// The RL phase's AdamW (no weight decay; global gradient-norm clipping when `train.grad_clip`
-/// > 0).
-pub fn optimizer(r: &Recipe) -> Optimizer {
-    r.train.optim.init()
 }
 
 /// What a KL term compares the policy with.

@@ -1,9 +1,9 @@
 //! The judge loaded in process: a frozen model on the run's device, its words scored as an
 //! endpoint's `echo` scores them.
 
+use super::spec::JudgeSpec;
 use super::yes_probability;
-use crate::llm::participant::Loaded;
-use crate::llm::schema::JudgeSpec;
+use crate::lm::participant::Loaded;
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
 

@@ -1,6 +1,6 @@
 //! `[reward.judge]`: a judge model (behind an endpoint or loaded in process) as a recipe names
 //! it, how its answer becomes a reward, and the values checked. The judge itself is
-//! `crate::llm::judge`.
+//! [`crate::lm::judge`].
 
 use crate::common::config::check_range;
 use anyhow::{Result, bail};

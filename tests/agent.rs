@@ -8,13 +8,13 @@ mod common;
 use burn::module::Module;
 use ember::agent::rollout::rollout;
 use ember::lm::{Policy, Tok};
+use ember_engine::SplitMix64;
 use ember_engine::{AdvantageConfig, AdvantageKind, RolloutBatch, StdKind};
 use ember_llm::SamplingConfig;
 use ember_llm::actor::LlmExperience;
 use ember_llm::chartok;
 use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::{Environment, EpisodeSource};
-use ember_tasks::task::Rng;
 
 fn tiny_policy(seed: u64, device: &burn::tensor::Device) -> Policy {
     device.seed(seed);
@@ -75,7 +75,7 @@ fn trajectories_have_holes_and_rescore_like_the_sampler() {
     let device = common::dev();
     let policy = tiny_policy(3, &device);
     let mut env = Calculator::new(2, 3);
-    let seeds = EpisodeSource::train(&mut Rng(1), 6);
+    let seeds = EpisodeSource::train(&mut SplitMix64(1), 6);
     let sc = sampling(9, 6);
     let t = rollout(
         &policy,
@@ -123,8 +123,9 @@ fn demonstrations_have_the_rollout_layout() {
     let device = common::dev();
     let policy = tiny_policy(3, &device);
     let env = Calculator::new(2, 3);
-    let seeds = EpisodeSource::train(&mut Rng(2), 400);
-    let t = ember::agent::rollout::demonstrations(&policy, &env, &seeds, &mut Rng(4)).unwrap();
+    let seeds = EpisodeSource::train(&mut SplitMix64(2), 400);
+    let t =
+        ember::agent::rollout::demonstrations(&policy, &env, &seeds, &mut SplitMix64(4)).unwrap();
     let tool = t.turns().iter().filter(|n| **n == 2).count();
     assert!(
         (70..130).contains(&tool),
@@ -179,7 +180,7 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
         r.iter().map(|x| f64::from(*x)).sum::<f64>() / r.len() as f64
     };
     let before = success(&policy, &mut env, 77);
-    let mut rng = Rng(11);
+    let mut rng = SplitMix64(11);
     let adv = AdvantageConfig::new(AdvantageKind::Grpo {
         std: StdKind::Unbiased,
         epsilon: 1e-6,
@@ -275,7 +276,7 @@ fn chat_template_episodes_are_conversations() {
 
     // The guessing game answers every wrong turn, so most episodes take both turns.
     let mut env = GuessNumber::new(7, 2);
-    let seeds = EpisodeSource::train(&mut Rng(4), 2);
+    let seeds = EpisodeSource::train(&mut SplitMix64(4), 2);
     let sc = SamplingConfig {
         stop_tokens: policy.stop.clone(),
         ..sampling(2, 8)

@@ -146,7 +146,7 @@ fn value_loss_gradient_matches_finite_differences() {
     const B: usize = 3;
     const T: usize = 5;
     for seed in 0..4u64 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let old = rng.vec(B * T, -1.0, 1.0);
         // Predictions on both sides of the clip band, away from its edges.
         let v: Vec<f64> = old

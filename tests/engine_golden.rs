@@ -879,7 +879,7 @@ fn dynamic_sampling_drops_zero_variance_groups() {
 
 #[test]
 fn discounted_suffix_sum_matches_a_loop() {
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64(7);
     for (steps, gamma) in [(1usize, 0.9f64), (2, 1.0), (37, 0.9), (64, 0.99), (5, 0.0)] {
         let x = rng.vec(3 * steps, -1.0, 1.0);
         let got = vals(ember_engine::discounted_suffix_sum(

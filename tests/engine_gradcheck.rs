@@ -22,7 +22,7 @@ struct Case {
 }
 
 fn case(seed: u64) -> Case {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let old = rng.vec(B * T, -2.5, -0.2);
     // Live log-probs near the old ones so ratios fall on both sides of every clip bound.
     let lp: Vec<f64> = old.iter().map(|o| o + rng.uniform(-0.6, 0.6)).collect();

@@ -8,7 +8,7 @@ use burn::module::{Module, Param};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use common::{Rng, vals};
+use common::vals;
 use ember_engine::*;
 
 const ARMS: usize = 5;
@@ -144,7 +144,7 @@ fn train_bandit(a: Algo, seed: u64, max_steps: usize) -> Option<usize> {
     let device = Device::flex().autodiff();
     let mut policy = Bandit::new(&device);
     let mut opt = AdamConfig::new().init();
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let group_ids: Vec<usize> = (0..N).map(|i| i / PER_GROUP).collect();
     let uniform = (1.0 / ARMS as f32).ln();
     for step in 0..max_steps {
@@ -293,7 +293,7 @@ fn train_gaussian(a: Algo, seed: u64, steps: usize) -> f32 {
         mean: Param::from_tensor(Tensor::zeros([1], &device)),
     };
     let mut opt = AdamConfig::new().init();
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64(seed);
     let group_ids: Vec<usize> = (0..N).map(|i| i / PER_GROUP).collect();
     let reward = |x: f32| (-(x - TARGET) * (x - TARGET)).exp();
     for step in 0..steps {

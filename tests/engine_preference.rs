@@ -157,7 +157,7 @@ fn pairwise_objectives_by_hand() {
 #[test]
 fn pairwise_gradients_match_finite_differences() {
     for seed in 0..3u64 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64(seed);
         let n = 5;
         let p = Pairs {
             cw: rng.vec(n, -8.0, -1.0),

@@ -103,7 +103,7 @@ fn python_example_reads_any_action_like_the_builtin() {
         .collect();
     assert_eq!(py.reset(&episodes).unwrap(), rs.reset(&episodes).unwrap());
     let vocab: Vec<char> = ember_llm::chartok::CHARS.chars().collect();
-    let mut rng = ember_tasks::task::Rng(3);
+    let mut rng = ember_engine::SplitMix64(3);
     let mut running: Vec<usize> = (0..episodes.len()).collect();
     for turn in 0..40 {
         let actions: Vec<(usize, String)> = running

@@ -19,7 +19,6 @@ use ember_run::{Row, Run, RunOptions, checkpoint, fmt_metric};
 use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::{Environment, EpisodeSource};
-use ember_tasks::task::Rng;
 use ember_train::{Optimizer, UpdateConfig, sequential_update};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -113,7 +112,7 @@ struct AgentJob<'a> {
     ad: Device,
     env: Box<dyn Environment>,
     policy: Policy,
-    rng: Rng,
+    rng: SplitMix64,
     parts: PresetParts,
     upd: UpdateConfig,
     optim: Optimizer,
@@ -143,12 +142,12 @@ impl<'a> AgentJob<'a> {
         // A chat template that cannot extend a conversation is refused now, not at the first
         // turn.
         policy.turn_end()?;
-        let mut rng = Rng(r.header.seed);
+        let mut rng = SplitMix64(r.header.seed);
         let mut optim = r.train.optim.init();
         let (before, after) = match run.resumed() {
             Some((dir, st)) => {
                 policy = load_checkpoint(policy, dir)?;
-                rng = Rng(st.rng);
+                rng = SplitMix64(st.rng);
                 optim = checkpoint::load_optimizer(dir, optim)?;
                 (st.accuracy_before, st.accuracy_after)
             }
@@ -262,7 +261,7 @@ impl<'a> AgentJob<'a> {
             temperature: sampling(r, &self.policy.stop, 0).scoring_temperature(),
             adapters: true,
         };
-        let mut order_rng = Rng(self.rng.next_u64());
+        let mut order_rng = SplitMix64(self.rng.next_u64());
         let mut order = |n| order_rng.permutation(n);
         let (adv_cfg, upd) = (&self.parts.advantage, &self.upd);
         self.policy.model = match &self.parts.turn_updates {

@@ -380,7 +380,7 @@ pub fn demonstrations(
     policy: &Policy,
     env: &dyn Environment,
     seeds: &[u64],
-    rng: &mut ember_tasks::task::Rng,
+    rng: &mut ember_engine::SplitMix64,
 ) -> Result<Trajectories> {
     let mut t = Trajectories::default();
     let end = policy.turn_end()?;
@@ -427,7 +427,7 @@ pub fn warm_up(
     mut policy: Policy,
     env: &dyn Environment,
     w: &Warmup,
-    rng: &mut ember_tasks::task::Rng,
+    rng: &mut ember_engine::SplitMix64,
     device: &Device,
 ) -> Result<Policy> {
     let (steps, batch, lr) = (w.steps, w.batch, w.lr);

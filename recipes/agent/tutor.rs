@@ -20,9 +20,9 @@
 use crate::lm::participant::{Backend, ChatFormat, Source};
 use anyhow::Result;
 use burn::tensor::Device;
+use ember_engine::SplitMix64;
 use ember_llm::Message;
 use ember_tasks::env::{EnvError, Environment, Episode, Feedback};
-use ember_tasks::task::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -75,8 +75,8 @@ const ITEMS: [&str; 6] = [
 /// Episode `seed`'s problem, or its near-transfer variant: the same one-step story (adding,
 /// taking away or multiplying: one of three) with other names, items and numbers.
 pub fn problem(seed: u64, variant: bool) -> Problem {
-    let story = Rng(seed).next_u64() % 3;
-    let mut rng = Rng(seed ^ if variant { 0x7a51_a7e0 } else { 0 } ^ 0x9e37_79b9);
+    let story = SplitMix64(seed).next_u64() % 3;
+    let mut rng = SplitMix64(seed ^ if variant { 0x7a51_a7e0 } else { 0 } ^ 0x9e37_79b9);
     // An answer that is also one of the problem's numbers would make quoting the problem a
     // leak: such draws are drawn again.
     loop {
@@ -87,7 +87,7 @@ pub fn problem(seed: u64, variant: bool) -> Problem {
     }
 }
 
-fn story_problem(story: u64, rng: &mut Rng) -> Problem {
+fn story_problem(story: u64, rng: &mut SplitMix64) -> Problem {
     let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
     let name = NAMES[pick(0, 7) as usize];
     let item = ITEMS[pick(0, 5) as usize];
@@ -374,7 +374,7 @@ mod tests {
             assert_eq!(p, problem(seed, false));
             assert_ne!(p.text, v.text, "seed {seed}");
             let n: Vec<i64> = numbers(&p.text).iter().map(|n| n.2).collect();
-            let want = match Rng(seed).next_u64() % 3 {
+            let want = match SplitMix64(seed).next_u64() % 3 {
                 0 => n[0] + n[1],
                 1 => n[0] - n[1],
                 _ => n[0] * n[1],

@@ -11,11 +11,12 @@ use crate::llm::schema::Recipe;
 use crate::lm::{Policy, load_checkpoint, warm_up};
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
+use ember_engine::SplitMix64;
 use ember_llm::LORA_TARGETS as TARGETS;
 use ember_llm::left_pad;
 use ember_llm::plop::{NfnScores, nfn_scores};
 use ember_run::Run;
-use ember_tasks::task::{Rng, TaskSet};
+use ember_tasks::task::TaskSet;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -112,7 +113,7 @@ pub fn score(
             .with_targets(TARGETS.iter().map(|s| s.to_string()).collect());
     }
     let policy = build_policy(&named, device)?;
-    let mut rng = Rng(r.header.seed ^ SALT);
+    let mut rng = SplitMix64(r.header.seed ^ SALT);
     let examples = task.train(&mut rng, prompts);
     let ids = examples
         .iter()
@@ -223,7 +224,7 @@ pub fn policy_at_start(
     r: &Recipe,
     task: &TaskSet,
     checkpoint: Option<&Path>,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     device: &Device,
 ) -> Result<Policy> {
     let recorded = checkpoint.and_then(|d| d.ancestors().take(3).find(|a| a.join(FILE).exists()));

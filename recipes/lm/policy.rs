@@ -9,12 +9,13 @@ use burn::module::{Module, ParamGroup};
 use burn::optim::GradientsParams;
 use burn::store::ModuleRecord;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_engine::SplitMix64;
 use ember_llm::chartok;
 use ember_llm::{Llama, LlamaConfig, LoraSettings, Message, SamplingConfig, Tokenizer, generate};
 use ember_run::checkpoint;
 use ember_tasks::expand_path;
 use ember_tasks::reward::check;
-use ember_tasks::task::{Example, Rng, TaskSet};
+use ember_tasks::task::{Example, TaskSet};
 use ember_train::OptimizerConfig;
 use std::path::Path;
 
@@ -294,7 +295,7 @@ pub fn warm_up(
     vocab: chartok::Vocab,
     w: &Warmup,
     task: &TaskSet,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     device: &Device,
 ) -> Result<Llama> {
     let mut optim = OptimizerConfig::default().init();

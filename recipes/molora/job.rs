@@ -9,13 +9,14 @@ use anyhow::{Context, Result};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor};
+use ember_engine::SplitMix64;
 use ember_llm::chartok;
 use ember_llm::{Llama, LoraSettings, apply_lora, apply_mixture};
 use ember_molora::{
     MixtureSettings, RouteCtx, RouterKind, balance, load_balance_loss, router_pg_loss,
 };
 use ember_run::write_atomic;
-use ember_tasks::task::{Example, Rng, TaskSet};
+use ember_tasks::task::{Example, TaskSet};
 use ember_train::OptimizerConfig;
 use serde::Serialize;
 use std::path::Path;
@@ -76,7 +77,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     // The CPU recipe's warm-started model (supervised steps on the warm-up task).
     ad.seed(r.header.seed);
     let cfg = r.model.llama_config();
-    let mut rng = Rng(r.header.seed);
+    let mut rng = SplitMix64(r.header.seed);
     let t0 = Instant::now();
     let task = TaskSet::Arithmetic(arithmetic(&r.warmup_task));
     let chars = chartok::Vocab::Chars;
@@ -224,7 +225,7 @@ fn build_arm(arm: &Arm, warm: &Llama, r: &MoloraRecipe, ad: &Device) -> Result<B
 fn finetune(b: BuiltArm, arm: &Arm, r: &MoloraRecipe, ad: &Device, quiet: bool) -> Result<Llama> {
     let mut model = b.model;
     let mut optim = OptimizerConfig::default().init();
-    let mut trng = Rng(r.header.seed ^ 0x5EED);
+    let mut trng = SplitMix64(r.header.seed ^ 0x5EED);
     for step in 0..r.finetune.steps {
         let batch: Vec<Example> = (0..r.finetune.batch)
             .map(|_| {

@@ -25,10 +25,11 @@ use crate::offline::objective::{Scorer, group_micro_rows, objective_step};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::Device;
+use ember_engine::SplitMix64;
 use ember_llm::Llama;
 use ember_llm::actor::LlmExperience;
 use ember_run::{Row, Run, RunOptions, checkpoint};
-use ember_tasks::task::{Example, Rng, TaskSet};
+use ember_tasks::task::{Example, TaskSet};
 use ember_train::LrSchedule;
 use std::path::Path;
 use std::time::Instant;
@@ -86,7 +87,7 @@ struct OfflineJob<'a> {
     policy: Policy,
     optim: ember_train::Optimizer,
     schedule: LrSchedule,
-    rng: Rng,
+    rng: SplitMix64,
     groups: Vec<TokGroup>,
     units: Vec<Unit>,
     /// A-LoL's draw weights (each unit's positive advantage mass).
@@ -114,11 +115,12 @@ impl<'a> OfflineJob<'a> {
         // first evaluation.
         let (policy, rng, accuracy_before, accuracy_after) = match run.resumed() {
             Some((dir, st)) => {
-                let (rng, before, after) = (Rng(st.rng), st.accuracy_before, st.accuracy_after);
+                let (rng, before, after) =
+                    (SplitMix64(st.rng), st.accuracy_before, st.accuracy_after);
                 (load_checkpoint(policy, dir)?, rng, before, after)
             }
             None => {
-                let mut rng = Rng(r.header.seed);
+                let mut rng = SplitMix64(r.header.seed);
                 let policy = fresh_start(policy, r, task, &mut rng, &reference_path, &ad)?;
                 let a = evaluate(&policy, &eval, r.rollout.max_new_tokens, &base)?;
                 run.log(Row::from([
@@ -328,7 +330,7 @@ fn fresh_start(
     mut policy: Policy,
     r: &Recipe,
     task: &TaskSet,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     reference_path: &Path,
     ad: &Device,
 ) -> Result<Policy> {
@@ -366,7 +368,7 @@ fn positive_mass(g: &TokGroup) -> f64 {
 }
 
 /// An index below `n`: uniform, or in proportion to `weights` (uniform when they are all 0).
-fn draw(rng: &mut Rng, n: usize, weights: Option<&[f64]>) -> usize {
+fn draw(rng: &mut SplitMix64, n: usize, weights: Option<&[f64]>) -> usize {
     let total: f64 = weights.map_or(0.0, |w| w.iter().sum());
     match weights {
         Some(w) if total > 0.0 => {

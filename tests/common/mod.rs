@@ -69,15 +69,15 @@ pub fn assert_close(actual: &[f32], expected: &[f64], tol: f64) {
 }
 
 /// Deterministic pseudo-random numbers (the engine's SplitMix64).
-pub use ember_engine::SplitMix64 as Rng;
+pub use ember_engine::SplitMix64;
 
-/// Helpers on [`Rng`] for the tests.
+/// Helpers on [`SplitMix64`] for the tests.
 pub trait RngExt {
     /// `n` uniform values in [lo, hi).
     fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64>;
 }
 
-impl RngExt for Rng {
+impl RngExt for SplitMix64 {
     fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
         (0..n).map(|_| self.uniform(lo, hi)).collect()
     }

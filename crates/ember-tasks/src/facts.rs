@@ -3,7 +3,7 @@
 //! asked as one-word-answer questions; the facts of a share of the people form the forget
 //! set, the rest the retain set. Word-level: the model's vocabulary is the corpus's words.
 
-use crate::task::Rng;
+use ember_engine::SplitMix64;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The corpus's sizes.
@@ -96,7 +96,7 @@ pub struct Facts {
 }
 
 /// Made-up names: two syllables, capitalised, distinct.
-fn names(n: usize, rng: &mut Rng) -> Vec<String> {
+fn names(n: usize, rng: &mut SplitMix64) -> Vec<String> {
     const SYL: [&str; 20] = [
         "zor", "vel", "kam", "ith", "ra", "mu", "pol", "en", "dar", "si", "tho", "qua", "lin",
         "bo", "fe", "gru", "ny", "ox", "wen", "ja",
@@ -130,7 +130,7 @@ impl Facts {
                 spec.forget_share
             ));
         }
-        let mut rng = Rng(spec.seed ^ 0x0066_6163_7473);
+        let mut rng = SplitMix64(spec.seed ^ 0x0066_6163_7473);
         let people = names(spec.people, &mut rng);
         let mut tokens: Vec<String> = ["<bos>", "<sep>", "<eos>", REFUSAL]
             .map(String::from)

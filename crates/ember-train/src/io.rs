@@ -84,63 +84,6 @@ pub fn publish_dir(tmp: &Path, dst: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("ember-io-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    #[test]
-    fn replaces_the_file_and_leaves_no_temporary() {
-        let d = tmpdir("replace");
-        let p = d.join("a.json");
-        write_atomic(&p, b"old").unwrap();
-        write_atomic(&p, b"new").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"new");
-        let names: Vec<_> = std::fs::read_dir(&d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names.len(), 1, "{names:?}");
-        std::fs::remove_dir_all(&d).ok();
-    }
-
-    /// A writer that fails half-way (as on a full disk) leaves the old file and no temporary.
-    #[test]
-    fn a_failed_write_keeps_the_old_file() {
-        let d = tmpdir("fail");
-        let p = d.join("m.csv");
-        write_atomic(&p, b"kept").unwrap();
-        let err = write_atomic_with(&p, |tmp| {
-            std::fs::write(tmp, b"half")?;
-            Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
-        })
-        .unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
-        assert_eq!(std::fs::read(&p).unwrap(), b"kept");
-        assert!(!temp_path(&p).exists());
-        std::fs::remove_dir_all(&d).ok();
-    }
-
-    #[test]
-    fn publishes_a_directory_over_an_old_one() {
-        let d = tmpdir("dir");
-        let (tmp, dst) = (d.join(".final.tmp"), d.join("final"));
-        std::fs::create_dir_all(&dst).unwrap();
-        std::fs::write(dst.join("old"), b"x").unwrap();
-        std::fs::create_dir_all(&tmp).unwrap();
-        std::fs::write(tmp.join("new"), b"y").unwrap();
-        publish_dir(&tmp, &dst).unwrap();
-        assert!(dst.join("new").exists() && !dst.join("old").exists() && !tmp.exists());
-        std::fs::remove_dir_all(&d).ok();
-    }
-}
-
 /// Refuses a path that is not a regular file before anything opens it: opening a FIFO for
 /// reading blocks until a writer comes, and a device or socket never ends, so a model, adapter
 /// or data path naming one would hang the run. Symbolic links are followed.
@@ -198,4 +141,61 @@ pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
 pub fn read_to_string(path: &Path) -> std::io::Result<String> {
     require_regular_file(path)?;
     std::fs::read_to_string(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ember-io-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn replaces_the_file_and_leaves_no_temporary() {
+        let d = tmpdir("replace");
+        let p = d.join("a.json");
+        write_atomic(&p, b"old").unwrap();
+        write_atomic(&p, b"new").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    /// A writer that fails half-way (as on a full disk) leaves the old file and no temporary.
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let d = tmpdir("fail");
+        let p = d.join("m.csv");
+        write_atomic(&p, b"kept").unwrap();
+        let err = write_atomic_with(&p, |tmp| {
+            std::fs::write(tmp, b"half")?;
+            Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
+        })
+        .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
+        assert_eq!(std::fs::read(&p).unwrap(), b"kept");
+        assert!(!temp_path(&p).exists());
+        std::fs::remove_dir_all(&d).ok();
+    }
+
+    #[test]
+    fn publishes_a_directory_over_an_old_one() {
+        let d = tmpdir("dir");
+        let (tmp, dst) = (d.join(".final.tmp"), d.join("final"));
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(dst.join("old"), b"x").unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("new"), b"y").unwrap();
+        publish_dir(&tmp, &dst).unwrap();
+        assert!(dst.join("new").exists() && !dst.join("old").exists() && !tmp.exists());
+        std::fs::remove_dir_all(&d).ok();
+    }
 }

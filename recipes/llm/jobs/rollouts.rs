@@ -12,8 +12,9 @@ use crate::lm::score::Scored;
 use crate::lm::score::{Scorer, completions};
 use anyhow::{Result, bail};
 use burn::module::Module;
+use ember_engine::SplitMix64;
 use ember_llm::generate;
-use ember_tasks::task::{Rng, TaskSet};
+use ember_tasks::task::TaskSet;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -52,7 +53,7 @@ pub fn rollouts(
     let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let task: TaskSet = r.task.build()?;
-    let mut rng = Rng(r.header.seed);
+    let mut rng = SplitMix64(r.header.seed);
     let policy = policy_at_start(r, &task, checkpoint, &mut rng, &ad)?;
     let sampler = policy.model.valid();
     let max_new = r.rollout.max_new_tokens;

@@ -22,7 +22,6 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 use ember_engine::*;
 use ember_llm::{SamplingConfig, generate};
-use ember_tasks::task::Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -58,7 +57,7 @@ pub fn value_mse(r: &Recipe, o: &ValueMse) -> Result<serde_json::Value> {
     let base = crate::common::device::device(&r.header.device)?;
     let ad = base.clone().autodiff();
     let task = r.task.build()?;
-    let mut rng = Rng(r.header.seed);
+    let mut rng = SplitMix64(r.header.seed);
     let policy = policy_at_start(r, &task, o.checkpoint, &mut rng, &ad)?;
     let examples = task.train(&mut rng, o.prompts);
     let max_new = r.rollout.max_new_tokens;

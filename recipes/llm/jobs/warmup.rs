@@ -24,7 +24,6 @@ use ember_llm::actor::LlmExperience;
 use ember_llm::cache::bucketed;
 use ember_llm::generate;
 use ember_run::say;
-use ember_tasks::task::Rng;
 use ember_train::{Optimizer, UpdateConfig};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -104,7 +103,7 @@ fn shapes(r: &Recipe, policy: &Policy, opts: &WarmupOptions) -> Result<Shapes> {
     let task = r.task.build()?;
     let bucket = r.rollout.shape_bucket;
     let max_new = r.rollout.max_new_tokens;
-    let mut rng = Rng(r.header.seed ^ 0x5741_524d);
+    let mut rng = SplitMix64(r.header.seed ^ 0x5741_524d);
     let examples = task.train(&mut rng, opts.prompt_samples.max(1));
     if examples.is_empty() {
         bail!("the task produced no training prompts");

@@ -4,7 +4,7 @@
 
 use super::{EnvError, Environment, Episode, Feedback};
 use crate::reward::{eval_expression, last_number, parse_number};
-use crate::task::Rng;
+use ember_engine::SplitMix64;
 use std::collections::BTreeMap;
 
 /// Tool use: a product of two `digits`-digit numbers, with a calculator. A turn whose text is an
@@ -58,7 +58,7 @@ impl Calculator {
     pub fn problem(&self, seed: u64) -> (i64, i64) {
         let lo = 10i64.pow(self.digits - 1);
         let span = (9 * lo) as u64;
-        let mut r = Rng(seed ^ 0xca1c);
+        let mut r = SplitMix64(seed ^ 0xca1c);
         (lo + r.below(span) as i64, lo + r.below(span) as i64)
     }
 }
@@ -93,7 +93,7 @@ impl Environment for Calculator {
     /// A quarter of the time the calculator is called and its result given as the answer;
     /// otherwise the product is answered directly (correct, but learnt by heart: it does not
     /// carry to new problems, which is what reinforcement then finds out).
-    fn demonstration(&self, seed: u64, rng: &mut Rng) -> Option<Vec<String>> {
+    fn demonstration(&self, seed: u64, rng: &mut SplitMix64) -> Option<Vec<String>> {
         let (a, b) = self.problem(seed);
         let first = self.first_observation(a, b);
         Some(if rng.below(4) != 0 || self.max_turns < 2 {
@@ -184,7 +184,7 @@ impl GuessNumber {
 
     /// The secret of episode `seed`.
     pub fn secret(&self, seed: u64) -> i64 {
-        Rng(seed ^ 0x6e55).below(u64::from(self.max) + 1) as i64
+        SplitMix64(seed ^ 0x6e55).below(u64::from(self.max) + 1) as i64
     }
 }
 

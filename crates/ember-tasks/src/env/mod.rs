@@ -11,7 +11,7 @@
 pub mod builtin;
 pub mod external;
 
-use crate::task::Rng;
+use ember_engine::SplitMix64;
 
 /// Why an environment failed.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +71,7 @@ pub trait Environment {
     /// A demonstration of episode `seed` for a supervised warm-up: the first observation, then
     /// the policy's turns and the environment's observations alternating (ending with a turn).
     /// `rng` may choose among ways to play. `None`: this environment has none.
-    fn demonstration(&self, seed: u64, rng: &mut Rng) -> Option<Vec<String>> {
+    fn demonstration(&self, seed: u64, rng: &mut SplitMix64) -> Option<Vec<String>> {
         let _ = (seed, rng);
         None
     }
@@ -85,11 +85,11 @@ pub struct EpisodeSource;
 impl EpisodeSource {
     /// Whether `seed` names a held-out episode.
     pub fn held_out(seed: u64) -> bool {
-        Rng(seed ^ 0x0e75_eed5).next_u64().is_multiple_of(10)
+        SplitMix64(seed ^ 0x0e75_eed5).next_u64().is_multiple_of(10)
     }
 
     /// `n` training seeds drawn from `rng`.
-    pub fn train(rng: &mut Rng, n: usize) -> Vec<u64> {
+    pub fn train(rng: &mut SplitMix64, n: usize) -> Vec<u64> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let s = rng.next_u64();
@@ -116,7 +116,7 @@ mod tests {
         assert_eq!(eval.len(), 50);
         assert_eq!(eval, EpisodeSource::held_out_set(50));
         assert!(eval.iter().all(|s| EpisodeSource::held_out(*s)));
-        let train = EpisodeSource::train(&mut Rng(7), 500);
+        let train = EpisodeSource::train(&mut SplitMix64(7), 500);
         assert!(train.iter().all(|s| !EpisodeSource::held_out(*s)));
         // About one in ten is held out.
         let share = (0..10_000u64)

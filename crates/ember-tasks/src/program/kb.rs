@@ -2,7 +2,7 @@
 //! Freebase NSM queries): relations between entities and numeric attributes, all drawn from a
 //! seed, so the same seed gives the same world.
 
-use crate::task::Rng;
+use ember_engine::SplitMix64;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The sizes of the world.
@@ -95,7 +95,7 @@ const SYLLABLES: [&str; 24] = [
 ];
 
 /// `n` distinct names of two or three syllables.
-fn names(n: usize, rng: &mut Rng) -> Vec<String> {
+fn names(n: usize, rng: &mut SplitMix64) -> Vec<String> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
@@ -116,7 +116,7 @@ fn names(n: usize, rng: &mut Rng) -> Vec<String> {
 }
 
 /// `n` distinct values in `lo..hi` (`hi − lo ≥ n`).
-fn distinct(n: usize, (lo, hi): (i64, i64), rng: &mut Rng) -> Vec<i64> {
+fn distinct(n: usize, (lo, hi): (i64, i64), rng: &mut SplitMix64) -> Vec<i64> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
@@ -131,7 +131,7 @@ fn distinct(n: usize, (lo, hi): (i64, i64), rng: &mut Rng) -> Vec<i64> {
 impl Kb {
     /// The world of `spec` (sizes as [`check_spec`] allows).
     pub fn generate(spec: &KbSpec) -> Kb {
-        let mut rng = Rng(spec.seed ^ 0x6b62_5f77_6f72_6c64);
+        let mut rng = SplitMix64(spec.seed ^ 0x6b62_5f77_6f72_6c64);
         let (nc, per, nr) = (spec.countries, spec.cities_per_country, spec.rivers);
         let mut kb = Kb {
             names: Vec::new(),

@@ -9,7 +9,7 @@ pub mod kb;
 pub mod lisp;
 
 use crate::env::{EnvError, Environment, Episode, Feedback};
-use crate::task::Rng;
+use ember_engine::SplitMix64;
 use kb::{Kb, KbSpec, Kind};
 use lisp::{Value, Word, Words};
 use std::collections::BTreeMap;
@@ -286,7 +286,7 @@ impl ProgramTask {
         }
         let held = |q: &Question| {
             let h = (q.template as u64) << 32 | q.entities[0] as u64;
-            Rng(spec.seed ^ h.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            SplitMix64(spec.seed ^ h.wrapping_mul(0x9e37_79b9_7f4a_7c15))
                 .next_u64()
                 .is_multiple_of(5)
         };

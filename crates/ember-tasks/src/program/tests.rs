@@ -175,7 +175,7 @@ fn generated_questions_are_answerable_split_and_fixed_by_the_world_seed() {
 #[test]
 fn every_walk_through_the_allowed_tokens_is_a_program_that_runs() {
     let t = ProgramTask::new(&KbSpec::default(), 3).unwrap();
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64(3);
     for _ in 0..2000 {
         let q = &t.questions[rng.below(t.questions.len() as u64) as usize];
         let mut drawn = Vec::new();

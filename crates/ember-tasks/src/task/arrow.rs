@@ -96,6 +96,7 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
     if names.is_empty() {
         return Err(invalid(&state, "`_data_files` names no file".into()));
     }
+    let mut seen = std::collections::HashSet::new();
     names
         .into_iter()
         .map(|n| {
@@ -106,9 +107,32 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
                     format!("{n:?} is not an .arrow file of this folder"),
                 ));
             }
-            Ok(dir.join(n))
+            // A file named twice would be read (and its rows counted) twice: a state.json
+            // naming one file 200 000 times read it 200 000 times.
+            if !seen.insert(n.clone()) {
+                return Err(invalid(&state, format!("`_data_files` names {n:?} twice")));
+            }
+            inside(dir, &dir.join(n))
         })
         .collect()
+}
+
+/// `file` when it stays inside `dir` once links are resolved: a symbolic link out of the
+/// dataset's folder is refused without opening (and so without showing) what it points to.
+fn inside(dir: &Path, file: &Path) -> Result<PathBuf, DataError> {
+    let io = |source| DataError::Io {
+        path: file.to_path_buf(),
+        source,
+    };
+    let (real_dir, real) = (
+        dir.canonicalize().map_err(io)?,
+        file.canonicalize().map_err(io)?,
+    );
+    if real.parent() != Some(real_dir.as_path()) {
+        let why = "a link to a file outside the dataset's folder".to_string();
+        return Err(invalid(file, why));
+    }
+    Ok(file.to_path_buf())
 }
 
 /// The rows of one Arrow IPC stream file.

@@ -4,7 +4,7 @@
 use super::example::Example;
 use super::file::{DataError, read_regular};
 use crate::reward::Check;
-use ember_engine::SplitMix64 as Rng;
+use ember_engine::SplitMix64;
 use std::path::{Path, PathBuf};
 
 /// A JSONL dataset read in place. Each line is an object with a prompt and an answer:
@@ -218,7 +218,7 @@ impl JsonlData {
                 reason,
             };
             let e = example(v.map_err(at)?, keys).map_err(at)?;
-            if Rng(fnv(&e.question)).next_u64().is_multiple_of(10) {
+            if SplitMix64(fnv(&e.question)).next_u64().is_multiple_of(10) {
                 held_out.push(e);
             } else {
                 train.push(e);
@@ -240,7 +240,7 @@ impl JsonlData {
     }
 
     /// `n` training examples drawn uniformly.
-    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+    pub fn train(&self, rng: &mut SplitMix64, n: usize) -> Vec<Example> {
         (0..n)
             .map(|_| self.train[rng.below(self.train.len() as u64) as usize].clone())
             .collect()

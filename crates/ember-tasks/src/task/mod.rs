@@ -13,10 +13,8 @@ pub use file::DataError;
 pub use jsonl::{JsonlData, JsonlKeys, Record, records};
 
 use crate::reward::Check;
+use ember_engine::SplitMix64;
 use serde::{Deserialize, Serialize};
-
-/// The job's deterministic RNG (its state is one u64, so checkpoints can store it).
-pub use ember_engine::SplitMix64 as Rng;
 
 fn digits() -> u32 {
     2
@@ -63,11 +61,11 @@ impl Arithmetic {
     }
 
     fn held_out(a: u64, op: char, b: u64) -> bool {
-        let mut r = Rng(a.wrapping_mul(1_000_003) ^ b.wrapping_mul(7919) ^ op as u64);
+        let mut r = SplitMix64(a.wrapping_mul(1_000_003) ^ b.wrapping_mul(7919) ^ op as u64);
         r.next_u64().is_multiple_of(10)
     }
 
-    fn draw(&self, rng: &mut Rng) -> (u64, char, u64) {
+    fn draw(&self, rng: &mut SplitMix64) -> (u64, char, u64) {
         let max = 10u64.pow(self.digits);
         let ops: Vec<char> = self.ops.chars().collect();
         (
@@ -94,7 +92,7 @@ impl Arithmetic {
     }
 
     /// `n` training problems.
-    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+    pub fn train(&self, rng: &mut SplitMix64, n: usize) -> Vec<Example> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let (a, op, b) = self.draw(rng);
@@ -107,7 +105,7 @@ impl Arithmetic {
 
     /// `n` distinct held-out problems (fixed by `seed`).
     pub fn held_out_set(&self, seed: u64, n: usize) -> Vec<Example> {
-        let mut rng = Rng(seed ^ 0xE7A1);
+        let mut rng = SplitMix64(seed ^ 0xE7A1);
         let mut seen = std::collections::BTreeSet::new();
         let mut out = Vec::with_capacity(n);
         let mut tries = 0;
@@ -176,7 +174,7 @@ impl Countdown {
         Ok(())
     }
 
-    fn draw(&self, rng: &mut Rng) -> Example {
+    fn draw(&self, rng: &mut SplitMix64) -> Example {
         loop {
             let nums: Vec<i64> = (0..self.count)
                 .map(|_| 1 + rng.below(self.max_number as u64) as i64)
@@ -221,11 +219,11 @@ impl Countdown {
         for n in numbers {
             h = h.wrapping_mul(1_000_003) ^ (*n as u64);
         }
-        Rng(h).next_u64().is_multiple_of(10)
+        SplitMix64(h).next_u64().is_multiple_of(10)
     }
 
     /// `n` training problems.
-    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+    pub fn train(&self, rng: &mut SplitMix64, n: usize) -> Vec<Example> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let e = self.draw(rng);
@@ -238,7 +236,7 @@ impl Countdown {
 
     /// `n` distinct held-out problems (fixed by `seed`).
     pub fn held_out_set(&self, seed: u64, n: usize) -> Vec<Example> {
-        let mut rng = Rng(seed ^ 0xC0D0);
+        let mut rng = SplitMix64(seed ^ 0xC0D0);
         let mut out: Vec<Example> = Vec::with_capacity(n);
         let mut tries = 0;
         while out.len() < n && tries < 1000 * n.max(1) {
@@ -274,7 +272,7 @@ impl TaskSet {
     }
 
     /// `n` training examples.
-    pub fn train(&self, rng: &mut Rng, n: usize) -> Vec<Example> {
+    pub fn train(&self, rng: &mut SplitMix64, n: usize) -> Vec<Example> {
         match self {
             Self::Arithmetic(t) => t.train(rng, n),
             Self::Countdown(t) => t.train(rng, n),
@@ -304,7 +302,7 @@ mod tests {
         };
         let eval = t.held_out_set(1, 100);
         assert_eq!(eval.len(), 100);
-        let train = t.train(&mut Rng(5), 2000);
+        let train = t.train(&mut SplitMix64(5), 2000);
         for e in &train {
             assert!(!eval.contains(e), "{e:?} is in both splits");
         }
@@ -323,7 +321,7 @@ mod tests {
         let t = Countdown::default();
         let eval = t.held_out_set(0, 50);
         assert_eq!(eval.len(), 50);
-        let train = t.train(&mut Rng(3), 500);
+        let train = t.train(&mut SplitMix64(3), 500);
         for e in train.iter().chain(&eval) {
             // The generating solution earns the reward.
             assert_eq!(

@@ -28,7 +28,7 @@ use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig};
 use ember_run::{Row, Run, RunOptions, Timings};
-use ember_tasks::task::{Example, Rng, TaskSet};
+use ember_tasks::task::{Example, TaskSet};
 use ember_train::{Optimizer, UpdateConfig};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -81,7 +81,7 @@ struct Job<'a> {
     base: Device,
     ad: Device,
     scorer: Scorer<'a>,
-    rng: Rng,
+    rng: SplitMix64,
     policy: Policy,
     parts: PresetParts,
     upd: UpdateConfig,
@@ -440,7 +440,7 @@ impl Job<'_> {
         let places: Vec<(usize, usize)> = (0..shown.len())
             .filter_map(|i| Some((i, kept.iter().position(|k| *k == i)?)))
             .collect();
-        let mut order_rng = Rng(self.rng.next_u64());
+        let mut order_rng = SplitMix64(self.rng.next_u64());
         let kept_places: Vec<usize> = places.iter().map(|p| p.1).collect();
         // Mini- and micro-batches of whole groups when the schedule cuts the batch, so that a
         // group's rows share their prompt's pass (`Llama::with_shared_prefix`).

@@ -19,8 +19,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_engine::ReplayBuffer;
+use ember_engine::SplitMix64;
 use ember_run::{Run, checkpoint};
-use ember_tasks::task::{Rng, TaskSet};
+use ember_tasks::task::TaskSet;
 use ember_train::DataParallel;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -58,7 +59,7 @@ impl<'a> Job<'a> {
         };
         Ok(Self {
             scorer: Scorer::new(&r.reward, &base)?.with_schedule(r.train.run.steps, per_step),
-            rng: Rng(r.header.seed),
+            rng: SplitMix64(r.header.seed),
             upd: update_config(r, parts.loss),
             optim: optimizer(r),
             critic: None,
@@ -100,7 +101,7 @@ impl<'a> Job<'a> {
         let reference_path = self.out.join("reference.bpk");
         if let Some((dir, st)) = self.run.resumed() {
             self.policy = load_checkpoint(self.policy, dir)?;
-            self.rng = Rng(st.rng);
+            self.rng = SplitMix64(st.rng);
             (self.accuracy_before, self.accuracy_after) = (st.accuracy_before, st.accuracy_after);
         } else {
             if let (Some(w), None) = (&r.warmup, &self.policy.lora) {

@@ -598,6 +598,120 @@ fn full_queue_is_429_and_sigterm_finishes_the_request_in_flight() {
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+/// A second SIGTERM exits at once (status 128 + 15) in both phases of the shutdown: while a
+/// connection waits for its answer, and after every connection has closed while the engine
+/// still works on what it took (a long `echo` scoring whose client left). In the second phase
+/// the signal used to land on the HTTP runtime, already shut down: it was ignored until the
+/// engine had finished.
+#[test]
+fn a_second_signal_exits_at_once_in_every_phase() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let exits_at_once = |server: &mut Server| {
+        server.signal("-TERM");
+        std::thread::sleep(Duration::from_millis(1500));
+        let alive = server.child.try_wait().unwrap();
+        assert!(
+            alive.is_none(),
+            "the work ended before the second signal: {alive:?}"
+        );
+        let t = std::time::Instant::now();
+        server.signal("-TERM");
+        while t.elapsed() < Duration::from_secs(5) {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                assert_eq!(status.code(), Some(143), "{status:?}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("still running 5 s after the second signal");
+    };
+    // Draining: a long generation whose client waits.
+    let mut server = Server::start(&model, &[]);
+    let port = server.port;
+    let long = r#"{"model": "smol", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true}"#;
+    let mut waiting = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request = |body: &str| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    waiting.write_all(request(long).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    exits_at_once(&mut server);
+    drop(waiting);
+    // The engine alone: a long scoring whose client has left, so that the connections are all
+    // closed (in one unit of 6000 positions: the engine only notices the departure between
+    // units).
+    let mut server = Server::start(&model, &["--score-chunk-tokens", "8192"]);
+    let prompt = "word ".repeat(6000);
+    let score = format!(
+        r#"{{"model": "smol", "prompt": "{prompt}", "max_tokens": 0, "echo": true, "logprobs": 1}}"#
+    );
+    let mut gone = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    gone.write_all(request(&score).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(gone);
+    exits_at_once(&mut server);
+}
+
+/// A long `echo` scoring takes turns with the other requests a unit at a time: a short
+/// completion posted after it is answered while it still runs (it used to wait for the whole
+/// forward pass, 85 s for 6000 tokens on two cores), and once its client has gone it stops at
+/// the next unit, so a server asked to shut down exits soon instead of scoring on for nobody.
+#[test]
+fn long_scoring_takes_turns_and_stops_when_its_client_leaves() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let mut server = Server::start(&model, &[]);
+    let port = server.port;
+    let score = |words: usize| {
+        let body = format!(
+            r#"{{"model": "smol", "prompt": "{}", "max_tokens": 0, "echo": true, "logprobs": 1}}"#,
+            "word ".repeat(words)
+        );
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut long = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    long.write_all(score(4000).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let short = r#"{"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 2, "temperature": 0}"#;
+    let (code, body) = post(port, "/v1/completions", short);
+    assert_eq!(code, 200, "{body}");
+    long.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let first = long.read(&mut byte);
+    assert!(
+        first
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "the long scoring was answered before the short request: {first:?}"
+    );
+    drop(long);
+    // 8000 positions scored for nobody: the engine drops the request at its next unit, and
+    // the shutdown ends well before the scoring would have.
+    let mut gone = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    gone.write_all(score(8000).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(gone);
+    server.signal("-TERM");
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the server was still scoring for a client that had gone 30 s later");
+}
+
 /// The tutoring environment's student played by SmolLM2 in process and by `ember serve`: the
 /// same episodes give the same student answers, observations and rewards (greedy), the last
 /// feedback holds the post-test and both gates, and a tutor that tells the answer gets 0 even
@@ -1331,6 +1445,7 @@ fn closed_by_default(base: &Path, other: &Path, admin_port: u16) {
     assert_eq!(get_with_key(c.port, "/v1/models", "k").0, 200);
     std::fs::remove_dir_all(&elsewhere).ok();
     slow_clients_are_cut(&other.join("final"));
+    slow_bodies_are_cut(&other.join("final"));
 }
 
 /// At most `--max-loras` adapters are held at once: a load beyond it gets 400 naming the flag
@@ -1417,6 +1532,54 @@ fn slow_clients_are_cut(model: &Path) {
     let mut answer = String::new();
     third.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A body longer than --max-body-bytes is answered 413 as soon as its `Content-Length` says so
+/// (it used to wait for the body), and a body sent too slowly is answered 408 after
+/// --body-read-timeout (it used to hold its connection for as long as the client liked); a
+/// normal request is answered meanwhile.
+fn slow_bodies_are_cut(model: &Path) {
+    let e = Server::named(
+        model,
+        "slow",
+        &["--body-read-timeout", "2", "--max-body-bytes", "1000"],
+    );
+    let head = |len: usize| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+        )
+    };
+    let answer = |s: &mut TcpStream, within: Duration| -> String {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).to_string()
+    };
+    let mut big = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    big.write_all(head(1_000_000).as_bytes()).unwrap();
+    let t = std::time::Instant::now();
+    let text = answer(&mut big, Duration::from_secs(1));
+    assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
+    assert!(text.contains("--max-body-bytes 1000"), "{text}");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "413 after {:?}",
+        t.elapsed()
+    );
+    let mut slow = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+    slow.write_all(head(100).as_bytes()).unwrap();
+    slow.write_all(b"{").unwrap();
+    let t = std::time::Instant::now();
+    let (code, _) = get(e.port, "/health");
+    assert_eq!(code, 200);
+    let text = answer(&mut slow, Duration::from_secs(10));
+    assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+    assert!(text.contains("--body-read-timeout 2 s"), "{text}");
+    let waited = t.elapsed();
+    assert!(
+        (Duration::from_millis(1500)..Duration::from_secs(8)).contains(&waited),
+        "408 after {waited:?}"
+    );
 }
 
 /// A GET with `Authorization: Bearer key`; the status and body.

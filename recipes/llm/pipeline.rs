@@ -197,7 +197,7 @@ impl Pipeline {
             .queue
             .iter()
             .map_while(|(d, slot)| match slot {
-                Slot::Ready(p) => Some(saved_draw(d, &p.g)),
+                Slot::Ready(p) => Some(saved_draw(d, p)),
                 _ => None,
             })
             .collect::<Result<Vec<_>>>()?;
@@ -245,7 +245,7 @@ impl Pipeline {
             let p = Produced {
                 g,
                 idle_s: 0.0,
-                health: None,
+                health: s.health,
             };
             self.queue.push_back((draw, Slot::Ready(Box::new(p))));
         }
@@ -309,10 +309,15 @@ struct SavedDraw {
     /// Positions its decode computed (`perf/decode_positions`; absent in older checkpoints).
     #[serde(default)]
     decode_positions: Option<usize>,
+    /// `(healthy servers, rows sent again)` when servers generated it, so that the resumed
+    /// run's first row logs them as the uninterrupted run did (absent in older checkpoints).
+    #[serde(default)]
+    health: Option<(usize, usize)>,
 }
 
 /// `g` as saved (one host read of its log-probs).
-fn saved_draw(d: &Draw, g: &Generation) -> Result<SavedDraw> {
+fn saved_draw(d: &Draw, p: &Produced) -> Result<SavedDraw> {
+    let g = &p.g;
     let (responses, log_probs) = responses_and_log_probs(g)?;
     let n = g.tokens.dims()[1];
     Ok(SavedDraw {
@@ -327,6 +332,7 @@ fn saved_draw(d: &Draw, g: &Generation) -> Result<SavedDraw> {
         truncated: g.truncated.clone(),
         widths: [g.prompt_tokens.dims()[1], n],
         decode_positions: Some(g.decode_positions),
+        health: p.health,
     })
 }
 
@@ -394,5 +400,43 @@ impl SavedDraw {
         let mut g = rows_generation(&rows, self.group_ids.clone(), device).pad_to(p, n);
         g.decode_positions = self.decode_positions.unwrap_or(rows.len() * n);
         g
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rollout the servers generated keeps their health through a checkpoint: the resumed
+    /// run's first row logs `rollout/servers_healthy` and `rollout/resent_rows` as the
+    /// uninterrupted run's did (they were missing); a checkpoint from before reads as unknown.
+    #[test]
+    fn a_saved_rollout_keeps_the_servers_health() {
+        let device = crate::common::device::device("cpu").unwrap();
+        let row = TokenRow {
+            prompt: &[1, 2],
+            response: &[3],
+            log_probs: Some(&[-0.5]),
+            truncated: false,
+        };
+        let draw = Draw {
+            step: 3,
+            version: 2,
+            examples: Vec::new(),
+            prompts: vec![vec![1, 2]],
+            sc: SamplingConfig::default(),
+        };
+        let produced = Produced {
+            g: rows_generation(&[row], vec![0], &device),
+            idle_s: 0.0,
+            health: Some((2, 5)),
+        };
+        let text = serde_json::to_string(&saved_draw(&draw, &produced).unwrap()).unwrap();
+        let back: SavedDraw = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.health, Some((2, 5)));
+        let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+        older.as_object_mut().unwrap().remove("health");
+        let older: SavedDraw = serde_json::from_value(older).unwrap();
+        assert_eq!(older.health, None);
     }
 }

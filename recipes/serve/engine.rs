@@ -10,14 +10,17 @@
 //! choices are then cut to its own `max_tokens`. Either way a request with a `seed` runs in a
 //! batch of its own, so its answer does not depend on what else was queued, and adapter loads
 //! and unloads are queued too, taking effect between batches, in arrival order.
+//!
+//! Scoring (`echo`) runs a chunk of `--score-chunk-tokens` positions at a time between decode
+//! steps or batches, the scoring requests taking turns (`engine/score.rs`).
 
 mod continuous;
+mod score;
 mod weights;
 
 use super::api::{ApiError, LoadLora, Params};
 use axum::http::StatusCode;
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use ember_engine::SplitMix64;
 use ember_llm::{Llama, LlamaConfig, SamplingConfig, generate_observed};
 use std::collections::{BTreeMap, VecDeque};
@@ -119,7 +122,15 @@ pub struct Engine {
     context: usize,
     rng: SplitMix64,
     continuous: bool,
+    /// Scoring requests in progress, taking turns one unit at a time (`engine/score.rs`).
+    scoring: VecDeque<score::ScoreJob>,
+    /// The most positions of one scoring unit (`--score-chunk-tokens`).
+    score_chunk: usize,
 }
+
+/// The most positions one scoring unit runs between two decode steps by default: its
+/// log-softmax is positions × vocabulary floats (256 × 49 152 × 4 bytes = 48 MiB for SmolLM2).
+pub const DEFAULT_SCORE_CHUNK: usize = 256;
 
 /// What one batch may hold (`--max-batch`, `--max-batch-tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +175,8 @@ impl Engine {
             context,
             rng: SplitMix64(0x5e7e_d5ee_d000_0001),
             continuous: true,
+            scoring: VecDeque::new(),
+            score_chunk: DEFAULT_SCORE_CHUNK,
         }
     }
 
@@ -171,6 +184,14 @@ impl Engine {
     pub fn with_continuous_batching(self, on: bool) -> Self {
         Self {
             continuous: on,
+            ..self
+        }
+    }
+
+    /// Scoring units of at most `positions` positions (`--score-chunk-tokens`).
+    pub fn with_score_chunk(self, positions: usize) -> Self {
+        Self {
+            score_chunk: positions.max(1),
             ..self
         }
     }
@@ -212,10 +233,19 @@ impl Engine {
     fn run_static(mut self, mut rx: mpsc::Receiver<Msg>) {
         let mut pending: VecDeque<Msg> = VecDeque::new();
         loop {
-            if pending.is_empty() {
+            if pending.is_empty() && self.scoring.is_empty() {
                 match rx.blocking_recv() {
                     Some(m) => pending.push_back(m),
                     None => return,
+                }
+            } else if pending.is_empty() {
+                // Scoring in progress: a unit, unless a message has come.
+                match rx.try_recv() {
+                    Ok(m) => pending.push_back(m),
+                    Err(_) => {
+                        self.score_unit();
+                        continue;
+                    }
                 }
             }
             // What else is waiting joins this round, up to a round's rows: the rest stays in
@@ -258,6 +288,7 @@ impl Engine {
                 }
             }
             self.answer(jobs);
+            self.score_unit();
         }
     }
 
@@ -272,50 +303,9 @@ impl Engine {
             Msg::UpdateWeights(path, reply) => {
                 let _ = reply.send(self.update_weights(&path));
             }
-            Msg::Score(model, seqs, reply) => {
-                // A client that has gone gets nothing: scoring stops between sequences.
-                let scores = self.score(&model, &seqs, &|| reply.is_closed());
-                let _ = reply.send(scores);
-            }
+            // Run a unit at a time between decode steps (`score_unit`).
+            Msg::Score(model, seqs, reply) => self.enqueue_score(model, seqs, reply),
             Msg::Generate(_) => {}
-        }
-    }
-
-    /// [`Scores`] of each of `seqs` under the model `name` (batched forward passes of at most
-    /// [`SCORE_POSITIONS`] padded positions, one host read each); stops with an error once
-    /// `gone()` says the client left.
-    pub fn score(
-        &self,
-        name: &str,
-        seqs: &[Vec<u32>],
-        gone: &dyn Fn() -> bool,
-    ) -> Result<Vec<Scores>, ApiError> {
-        let Some(model) = self.model(name) else {
-            let served = self.names.read().map(|n| n.clone()).unwrap_or_default();
-            return Err(ApiError::no_model(name, &served));
-        };
-        let run = || -> Result<Vec<Scores>, String> {
-            let mut out = Vec::with_capacity(seqs.len());
-            for chunk in score_chunks(seqs) {
-                if gone() {
-                    return Err("the client has gone".to_string());
-                }
-                out.extend(score_batch(model, &seqs[chunk], &self.device)?);
-            }
-            Ok(out)
-        };
-        match catch_unwind(AssertUnwindSafe(run)) {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e,
-            )),
-            Err(_) => Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "scoring failed (the model panicked)",
-            )),
         }
     }
 
@@ -500,98 +490,5 @@ fn relay<'a>(group: &'a [Job], stop: &'a [u32]) -> impl FnMut(&[Vec<u32>]) -> bo
             }
         }
         group.iter().any(|j| !j.reply.is_closed())
-    }
-}
-
-/// The most padded positions one scoring pass takes (its log-softmax is positions × vocabulary
-/// floats: 2048 × 49 152 × 4 bytes = 384 MiB for SmolLM2).
-const SCORE_POSITIONS: usize = 2048;
-
-/// Consecutive ranges of `seqs` whose padded size (rows × the longest) stays within
-/// [`SCORE_POSITIONS`]; a longer sequence is a range of its own.
-fn score_chunks(seqs: &[Vec<u32>]) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let (mut start, mut longest) = (0, 0);
-    for (i, s) in seqs.iter().enumerate() {
-        let l = longest.max(s.len());
-        if i > start && (i - start + 1) * l > SCORE_POSITIONS {
-            out.push(start..i);
-            (start, longest) = (i, s.len());
-        } else {
-            longest = l;
-        }
-    }
-    if start < seqs.len() {
-        out.push(start..seqs.len());
-    }
-    out
-}
-
-/// [`Scores`] of right-padded `seqs` in one forward pass: for each position, the next token's
-/// log-prob, the most likely token and its log-prob (a sequence under 2 tokens has none).
-fn score_batch(model: &Llama, seqs: &[Vec<u32>], device: &Device) -> Result<Vec<Scores>, String> {
-    let b = seqs.len();
-    let t = seqs.iter().map(Vec::len).max().unwrap_or(0);
-    if t < 2 {
-        return Ok(vec![Vec::new(); b]);
-    }
-    let mut ids = vec![0i64; b * t];
-    let mut m = vec![0f32; b * t];
-    for (r, s) in seqs.iter().enumerate() {
-        for (i, &x) in s.iter().enumerate() {
-            ids[r * t + i] = i64::from(x);
-            m[r * t + i] = 1.0;
-        }
-    }
-    let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), device);
-    let mask = Tensor::<2>::from_data(TensorData::new(m, [b, t]), device);
-    let logits = model.forward(tokens.clone(), mask);
-    let v = logits.dims()[2];
-    let lsm = log_softmax(logits.slice([0..b, 0..t - 1, 0..v]), 2);
-    let targets = tokens.slice([0..b, 1..t]).reshape([b, t - 1, 1]);
-    let picked = lsm.clone().gather(2, targets).reshape([b, t - 1]);
-    let (top, arg) = lsm.max_dim_with_indices(2);
-    let rows = Tensor::cat(
-        vec![
-            picked,
-            top.reshape([b, t - 1]),
-            arg.reshape([b, t - 1]).float(),
-        ],
-        0,
-    );
-    let host = rows
-        .into_data()
-        .try_to_vec::<f32>()
-        .map_err(|e| format!("reading scores back: {e:?}"))?;
-    let w = t - 1;
-    let at = |block: usize, r: usize, i: usize| host[(block * b + r) * w + i];
-    Ok(seqs
-        .iter()
-        .enumerate()
-        .map(|(r, s)| {
-            let n = s.len().saturating_sub(1);
-            (0..n)
-                .map(|i| (at(0, r, i), at(2, r, i) as u32, at(1, r, i)))
-                .collect()
-        })
-        .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Chunks keep the order, cover every sequence once and stay within the position budget
-    /// (a longer sequence alone).
-    #[test]
-    fn score_chunks_cover_in_order_within_the_budget() {
-        let seqs: Vec<Vec<u32>> = [10, 500, 600, 3000, 2, 2, 1024, 1024]
-            .iter()
-            .map(|&n| vec![1; n])
-            .collect();
-        let chunks = score_chunks(&seqs);
-        // 3 × 600 fits; 3000 alone; 3 × 1024 does not fit, 2 × 1024 = 2048 does.
-        assert_eq!(chunks, vec![0..3, 3..4, 4..6, 6..8]);
-        assert!(score_chunks(&[]).is_empty());
     }
 }

@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-/// The routes, with request bodies capped at `max_body` bytes.
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+/// The routes, with request bodies read within `body`'s bounds before any handler.
+pub fn router(state: Arc<AppState>, body: super::body::BodyLimits) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -45,7 +45,11 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
                 "method not allowed on this route",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body))
+        .layer(DefaultBodyLimit::max(body.max_bytes))
+        .layer(middleware::from_fn_with_state(
+            body,
+            super::body::bounded_body,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }

@@ -12,17 +12,21 @@
 //! - `access.rs`: the API key, the admin routes (off unless enabled) and the directories they
 //!   may load from;
 //! - `listen.rs`: the accept loop (a header-read timeout and a bound on open connections);
+//! - `body.rs`: a request's body read within `--max-body-bytes` (413 at once past a declared
+//!   length) and `--body-read-timeout` (408), before any handler;
 //! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
 //!   log-likelihood tasks);
 //! - `tokenize.rs`: vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info` (lm-eval-harness's
 //!   remote tokenizer).
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
-//! finish (graceful shutdown); a second exits at once.
+//! finish (graceful shutdown); a second exits at once, in every phase of the shutdown (while
+//! connections drain, and while the engine finishes work it took after they closed).
 
 pub mod access;
 mod answer;
 pub mod api;
+mod body;
 mod echo;
 pub mod engine;
 pub mod http;
@@ -77,6 +81,10 @@ pub struct ServeArgs {
     /// kept-alive connection) before its connection is closed.
     #[arg(long, default_value_t = 30)]
     pub header_read_timeout: u64,
+    /// Seconds a client may take to send a request's body once its head has arrived; a slower
+    /// one gets 408 and its connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub body_read_timeout: u64,
     /// Connections served at once; more wait in the kernel's backlog until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
@@ -85,6 +93,11 @@ pub struct ServeArgs {
     /// one batch to its longest row.
     #[arg(long, default_value = "continuous", value_parser = ["continuous", "static"])]
     pub batching: String,
+    /// Positions (prompt tokens) one scoring unit of an `echo` request runs between two decode
+    /// steps: a longer prompt is scored in chunks through a KV cache, taking turns with the
+    /// other requests, so it delays the running batch by one chunk at most.
+    #[arg(long, default_value_t = engine::DEFAULT_SCORE_CHUNK)]
+    pub score_chunk_tokens: usize,
     /// LoRA adapters held at once (vLLM's name); a load beyond it gets 400 until one is
     /// unloaded.
     #[arg(long, default_value_t = engine::DEFAULT_MAX_LORAS)]
@@ -119,19 +132,22 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         a.max_body_bytes,
         a.max_batch_tokens,
         a.max_connections,
+        a.score_chunk_tokens,
     ]
     .contains(&0)
     {
         bail!(
-            "--max-batch, --max-batch-tokens, --max-queue, --max-body-bytes and \
-             --max-connections must be >= 1"
+            "--max-batch, --max-batch-tokens, --max-queue, --max-body-bytes, \
+             --max-connections and --score-chunk-tokens must be >= 1"
         );
     }
-    if !(1..=86_400).contains(&a.header_read_timeout) {
-        bail!(
-            "--header-read-timeout {} must be in 1..=86400 seconds",
-            a.header_read_timeout
-        );
+    for (flag, s) in [
+        ("--header-read-timeout", a.header_read_timeout),
+        ("--body-read-timeout", a.body_read_timeout),
+    ] {
+        if !(1..=86_400).contains(&s) {
+            bail!("{flag} {s} must be in 1..=86400 seconds");
+        }
     }
     // tokio's semaphore holds at most usize::MAX >> 3 permits.
     if a.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
@@ -253,6 +269,7 @@ fn start_engine(
     let (model, config) = (loaded.model, loaded.config);
     let mut engine = Engine::new(base_name, model, config, stop, device, budget, names)
         .with_max_loras(a.max_loras)
+        .with_score_chunk(a.score_chunk_tokens)
         .with_continuous_batching(a.batching == "continuous");
     for req in adapters {
         engine
@@ -269,7 +286,11 @@ async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
         .await
         .with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr()?;
-    let app = http::router(state.clone(), a.max_body_bytes);
+    let body = body::BodyLimits {
+        max_bytes: a.max_body_bytes,
+        read_timeout: std::time::Duration::from_secs(a.body_read_timeout),
+    };
+    let app = http::router(state.clone(), body);
     // Printed on stdout, flushed: scripts and tests wait for this line.
     println!(
         "ember serve: listening on http://{local} (model `{}`)",
@@ -289,16 +310,48 @@ async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
             "ember serve: shutting down; answering the requests already taken (a second \
              signal exits at once)"
         );
-        tokio::spawn(async {
-            shutdown_signal().await;
-            eprintln!("ember serve: second signal, exiting now");
-            std::process::exit(130);
-        });
+        exit_on_second_signal();
     })
     .await
     .context("serving HTTP")?;
     state.close_queue();
     Ok(())
+}
+
+/// From the first signal on, a second SIGINT or SIGTERM exits at once (128 + its number), in
+/// every phase of the shutdown: a thread of its own, since the HTTP runtime ends before the
+/// engine has answered the work it took.
+fn exit_on_second_signal() {
+    #[cfg(unix)]
+    {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+            Ok(mut signals) => {
+                let spawned = std::thread::Builder::new()
+                    .name("ember-serve-second-signal".into())
+                    .spawn(move || {
+                        if let Some(sig) = signals.forever().next() {
+                            eprintln!("ember serve: second signal, exiting now");
+                            std::process::exit(128 + sig);
+                        }
+                    });
+                if let Err(e) = spawned {
+                    log::warn!("no thread for a second signal ({e}): it will not exit at once");
+                }
+            }
+            Err(e) => log::warn!("a second signal will not exit at once: {e}"),
+        }
+    }
+    #[cfg(not(unix))]
+    std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            rt.block_on(shutdown_signal());
+            std::process::exit(130);
+        }
+    });
 }
 
 /// The first SIGINT or SIGTERM (Ctrl-C elsewhere).

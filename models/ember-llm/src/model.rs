@@ -612,8 +612,41 @@ impl Llama {
         cache: &mut KvCache,
         ctx: &RouteCtx,
     ) -> Tensor<2> {
+        let h = self.cached_hidden(tokens, mask, cache, ctx);
+        let [b, t, d] = h.dims();
+        let last = h.slice([0..b, t - 1..t, 0..d]);
+        let logits = self.head(last, true);
+        let v = logits.dims()[2];
+        logits.reshape([b, v])
+    }
+
+    /// [`forward_cached`](Self::forward_cached) returning the logits of every one of the `t`
+    /// positions, `[batch, t, vocab]`: a long sequence scored chunk by chunk, each chunk
+    /// attending to the keys the earlier ones left in `cache` (`ember serve`'s `echo`).
+    ///
+    /// # Panics
+    /// When the cache has no room for `t` more positions (callers size it first).
+    pub fn forward_cached_all(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        cache: &mut KvCache,
+    ) -> Tensor<3> {
+        let h = self.cached_hidden(tokens, mask, cache, &RouteCtx::plain(true));
+        self.head(h, true)
+    }
+
+    /// The final hidden states `[batch, t, d_model]` of `tokens` after the cache's positions,
+    /// whose keys and values are appended to `cache`.
+    fn cached_hidden(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        cache: &mut KvCache,
+        ctx: &RouteCtx,
+    ) -> Tensor<3> {
         ctx.begin_pass();
-        let [b, t] = tokens.dims();
+        let t = tokens.dims()[1];
         let start = cache.len();
         let rope = self.rope(cache.positions_for(&mask));
         cache.append_mask(mask);
@@ -635,11 +668,7 @@ impl Llama {
             h = h + layer.mlp.forward(x, ctx, i, &mut None);
         }
         cache.advance(t);
-        let [_, _, d] = h.dims();
-        let last = h.slice([0..b, t - 1..t, 0..d]);
-        let logits = self.head(last, true);
-        let v = logits.dims()[2];
-        logits.reshape([b, v])
+        h
     }
 
     /// Log-probs of `targets` under the model, and optionally the full-distribution entropy, at

@@ -9,8 +9,9 @@
 //! - a request for another model (base or adapter) waits until the running batch has drained;
 //! - a request with a `seed` runs alone once the batch has drained, on the batch-at-a-time path,
 //!   so that its answer does not depend on what else is being served;
-//! - scoring (`echo`), and loads and unloads of adapters other than the one the batch decodes
-//!   with, run between two steps (a trainer's adapter push under a fresh name does not stop the
+//! - scoring (`echo`) runs a unit (`--score-chunk-tokens` positions) between two steps, the scoring
+//!   requests taking turns (`engine/score.rs`); loads and unloads of adapters other than the one
+//!   the batch decodes with run between two steps (a trainer's adapter push under a fresh name does not stop the
 //!   rows in flight); a load in place of the batch's own adapter, its unload, and base-weight
 //!   updates wait for the batch to drain, so every request taken before them is answered with
 //!   the old weights and every one after with the new.
@@ -55,7 +56,7 @@ impl Engine {
         let mut pending: VecDeque<Msg> = VecDeque::new();
         let mut batch = Batch::default();
         loop {
-            if pending.is_empty() && !batch.live() {
+            if pending.is_empty() && !batch.live() && self.scoring.is_empty() {
                 match rx.blocking_recv() {
                     Some(m) => pending.push_back(m),
                     None => return,
@@ -70,6 +71,7 @@ impl Engine {
             let joiners = self.schedule(&mut pending, &mut batch);
             self.join(&mut batch, joiners);
             self.decode(&mut batch);
+            self.score_unit();
         }
     }
 

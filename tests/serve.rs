@@ -712,6 +712,87 @@ fn long_scoring_takes_turns_and_stops_when_its_client_leaves() {
     panic!("the server was still scoring for a client that had gone 30 s later");
 }
 
+/// Load and abuse at once against one server (bounded in count and time): four streams, a
+/// long scoring waited for and one abandoned, six generations abandoned at once, two clients
+/// that never finish their body; a probe completion is answered meanwhile within 30 s, every
+/// stream and the waited scoring end whole, and `/metrics` counts the work in flight while it
+/// runs and none once it is over.
+#[test]
+fn a_probe_is_answered_under_load_and_abuse() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let server = Server::start(&model, &["--body-read-timeout", "5"]);
+    let port = server.port;
+    let raw = |body: &str| {
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let stream = r#"{"model": "smol", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 1, "ignore_eos": true, "stream": true}"#;
+    let score = |words: usize| {
+        format!(
+            r#"{{"model": "smol", "prompt": "{}", "max_tokens": 0, "echo": true, "logprobs": 1}}"#,
+            "word ".repeat(words)
+        )
+    };
+    let metric = |name: &str| -> f64 {
+        let (_, text) = get(port, "/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    std::thread::scope(|s| {
+        let streams: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| post(port, "/v1/completions", stream)))
+            .collect();
+        let waited = s.spawn(|| post(port, "/v1/completions", &score(1500)));
+        let mut left = vec![TcpStream::connect(("127.0.0.1", port)).unwrap()];
+        left[0].write_all(raw(&score(3000)).as_bytes()).unwrap();
+        for _ in 0..6 {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.write_all(raw(stream).as_bytes()).unwrap();
+        }
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.write_all(raw(stream).split_at(120).0.as_bytes()).unwrap();
+            left.push(c);
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        assert!(metric("ember_requests_in_flight") >= 1.0);
+        assert!(metric("ember_oldest_request_age_seconds") > 0.5);
+        drop(left);
+        let t = std::time::Instant::now();
+        let probe = r#"{"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 2, "temperature": 0}"#;
+        let (code, body) = post(port, "/v1/completions", probe);
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the probe took {:?}",
+            t.elapsed()
+        );
+        for h in streams {
+            let (code, text) = h.join().unwrap();
+            assert_eq!(code, 200, "{text}");
+            assert!(text.contains("data: [DONE]"), "{text}");
+        }
+        let (code, body) = waited.join().unwrap();
+        assert_eq!(code, 200, "{body}");
+    });
+    // Everything answered or dropped: nothing counts as in flight once the engine is idle.
+    let t = std::time::Instant::now();
+    while metric("ember_requests_in_flight") > 0.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "work still in flight"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(metric("ember_oldest_request_age_seconds"), 0.0);
+    assert!(metric("ember_requests_total{code=\"2xx\"}") >= 6.0);
+}
+
 /// The tutoring environment's student played by SmolLM2 in process and by `ember serve`: the
 /// same episodes give the same student answers, observations and rewards (greedy), the last
 /// feedback holds the post-test and both gates, and a tutor that tells the answer gets 0 even

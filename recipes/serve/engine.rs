@@ -22,8 +22,10 @@ use super::api::{ApiError, LoadLora, Params};
 use axum::http::StatusCode;
 use burn::tensor::Device;
 use ember_engine::SplitMix64;
+use ember_llm::cache::KvCache;
 use ember_llm::{Llama, LlamaConfig, SamplingConfig, generate_observed};
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, RwLock};
 use tokio::sync::{mpsc, oneshot};
@@ -99,6 +101,24 @@ pub enum Msg {
 /// tasks read).
 pub type Scores = Vec<(f32, u32, f32)>;
 
+/// Where a scoring request's answer goes.
+pub(crate) type ScoreReply = oneshot::Sender<Result<Vec<Scores>, ApiError>>;
+
+/// A scoring request in progress (run a unit at a time by `engine/score.rs`).
+pub(crate) struct ScoreJob {
+    model: String,
+    seqs: Vec<Vec<u32>>,
+    reply: ScoreReply,
+    /// The units left: ranges of `seqs` batched in one pass, or one long sequence.
+    groups: VecDeque<Range<usize>>,
+    /// The most positions of one unit.
+    chunk: usize,
+    /// The scores of the sequences done.
+    out: Vec<Scores>,
+    /// A long sequence in progress: its cache, the next position, its scores so far.
+    long: Option<(KvCache, usize, Scores)>,
+}
+
 /// The names requests may use: the base model first, then the adapters (shared with the HTTP
 /// side, which answers 404 for other names and lists these in `/v1/models`).
 pub type Names = Arc<RwLock<Vec<String>>>;
@@ -123,7 +143,7 @@ pub struct Engine {
     rng: SplitMix64,
     continuous: bool,
     /// Scoring requests in progress, taking turns one unit at a time (`engine/score.rs`).
-    scoring: VecDeque<score::ScoreJob>,
+    scoring: VecDeque<ScoreJob>,
     /// The most positions of one scoring unit (`--score-chunk-tokens`).
     score_chunk: usize,
 }

@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 pub fn router(state: Arc<AppState>, body: super::body::BodyLimits) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(super::metrics::metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
@@ -49,6 +50,10 @@ pub fn router(state: Arc<AppState>, body: super::body::BodyLimits) -> Router {
         .layer(middleware::from_fn_with_state(
             body,
             super::body::bounded_body,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            super::metrics::track,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)

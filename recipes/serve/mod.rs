@@ -17,7 +17,9 @@
 //! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
 //!   log-likelihood tasks);
 //! - `tokenize.rs`: vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info` (lm-eval-harness's
-//!   remote tokenizer).
+//!   remote tokenizer);
+//! - `metrics.rs`: `/metrics` in the Prometheus text format (requests in flight, waiting, the
+//!   age of the oldest, answers by status class).
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once, in every phase of the shutdown (while
@@ -31,6 +33,7 @@ mod echo;
 pub mod engine;
 pub mod http;
 mod listen;
+mod metrics;
 pub mod state;
 mod stream;
 mod tokenize;

@@ -6,10 +6,20 @@ use super::api::ApiError;
 use super::engine::{Budget, Msg, Names};
 use axum::http::StatusCode;
 use ember_llm::Tokenizer;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
+
+/// The requests in flight and the answers given (`/metrics`, `metrics.rs`).
+#[derive(Default)]
+pub(crate) struct Load {
+    pub(crate) inflight: Mutex<BTreeMap<u64, Instant>>,
+    pub(crate) next: AtomicU64,
+    /// Answers by status class: 1xx … 5xx.
+    pub(crate) answered: [AtomicU64; 5],
+}
 
 /// What every handler shares.
 pub struct AppState {
@@ -28,6 +38,8 @@ pub struct AppState {
     weights: RwLock<(String, Option<String>)>,
     /// Who may call what.
     pub(crate) access: Access,
+    /// The requests in flight and the answers given (`/metrics`).
+    pub(crate) load: Load,
 }
 
 impl AppState {
@@ -57,6 +69,7 @@ impl AppState {
             created: now(),
             weights: RwLock::new((info_root, None)),
             access,
+            load: Load::default(),
         }
     }
 
@@ -70,6 +83,15 @@ impl AppState {
         if let Ok(mut tx) = self.tx.lock() {
             *tx = None;
         }
+    }
+
+    /// Requests queued for the engine and not yet taken by it.
+    pub(crate) fn waiting(&self) -> usize {
+        self.tx
+            .lock()
+            .ok()
+            .and_then(|t| t.as_ref().map(|tx| tx.max_capacity() - tx.capacity()))
+            .unwrap_or(0)
     }
 
     pub(crate) fn sender(&self) -> Result<mpsc::Sender<Msg>, ApiError> {

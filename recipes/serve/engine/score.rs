@@ -6,35 +6,15 @@
 //! whose client has gone stops at its next turn (a 4 000-token prompt used to hold the engine
 //! in one forward pass, minutes on a CPU, after its client had left).
 
-use super::{Engine, Scores};
+use super::{Engine, ScoreJob, ScoreReply, Scores};
 use crate::serve::api::ApiError;
 use axum::http::StatusCode;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_llm::Llama;
 use ember_llm::cache::KvCache;
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use tokio::sync::oneshot;
-
-/// Where a scoring request's answer goes.
-pub(crate) type ScoreReply = oneshot::Sender<Result<Vec<Scores>, ApiError>>;
-
-/// A scoring request in progress.
-pub(crate) struct ScoreJob {
-    model: String,
-    seqs: Vec<Vec<u32>>,
-    reply: ScoreReply,
-    /// The units left: ranges of `seqs` batched in one pass, or one long sequence.
-    groups: VecDeque<Range<usize>>,
-    /// The most positions of one unit.
-    chunk: usize,
-    /// The scores of the sequences done.
-    out: Vec<Scores>,
-    /// A long sequence in progress: its cache, the next position, its scores so far.
-    long: Option<(KvCache, usize, Scores)>,
-}
 
 impl ScoreJob {
     /// `seqs` to score under `model`, in units of at most `chunk` positions.
@@ -268,7 +248,7 @@ mod tests {
             .iter()
             .flat_map(|s| score_batch(&model, std::slice::from_ref(s), &device).unwrap())
             .collect();
-        let (reply, _rx) = oneshot::channel();
+        let (reply, _rx) = tokio::sync::oneshot::channel();
         let mut job = ScoreJob::new("m".into(), seqs.clone(), reply, 8);
         let mut units = 1;
         while !job.unit(&model, &device).unwrap() {

@@ -1527,6 +1527,7 @@ fn closed_by_default(base: &Path, other: &Path, admin_port: u16) {
     std::fs::remove_dir_all(&elsewhere).ok();
     slow_clients_are_cut(&other.join("final"));
     slow_bodies_are_cut(&other.join("final"));
+    one_client_holds_at_most_its_share(&other.join("final"));
 }
 
 /// At most `--max-loras` adapters are held at once: a load beyond it gets 400 naming the flag
@@ -1661,6 +1662,33 @@ fn slow_bodies_are_cut(model: &Path) {
         (Duration::from_millis(1500)..Duration::from_secs(8)).contains(&waited),
         "408 after {waited:?}"
     );
+}
+
+/// One client (an address) holds at most --max-requests-per-client requests in flight: past
+/// them it gets 429 naming the flag (it could fill the whole queue before), `/health` still
+/// answers, and once its requests end it is served again.
+fn one_client_holds_at_most_its_share(model: &Path) {
+    let e = Server::named(
+        model,
+        "share",
+        &["--max-requests-per-client", "2", "--body-read-timeout", "2"],
+    );
+    let head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{";
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", e.port)).unwrap();
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, body) = get(e.port, "/v1/models");
+    assert_eq!(code, 429, "{body}");
+    assert!(body.contains("--max-requests-per-client"), "{body}");
+    assert_eq!(get(e.port, "/health").0, 200);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(get(e.port, "/v1/models").0, 200);
+    drop(held);
 }
 
 /// A GET with `Authorization: Bearer key`; the status and body.

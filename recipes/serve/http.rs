@@ -53,6 +53,10 @@ pub fn router(state: Arc<AppState>, body: super::body::BodyLimits) -> Router {
         ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            super::fair::per_client,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             super::metrics::track,
         ))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))

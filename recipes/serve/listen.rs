@@ -45,7 +45,7 @@ pub async fn serve(
         };
         let stream = tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors (EMFILE) or a connection reset before it was taken:
                     // wait a little rather than spin, as axum::serve does.
@@ -56,7 +56,12 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        let (stream, peer) = stream;
+        // The client's address, for the per-client share (`fair.rs`).
+        let app = app
+            .clone()
+            .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+        let service = TowerToHyperService::new(app);
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             // A connection's error (a reset, a header timeout) ends only that connection.

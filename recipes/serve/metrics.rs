@@ -55,6 +55,12 @@ pub async fn track(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
     let guard = begin(&st);
     let response = next.run(req).await;
     answered(&st.load, response.status().as_u16());
+    until_answered(response, guard)
+}
+
+/// `response`, with `guard` dropped once it is answered: at once, or for a stream after its last
+/// event (or when its client goes).
+pub(crate) fn until_answered<G: Send + Sync + 'static>(response: Response, guard: G) -> Response {
     let streamed = response
         .headers()
         .get(header::CONTENT_TYPE)
@@ -62,7 +68,6 @@ pub async fn track(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
     if !streamed {
         return response;
     }
-    // A stream is in flight until its last event (or until its client goes).
     let (parts, body) = response.into_parts();
     let events = body.into_data_stream().map(move |chunk| {
         let _ = &guard;

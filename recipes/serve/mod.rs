@@ -12,6 +12,8 @@
 //! - `access.rs`: the API key, the admin routes (off unless enabled) and the directories they
 //!   may load from;
 //! - `listen.rs`: the accept loop (a header-read timeout and a bound on open connections);
+//! - `fair.rs`: at most `--max-requests-per-client` requests of one client in flight (429 past
+//!   it), so that one client cannot fill the queue;
 //! - `body.rs`: a request's body read within `--max-body-bytes` (413 at once past a declared
 //!   length) and `--body-read-timeout` (408), before any handler;
 //! - `echo.rs`: `echo` (prompt log-probs and top-1 alternatives, for lm-eval-harness's
@@ -31,6 +33,7 @@ pub mod api;
 mod body;
 mod echo;
 pub mod engine;
+mod fair;
 pub mod http;
 mod listen;
 mod metrics;
@@ -77,6 +80,10 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine; more get 429.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
+    /// Requests one client (an IP address) may have in flight at once; more get 429, so that
+    /// one client cannot fill the queue the others wait in.
+    #[arg(long, default_value_t = 64)]
+    pub max_requests_per_client: usize,
     /// Largest request body in bytes; larger gets 413.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -136,12 +143,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         a.max_batch_tokens,
         a.max_connections,
         a.score_chunk_tokens,
+        a.max_requests_per_client,
     ]
     .contains(&0)
     {
         bail!(
             "--max-batch, --max-batch-tokens, --max-queue, --max-body-bytes, \
-             --max-connections and --score-chunk-tokens must be >= 1"
+             --max-connections, --score-chunk-tokens and --max-requests-per-client must be >= 1"
         );
     }
     for (flag, s) in [
@@ -217,14 +225,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let state = Arc::new(state::AppState::new(
-        info,
-        tok,
-        names,
-        tx,
-        budget(&a),
-        access,
-    ));
+    let state = Arc::new(
+        state::AppState::new(info, tok, names, tx, budget(&a), access)
+            .with_max_per_client(a.max_requests_per_client),
+    );
     let result = rt.block_on(serve_http(&a, state));
     // With the queue's senders gone the engine answers what is left and returns.
     rt.shutdown_background();

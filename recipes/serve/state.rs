@@ -6,7 +6,8 @@ use super::api::ApiError;
 use super::engine::{Budget, Msg, Names};
 use axum::http::StatusCode;
 use ember_llm::Tokenizer;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -40,6 +41,10 @@ pub struct AppState {
     pub(crate) access: Access,
     /// The requests in flight and the answers given (`/metrics`).
     pub(crate) load: Load,
+    /// Requests in flight per client address (`fair.rs`).
+    pub(crate) clients: Mutex<HashMap<IpAddr, usize>>,
+    /// `--max-requests-per-client`.
+    pub(crate) max_per_client: usize,
 }
 
 impl AppState {
@@ -70,6 +75,8 @@ impl AppState {
             weights: RwLock::new((info_root, None)),
             access,
             load: Load::default(),
+            clients: Mutex::new(HashMap::new()),
+            max_per_client: usize::MAX,
         }
     }
 
@@ -82,6 +89,14 @@ impl AppState {
     pub fn close_queue(&self) {
         if let Ok(mut tx) = self.tx.lock() {
             *tx = None;
+        }
+    }
+
+    /// At most `n` requests of one client in flight at once (`--max-requests-per-client`).
+    pub fn with_max_per_client(self, n: usize) -> Self {
+        Self {
+            max_per_client: n,
+            ..self
         }
     }
 

@@ -253,3 +253,70 @@ fn limits_bad_rows_and_cancel() {
     assert!(batch.is_empty());
     assert!(batch.step(&model).unwrap().is_empty());
 }
+
+/// A joiner prefilled a chunk of columns at a time (3 here), while the row already in the batch
+/// goes on decoding between the chunks, draws what it draws when prefilled at once, and so does
+/// the row that kept decoding (greedy; log-probs to float rounding).
+#[test]
+fn a_prompt_prefilled_in_chunks_between_steps_draws_as_prefilled_at_once() {
+    let model = model();
+    let limits = Limits {
+        max_rows: 4,
+        max_cells: 4096,
+        bucket: 8,
+    };
+    let first = || row(1, "12+34=", 24, greedy());
+    let joiners = || {
+        vec![
+            row(2, "9+8=17,3+4=7,1+1=", 10, greedy()),
+            row(3, "5+5=", 10, greedy()),
+        ]
+    };
+    let draw_all = |batch: &mut Running, out: &mut BTreeMap<u64, Vec<Drawn>>| {
+        for d in batch.step(&model).unwrap() {
+            out.entry(d.tag).or_default().push(d);
+        }
+    };
+    // At once: the joiners admitted after two steps of the first row.
+    let mut once = Running::new(&model, limits, &common::dev()).unwrap();
+    let mut a: BTreeMap<u64, Vec<Drawn>> = BTreeMap::new();
+    once.admit(&model, vec![first()]).unwrap();
+    draw_all(&mut once, &mut a);
+    draw_all(&mut once, &mut a);
+    once.admit(&model, joiners()).unwrap();
+    while !once.is_empty() {
+        draw_all(&mut once, &mut a);
+    }
+    // In chunks: the same joiners begun after two steps, a chunk of 3 columns per step.
+    let mut chunked = Running::new(&model, limits, &common::dev()).unwrap();
+    let mut b: BTreeMap<u64, Vec<Drawn>> = BTreeMap::new();
+    chunked.admit(&model, vec![first()]).unwrap();
+    draw_all(&mut chunked, &mut b);
+    let mut pre = chunked.begin(joiners()).unwrap().unwrap();
+    assert_eq!(pre.tags(), vec![2, 3]);
+    let mut chunks = 0;
+    while !pre.is_done() {
+        chunked.prefill(&model, &mut pre, 3);
+        chunks += 1;
+        if chunks == 1 {
+            draw_all(&mut chunked, &mut b);
+        }
+    }
+    // 18 columns (BOS and the longer prompt's 17 characters) in chunks of 3.
+    assert_eq!(chunks, 6);
+    chunked.finish(pre).unwrap();
+    while !chunked.is_empty() {
+        draw_all(&mut chunked, &mut b);
+    }
+    for tag in [1, 2, 3] {
+        let (x, y) = (&a[&tag], &b[&tag]);
+        let tokens = |v: &Vec<Drawn>| v.iter().map(|d| d.token).collect::<Vec<_>>();
+        assert_eq!(tokens(x), tokens(y), "row {tag}");
+        for (p, q) in x.iter().zip(y) {
+            assert!(
+                (p.log_prob - q.log_prob).abs() < 1e-4,
+                "row {tag}: {p:?} {q:?}"
+            );
+        }
+    }
+}

@@ -645,7 +645,7 @@ fn a_second_signal_exits_at_once_in_every_phase() {
     // The engine alone: a long scoring whose client has left, so that the connections are all
     // closed (in one unit of 6000 positions: the engine only notices the departure between
     // units).
-    let mut server = Server::start(&model, &["--score-chunk-tokens", "8192"]);
+    let mut server = Server::start(&model, &["--prefill-chunk-tokens", "8192"]);
     let prompt = "word ".repeat(6000);
     let score = format!(
         r#"{{"model": "smol", "prompt": "{prompt}", "max_tokens": 0, "echo": true, "logprobs": 1}}"#
@@ -657,12 +657,13 @@ fn a_second_signal_exits_at_once_in_every_phase() {
     exits_at_once(&mut server);
 }
 
-/// A long `echo` scoring takes turns with the other requests a unit at a time: a short
-/// completion posted after it is answered while it still runs (it used to wait for the whole
-/// forward pass, 85 s for 6000 tokens on two cores), and once its client has gone it stops at
-/// the next unit, so a server asked to shut down exits soon instead of scoring on for nobody.
+/// A long prompt, scored (`echo`) or prefilled for generation, takes turns with the other
+/// requests a chunk at a time: a short completion posted after it is answered while it still
+/// runs (it used to wait for the whole forward pass: 85 s and 87 s for 6000 tokens on two
+/// cores), and once its client has gone a scoring stops at the next chunk, so a server asked to
+/// shut down exits soon instead of scoring on for nobody.
 #[test]
-fn long_scoring_takes_turns_and_stops_when_its_client_leaves() {
+fn long_prompts_take_turns_and_stop_when_their_client_leaves() {
     let Some(model) = common::assets::smollm2() else {
         return;
     };
@@ -678,22 +679,36 @@ fn long_scoring_takes_turns_and_stops_when_its_client_leaves() {
             body.len()
         )
     };
-    let mut long = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    long.write_all(score(4000).as_bytes()).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let short = r#"{"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 2, "temperature": 0}"#;
-    let (code, body) = post(port, "/v1/completions", short);
-    assert_eq!(code, 200, "{body}");
-    long.set_nonblocking(true).unwrap();
-    let mut byte = [0u8; 1];
-    let first = long.read(&mut byte);
-    assert!(
-        first
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
-        "the long scoring was answered before the short request: {first:?}"
-    );
-    drop(long);
+    let generate = |words: usize| {
+        let body = format!(
+            r#"{{"model": "smol", "prompt": "{}", "max_tokens": 1, "temperature": 0}}"#,
+            "word ".repeat(words)
+        );
+        format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    for long_request in [score(4000), generate(4000)] {
+        let mut long = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        long.write_all(long_request.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let short = r#"{"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 2, "temperature": 0}"#;
+        let (code, body) = post(port, "/v1/completions", short);
+        assert_eq!(code, 200, "{body}");
+        long.set_nonblocking(true).unwrap();
+        let mut head = [0u8; 64];
+        let first = long.read(&mut head);
+        assert!(
+            first
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+            "the long prompt was answered before the short request: {:?} ({})",
+            String::from_utf8_lossy(&head),
+            long_request.contains("echo")
+        );
+        drop(long);
+    }
     // 8000 positions scored for nobody: the engine drops the request at its next unit, and
     // the shutdown ends well before the scoring would have.
     let mut gone = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -48,13 +48,13 @@ pub struct Produced {
 
 /// Who generates a draw: its version's weights on the run's device, or the servers, which were
 /// given those weights when it was drawn.
-pub enum Source {
+pub enum Generator {
     Local(Box<Llama>),
     Remote(Arc<Mutex<Remote>>),
 }
 
 struct Job {
-    source: Source,
+    source: Generator,
     /// The step whose weights must generate it.
     version: usize,
     prompts: Vec<Vec<u32>>,
@@ -113,7 +113,7 @@ impl Pipeline {
     }
 
     /// Hands `draw` to the worker.
-    pub fn launch(&mut self, draw: Draw, source: Source, vocab: usize) -> Result<()> {
+    pub fn launch(&mut self, draw: Draw, source: Generator, vocab: usize) -> Result<()> {
         let (reply, rx) = channel();
         let job = Job {
             source,
@@ -267,8 +267,8 @@ fn ready(slot: Slot) -> Result<Produced> {
 /// One job on the worker: the rollout, and the servers' health when they generated it.
 fn run_job(job: &Job, device: &Device) -> Result<(Generation, Option<(usize, usize)>)> {
     match &job.source {
-        Source::Local(model) => Ok((generate(model, &job.prompts, &job.sc, device)?, None)),
-        Source::Remote(rm) => {
+        Generator::Local(model) => Ok((generate(model, &job.prompts, &job.sc, device)?, None)),
+        Generator::Remote(rm) => {
             let broken = || anyhow!("the servers' client was left broken by a failed call");
             let mut held = rm.lock().map_err(|_| broken())?;
             // The draw's weights must answer it: its own adapter (loaded under a name of its

@@ -11,7 +11,7 @@
 //! batch of its own, so its answer does not depend on what else was queued, and adapter loads
 //! and unloads are queued too, taking effect between batches, in arrival order.
 //!
-//! Scoring (`echo`) runs a chunk of `--score-chunk-tokens` positions at a time between decode
+//! Scoring (`echo`) runs a chunk of `--prefill-chunk-tokens` positions at a time between decode
 //! steps or batches, the scoring requests taking turns (`engine/score.rs`).
 
 mod continuous;
@@ -144,13 +144,13 @@ pub struct Engine {
     continuous: bool,
     /// Scoring requests in progress, taking turns one unit at a time (`engine/score.rs`).
     scoring: VecDeque<ScoreJob>,
-    /// The most positions of one scoring unit (`--score-chunk-tokens`).
-    score_chunk: usize,
+    /// The most positions of one scoring unit (`--prefill-chunk-tokens`).
+    chunk_tokens: usize,
 }
 
 /// The most positions one scoring unit runs between two decode steps by default: its
 /// log-softmax is positions × vocabulary floats (256 × 49 152 × 4 bytes = 48 MiB for SmolLM2).
-pub const DEFAULT_SCORE_CHUNK: usize = 256;
+pub const DEFAULT_CHUNK_TOKENS: usize = 256;
 
 /// What one batch may hold (`--max-batch`, `--max-batch-tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +196,7 @@ impl Engine {
             rng: SplitMix64(0x5e7e_d5ee_d000_0001),
             continuous: true,
             scoring: VecDeque::new(),
-            score_chunk: DEFAULT_SCORE_CHUNK,
+            chunk_tokens: DEFAULT_CHUNK_TOKENS,
         }
     }
 
@@ -208,10 +208,10 @@ impl Engine {
         }
     }
 
-    /// Scoring units of at most `positions` positions (`--score-chunk-tokens`).
-    pub fn with_score_chunk(self, positions: usize) -> Self {
+    /// Scoring units of at most `positions` positions (`--prefill-chunk-tokens`).
+    pub fn with_chunk_tokens(self, positions: usize) -> Self {
         Self {
-            score_chunk: positions.max(1),
+            chunk_tokens: positions.max(1),
             ..self
         }
     }

@@ -103,11 +103,11 @@ pub struct ServeArgs {
     /// one batch to its longest row.
     #[arg(long, default_value = "continuous", value_parser = ["continuous", "static"])]
     pub batching: String,
-    /// Positions (prompt tokens) one scoring unit of an `echo` request runs between two decode
-    /// steps: a longer prompt is scored in chunks through a KV cache, taking turns with the
-    /// other requests, so it delays the running batch by one chunk at most.
-    #[arg(long, default_value_t = engine::DEFAULT_SCORE_CHUNK)]
-    pub score_chunk_tokens: usize,
+    /// Prompt positions one step prefills (for generation) or scores (for `echo`) between two
+    /// decode steps: a longer prompt goes in chunks through a KV cache, taking turns with the
+    /// other requests, so it delays the running batch by one chunk at a time (chunked prefill).
+    #[arg(long, default_value_t = engine::DEFAULT_CHUNK_TOKENS)]
+    pub prefill_chunk_tokens: usize,
     /// LoRA adapters held at once (vLLM's name); a load beyond it gets 400 until one is
     /// unloaded.
     #[arg(long, default_value_t = engine::DEFAULT_MAX_LORAS)]
@@ -142,14 +142,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         a.max_body_bytes,
         a.max_batch_tokens,
         a.max_connections,
-        a.score_chunk_tokens,
+        a.prefill_chunk_tokens,
         a.max_requests_per_client,
     ]
     .contains(&0)
     {
         bail!(
             "--max-batch, --max-batch-tokens, --max-queue, --max-body-bytes, \
-             --max-connections, --score-chunk-tokens and --max-requests-per-client must be >= 1"
+             --max-connections, --prefill-chunk-tokens and --max-requests-per-client must be >= 1"
         );
     }
     for (flag, s) in [
@@ -276,7 +276,7 @@ fn start_engine(
     let (model, config) = (loaded.model, loaded.config);
     let mut engine = Engine::new(base_name, model, config, stop, device, budget, names)
         .with_max_loras(a.max_loras)
-        .with_score_chunk(a.score_chunk_tokens)
+        .with_chunk_tokens(a.prefill_chunk_tokens)
         .with_continuous_batching(a.batching == "continuous");
     for req in adapters {
         engine

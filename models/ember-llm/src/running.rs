@@ -6,9 +6,11 @@
 //! keys and values are copied into a free slot so that its prompt ends at the batch's current
 //! write position; the rows already decoding are never prefilled again. Every row keeps its own
 //! position ids (from its own mask), so where its keys sit in the buffer changes nothing but
-//! the order of a sum. A row that finishes frees its slot at once. When a joiner does not fit,
-//! the live rows are compacted (finished slots dropped, positions no live row reads shifted
-//! out) and the buffer grows, within `max_rows` and `max_cells`.
+//! the order of a sum. A long prompt may be prefilled a chunk of columns at a time
+//! ([`Running::begin`], [`Running::prefill`], [`Running::finish`]: chunked prefill, as vLLM's)
+//! while the batch goes on decoding. A row that finishes frees its slot at once. When a joiner
+//! does not fit, the live rows are compacted (finished slots dropped, positions no live row
+//! reads shifted out) and the buffer grows, within `max_rows` and `max_cells`.
 //!
 //! Each row samples with its own settings and its own seeded generator, so what a row draws
 //! does not depend on which rows share its steps beyond the last bits of batched arithmetic.
@@ -117,6 +119,44 @@ struct State {
     slots: Vec<Option<Row>>,
 }
 
+/// Rows whose prompts are being prefilled a chunk of columns at a time ([`Running::begin`],
+/// [`Running::prefill`], [`Running::finish`]), so that a long prompt delays the rows decoding
+/// by one chunk at a time instead of its whole prefill.
+pub struct Prefill {
+    rows: Vec<RowSpec>,
+    /// Each row's prompt among the unique ones.
+    pick: Vec<usize>,
+    /// The unique prompts, left-padded, and their mask.
+    toks: Tensor<2, Int>,
+    mask: Tensor<2>,
+    /// Their keys and values so far.
+    pre: KvCache,
+    /// Columns prefilled.
+    done: usize,
+    /// The last prefilled position's logits.
+    logits: Option<Tensor<2>>,
+}
+
+impl Prefill {
+    /// The tags of its rows.
+    pub fn tags(&self) -> Vec<u64> {
+        self.rows.iter().map(|r| r.tag).collect()
+    }
+
+    /// Its rows' (prompt length, `max_tokens`), to count in [`Running::fits`] while they wait.
+    pub fn sizes(&self) -> Vec<(usize, usize)> {
+        self.rows
+            .iter()
+            .map(|r| (r.prompt.len(), r.max_tokens))
+            .collect()
+    }
+
+    /// True once every column is prefilled.
+    pub fn is_done(&self) -> bool {
+        self.done == self.toks.dims()[1]
+    }
+}
+
 /// A continuously batched decoder over one model.
 pub struct Running {
     shape: CacheShape,
@@ -207,13 +247,27 @@ impl Running {
     /// An empty prompt, a token outside the vocabulary, `max_tokens` 0, or rows that do not
     /// [`fit`](Self::fits).
     pub fn admit(&mut self, model: &Llama, rows: Vec<RowSpec>) -> Result<()> {
+        let Some(mut p) = self.begin(rows)? else {
+            return Ok(());
+        };
+        self.prefill(model, &mut p, usize::MAX);
+        self.finish(p)
+    }
+
+    /// Checks `rows` and sets up their prefill (identical prompts once), which
+    /// [`prefill`](Self::prefill) then runs a chunk of columns at a time while the batch goes
+    /// on decoding, and [`finish`](Self::finish) adds to the batch; None for no rows.
+    ///
+    /// # Errors
+    /// As [`admit`](Self::admit).
+    pub fn begin(&self, rows: Vec<RowSpec>) -> Result<Option<Prefill>> {
         self.check(&rows)?;
         let sizes: Vec<(usize, usize)> = rows
             .iter()
             .map(|r| (r.prompt.len(), r.max_tokens))
             .collect();
         if rows.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if !self.fits(&sizes) {
             return Err(LlmError::Input(format!(
@@ -221,7 +275,6 @@ impl Running {
                 rows.len()
             )));
         }
-        // Identical prompts are prefilled once.
         let mut unique: Vec<Vec<u32>> = Vec::new();
         let pick: Vec<usize> = rows
             .iter()
@@ -234,11 +287,56 @@ impl Running {
             })
             .collect();
         let (toks, mask) = left_pad(&unique, &self.device);
-        let p = toks.dims()[1];
-        let mut pre = KvCache::new(self.shape, unique.len(), p, &self.device);
-        let logits = model.forward_cached(toks, mask, &mut pre);
+        let pre = KvCache::new(self.shape, unique.len(), toks.dims()[1], &self.device);
+        Ok(Some(Prefill {
+            rows,
+            pick,
+            toks,
+            mask,
+            pre,
+            done: 0,
+            logits: None,
+        }))
+    }
+
+    /// Prefills the next `chunk` columns of `p` (all that are left when fewer): the chunk
+    /// attends to the keys the earlier chunks left in `p`'s cache.
+    pub fn prefill(&self, model: &Llama, p: &mut Prefill, chunk: usize) {
+        let [u, cols] = p.toks.dims();
+        let end = p.done.saturating_add(chunk.max(1)).min(cols);
+        let (toks, mask) = (p.toks.clone(), p.mask.clone());
+        let logits = model.forward_cached(
+            toks.slice([0..u, p.done..end]),
+            mask.slice([0..u, p.done..end]),
+            &mut p.pre,
+        );
+        p.logits = Some(logits);
+        p.done = end;
+    }
+
+    /// Adds the rows of a finished prefill to the batch.
+    ///
+    /// # Errors
+    /// When `p` is not prefilled to its end, or its rows no longer fit.
+    pub fn finish(&mut self, p: Prefill) -> Result<()> {
+        let cols = p.toks.dims()[1];
+        let logits = match p.logits {
+            Some(l) if p.done == cols => l,
+            _ => return Err(LlmError::Input("the prefill is not finished".into())),
+        };
+        let sizes: Vec<(usize, usize)> = p
+            .rows
+            .iter()
+            .map(|r| (r.prompt.len(), r.max_tokens))
+            .collect();
+        if !self.fits(&sizes) {
+            return Err(LlmError::Input(format!(
+                "{} rows do not fit the running batch's limits",
+                p.rows.len()
+            )));
+        }
         let m = sizes.iter().map(|s| s.1).max().unwrap_or(1);
-        let at = self.make_room(rows.len(), p, m);
+        let at = self.make_room(p.rows.len(), cols, m);
         let st = self
             .state
             .as_mut()
@@ -246,11 +344,11 @@ impl Running {
         let free: Vec<usize> = (0..st.slots.len())
             .filter(|&s| st.slots[s].is_none())
             .collect();
-        if free.len() < rows.len() {
+        if free.len() < p.rows.len() {
             return Err(LlmError::Input("no free slot after growing".into()));
         }
-        for ((row, u), slot) in rows.into_iter().zip(pick).zip(free) {
-            st.cache.place_row(slot, &pre, u, at);
+        for ((row, u), slot) in p.rows.into_iter().zip(p.pick).zip(free) {
+            st.cache.place_row(slot, &p.pre, u, at);
             let v = logits.dims()[1];
             st.logits = st.logits.clone().slice_assign(
                 [slot..slot + 1, 0..v],
@@ -258,7 +356,7 @@ impl Running {
             );
             st.slots[slot] = Some(Row {
                 tag: row.tag,
-                start: at + p - row.prompt.len(),
+                start: at + cols - row.prompt.len(),
                 remaining: row.max_tokens,
                 stop: row.stop_tokens,
                 sampling: row.sampling,

@@ -4,22 +4,24 @@
 //!
 //! Scheduling, in queue order at every decode step:
 //! - a request for the running batch's model joins when its rows fit the row and KV-cache
-//!   budgets (`--max-batch`, `--max-batch-tokens`); its prompts are prefilled together with the
-//!   others joining at that step, and the decoding rows wait for that prefill;
+//!   budgets (`--max-batch`, `--max-batch-tokens`, counting the rows still being prefilled);
+//!   prompts of up to `--prefill-chunk-tokens` are prefilled together at that step, a longer one
+//!   on its own a chunk per step (chunked prefill), so the decoding rows and the requests behind
+//!   it wait one chunk at a time;
 //! - a request for another model (base or adapter) waits until the running batch has drained;
 //! - a request with a `seed` runs alone once the batch has drained, on the batch-at-a-time path,
 //!   so that its answer does not depend on what else is being served;
-//! - scoring (`echo`) runs a unit (`--score-chunk-tokens` positions) between two steps, the scoring
-//!   requests taking turns (`engine/score.rs`); loads and unloads of adapters other than the one
-//!   the batch decodes with run between two steps (a trainer's adapter push under a fresh name does not stop the
-//!   rows in flight); a load in place of the batch's own adapter, its unload, and base-weight
-//!   updates wait for the batch to drain, so every request taken before them is answered with
-//!   the old weights and every one after with the new.
+//! - scoring (`echo`) runs a unit (`--prefill-chunk-tokens` positions) between two steps, the
+//!   scoring requests taking turns (`engine/score.rs`); loads and unloads of adapters other
+//!   than the one the batch decodes with run between two steps (a trainer's adapter push under
+//!   a fresh name does not stop the rows in flight); a load in place of the batch's own
+//!   adapter, its unload, and base-weight updates wait for the batch to drain, so every request
+//!   taken before them is answered with the old weights and every one after with the new.
 
 use super::{Choice, Engine, Job, Msg};
 use crate::serve::api::ApiError;
 use axum::http::StatusCode;
-use ember_llm::running::{Drawn, Finish, Limits, RowSampling, RowSpec, Running};
+use ember_llm::running::{Drawn, Finish, Limits, Prefill, RowSampling, RowSpec, Running};
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use tokio::sync::mpsc;
@@ -41,10 +43,18 @@ struct Batch {
     active: BTreeMap<u64, Active>,
     next_tag: u64,
     next_job: u64,
+    /// Joiners whose prompts are being prefilled a chunk at a time (in the order they came);
+    /// rows that come later may join beside them while they all fit.
+    prefills: Vec<Prefill>,
 }
 
 impl Batch {
+    /// Rows decoding, or joiners being prefilled.
     fn live(&self) -> bool {
+        self.decoding() || !self.prefills.is_empty()
+    }
+
+    fn decoding(&self) -> bool {
         self.running.as_ref().is_some_and(|r| !r.is_empty())
     }
 }
@@ -70,6 +80,7 @@ impl Engine {
             }
             let joiners = self.schedule(&mut pending, &mut batch);
             self.join(&mut batch, joiners);
+            self.prefill_chunks(&mut batch);
             self.decode(&mut batch);
             self.score_unit();
         }
@@ -99,6 +110,7 @@ impl Engine {
                     let mut sizes: Vec<(usize, usize)> = joiners
                         .iter()
                         .map(|r| (r.prompt.len(), r.max_tokens))
+                        .chain(batch.prefills.iter().flat_map(Prefill::sizes))
                         .collect();
                     for p in &j.prompts {
                         sizes.extend(std::iter::repeat_n((p.len(), j.max_tokens), j.params.n));
@@ -214,20 +226,75 @@ impl Engine {
         rows
     }
 
-    /// Prefills `joiners` into the running batch (their requests fail if that does).
+    /// Sets up the prefill of `joiners` (their requests fail if that does); it runs a chunk
+    /// of `--prefill-chunk-tokens` columns per step ([`Self::prefill_chunk`]).
     fn join(&mut self, batch: &mut Batch, joiners: Vec<RowSpec>) {
         if joiners.is_empty() {
             return;
         }
-        let tags: Vec<u64> = joiners.iter().map(|r| r.tag).collect();
-        let Some(model) = self.model(&batch.model) else {
+        // Prompts of up to a chunk are prefilled together (in one chunk, this step); a longer
+        // one on its own (with the rows that share it), so that it holds back no other.
+        let chunk = self.chunk_tokens;
+        let (short, long): (Vec<RowSpec>, Vec<RowSpec>) =
+            joiners.into_iter().partition(|r| r.prompt.len() <= chunk);
+        let mut groups: Vec<Vec<RowSpec>> = vec![short];
+        for r in long {
+            match groups[1..].iter_mut().find(|g| g[0].prompt == r.prompt) {
+                Some(g) => g.push(r),
+                None => groups.push(vec![r]),
+            }
+        }
+        for rows in groups.into_iter().filter(|g| !g.is_empty()) {
+            let tags: Vec<u64> = rows.iter().map(|r| r.tag).collect();
+            let Some(running) = batch.running.as_mut() else {
+                return fail(batch, &tags, "no running batch");
+            };
+            match running.begin(rows) {
+                Ok(p) => batch.prefills.extend(p),
+                Err(e) => fail(batch, &tags, &format!("generation failed: {e}")),
+            }
+        }
+    }
+
+    /// A chunk of every pending prefill ([`Self::prefill_chunk`]).
+    fn prefill_chunks(&mut self, batch: &mut Batch) {
+        for pre in std::mem::take(&mut batch.prefills) {
+            self.prefill_chunk(batch, pre);
+        }
+    }
+
+    /// The next chunk of a prefill, and its rows' admission once it is whole (dropped when
+    /// every one of their clients has gone). A prompt of up to one chunk joins in the step it
+    /// arrives, as before chunking.
+    fn prefill_chunk(&mut self, batch: &mut Batch, mut pre: Prefill) {
+        let tags = pre.tags();
+        let owners: Vec<u64> = tags
+            .iter()
+            .filter_map(|t| batch.rows.get(t).map(|(id, _)| *id))
+            .collect();
+        if owners
+            .iter()
+            .all(|id| batch.active.get(id).is_none_or(|a| a.job.reply.is_closed()))
+        {
+            batch.rows.retain(|_, (id, _)| !owners.contains(id));
+            batch.active.retain(|id, _| !owners.contains(id));
+            return;
+        }
+        let (Some(model), Some(running)) = (self.model(&batch.model), batch.running.as_mut())
+        else {
             return fail(batch, &tags, "the model was unloaded");
         };
-        let Some(running) = batch.running.as_mut() else {
-            return fail(batch, &tags, "no running batch");
-        };
-        match catch_unwind(AssertUnwindSafe(|| running.admit(model, joiners))) {
-            Ok(Ok(())) => {}
+        let chunk = self.chunk_tokens;
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            running.prefill(model, &mut pre, chunk);
+            if pre.is_done() {
+                running.finish(pre).map(|()| None)
+            } else {
+                Ok(Some(pre))
+            }
+        }));
+        match step {
+            Ok(Ok(left)) => batch.prefills.extend(left),
             Ok(Err(e)) => fail(batch, &tags, &format!("generation failed: {e}")),
             Err(_) => {
                 log::error!("prefill panicked; the server goes on");
@@ -241,7 +308,7 @@ impl Engine {
     /// One decode step: each live row's token goes to its request (and its stream); finished
     /// requests are answered; rows whose client has gone are dropped.
     fn decode(&mut self, batch: &mut Batch) {
-        if !batch.live() {
+        if !batch.decoding() {
             return;
         }
         let gone: Vec<u64> = batch

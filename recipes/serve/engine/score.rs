@@ -1,5 +1,5 @@
 //! Scoring (`echo`) as work the engine interleaves with decoding: a request's sequences are cut
-//! into units of at most `--score-chunk-tokens` positions (short sequences batched together, a
+//! into units of at most `--prefill-chunk-tokens` positions (short sequences batched together, a
 //! longer one in chunks that attend to the keys the earlier chunks left in a KV cache), and the
 //! engine runs one unit between two decode steps, the requests taking turns. So a long prompt
 //! delays the running batch by one unit at most, no scoring request starves another, and one
@@ -77,7 +77,7 @@ impl Engine {
             let _ = reply.send(Err(ApiError::no_model(&model, &served)));
             return;
         }
-        let chunk = self.score_chunk;
+        let chunk = self.chunk_tokens;
         self.scoring
             .push_back(ScoreJob::new(model, seqs, reply, chunk));
     }

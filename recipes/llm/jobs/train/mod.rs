@@ -8,7 +8,7 @@ use crate::common::run::open_run;
 use crate::llm::adaptive::{AdaScoring, ada_rollout};
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::lanpo::Lanpo;
-use crate::llm::pipeline::{Draw, Pipeline, Source};
+use crate::llm::pipeline::{Draw, Generator, Pipeline};
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Replay, StoredGroup};
 use crate::llm::saved::{Extras, save_checkpoint};
@@ -276,9 +276,9 @@ impl Job<'_> {
                         .map_err(|_| anyhow::anyhow!("the servers' client is broken"))?
                         .sync(&self.policy, step)?;
                     row.insert("timing_s/sync".into(), t_sync.elapsed().as_secs_f64());
-                    Source::Remote(rm.clone())
+                    Generator::Remote(rm.clone())
                 }
-                None => Source::Local(Box::new(self.policy.model.valid())),
+                None => Generator::Local(Box::new(self.policy.model.valid())),
             };
             let pl = self.pipeline.as_mut().context("fill needs the pipeline")?;
             pl.launch(draw, source, vocab)?;

@@ -131,3 +131,47 @@ fn gguf_tokenizer_saved_as_tokenizer_json_reloads_identically() {
     assert_eq!(again.eos_ids, vec![2]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A model named by Hub id (`ORG/NAME/FILE`) is found in the Hugging Face cache
+/// (`HF_HUB_CACHE`, a snapshot whose file links to a blob, as `huggingface_hub` writes it) and
+/// answers as the same file given by path; a missing one names the command that downloads it.
+#[test]
+fn a_model_by_hub_id_comes_from_the_huggingface_cache() {
+    let Some(model) = common::assets::smollm2() else {
+        return;
+    };
+    let hub = std::env::temp_dir().join(format!("ember-hf-hub-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&hub);
+    let repo = hub.join("models--HuggingFaceTB--smol-gguf");
+    let snap = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    std::os::unix::fs::symlink(&model, snap.join("smol.gguf")).unwrap();
+    let generate = |spec: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["generate", "--model", spec, "--prompt", "1, 2, 3,"])
+            .args(["--max-new-tokens", "4", "--device", "cpu"])
+            .env("HF_HUB_CACHE", &hub)
+            .output()
+            .unwrap()
+    };
+    let by_path = generate(model.to_str().unwrap());
+    let by_id = generate("HuggingFaceTB/smol-gguf/smol.gguf");
+    assert!(
+        by_id.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_id.stderr)
+    );
+    assert_eq!(by_id.stdout, by_path.stdout);
+    assert!(!by_id.stdout.is_empty());
+    let missing = generate("HuggingFaceTB/other@v2");
+    let e = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success());
+    assert!(
+        e.contains("huggingface-cli download HuggingFaceTB/other --revision v2"),
+        "{e}"
+    );
+    assert!(e.contains(&hub.display().to_string()), "{e}");
+    std::fs::remove_dir_all(&hub).ok();
+}

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 /// `ember generate` options.
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face model directory or a .gguf file.
+    /// A Hugging Face model directory, a .gguf file, or a Hub id (`ORG/NAME[@REVISION]`, a file
+    /// inside it as `ORG/NAME/FILE`) found in the local Hugging Face cache.
     #[arg(long)]
     model: PathBuf,
     /// The prompt.
@@ -49,7 +50,8 @@ pub struct GenerateArgs {
 /// `ember export` options.
 #[derive(clap::Args)]
 pub struct ExportArgs {
-    /// A Hugging Face model directory or a .gguf file.
+    /// A Hugging Face model directory, a .gguf file, or a Hub id (`ORG/NAME[@REVISION]`, a file
+    /// inside it as `ORG/NAME/FILE`) found in the local Hugging Face cache.
     #[arg(long)]
     model: PathBuf,
     /// A PEFT LoRA adapter directory, merged into the weights.
@@ -62,7 +64,7 @@ pub struct ExportArgs {
 
 /// `ember generate`.
 pub fn generate_cmd(o: GenerateArgs) -> Result<()> {
-    let model_path = o.model;
+    let model_path = ember_llm::hub::resolve(&o.model)?;
     let prompt = o.prompt.as_str();
     let device = ember::common::device::device(&o.device)?;
     let tok = Tokenizer::for_checkpoint(&model_path)?;
@@ -112,7 +114,7 @@ pub fn generate_cmd(o: GenerateArgs) -> Result<()> {
 
 /// `ember export`: a checkpoint (plus an optional adapter, merged) to Hugging Face safetensors.
 pub fn export_cmd(o: ExportArgs) -> Result<()> {
-    let (model_path, out) = (o.model, o.out);
+    let (model_path, out) = (ember_llm::hub::resolve(&o.model)?, o.out);
     let device = burn::tensor::Device::default();
     let mut loaded = load(&model_path, &device)?;
     if let Some(a) = &o.adapter {

@@ -62,7 +62,8 @@ impl Backend {
                 src.retries,
             )?),
             (_, _, Some(path)) => {
-                let path = ember_tasks::expand_path(path)?;
+                let path = ember_llm::hub::resolve(&ember_tasks::expand_path(path)?)
+                    .with_context(|| format!("{}.path", src.table))?;
                 let what = || format!("{}.path {}", src.table, path.display());
                 let loaded = ember_llm::load(&path, device).with_context(what)?;
                 let tok = ember_llm::Tokenizer::for_checkpoint(&path).with_context(what)?;

@@ -38,7 +38,9 @@ fn is_chars(v: &chartok::Vocab) -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PretrainedSpec {
-    /// Checkpoint path (`~` and `$VAR` are expanded).
+    /// Checkpoint path (`~` and `$VAR` are expanded), or a Hub id (`ORG/NAME[@REVISION]`, a
+    /// file inside it as `ORG/NAME/FILE`) found in the local Hugging Face cache
+    /// (`ember_llm::hub`).
     pub path: String,
     /// Wrap the prompt in the tokenizer's chat template.
     #[serde(default = "yes")]

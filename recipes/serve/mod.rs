@@ -51,7 +51,8 @@ use tokio::sync::mpsc;
 /// `ember serve` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// A Hugging Face model directory or a .gguf file.
+    /// A Hugging Face model directory, a .gguf file, or a Hub id (`ORG/NAME[@REVISION]`, a file
+    /// inside it as `ORG/NAME/FILE`) found in the local Hugging Face cache.
     #[arg(long)]
     pub model: PathBuf,
     /// A PEFT LoRA adapter to load at start, as NAME=DIR (requests select it with
@@ -189,6 +190,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .served_model_name
         .clone()
         .unwrap_or_else(|| a.model.display().to_string());
+    // A Hub id (`ORG/NAME`) is served from its snapshot in the Hugging Face cache, under the id.
+    let a = ServeArgs {
+        model: ember_llm::hub::resolve(&a.model).context("--model")?,
+        ..a
+    };
     let tok = Arc::new(
         ember_llm::Tokenizer::for_checkpoint(&a.model)
             .with_context(|| format!("reading the tokenizer of {}", a.model.display()))?,

@@ -9,6 +9,7 @@ mod constrain;
 mod error;
 pub mod gguf;
 pub(crate) mod hf;
+pub mod hub;
 mod load;
 mod lora;
 mod mixture;

@@ -1,0 +1,319 @@
+//! Models by Hugging Face Hub id: `ORG/NAME`, optionally `ORG/NAME@REVISION` (a branch, tag or
+//! commit) and a file inside it (`ORG/NAME/model.Q4_1.gguf`), found in the local Hugging Face
+//! cache where TRL, verl, candle and mistral.rs users already have their models, laid out as
+//! `huggingface_hub` lays it out: `models--ORG--NAME/refs/<revision>` holds a commit hash and
+//! `snapshots/<hash>/` the files (links into `blobs/`). A path that exists locally always wins.
+//! Nothing is downloaded: the error names every place searched and the `huggingface-cli
+//! download` command that fetches the model into the same cache.
+
+use crate::error::{LlmError, Result};
+use std::path::{Path, PathBuf};
+
+/// A Hub reference: the repository, the revision, a file inside the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HubId {
+    org: String,
+    name: String,
+    revision: String,
+    file: Option<String>,
+}
+
+/// `spec` as a Hub id, when it has the shape of one (`ORG/NAME[@REV][/FILE…]`, names of
+/// letters, digits, `-`, `_`, `.`; no absolute or relative path).
+fn hub_id(spec: &str) -> Option<HubId> {
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let mut parts = spec.split('/');
+    let org = parts.next()?;
+    let second = parts.next()?;
+    let (name, revision) = second.split_once('@').unwrap_or((second, "main"));
+    let file: Vec<&str> = parts.collect();
+    if !ok(org) || !ok(name) || !ok(revision) || !file.iter().all(|f| ok(f)) {
+        return None;
+    }
+    Some(HubId {
+        org: org.into(),
+        name: name.into(),
+        revision: revision.into(),
+        file: (!file.is_empty()).then(|| file.join("/")),
+    })
+}
+
+/// The cache folders `huggingface_hub` would use, in order: `HF_HUB_CACHE`, `HF_HOME/hub`,
+/// `XDG_CACHE_HOME/huggingface/hub`, `~/.cache/huggingface/hub` (`var` reads the environment).
+pub fn cache_dirs(var: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+    let set = |k: &str| var(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut out: Vec<PathBuf> = Vec::new();
+    out.extend(set("HF_HUB_CACHE"));
+    out.extend(set("HF_HOME").map(|h| h.join("hub")));
+    out.extend(set("XDG_CACHE_HOME").map(|x| x.join("huggingface").join("hub")));
+    out.extend(set("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")));
+    out.dedup();
+    out
+}
+
+/// `spec` as a local path: the path itself when it exists, else the Hub id's snapshot (or a file
+/// in it) from the cache folders of the environment.
+///
+/// # Errors
+/// A spec that is neither an existing path nor a Hub id in the cache: the message names every
+/// place searched and the command that downloads the model.
+pub fn resolve(spec: &Path) -> Result<PathBuf> {
+    resolve_in(spec, &cache_dirs(&|k| std::env::var(k).ok()))
+}
+
+/// [`resolve`] with the cache folders given.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn resolve_in(spec: &Path, dirs: &[PathBuf]) -> Result<PathBuf> {
+    if spec.exists() {
+        return Ok(spec.to_path_buf());
+    }
+    let Some(id) = spec.to_str().and_then(hub_id) else {
+        return Err(missing(spec, "no such file or directory"));
+    };
+    let mut searched = Vec::new();
+    for dir in dirs {
+        let repo = dir.join(format!("models--{}--{}", id.org, id.name));
+        searched.push(repo.display().to_string());
+        if let Some(found) = snapshot(&repo, &id)? {
+            return Ok(found);
+        }
+    }
+    let rev = match id.revision.as_str() {
+        "main" => String::new(),
+        r => format!(" --revision {r}"),
+    };
+    let file = id
+        .file
+        .as_deref()
+        .map_or(String::new(), |f| format!(" {f}"));
+    Err(missing(
+        spec,
+        &format!(
+            "not a local path, and Hub id {}/{} (revision {}) is not in the Hugging Face cache \
+             (searched: {}; set HF_HUB_CACHE or HF_HOME to another); downloading is not built \
+             in: run `huggingface-cli download {}/{}{file}{rev}`",
+            id.org,
+            id.name,
+            id.revision,
+            if searched.is_empty() {
+                "no cache folder: HOME is not set".into()
+            } else {
+                searched.join(", ")
+            },
+            id.org,
+            id.name,
+        ),
+    ))
+}
+
+/// The snapshot of `id` in the repository folder `repo`, None when the repository or the
+/// revision is not there.
+///
+/// # Errors
+/// A ref that names no snapshot, or a snapshot whose file (or the asked one) is a link to a
+/// missing blob (an interrupted download).
+fn snapshot(repo: &Path, id: &HubId) -> Result<Option<PathBuf>> {
+    if !repo.is_dir() {
+        return Ok(None);
+    }
+    let hash = match std::fs::read_to_string(repo.join("refs").join(&id.revision)) {
+        Ok(h) => h.trim().to_string(),
+        // A commit hash names its snapshot directly.
+        Err(_) if repo.join("snapshots").join(&id.revision).is_dir() => id.revision.clone(),
+        Err(_) => return Ok(None),
+    };
+    if hash.is_empty() || !hash.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(missing(
+            &repo.join("refs").join(&id.revision),
+            &format!("names {hash:?}, not a commit"),
+        ));
+    }
+    let snap = repo.join("snapshots").join(&hash);
+    if !snap.is_dir() {
+        return Err(missing(
+            &snap,
+            &format!(
+                "refs/{} names commit {hash}, whose snapshot is not in the cache (an \
+                 interrupted download?)",
+                id.revision
+            ),
+        ));
+    }
+    let found = match &id.file {
+        Some(f) => snap.join(f),
+        None => snap.clone(),
+    };
+    let files: Vec<PathBuf> = match &id.file {
+        Some(_) => vec![found.clone()],
+        None => std::fs::read_dir(&snap)
+            .map_err(|e| LlmError::io(&snap, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect(),
+    };
+    for f in files {
+        if f.symlink_metadata().is_ok() && !f.exists() {
+            return Err(missing(
+                &f,
+                "a link to a blob that is not in the cache (an interrupted download?)",
+            ));
+        }
+        if !f.exists() {
+            return Err(missing(&f, "not in the snapshot"));
+        }
+    }
+    Ok(Some(found))
+}
+
+fn missing(path: &Path, why: &str) -> LlmError {
+    LlmError::io(
+        path,
+        std::io::Error::new(std::io::ErrorKind::NotFound, why.to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ember-hub-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A cache with `models--org--tiny`: `main` and `v1` refs, one blob linked from each
+    /// snapshot.
+    fn cache(tag: &str) -> PathBuf {
+        let hub = tree(tag);
+        let repo = hub.join("models--org--tiny");
+        for (r, h) in [("main", "aaa111"), ("v1", "bbb222")] {
+            std::fs::create_dir_all(repo.join("refs")).unwrap();
+            std::fs::write(repo.join("refs").join(r), format!("{h}\n")).unwrap();
+            let snap = repo.join("snapshots").join(h);
+            std::fs::create_dir_all(&snap).unwrap();
+            std::fs::create_dir_all(repo.join("blobs")).unwrap();
+            let blob = repo.join("blobs").join(format!("cfg-{h}"));
+            std::fs::write(&blob, "{}").unwrap();
+            #[cfg(unix)]
+            std::os::unix::fs::symlink(&blob, snap.join("config.json")).unwrap();
+            #[cfg(not(unix))]
+            std::fs::copy(&blob, snap.join("config.json")).unwrap();
+        }
+        hub
+    }
+
+    #[test]
+    fn hub_ids_are_told_from_paths() {
+        let id = hub_id("Qwen/Qwen3-0.6B").unwrap();
+        assert_eq!((id.org.as_str(), id.name.as_str()), ("Qwen", "Qwen3-0.6B"));
+        assert_eq!((id.revision.as_str(), id.file), ("main", None));
+        let id = hub_id("org/m@v1.0/sub/x.gguf").unwrap();
+        assert_eq!(id.revision, "v1.0");
+        assert_eq!(id.file.as_deref(), Some("sub/x.gguf"));
+        for not in [
+            "/abs/path",
+            "./rel/x",
+            "x",
+            "../a/b",
+            "a/b/../c",
+            "a b/c",
+            "a/",
+        ] {
+            assert_eq!(hub_id(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn the_cache_folders_follow_huggingface_hub() {
+        let env = |k: &str| match k {
+            "HF_HOME" => Some("/h".to_string()),
+            "HOME" => Some("/home/u".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            cache_dirs(&env),
+            vec![
+                PathBuf::from("/h/hub"),
+                PathBuf::from("/home/u/.cache/huggingface/hub")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hub_id_resolves_to_its_snapshot_by_revision() {
+        let hub = cache("ok");
+        let dirs = [PathBuf::from("/nonexistent/hub"), hub.clone()];
+        let snap = |h: &str| hub.join("models--org--tiny/snapshots").join(h);
+        let got = resolve_in(Path::new("org/tiny"), &dirs).unwrap();
+        assert_eq!(got, snap("aaa111"));
+        let got = resolve_in(Path::new("org/tiny@v1"), &dirs).unwrap();
+        assert_eq!(got, snap("bbb222"));
+        // A commit hash names its snapshot directly; a file inside it is taken as asked.
+        let got = resolve_in(Path::new("org/tiny@bbb222/config.json"), &dirs).unwrap();
+        assert_eq!(got, snap("bbb222").join("config.json"));
+        // A local path wins over the cache.
+        let local = tree("local");
+        assert_eq!(resolve_in(&local, &dirs).unwrap(), local);
+        std::fs::remove_dir_all(&hub).ok();
+        std::fs::remove_dir_all(&local).ok();
+    }
+
+    #[test]
+    fn a_missing_model_names_the_places_and_the_command() {
+        let hub = cache("missing");
+        let dirs = [hub.clone()];
+        let e = resolve_in(Path::new("org/other@v2"), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&hub.join("models--org--other").display().to_string()),
+            "{e}"
+        );
+        assert!(
+            e.contains("huggingface-cli download org/other --revision v2"),
+            "{e}"
+        );
+        // A ref that names a snapshot not in the cache, a broken link, a file not there.
+        let repo = hub.join("models--org--tiny");
+        std::fs::write(repo.join("refs/dev"), "ccc333").unwrap();
+        let e = resolve_in(Path::new("org/tiny@dev"), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("whose snapshot is not in the cache"), "{e}");
+        std::fs::write(repo.join("refs/bad"), "../../etc").unwrap();
+        let e = resolve_in(Path::new("org/tiny@bad"), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a commit"), "{e}");
+        let e = resolve_in(Path::new("org/tiny/weights.gguf"), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not in the snapshot"), "{e}");
+        #[cfg(unix)]
+        {
+            std::fs::remove_file(repo.join("blobs/cfg-aaa111")).unwrap();
+            let e = resolve_in(Path::new("org/tiny"), &dirs)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("a link to a blob that is not in the cache"),
+                "{e}"
+            );
+        }
+        // Not a path and not an id: the plain not-found.
+        let e = resolve_in(Path::new("/no/such/model"), &dirs)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no such file or directory"), "{e}");
+        std::fs::remove_dir_all(&hub).ok();
+    }
+}

@@ -172,11 +172,9 @@ fn snapshot(repo: &Path, id: &HubId) -> Result<Option<PathBuf>> {
     Ok(Some(found))
 }
 
+/// `path: why` (one message: an I/O error's source would repeat it in an error chain).
 fn missing(path: &Path, why: &str) -> LlmError {
-    LlmError::io(
-        path,
-        std::io::Error::new(std::io::ErrorKind::NotFound, why.to_string()),
-    )
+    LlmError::Input(format!("{}: {why}", path.display()))
 }
 
 #[cfg(test)]

@@ -231,7 +231,12 @@ pub(crate) fn check_range(key: &str, value: f64, lo: f64, hi: f64) -> Result<()>
 
 /// A number for an error message: `1e300`, not three hundred digits.
 fn short(x: f64) -> String {
-    if x.is_finite() && x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
+    short_as(x, x)
+}
+
+/// `x` (whose value is `v`) in exponent form when `v` is very small or very large.
+fn short_as<T: std::fmt::Display + std::fmt::LowerExp>(v: f64, x: T) -> String {
+    if v.is_finite() && v != 0.0 && !(1e-4..1e7).contains(&v.abs()) {
         format!("{x:e}")
     } else {
         format!("{x}")
@@ -274,11 +279,7 @@ pub(crate) fn check_samples_per_prompt(key: &str, n: usize, min: usize) -> Resul
 
 /// [`short`] of an `f32` key, written as the recipe wrote it (`0.001`, not `0.0010000000474974513`).
 fn short32(x: f32) -> String {
-    if x.is_finite() && x != 0.0 && !(1e-4..1e7).contains(&x.abs()) {
-        format!("{x:e}")
-    } else {
-        format!("{x}")
-    }
+    short_as(f64::from(x), x)
 }
 
 /// A count or size within `lo..=hi` (the length of something built up front: 2^63 − 1 used to

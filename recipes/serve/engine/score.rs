@@ -128,20 +128,31 @@ fn chunk_scores(
         .collect();
     let targets = Tensor::<3, Int>::from_data(TensorData::new(next, [1, n, 1]), device);
     let v = logits.dims()[2];
-    let lsm = log_softmax(logits.slice([0..1, 0..n, 0..v]), 2);
-    let picked = lsm.clone().gather(2, targets).reshape([1, n]);
+    let at = picked_and_top(logits.slice([0..1, 0..n, 0..v]), targets)?;
+    Ok((0..n).map(|i| at(0, i)).collect())
+}
+
+/// For logits `[b, w, vocab]` and the next tokens `targets` `[b, w, 1]`: a reader of row `r`,
+/// position `i`'s (next token's log-prob, the most likely token, its log-prob), after one host
+/// read of all of them.
+fn picked_and_top(
+    logits: Tensor<3>,
+    targets: Tensor<3, Int>,
+) -> Result<impl Fn(usize, usize) -> (f32, u32, f32), String> {
+    let [b, w, _] = logits.dims();
+    let lsm = log_softmax(logits, 2);
+    let picked = lsm.clone().gather(2, targets).reshape([b, w]);
     let (top, arg) = lsm.max_dim_with_indices(2);
     let rows = Tensor::cat(
-        vec![picked, top.reshape([1, n]), arg.reshape([1, n]).float()],
+        vec![picked, top.reshape([b, w]), arg.reshape([b, w]).float()],
         0,
     );
     let host = rows
         .into_data()
         .try_to_vec::<f32>()
         .map_err(|e| format!("reading scores back: {e:?}"))?;
-    Ok((0..n)
-        .map(|i| (host[i], host[2 * n + i] as u32, host[n + i]))
-        .collect())
+    let at = move |block: usize, r: usize, i: usize| host[(block * b + r) * w + i];
+    Ok(move |r: usize, i: usize| (at(0, r, i), at(2, r, i) as u32, at(1, r, i)))
 }
 
 /// Consecutive ranges of `seqs` whose padded size (rows × the longest) stays within `budget`
@@ -184,33 +195,12 @@ fn score_batch(model: &Llama, seqs: &[Vec<u32>], device: &Device) -> Result<Vec<
     let mask = Tensor::<2>::from_data(TensorData::new(m, [b, t]), device);
     let logits = model.forward(tokens.clone(), mask);
     let v = logits.dims()[2];
-    let lsm = log_softmax(logits.slice([0..b, 0..t - 1, 0..v]), 2);
     let targets = tokens.slice([0..b, 1..t]).reshape([b, t - 1, 1]);
-    let picked = lsm.clone().gather(2, targets).reshape([b, t - 1]);
-    let (top, arg) = lsm.max_dim_with_indices(2);
-    let rows = Tensor::cat(
-        vec![
-            picked,
-            top.reshape([b, t - 1]),
-            arg.reshape([b, t - 1]).float(),
-        ],
-        0,
-    );
-    let host = rows
-        .into_data()
-        .try_to_vec::<f32>()
-        .map_err(|e| format!("reading scores back: {e:?}"))?;
-    let w = t - 1;
-    let at = |block: usize, r: usize, i: usize| host[(block * b + r) * w + i];
+    let at = picked_and_top(logits.slice([0..b, 0..t - 1, 0..v]), targets)?;
     Ok(seqs
         .iter()
         .enumerate()
-        .map(|(r, s)| {
-            let n = s.len().saturating_sub(1);
-            (0..n)
-                .map(|i| (at(0, r, i), at(2, r, i) as u32, at(1, r, i)))
-                .collect()
-        })
+        .map(|(r, s)| (0..s.len().saturating_sub(1)).map(|i| at(r, i)).collect())
         .collect())
 }
 

@@ -25,7 +25,8 @@ pub enum TeacherRole {
 #[serde(deny_unknown_fields)]
 pub struct TeacherSpec {
     /// A teacher loaded in process: a Hugging Face directory (a tiny run's `final/`; `ember
-    /// export` writes one from a checkpoint) or a GGUF file (`~` and `$VAR` expand).
+    /// export` writes one from a checkpoint) or a GGUF file (`~` and `$VAR` expand), or a Hub
+    /// id in the Hugging Face cache (`ember_llm::hub`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// Or an endpoint (`http://host:port`, with or without `/v1`) that echoes prompt log-probs.

@@ -78,5 +78,17 @@ if [ "$(cat "$py/.ember-packages" 2>/dev/null)" != "$want $nodeps" ]; then
   "$py/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $nodeps
   echo "$want $nodeps" > "$py/.ember-packages"
 fi
+# The experiment trackers, each the real server or package (tests/trackers.rs): MLflow's tracking
+# server, trackio's, and wandb for offline runs. A virtual environment of their own (about 1 GiB),
+# so their pins never move the one above.
+trackers="$cache/trackers-py"
+want_trackers="mlflow==3.17.2 trackio==0.43.0 wandb==0.31.0"
+if [ "$(cat "$trackers/.ember-packages" 2>/dev/null)" != "$want_trackers" ]; then
+  rm -rf "$trackers"
+  python3 -m venv "$trackers"
+  # shellcheck disable=SC2086
+  "$trackers/bin/python" -m pip install --quiet --disable-pip-version-check $want_trackers
+  echo "$want_trackers" > "$trackers/.ember-packages"
+fi
 echo "assets in $cache:"
 ls -l "$cache"

@@ -112,6 +112,17 @@ struct TrainArgs {
     /// `--features dashboard` shows the dashboard on a terminal).
     #[arg(long)]
     no_dashboard: bool,
+    /// Also report every metrics row to these experiment trackers (comma-separated: mlflow,
+    /// trackio, file (verl's JSONL), all, none); settings from their own environment variables
+    /// (MLFLOW_TRACKING_URI, TRACKIO_SERVER_URL, VERL_FILE_LOGGER_PATH).
+    #[arg(long, value_name = "TRACKERS", default_value = "none")]
+    report_to: String,
+    /// The project the trackers file the run under (default: ember).
+    #[arg(long, value_name = "NAME")]
+    project: Option<String>,
+    /// The run's name in the trackers (default: the run directory's name).
+    #[arg(long, value_name = "NAME")]
+    run_name: Option<String>,
 }
 
 #[derive(Args)]
@@ -315,6 +326,11 @@ fn train(a: TrainArgs) -> Result<()> {
         overwrite: a.overwrite,
         stop_after: a.stop_after,
         dashboard: !a.no_dashboard,
+        report: ember_run::ReportTo {
+            trackers: ember_run::ReportTo::parse_trackers(&a.report_to)?,
+            project: a.project,
+            run_name: a.run_name,
+        },
     };
     handle_stop_signals();
     let interrupted = match recipe {

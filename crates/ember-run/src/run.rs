@@ -8,6 +8,7 @@ use crate::live;
 #[cfg(not(feature = "dashboard"))]
 use crate::live::NoDashboard as Dashboard;
 use crate::metrics::MetricsLog;
+use crate::report::{End, ReportTo, Reporter, counts_json};
 use crate::stop::stop_requested;
 use crate::write::write_atomic;
 use anyhow::{Context, Result, bail};
@@ -56,6 +57,8 @@ pub struct RunOptions {
     /// Show burn-train's dashboard instead of the progress line when stdout and stderr are
     /// terminals (a binary built with the `dashboard` feature).
     pub dashboard: bool,
+    /// The experiment trackers the run reports to (`--report-to`).
+    pub report: ReportTo,
 }
 
 /// Rewrites a recipe stored by an earlier version in today's form (its renamed keys, its new
@@ -115,6 +118,10 @@ pub struct Run {
     last_line: Option<String>,
     /// Steps in a row whose updates were all skipped for a non-finite loss.
     nonfinite_steps: usize,
+    /// The experiment trackers, each row sent to them too.
+    report: Reporter,
+    /// The run stopped before its last step (the trackers are told so).
+    stopped: bool,
     /// `out/.lock`, held (`flock`) while the run is open: a second process on the same
     /// directory is refused instead of interleaving rows and checkpoints.
     _lock: std::fs::File,
@@ -180,6 +187,8 @@ impl Run {
             (spec.curves.0.to_string(), spec.curves.1.to_string()),
         )?;
         let first = resumed.as_ref().map_or(0, |(_, s)| s.step);
+        let resumed_step = resumed.as_ref().map(|(_, s)| s.step);
+        let report = Reporter::start(&opts.report, out, spec.resolved, resumed_step)?;
         let run = Self {
             out: out.to_path_buf(),
             name: spec.name.to_string(),
@@ -204,6 +213,8 @@ impl Run {
             },
             last_line: None,
             nonfinite_steps: 0,
+            report,
+            stopped: false,
             _lock: lock,
         };
         if let Some((dir, st)) = &run.resumed {
@@ -270,6 +281,7 @@ impl Run {
 
     /// Logs a row outside the step protocol (the step-0 evaluation).
     pub fn log(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
+        self.report.push(&row);
         self.log.push(row)
     }
 
@@ -313,6 +325,7 @@ impl Run {
         self.progress(end.done, stats, &row);
         let skipped = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
         self.nonfinite_steps = if skipped { self.nonfinite_steps + 1 } else { 0 };
+        self.report.push(&row);
         self.log.push(row)?;
         if evaluated {
             self.log.publish()?;
@@ -329,6 +342,7 @@ impl Run {
                     self.out.display()
                 ));
                 self.mid_line = false;
+                self.stopped = true;
                 return Ok(true);
             }
         }
@@ -429,8 +443,8 @@ impl Run {
         }
     }
 
-    /// After the loop: ends the progress line, publishes the CSV and the plot, writes
-    /// `summary.json`.
+    /// After the loop: ends the progress line, publishes the CSV and the plot, ends the
+    /// trackers' runs, writes `summary.json` (with the trackers' counts as `report`).
     pub fn finish(&mut self, summary: &serde_json::Value) -> Result<()> {
         self.close_live();
         if self.mid_line && !self.opts.quiet {
@@ -438,9 +452,19 @@ impl Run {
             self.mid_line = false;
         }
         self.log.publish()?;
+        let end = if self.stopped {
+            End::Stopped
+        } else {
+            End::Finished
+        };
+        let counts = self.report.close(end);
+        let mut summary = summary.clone();
+        if let (Some(m), false) = (summary.as_object_mut(), counts.is_empty()) {
+            m.insert("report".into(), counts_json(&counts));
+        }
         write_atomic(
             &self.out.join("summary.json"),
-            serde_json::to_string_pretty(summary)?.as_bytes(),
+            serde_json::to_string_pretty(&summary)?.as_bytes(),
         )
     }
 }

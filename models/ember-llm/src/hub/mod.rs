@@ -3,8 +3,12 @@
 //! cache where TRL, verl, candle and mistral.rs users already have their models, laid out as
 //! `huggingface_hub` lays it out: `models--ORG--NAME/refs/<revision>` holds a commit hash and
 //! `snapshots/<hash>/` the files (links into `blobs/`). A path that exists locally always wins.
-//! Nothing is downloaded: the error names every place searched and the `huggingface-cli
-//! download` command that fetches the model into the same cache.
+//! A model not in the cache is downloaded into it (`download.rs`, the `hub-download` feature)
+//! unless `HF_HUB_OFFLINE` is set; otherwise the error names every place searched and the
+//! `huggingface-cli download` command that fetches the model into the same cache.
+
+#[cfg(feature = "hub-download")]
+mod download;
 
 use crate::error::{LlmError, Result};
 use std::path::{Path, PathBuf};
@@ -58,22 +62,65 @@ pub fn cache_dirs(var: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
 }
 
 /// `spec` as a local path: the path itself when it exists, else the Hub id's snapshot (or a file
-/// in it) from the cache folders of the environment.
+/// in it) from the cache folders of the environment, downloaded into the first of them when it
+/// is not there (built with `hub-download`, and `HF_HUB_OFFLINE` not set).
 ///
 /// # Errors
-/// A spec that is neither an existing path nor a Hub id in the cache: the message names every
-/// place searched and the command that downloads the model.
+/// A spec that is neither an existing path nor a Hub id in the cache (or on the Hub): the
+/// message names every place searched and the command that downloads the model.
 pub fn resolve(spec: &Path) -> Result<PathBuf> {
-    resolve_in(spec, &cache_dirs(&|k| std::env::var(k).ok()))
+    let var = |k: &str| std::env::var(k).ok();
+    resolve_with(spec, &cache_dirs(&var), &var)
 }
 
-/// [`resolve`] with the cache folders given.
+/// [`resolve`] with the cache folders given, and the environment read through `var`.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn resolve_with(
+    spec: &Path,
+    dirs: &[PathBuf],
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<PathBuf> {
+    let (id, searched) = match lookup(spec, dirs)? {
+        Ok(found) => return Ok(found),
+        Err(missing) => missing,
+    };
+    let offline = var("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    });
+    #[cfg(feature = "hub-download")]
+    if let (false, Some(dir)) = (offline, dirs.first()) {
+        download::Hub::from_env(var).fetch(&id, dir)?;
+        let repo = dir.join(format!("models--{}--{}", id.org, id.name));
+        if let Some(found) = snapshot(&repo, &id)? {
+            return Ok(found);
+        }
+    }
+    Err(not_in_cache(spec, &id, &searched, offline))
+}
+
+/// [`resolve_with`] that never downloads (the cache alone, as with `HF_HUB_OFFLINE`).
 ///
 /// # Errors
 /// As [`resolve`].
 pub fn resolve_in(spec: &Path, dirs: &[PathBuf]) -> Result<PathBuf> {
+    match lookup(spec, dirs)? {
+        Ok(found) => Ok(found),
+        Err((id, searched)) => Err(not_in_cache(spec, &id, &searched, false)),
+    }
+}
+
+/// The local path or the cached snapshot; else the Hub id and the folders searched.
+fn lookup(
+    spec: &Path,
+    dirs: &[PathBuf],
+) -> Result<std::result::Result<PathBuf, (HubId, Vec<String>)>> {
     if spec.exists() {
-        return Ok(spec.to_path_buf());
+        return Ok(Ok(spec.to_path_buf()));
     }
     let Some(id) = spec.to_str().and_then(hub_id) else {
         return Err(missing(spec, "no such file or directory"));
@@ -83,9 +130,15 @@ pub fn resolve_in(spec: &Path, dirs: &[PathBuf]) -> Result<PathBuf> {
         let repo = dir.join(format!("models--{}--{}", id.org, id.name));
         searched.push(repo.display().to_string());
         if let Some(found) = snapshot(&repo, &id)? {
-            return Ok(found);
+            return Ok(Ok(found));
         }
     }
+    Ok(Err((id, searched)))
+}
+
+/// A Hub id that is in none of the cache folders: the places searched, why nothing was
+/// downloaded, and the command that downloads it.
+fn not_in_cache(spec: &Path, id: &HubId, searched: &[String], offline: bool) -> LlmError {
     let rev = match id.revision.as_str() {
         "main" => String::new(),
         r => format!(" --revision {r}"),
@@ -94,12 +147,17 @@ pub fn resolve_in(spec: &Path, dirs: &[PathBuf]) -> Result<PathBuf> {
         .file
         .as_deref()
         .map_or(String::new(), |f| format!(" {f}"));
-    Err(missing(
+    let why = match (offline, cfg!(feature = "hub-download")) {
+        (true, _) => "HF_HUB_OFFLINE is set, so nothing is downloaded",
+        (false, true) => "no cache folder to download into",
+        (false, false) => "downloading is not built in (the `hub-download` feature)",
+    };
+    missing(
         spec,
         &format!(
             "not a local path, and Hub id {}/{} (revision {}) is not in the Hugging Face cache \
-             (searched: {}; set HF_HUB_CACHE or HF_HOME to another); downloading is not built \
-             in: run `huggingface-cli download {}/{}{file}{rev}`",
+             (searched: {}; set HF_HUB_CACHE or HF_HOME to another); {why}: run \
+             `huggingface-cli download {}/{}{file}{rev}`",
             id.org,
             id.name,
             id.revision,
@@ -111,7 +169,7 @@ pub fn resolve_in(spec: &Path, dirs: &[PathBuf]) -> Result<PathBuf> {
             id.org,
             id.name,
         ),
-    ))
+    )
 }
 
 /// The snapshot of `id` in the repository folder `repo`, None when the repository or the

@@ -1,0 +1,139 @@
+use super::worker::{Client, Failure, Worker};
+use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a fake tracker saw.
+#[derive(Default)]
+struct Seen {
+    opened: usize,
+    steps: Vec<i64>,
+    ended: Option<End>,
+}
+
+/// A tracker that fails its first `fail` requests, then takes up to `take` rows a request;
+/// `hang` makes every request take that long.
+struct Fake {
+    seen: Arc<Mutex<Seen>>,
+    fail: usize,
+    take: usize,
+    hang: Duration,
+}
+
+impl Client for Fake {
+    fn open(&mut self) -> Result<(), Failure> {
+        std::thread::sleep(self.hang);
+        if self.fail > 0 {
+            self.fail -= 1;
+            return Err(Failure::Retry("down".into()));
+        }
+        self.seen.lock().unwrap().opened += 1;
+        Ok(())
+    }
+
+    fn send(&mut self, rows: &[Stamped]) -> Result<usize, Failure> {
+        std::thread::sleep(self.hang);
+        let n = rows.len().min(self.take);
+        let mut seen = self.seen.lock().unwrap();
+        seen.steps.extend(rows[..n].iter().map(|r| r.step));
+        Ok(n)
+    }
+
+    fn close(&mut self, end: End) -> Result<(), Failure> {
+        self.seen.lock().unwrap().ended = Some(end);
+        Ok(())
+    }
+}
+
+fn stamped(step: i64) -> Stamped {
+    let row: Row = [("step".to_string(), step as f64), ("x".to_string(), 1.0)].into();
+    Stamped { step, ms: 0, row }
+}
+
+fn fake(fail: usize, hang: Duration, grace: Duration) -> (Worker, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let client = Fake {
+        seen: seen.clone(),
+        fail,
+        take: if hang.is_zero() { 2 } else { 100 },
+        hang,
+    };
+    (
+        Worker::spawn("fake", Box::new(client), grace).unwrap(),
+        seen,
+    )
+}
+
+/// A tracker that is down at first gets every row, in order, once it answers; the failed
+/// attempts are counted.
+#[test]
+fn rows_reach_a_tracker_that_comes_up_late_in_order() {
+    let (w, seen) = fake(2, Duration::ZERO, Duration::from_secs(10));
+    for s in 0..7 {
+        w.push(stamped(s));
+    }
+    w.end(End::Stopped);
+    let c = w.wait();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.steps, (0..7).collect::<Vec<_>>());
+    assert_eq!((seen.opened, seen.ended), (1, Some(End::Stopped)));
+    assert_eq!(
+        c,
+        Counts {
+            sent: 7,
+            failed_requests: 2,
+            dropped: 0
+        }
+    );
+}
+
+/// A tracker that never answers costs the run nothing: rows are queued without waiting, and
+/// the end gives up after the grace, counting what was never sent.
+#[test]
+fn a_tracker_that_is_down_never_blocks_and_is_counted() {
+    let (w, seen) = fake(usize::MAX, Duration::ZERO, Duration::from_millis(300));
+    let t = Instant::now();
+    for s in 0..3000 {
+        w.push(stamped(s));
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "pushing waited");
+    w.end(End::Finished);
+    let c = w.wait();
+    assert_eq!(c.sent, 0);
+    assert!(c.failed_requests >= 1);
+    assert_eq!(c.dropped, 3000, "every row is counted as dropped");
+    assert_eq!(seen.lock().unwrap().ended, None);
+}
+
+/// A slow tracker fills its queue: the rows beyond it are dropped and counted, the others
+/// arrive.
+#[test]
+fn a_slow_tracker_drops_what_its_queue_cannot_hold() {
+    let (w, seen) = fake(0, Duration::from_millis(50), Duration::from_secs(5));
+    for s in 0..1500 {
+        w.push(stamped(s));
+    }
+    w.end(End::Finished);
+    let c = w.wait();
+    assert!(c.dropped > 0 && c.sent > 0, "{c:?}");
+    assert_eq!(c.sent + c.dropped, 1500, "{c:?}");
+    assert_eq!(seen.lock().unwrap().steps.len() as u64, c.sent);
+}
+
+#[test]
+fn report_to_names() {
+    let all = ReportTo::parse_trackers("all").unwrap();
+    assert_eq!(all, Tracker::ALL.to_vec());
+    assert_eq!(
+        ReportTo::parse_trackers(" mlflow, file,mlflow,tensorboard").unwrap(),
+        vec![Tracker::Mlflow, Tracker::File]
+    );
+    assert!(ReportTo::parse_trackers("none").unwrap().is_empty());
+    let e = ReportTo::parse_trackers("wandb").unwrap_err().to_string();
+    assert!(e.contains("scripts/wandb_import.py"), "{e}");
+    let e = ReportTo::parse_trackers("mlfow").unwrap_err().to_string();
+    assert!(
+        e.contains("unknown tracker `mlfow`") && e.contains("mlflow, trackio"),
+        "{e}"
+    );
+}

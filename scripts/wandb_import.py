@@ -63,7 +63,8 @@ def main():
     )
     last = -1
     for row in rows(metrics):
-        step = int(row.pop("step", last + 1))
+        step = row.pop("step", None)
+        step = last + 1 if step is None else int(step)
         if step <= last:
             # A W&B history only moves forward; an earlier step's row was logged already.
             continue

@@ -153,6 +153,8 @@ fn a_model_by_hub_id_comes_from_the_huggingface_cache() {
             .args(["generate", "--model", spec, "--prompt", "1, 2, 3,"])
             .args(["--max-new-tokens", "4", "--device", "cpu"])
             .env("HF_HUB_CACHE", &hub)
+            // A Hub where nothing listens: the download fails at once, here and offline alike.
+            .env("HF_ENDPOINT", "http://127.0.0.1:9")
             .output()
             .unwrap()
     };
@@ -173,5 +175,6 @@ fn a_model_by_hub_id_comes_from_the_huggingface_cache() {
         "{e}"
     );
     assert!(e.contains(&hub.display().to_string()), "{e}");
+    assert!(e.contains("downloading it failed"), "{e}");
     std::fs::remove_dir_all(&hub).ok();
 }

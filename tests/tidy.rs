@@ -191,6 +191,7 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
 /// layer, so Cargo's arrows all point down (ARCHITECTURE.md). A new member must be placed here.
 const LAYERS: &[(&str, u8)] = &[
     ("ember-engine", 0),
+    ("ember-kernels", 0),
     ("ember-train", 1),
     ("ember-tasks", 1),
     ("ember-molora", 1),

@@ -248,6 +248,140 @@ fn mlflow_history(
     out
 }
 
+type Steps = BTreeMap<i64, BTreeMap<String, f64>>;
+
+/// MLflow: one run (the resumed part continued it), finished, the recipe as parameters, every
+/// value at its step.
+fn check_mlflow(mlflow_url: &str, out: &Path, want: &Steps) {
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report/mlflow.json")).unwrap()).unwrap();
+    let run_id = saved["run_id"].as_str().unwrap();
+    let run = get(&format!(
+        "{mlflow_url}/api/2.0/mlflow/runs/get?run_id={run_id}"
+    ))
+    .unwrap();
+    assert_eq!(run["run"]["info"]["status"], "FINISHED");
+    assert_eq!(run["run"]["info"]["run_name"], "ci-run");
+    let params = run["run"]["data"]["params"].as_array().unwrap();
+    assert!(
+        params
+            .iter()
+            .any(|p| p["key"] == "train.steps" && p["value"] == "4"),
+        "{params:?}"
+    );
+    let search = post(
+        &format!("{mlflow_url}/api/2.0/mlflow/runs/search"),
+        &json!({"experiment_ids": [saved["experiment_id"]]}),
+    );
+    assert_eq!(
+        search["runs"].as_array().map(Vec::len),
+        Some(1),
+        "one MLflow run"
+    );
+    let mlflow_key = |k: &str| k.replace('@', "_");
+    let keys: Vec<String> = want
+        .values()
+        .flat_map(|r| r.keys().map(|k| mlflow_key(k)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let renamed: BTreeMap<i64, BTreeMap<String, f64>> = want
+        .iter()
+        .map(|(s, r)| (*s, r.iter().map(|(k, v)| (mlflow_key(k), *v)).collect()))
+        .collect();
+    assert_all_reached(
+        "mlflow",
+        &renamed,
+        &mlflow_history(mlflow_url, run_id, &keys),
+    );
+}
+
+/// trackio: the run's entries read back over its API.
+fn check_trackio(trackio_url: &str, want: &Steps) {
+    let logs = post(
+        &format!("{trackio_url}/api/get_logs"),
+        &json!({"project": "ember-ci", "run": "ci-run"}),
+    );
+    let got = by_step(
+        logs["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let mut r = l.as_object().unwrap().clone();
+                r.remove("timestamp");
+                r
+            })
+            .collect::<Vec<_>>()
+            .as_slice(),
+    );
+    assert_all_reached("trackio", want, &got);
+}
+
+/// verl's file: `{"step", "data"}` lines, one a row.
+fn check_file(verl: &Path, want: &Steps) {
+    let lines = jsonl(verl);
+    let got = by_step(
+        &lines
+            .iter()
+            .map(|l| {
+                let mut r = l["data"].as_object().unwrap().clone();
+                r.insert("step".into(), l["step"].clone());
+                r
+            })
+            .collect::<Vec<_>>(),
+    );
+    assert_all_reached("file", want, &got);
+}
+
+/// W&B, offline: the run imported by the script, its history read back from the `.wandb` file.
+fn check_wandb(venv: &Path, d: &Path, out: &Path, want: &Steps) {
+    let o = Command::new(venv.join("bin/python"))
+        .arg(root().join("scripts/wandb_import.py"))
+        .arg(out)
+        .args(["--project", "ember-ci"])
+        .env("WANDB_MODE", "offline")
+        .env("WANDB_SILENT", "true")
+        .env("WANDB_CONFIG_DIR", d.join("wandb-config"))
+        .env("WANDB_CACHE_DIR", d.join("wandb-cache"))
+        .env("WANDB_DATA_DIR", d.join("wandb-data"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
+    let file = std::fs::read_dir(out.join("wandb"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("offline-run-"))
+        .flat_map(|e| std::fs::read_dir(e.path()).unwrap().flatten())
+        .find(|e| e.file_name().to_string_lossy().ends_with(".wandb"))
+        .unwrap()
+        .path();
+    let o = Command::new(venv.join("bin/python"))
+        .arg(root().join("tests/wandb_history.py"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = by_step(
+        &String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| {
+                let mut r: Row = serde_json::from_str(l).unwrap();
+                r.retain(|k, _| !k.starts_with('_') || k == "_step");
+                let step = r.remove("_step").unwrap();
+                r.insert("step".into(), step);
+                r
+            })
+            .collect::<Vec<_>>(),
+    );
+    assert_all_reached("wandb", want, &got);
+}
+
 #[test]
 fn every_row_reaches_mlflow_trackio_verl_and_wandb_through_a_resume() {
     let Some(venv) = common::assets::cached("trackers-py") else {
@@ -289,128 +423,10 @@ fn every_row_reaches_mlflow_trackio_verl_and_wandb_through_a_resume() {
         );
     }
 
-    // MLflow: one run (the resumed part continued it), finished, the recipe as parameters.
-    let saved: Value =
-        serde_json::from_slice(&std::fs::read(out.join("report/mlflow.json")).unwrap()).unwrap();
-    let run_id = saved["run_id"].as_str().unwrap();
-    let run = get(&format!(
-        "{mlflow_url}/api/2.0/mlflow/runs/get?run_id={run_id}"
-    ))
-    .unwrap();
-    assert_eq!(run["run"]["info"]["status"], "FINISHED");
-    assert_eq!(run["run"]["info"]["run_name"], "ci-run");
-    let params = run["run"]["data"]["params"].as_array().unwrap();
-    assert!(
-        params
-            .iter()
-            .any(|p| p["key"] == "train.steps" && p["value"] == "4"),
-        "{params:?}"
-    );
-    let search = post(
-        &format!("{mlflow_url}/api/2.0/mlflow/runs/search"),
-        &json!({"experiment_ids": [saved["experiment_id"]]}),
-    );
-    assert_eq!(
-        search["runs"].as_array().map(Vec::len),
-        Some(1),
-        "one MLflow run"
-    );
-    let mlflow_key = |k: &str| k.replace('@', "_");
-    let keys: Vec<String> = want
-        .values()
-        .flat_map(|r| r.keys().map(|k| mlflow_key(k)))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let renamed: BTreeMap<i64, BTreeMap<String, f64>> = want
-        .iter()
-        .map(|(s, r)| (*s, r.iter().map(|(k, v)| (mlflow_key(k), *v)).collect()))
-        .collect();
-    assert_all_reached(
-        "mlflow",
-        &renamed,
-        &mlflow_history(&mlflow_url, run_id, &keys),
-    );
-
-    // trackio: the run's entries read back over its API.
-    let logs = post(
-        &format!("{trackio_url}/api/get_logs"),
-        &json!({"project": "ember-ci", "run": "ci-run"}),
-    );
-    let got = by_step(
-        logs["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| {
-                let mut r = l.as_object().unwrap().clone();
-                r.remove("timestamp");
-                r
-            })
-            .collect::<Vec<_>>()
-            .as_slice(),
-    );
-    assert_all_reached("trackio", &want, &got);
-
-    // verl's file: {"step", "data"} lines, one a row.
-    let lines = jsonl(&verl);
-    let got = by_step(
-        &lines
-            .iter()
-            .map(|l| {
-                let mut r = l["data"].as_object().unwrap().clone();
-                r.insert("step".into(), l["step"].clone());
-                r
-            })
-            .collect::<Vec<_>>(),
-    );
-    assert_all_reached("file", &want, &got);
-
-    // W&B, offline: the run imported by the script, its history read back from the .wandb file.
-    let o = Command::new(venv.join("bin/python"))
-        .arg(root().join("scripts/wandb_import.py"))
-        .arg(&out)
-        .args(["--project", "ember-ci"])
-        .env("WANDB_MODE", "offline")
-        .env("WANDB_SILENT", "true")
-        .env("WANDB_CONFIG_DIR", d.join("wandb-config"))
-        .env("WANDB_CACHE_DIR", d.join("wandb-cache"))
-        .env("WANDB_DATA_DIR", d.join("wandb-data"))
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        stderr(&o)
-    );
-    let file = std::fs::read_dir(out.join("wandb"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("offline-run-"))
-        .flat_map(|e| std::fs::read_dir(e.path()).unwrap().flatten())
-        .find(|e| e.file_name().to_string_lossy().ends_with(".wandb"))
-        .unwrap()
-        .path();
-    let o = Command::new(venv.join("bin/python"))
-        .arg(root().join("tests/wandb_history.py"))
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let got = by_step(
-        &String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(|l| {
-                let mut r: Row = serde_json::from_str(l).unwrap();
-                r.retain(|k, _| !k.starts_with('_') || k == "_step");
-                let step = r.remove("_step").unwrap();
-                r.insert("step".into(), step);
-                r
-            })
-            .collect::<Vec<_>>(),
-    );
-    assert_all_reached("wandb", &want, &got);
+    check_mlflow(&mlflow_url, &out, &want);
+    check_trackio(&trackio_url, &want);
+    check_file(&verl, &want);
+    check_wandb(&venv, &d, &out, &want);
     std::fs::remove_dir_all(&d).ok();
 }
 

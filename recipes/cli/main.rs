@@ -19,6 +19,10 @@ struct Cli {
     /// (default: $EMBER_KERNEL_CACHE, else $EMBER_CACHE/kernels).
     #[arg(long, global = true, value_name = "DIR|off")]
     kernel_cache: Option<String>,
+    /// Ember's fused kernels (`ember`, the default where the device has them) or the decomposed
+    /// burn-op references (`burn`; also `EMBER_KERNELS=burn`).
+    #[arg(long, global = true, value_name = "ember|burn")]
+    kernels: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -242,6 +246,9 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Some(k) = &cli.kernels {
+        ember_kernels::set_enabled(ember::llm::jobs::bench::kernels_flag(k)?);
+    }
     let cache = ember::common::kernel_cache::resolve(cli.kernel_cache.as_deref())?;
     ember::common::kernel_cache::configure(&cache)?;
     match cli.command {

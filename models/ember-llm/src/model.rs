@@ -455,6 +455,24 @@ impl Llama {
         }
     }
 
+    /// The head's weight for the fused head (`ember_kernels::head_log_probs`), or None where the
+    /// decomposed head runs: the kernels are off (`--kernels burn`), the device has no fused
+    /// kernels, the activations are not f32, or the head carries an adapter.
+    fn fused_head_weight(&self, h: &Tensor<3>, adapters: bool) -> Option<Tensor<2>> {
+        // A linear head stores `[d_model, vocab]`, the tied embeddings `[vocab, d_model]`.
+        let (weight, linear) = match &self.lm_head {
+            Some(head) => (&head.weight, true),
+            None => (&self.embed_tokens.weight, false),
+        };
+        let usable = ember_kernels::enabled()
+            && ember_kernels::fused_on(&h.device())
+            && h.dtype() == DType::F32
+            && !(adapters && weight.adapter().is_some());
+        let w = weight.base();
+        let w = if linear { w.transpose() } else { w };
+        (usable && w.dtype() == DType::F32).then_some(w)
+    }
+
     /// Final norm and output head; the logits are always f32.
     pub(crate) fn head(&self, h: Tensor<3>, ad: bool) -> Tensor<3> {
         let h = rms_norm(&self.norm, h);
@@ -729,6 +747,16 @@ impl Llama {
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let [b, n, d] = h.dims();
         let rows = b * n;
+        if let Some(w) = self.fused_head_weight(&h, adapters) {
+            // The fused head: no `[rows, vocab]` logits held, forward or for backward.
+            let h = rms_norm(&self.norm, h).reshape([rows, d]);
+            let (lp, ent) =
+                ember_kernels::head_log_probs(h, w, targets.reshape([rows]), temperature);
+            return (
+                lp.reshape([b, n]),
+                with_entropy.then(|| ent.reshape([b, n])),
+            );
+        }
         let h = h.reshape([1, rows, d]);
         let targets = targets.reshape([1, rows]);
         // With a frozen head (no-grad scoring, LoRA training) the head and the softmax run over

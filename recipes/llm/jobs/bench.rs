@@ -93,6 +93,8 @@ options:
   --fused-attention              burn's fused attention op for multi-token passes
   --only ROWS                    a comma-separated subset of prefill,decode_b1,decode_b32,train
                                  (e.g. to profile one of them; default all)
+  --kernels ember|burn           Ember's fused kernels (default) or the decomposed burn-op
+                                 references (crates/ember-kernels)
   -h, --help                     this text";
 
 /// Parsed benchmark options.
@@ -116,6 +118,8 @@ pub struct BenchArgs {
     pub fused_attention: bool,
     /// The rows to run (`prefill`, `decode_b1`, `decode_b32`, `train`).
     pub only: Vec<String>,
+    /// Ember's fused kernels (true) or the burn-op references.
+    pub kernels: bool,
 }
 
 /// The measurements of each size, in order.
@@ -136,6 +140,7 @@ impl BenchArgs {
             precision: ember_train::Precision::F32,
             fused_attention: false,
             only: ROWS.iter().map(|r| r.to_string()).collect(),
+            kernels: true,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -182,10 +187,23 @@ impl BenchArgs {
                         p => bail!("--precision {p}: expected f32 or bf16"),
                     }
                 }
+                "--kernels" => out.kernels = kernels_flag(&value()?)?,
                 other => bail!("unknown option `{other}`\n\n{USAGE}"),
             }
         }
         Ok(Some(out))
+    }
+}
+
+/// `--kernels ember|burn`: Ember's fused kernels (true) or the burn-op references.
+///
+/// # Errors
+/// Another value.
+pub fn kernels_flag(v: &str) -> anyhow::Result<bool> {
+    match v {
+        "ember" => Ok(true),
+        "burn" => Ok(false),
+        v => anyhow::bail!("--kernels {v}: expected ember or burn"),
     }
 }
 
@@ -199,6 +217,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         println!("{USAGE}");
         return Ok(());
     };
+    ember_kernels::set_enabled(opts.kernels);
     let device = device::device(&opts.device)?;
     let (precision, note) = device::resolve_precision(opts.precision, device::kind(&opts.device)?);
     if let Some(note) = note {

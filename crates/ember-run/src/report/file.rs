@@ -5,8 +5,7 @@
 //! directory), as verl places it. A new run starts the file afresh, as verl does; a resumed
 //! run keeps its lines up to the resumed step (verl would lose them).
 
-use super::worker::{Client, Failure};
-use super::{End, RunInfo, Stamped};
+use super::base::{Client, End, Failure, RunInfo, Stamped};
 use anyhow::Result;
 use serde_json::{Map, Value, json};
 use std::io::Write;
@@ -26,7 +25,7 @@ impl File {
         let path = match var("VERL_FILE_LOGGER_PATH") {
             Some(p) => PathBuf::from(p),
             None => var("VERL_FILE_LOGGER_ROOT")
-                .map_or_else(|| PathBuf::from("."), PathBuf::from)
+                .map_or_else(|| PathBuf::from("."), |r| expand_home(&r.to_string_lossy()))
                 .join(&info.project)
                 .join(format!("{}.jsonl", info.run_name)),
         };
@@ -70,15 +69,30 @@ impl Client for File {
         let Some(f) = self.file.as_mut() else {
             return Err(Failure::Retry("the file is not open".into()));
         };
-        // One write of whole lines, then a flush: a failure leaves at most a torn last line.
+        // One write of whole lines, then a flush; a failure cuts the file back to where it
+        // was, so the retry leaves no torn line behind.
+        let before = f.metadata().map(|m| m.len());
         let written = f.write_all(text.as_bytes()).and_then(|()| f.flush());
-        written.map_err(|e| self.failure("appending to", e))?;
+        if let Err(e) = written {
+            if let Ok(len) = before {
+                let _ = f.set_len(len);
+            }
+            return Err(self.failure("appending to", e));
+        }
         Ok(rows.len())
     }
 
     fn close(&mut self, _end: End) -> Result<(), Failure> {
         self.file = None;
         Ok(())
+    }
+}
+
+/// `~/…` under `$HOME`, as verl's `os.path.expanduser` reads the root.
+fn expand_home(p: &str) -> PathBuf {
+    match (p.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(p),
     }
 }
 

@@ -1,12 +1,10 @@
 //! The trackers' one HTTP client: JSON requests with a timeout, the answer's status sorted into
 //! worth-retrying and refused.
 
-use super::worker::Failure;
+use super::base::{Failure, REQUEST_TIMEOUT};
 use serde_json::Value;
 use std::time::Duration;
 
-/// How long one request may take (a tracker that hangs holds its own thread only).
-pub(crate) const TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The largest answer read.
@@ -23,7 +21,7 @@ impl Http {
     /// A client sending `auth` (a whole `Authorization` value) with every request.
     pub fn new(auth: Option<String>) -> Self {
         let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(TIMEOUT))
+            .timeout_global(Some(REQUEST_TIMEOUT))
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .http_status_as_error(false)
             .build()

@@ -8,9 +8,8 @@
 //! `MLFLOW_EXPERIMENT_NAME` (default: the project), `MLFLOW_TRACKING_TOKEN` (a bearer token) or
 //! `MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD` (basic authentication).
 
+use super::base::{Client, End, Failure, RunInfo, Stamped, Tracker};
 use super::http::{Http, HttpError, basic_auth};
-use super::worker::{Client, Failure};
-use super::{End, RunInfo, Stamped, Tracker};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -37,6 +36,12 @@ pub(crate) struct Mlflow {
     resumed: bool,
     state: PathBuf,
     run_id: Option<String>,
+    experiment_id: String,
+    /// The recipe's parameters are logged (or given up on).
+    params_done: bool,
+    /// The last step the tracker took (kept in the state file): a resumed run skips the rows
+    /// that an earlier part sent after its last checkpoint.
+    last_step: Option<i64>,
 }
 
 impl Mlflow {
@@ -75,6 +80,9 @@ impl Mlflow {
             resumed: info.resumed.is_some(),
             state: info.state_path(Tracker::Mlflow),
             run_id: None,
+            experiment_id: String::new(),
+            params_done: false,
+            last_step: None,
         })
     }
 
@@ -104,46 +112,53 @@ impl Mlflow {
         }
     }
 
-    /// The run recorded by the earlier part of a resumed run, reopened (None: there is none on
+    /// Reopens the run an earlier part of a resumed run recorded (false: there is none for
     /// this server, or it is gone).
-    fn reopen(&self) -> Result<Option<String>, Failure> {
+    fn reopen(&mut self) -> Result<bool, Failure> {
         let Some(saved) = std::fs::read(&self.state)
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         else {
-            return Ok(None);
+            return Ok(false);
         };
         let (Some(uri), Some(run_id)) = (saved["tracking_uri"].as_str(), saved["run_id"].as_str())
         else {
-            return Ok(None);
+            return Ok(false);
         };
         if uri != self.uri {
-            return Ok(None);
+            return Ok(false);
         }
-        let body = json!({ "run_id": run_id, "status": "RUNNING" });
-        match self.post("runs/update", &body) {
-            Ok(_) => Ok(Some(run_id.to_string())),
+        match self.post(
+            "runs/update",
+            &json!({ "run_id": run_id, "status": "RUNNING" }),
+        ) {
+            Ok(_) => {}
             Err(e)
                 if e.status == Some(404) || e.body["error_code"] == "RESOURCE_DOES_NOT_EXIST" =>
             {
-                Ok(None)
+                return Ok(false);
             }
-            Err(e) => Err(e.into()),
+            Err(e) => return Err(e.into()),
         }
+        self.run_id = Some(run_id.to_string());
+        self.experiment_id = saved["experiment_id"].as_str().unwrap_or_default().into();
+        self.last_step = saved["last_step"].as_i64();
+        self.params_done = true;
+        Ok(true)
     }
 
-    /// Creates the run, records its id in the run directory, logs the recipe as parameters.
-    fn create(&mut self) -> Result<String, Failure> {
+    /// Creates the run and records its id in the run directory at once (a retry never makes a
+    /// second run).
+    fn create(&mut self) -> Result<(), Failure> {
         let experiment_id = self.experiment_id()?;
-        let tags = [
+        let tags: Vec<Value> = [
             ("mlflow.runName", self.run_name.as_str()),
             ("mlflow.source.name", "ember"),
             ("mlflow.source.type", "LOCAL"),
-        ];
-        let tags: Vec<Value> = tags
-            .iter()
-            .map(|(k, v)| json!({ "key": k, "value": v }))
-            .collect();
+        ]
+        .iter()
+        .map(|(k, v)| json!({ "key": k, "value": v }))
+        .collect();
         let body = json!({
             "experiment_id": experiment_id,
             "run_name": self.run_name,
@@ -151,43 +166,70 @@ impl Mlflow {
             "tags": tags,
         });
         let v = self.post("runs/create", &body)?;
-        let run_id = id(&v["run"]["info"]["run_id"])?;
-        let saved =
-            json!({ "tracking_uri": self.uri, "experiment_id": experiment_id, "run_id": run_id });
+        self.run_id = Some(id(&v["run"]["info"]["run_id"])?);
+        self.experiment_id = experiment_id;
+        self.save_state();
+        Ok(())
+    }
+
+    /// Writes the run's id, experiment and last step to `report/mlflow.json`.
+    fn save_state(&self) {
+        let saved = json!({
+            "tracking_uri": self.uri,
+            "experiment_id": self.experiment_id,
+            "run_id": self.run_id,
+            "last_step": self.last_step,
+        });
         if let Some(dir) = self.state.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
         if let Err(e) = crate::write::write_atomic(&self.state, saved.to_string().as_bytes()) {
-            log::warn!("mlflow: {e:#} (a resumed run will start a new MLflow run)");
+            log::warn!("mlflow: {e:#} (a resumed run may start a new MLflow run)");
         }
+    }
+
+    /// Logs the recipe as the run's parameters, each key once; a refusal is warned and given
+    /// up on (the metrics matter more).
+    fn log_params(&mut self) -> Result<(), Failure> {
+        let run_id = self.run_id.clone().unwrap_or_default();
         for chunk in params(&self.resolved).chunks(MAX_PARAMS) {
-            self.post(
-                "runs/log-batch",
-                &json!({ "run_id": run_id, "params": chunk }),
-            )?;
+            let body = json!({ "run_id": run_id, "params": chunk });
+            match self.post("runs/log-batch", &body).map_err(Failure::from) {
+                Ok(_) => {}
+                Err(Failure::Reject(m)) => {
+                    log::warn!("mlflow: the recipe's parameters were refused ({m})");
+                    break;
+                }
+                Err(f) => return Err(f),
+            }
         }
-        Ok(run_id)
+        self.params_done = true;
+        Ok(())
     }
 }
 
 impl Client for Mlflow {
     fn open(&mut self) -> Result<(), Failure> {
-        let reopened = match self.resumed {
-            true => self.reopen()?,
-            false => None,
-        };
-        let run_id = match reopened {
-            Some(r) => r,
-            None => self.create()?,
-        };
-        self.run_id = Some(run_id);
+        if self.run_id.is_none() && !(self.resumed && self.reopen()?) {
+            self.create()?;
+        }
+        if !self.params_done {
+            self.log_params()?;
+        }
         Ok(())
     }
 
     fn send(&mut self, rows: &[Stamped]) -> Result<usize, Failure> {
+        // Rows an earlier part of a resumed run sent already (it crashed after them).
+        let known = rows
+            .iter()
+            .take_while(|r| self.last_step.is_some_and(|l| r.step <= l))
+            .count();
+        if known > 0 {
+            return Ok(known);
+        }
         let run_id = self.run_id.clone().unwrap_or_default();
-        let mut metrics = Vec::new();
-        let mut taken = 0;
+        let (mut metrics, mut taken) = (Vec::new(), 0);
         for r in rows {
             let m = row_metrics(r);
             if taken > 0 && metrics.len() + m.len() > MAX_METRICS {
@@ -198,11 +240,11 @@ impl Client for Mlflow {
         }
         // A row of more than MAX_METRICS scalars goes in several requests.
         for chunk in metrics.chunks(MAX_METRICS) {
-            self.post(
-                "runs/log-batch",
-                &json!({ "run_id": run_id, "metrics": chunk }),
-            )?;
+            let body = json!({ "run_id": run_id, "metrics": chunk });
+            self.post("runs/log-batch", &body)?;
         }
+        self.last_step = rows[..taken].last().map(|r| r.step).max(self.last_step);
+        self.save_state();
         Ok(taken)
     }
 
@@ -240,13 +282,23 @@ fn number(v: f64) -> Value {
 /// A key in MLflow's alphabet (letters, digits, `_ - . / :` and spaces; others become `_`), at
 /// most [`MAX_KEY`] characters.
 fn key(k: &str) -> String {
-    k.chars()
+    let k: String = k
+        .chars()
         .map(|c| match c.is_alphanumeric() || "_-./: ".contains(c) {
             true => c,
             false => '_',
         })
-        .take(MAX_KEY)
-        .collect()
+        .collect();
+    // MLflow refuses keys that read as unsafe paths: empty parts, `.` or `..`, a leading `/`.
+    let parts: Vec<String> = k
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p {
+            "." | ".." => p.replace('.', "_"),
+            p => p.to_string(),
+        })
+        .collect();
+    parts.join("/").chars().take(MAX_KEY).collect()
 }
 
 /// The resolved recipe flattened to `table.key = value` parameters (values as TOML writes
@@ -256,8 +308,11 @@ fn params(resolved: &str) -> Vec<Value> {
     if let Ok(table) = resolved.parse::<toml::Table>() {
         flatten("", &toml::Value::Table(table), &mut out);
     }
+    let mut seen = std::collections::BTreeSet::new();
     out.into_iter()
-        .map(|(k, v)| json!({ "key": key(&k), "value": cut(&v) }))
+        .map(|(k, v)| (key(&k), v))
+        .filter(|(k, _)| seen.insert(k.clone()))
+        .map(|(k, v)| json!({ "key": k, "value": cut(&v) }))
         .collect()
 }
 
@@ -318,6 +373,7 @@ mod tests {
     fn keys_values_and_params_fit_mlflow() {
         assert_eq!(key("eval/pass@1"), "eval/pass_1");
         assert_eq!(key("timing_s/gen"), "timing_s/gen");
+        assert_eq!(key("/a//b/../c/"), "a/b/__/c");
         assert_eq!(number(f64::NAN), json!("NaN"));
         assert_eq!(number(f64::NEG_INFINITY), json!("-Infinity"));
         assert_eq!(number(0.5), json!(0.5));

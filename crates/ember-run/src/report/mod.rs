@@ -8,66 +8,20 @@
 //! (`report`). A resumed run continues the same tracker run (its id is kept in
 //! `report/<tracker>.json` in the run directory).
 
+mod base;
 mod file;
 mod http;
 mod mlflow;
 mod trackio;
 mod worker;
 
-use crate::job::Row;
-use anyhow::{Result, bail};
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use anyhow::Result;
+use base::{Client, Row, RunInfo, Stamped};
+pub use base::{End, Tracker};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 pub use worker::Counts;
 use worker::Worker;
-
-/// A tracker a run reports to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tracker {
-    /// An MLflow tracking server (`MLFLOW_TRACKING_URI`).
-    Mlflow,
-    /// A trackio server (`TRACKIO_SERVER_URL`).
-    Trackio,
-    /// verl's `file` logger: one JSON object a step in a JSONL file.
-    File,
-}
-
-impl Tracker {
-    /// Every tracker, as `--report-to` spells it.
-    pub const ALL: [Tracker; 3] = [Tracker::Mlflow, Tracker::Trackio, Tracker::File];
-
-    /// The name `--report-to` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tracker::Mlflow => "mlflow",
-            Tracker::Trackio => "trackio",
-            Tracker::File => "file",
-        }
-    }
-}
-
-impl FromStr for Tracker {
-    type Err = anyhow::Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        if let Some(t) = Tracker::ALL.into_iter().find(|t| t.name() == s) {
-            return Ok(t);
-        }
-        match s {
-            "wandb" => bail!(
-                "--report-to wandb: Weights & Biases has no Rust client (and `wandb sync` no \
-                 longer reads TensorBoard files): `python scripts/wandb_import.py <run dir>` \
-                 writes a run's metrics.jsonl as a W&B run (offline unless WANDB_MODE says \
-                 otherwise), which `wandb sync` uploads (docs: \"Experiment trackers\")"
-            ),
-            _ => bail!(
-                "--report-to: unknown tracker `{s}` (known: mlflow, trackio, file, tensorboard \
-                 (always written), none)"
-            ),
-        }
-    }
-}
 
 /// Where a run reports (the `ember train` flags).
 #[derive(Debug, Clone, Default)]
@@ -102,51 +56,6 @@ impl ReportTo {
     }
 }
 
-/// What a tracker's client knows of the run.
-pub(crate) struct RunInfo {
-    /// The run directory.
-    pub out: PathBuf,
-    /// The project.
-    pub project: String,
-    /// The run's name.
-    pub run_name: String,
-    /// The resolved recipe (TOML): the run's parameters.
-    pub resolved: String,
-    /// The step of the checkpoint the run continues from.
-    pub resumed: Option<usize>,
-}
-
-impl RunInfo {
-    /// `report/<tracker>.json` in the run directory: what a resumed run needs to continue the
-    /// same tracker run.
-    pub fn state_path(&self, tracker: Tracker) -> PathBuf {
-        self.out
-            .join("report")
-            .join(format!("{}.json", tracker.name()))
-    }
-}
-
-/// How a run ended, as the trackers are told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// Every step ran.
-    Finished,
-    /// Stopped with a checkpoint (Ctrl-C, `--stop-after`): `--resume` continues it.
-    Stopped,
-    /// An error ended it.
-    Failed,
-}
-
-/// A row with its step and the time it was logged.
-pub(crate) struct Stamped {
-    /// The row's `step`.
-    pub step: i64,
-    /// Milliseconds since the Unix epoch.
-    pub ms: u64,
-    /// The row (its `step` included).
-    pub row: Row,
-}
-
 /// The run's trackers, each on its own thread.
 pub struct Reporter {
     workers: Vec<Worker>,
@@ -173,16 +82,25 @@ impl Reporter {
             resolved: resolved.to_string(),
             resumed,
         };
-        let mut workers = Vec::new();
+        // Every tracker's settings are checked before any thread starts.
+        let mut clients: Vec<(&'static str, Box<dyn Client>)> = Vec::new();
         for &t in &to.trackers {
-            let client: Box<dyn worker::Client> = match t {
+            let client: Box<dyn Client> = match t {
                 Tracker::Mlflow => Box::new(mlflow::Mlflow::new(&info)?),
                 Tracker::Trackio => Box::new(trackio::Trackio::new(&info)?),
                 Tracker::File => Box::new(file::File::new(&info)?),
             };
-            workers.push(Worker::spawn(t.name(), client, worker::END_GRACE)?);
+            clients.push((t.name(), client));
         }
-        Ok(Self { workers })
+        let mut reporter = Self {
+            workers: Vec::new(),
+        };
+        for (name, client) in clients {
+            reporter
+                .workers
+                .push(Worker::spawn(name, client, worker::END_GRACE)?);
+        }
+        Ok(reporter)
     }
 
     /// Queues a row for every tracker (never blocks).

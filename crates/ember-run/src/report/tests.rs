@@ -1,4 +1,5 @@
-use super::worker::{Client, Failure, Worker};
+use super::base::{Client, Failure};
+use super::worker::Worker;
 use super::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +19,8 @@ struct Fake {
     fail: usize,
     take: usize,
     hang: Duration,
+    /// A step whose row the tracker refuses (in any request that carries it).
+    refuse: Option<i64>,
 }
 
 impl Client for Fake {
@@ -34,6 +37,9 @@ impl Client for Fake {
     fn send(&mut self, rows: &[Stamped]) -> Result<usize, Failure> {
         std::thread::sleep(self.hang);
         let n = rows.len().min(self.take);
+        if rows[..n].iter().any(|r| Some(r.step) == self.refuse) {
+            return Err(Failure::Reject("refused".into()));
+        }
         let mut seen = self.seen.lock().unwrap();
         seen.steps.extend(rows[..n].iter().map(|r| r.step));
         Ok(n)
@@ -57,6 +63,7 @@ fn fake(fail: usize, hang: Duration, grace: Duration) -> (Worker, Arc<Mutex<Seen
         fail,
         take: if hang.is_zero() { 2 } else { 100 },
         hang,
+        refuse: None,
     };
     (
         Worker::spawn("fake", Box::new(client), grace).unwrap(),
@@ -136,4 +143,38 @@ fn report_to_names() {
         e.contains("unknown tracker `mlfow`") && e.contains("mlflow, trackio"),
         "{e}"
     );
+}
+
+/// A refused batch is sent again a row at a time: only the refused row is lost.
+#[test]
+fn a_refused_row_costs_only_itself() {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let client = Fake {
+        seen: seen.clone(),
+        fail: 0,
+        take: 2,
+        hang: Duration::ZERO,
+        refuse: Some(3),
+    };
+    let w = Worker::spawn("fake", Box::new(client), Duration::from_secs(10)).unwrap();
+    for s in 0..7 {
+        w.push(stamped(s));
+    }
+    w.end(End::Finished);
+    let c = w.wait();
+    assert_eq!(seen.lock().unwrap().steps, vec![0, 1, 2, 4, 5, 6]);
+    assert_eq!((c.sent, c.dropped), (6, 1));
+    assert_eq!(seen.lock().unwrap().ended, Some(End::Finished));
+}
+
+/// The end's kind survives a queue too full to carry the message.
+#[test]
+fn a_full_queue_keeps_the_end_it_was_told() {
+    let (w, seen) = fake(0, Duration::from_millis(20), Duration::from_secs(5));
+    for s in 0..1100 {
+        w.push(stamped(s));
+    }
+    w.end(End::Stopped);
+    let _ = w.wait();
+    assert_eq!(seen.lock().unwrap().ended, Some(End::Stopped));
 }

@@ -7,9 +7,8 @@
 //! listens; a `?write_token=` in it is taken as the token) and `TRACKIO_WRITE_TOKEN` (the
 //! server's write token, sent as `X-Trackio-Write-Token`).
 
+use super::base::{Client, End, Failure, RunInfo, Stamped, Tracker};
 use super::http::Http;
-use super::worker::{Client, Failure};
-use super::{End, RunInfo, Stamped, Tracker};
 use anyhow::{Result, bail};
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
@@ -102,7 +101,9 @@ impl Client for Trackio {
                     "run_id": self.run_id,
                     "metrics": metrics(r),
                     "step": r.step,
-                    "log_id": format!("{}-{}-{}", self.run_id, r.step, r.ms),
+                    // One entry a step: the server keeps the first, so a retried request, or
+                    // a resumed run's steps after a crash, add nothing twice.
+                    "log_id": format!("{}-{}", self.run_id, r.step),
                 });
                 if i == 0 && self.config_pending {
                     entry["config"] = self.config.clone();
@@ -124,7 +125,7 @@ impl Client for Trackio {
 }
 
 /// A row's scalars (its `step` is the entry's); the values that are not finite as the strings
-/// Python's JSON reads back as floats.
+/// trackio's server turns back into floats.
 fn metrics(r: &Stamped) -> Map<String, Value> {
     r.row
         .iter()

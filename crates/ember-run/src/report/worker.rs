@@ -2,11 +2,11 @@
 //! request is retried with exponential backoff; at the end, what is left is sent within a
 //! bounded wait.
 
-use super::{End, Stamped};
+use super::base::{Client, End, Failure, REQUEST_TIMEOUT, Stamped};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
@@ -20,34 +20,6 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long the end of a run waits for a tracker to take what is left.
 pub(crate) const END_GRACE: Duration = Duration::from_secs(15);
-
-/// Why a request failed.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Worth another try (no answer, a timeout, a 5xx, 408, 429).
-    Retry(String),
-    /// The tracker refused the request itself (another 4xx): retrying would not help; the rows
-    /// are dropped.
-    Reject(String),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Retry(m) | Failure::Reject(m) => f.write_str(m),
-        }
-    }
-}
-
-/// One tracker's client, called from its worker thread only.
-pub(crate) trait Client: Send {
-    /// Creates the tracker's run (or, resuming, reopens it); retried until it succeeds.
-    fn open(&mut self) -> Result<(), Failure>;
-    /// Sends the first rows of `rows` (at least one) in one request; returns how many it sent.
-    fn send(&mut self, rows: &[Stamped]) -> Result<usize, Failure>;
-    /// Marks the run ended.
-    fn close(&mut self, end: End) -> Result<(), Failure>;
-}
 
 /// What a tracker took and what it did not.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +43,19 @@ impl Counts {
     }
 }
 
-/// The counts as the worker and its handle update them.
+/// The counts as the worker and its handle update them, and how the run ended (kept here too:
+/// an end message that finds the queue full is lost, and the worker finds the end by the
+/// queue's closing).
 #[derive(Default)]
 struct Tally {
     sent: AtomicU64,
     failed_requests: AtomicU64,
     dropped: AtomicU64,
+    /// 0: not yet said; 1 + the [`End`]'s index.
+    end: AtomicU8,
 }
+
+const ENDS: [End; 3] = [End::Finished, End::Stopped, End::Failed];
 
 impl Tally {
     fn get(&self) -> Counts {
@@ -153,9 +131,11 @@ impl Worker {
         }
     }
 
-    /// Tells the thread the run ended (a full queue: the thread finds the end by the channel's
-    /// closing when the handle goes).
+    /// Tells the thread the run ended (with a full queue, the thread reads the end from the
+    /// counts when the queue closes).
     pub fn end(&self, end: End) {
+        let i = ENDS.iter().position(|e| *e == end).unwrap_or(2);
+        self.counts.end.store(1 + i as u8, Ordering::SeqCst);
         let _ = self.tx.try_send(Msg::End(end));
     }
 
@@ -171,7 +151,7 @@ impl Worker {
             ..
         } = self;
         drop(tx);
-        let finished = done.recv_timeout(grace + super::http::TIMEOUT).is_ok();
+        let finished = done.recv_timeout(grace + REQUEST_TIMEOUT).is_ok();
         let c = counts.get();
         if !finished || c.failed_requests > 0 || c.dropped > 0 {
             log::warn!(
@@ -201,6 +181,8 @@ struct Loop {
     backoff: Duration,
     /// The end, and how long to keep trying after it.
     end: Option<(End, Instant)>,
+    /// After a refused batch, rows go one a request until the refused one is found.
+    one_at_a_time: bool,
     grace: Duration,
     warned: bool,
 }
@@ -221,6 +203,7 @@ impl Loop {
             retry_at: Instant::now(),
             backoff: FIRST_BACKOFF,
             end: None,
+            one_at_a_time: false,
             grace,
             warned: false,
         }
@@ -229,10 +212,24 @@ impl Loop {
     fn run(mut self, rx: Receiver<Msg>) {
         loop {
             self.receive(&rx);
-            if Instant::now() >= self.retry_at && (!self.pending.is_empty() || self.end.is_some()) {
+            let idle_failure = self.pending.is_empty()
+                && !self.opened
+                && self.end.is_some_and(|(e, _)| e == End::Failed);
+            if Instant::now() >= self.retry_at
+                && !idle_failure
+                && (!self.pending.is_empty() || self.end.is_some())
+            {
                 self.attempt();
             }
             if let Some((end, deadline)) = self.end {
+                if self.pending.is_empty()
+                    && !self.opened
+                    && self.counts.sent.load(Ordering::Relaxed) == 0
+                    && end == End::Failed
+                {
+                    // A run that failed before its first row leaves the tracker alone.
+                    return;
+                }
                 if self.pending.is_empty() && self.opened {
                     if let Err(f) = self.client.close(end) {
                         self.failed(&f);
@@ -260,7 +257,11 @@ impl Loop {
             match first {
                 Ok(m) => self.take(m),
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => self.take(Msg::End(End::Failed)),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let said = self.counts.end.load(Ordering::SeqCst);
+                    let end = ENDS.get((said as usize).wrapping_sub(1)).copied();
+                    self.take(Msg::End(end.unwrap_or(End::Failed)));
+                }
             }
         }
         while let Ok(m) = rx.try_recv() {
@@ -299,12 +300,16 @@ impl Loop {
         match r {
             Ok(()) => self.backoff = FIRST_BACKOFF,
             Err(Failure::Reject(m)) if self.opened => {
-                // The first pending row was refused: it goes, so the rest can follow.
                 self.failed(&Failure::Reject(m));
-                if self.pending.pop_front().is_some() {
-                    self.drop_rows(1);
+                if self.one_at_a_time {
+                    // This row itself was refused: it goes, so the rest can follow.
+                    if self.pending.pop_front().is_some() {
+                        self.drop_rows(1);
+                    }
+                    self.retry_at = Instant::now() + FIRST_BACKOFF;
                 }
-                self.retry_at = Instant::now() + FIRST_BACKOFF;
+                // A refused batch is tried again a row at a time, at once.
+                self.one_at_a_time = true;
             }
             Err(f) => {
                 self.failed(&f);
@@ -320,11 +325,19 @@ impl Loop {
             self.opened = true;
         }
         while !self.pending.is_empty() {
+            if self
+                .end
+                .is_some_and(|(_, deadline)| Instant::now() >= deadline)
+            {
+                return Ok(());
+            }
             let rows = self.pending.make_contiguous();
+            let rows = if self.one_at_a_time { &rows[..1] } else { rows };
             let n = self.client.send(rows)?.clamp(1, rows.len());
             self.pending.drain(..n);
             self.counts.sent.fetch_add(n as u64, Ordering::Relaxed);
         }
+        self.one_at_a_time = false;
         Ok(())
     }
 

@@ -10,7 +10,7 @@
 //! storage host a large file redirects to. `HF_ENDPOINT` names another Hub (a mirror, a test
 //! server).
 
-use super::HubId;
+use super::id::HubId;
 use crate::error::{LlmError, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -94,8 +94,16 @@ impl Hub {
             .as_array()
             .map(|s| s.iter().filter_map(|f| f["rfilename"].as_str()).collect())
             .unwrap_or_default();
-        let files = wanted(id, &listed).map_err(|why| fail(&repo, &why))?;
+        let mut files = wanted(id, &listed).map_err(|why| fail(&repo, &why))?;
         let dir = cache.join(format!("models--{}--{}", id.org, id.name));
+        let index = "model.safetensors.index.json";
+        if id.file.is_none() && files.iter().any(|f| f == index) {
+            // Sharded weights: only the shards the index names (a repository may also hold a
+            // consolidated copy of the same weights).
+            self.file(&dir, &repo, &commit, index)?;
+            let shards = shards(&dir.join("snapshots").join(&commit).join(index));
+            files.retain(|f| !f.ends_with(".safetensors") || shards.contains(f));
+        }
         for file in &files {
             self.file(&dir, &repo, &commit, file)?;
         }
@@ -146,14 +154,25 @@ impl Hub {
         if link.exists() {
             return Ok(());
         }
-        let url = format!("{}/{repo}/resolve/{commit}/{file}", self.endpoint);
+        let url = format!(
+            "{}/{repo}/resolve/{commit}/{}",
+            self.endpoint,
+            url_path(file)
+        );
         let blob = self.metadata(&url, repo, file)?;
         let blobs = dir.join("blobs");
         std::fs::create_dir_all(&blobs).map_err(|e| LlmError::io(&blobs, e))?;
         let path = blobs.join(&blob.etag);
         if !path.exists() {
-            // One process downloads a blob at a time (huggingface_hub takes the same lock).
-            let lock_path = blobs.join(format!("{}.lock", blob.etag));
+            // One process downloads a blob at a time: the lock huggingface_hub takes,
+            // `<cache>/.locks/models--ORG--NAME/<etag>.lock`.
+            let locks = dir
+                .parent()
+                .unwrap_or(dir)
+                .join(".locks")
+                .join(dir.file_name().unwrap_or_default());
+            std::fs::create_dir_all(&locks).map_err(|e| LlmError::io(&locks, e))?;
+            let lock_path = locks.join(format!("{}.lock", blob.etag));
             let lock =
                 std::fs::File::create(&lock_path).map_err(|e| LlmError::io(&lock_path, e))?;
             lock.lock().map_err(|e| LlmError::io(&lock_path, e))?;
@@ -234,12 +253,25 @@ impl Hub {
             .call()
             .map_err(|e| fail(name, &format!("{url}: no answer ({e})")))?;
         let status = resp.status().as_u16();
-        // 206: the rest; 200: the whole file (a server that ignores ranges); 416: nothing left.
+        // 206: the rest (from where the partial file ends); 200: the whole file (a server that
+        // ignores ranges); 416: nothing left, when the partial file is whole.
+        let from = resp
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("bytes "))
+            .and_then(|v| v.split('-').next())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let append = match status {
-            206 => true,
+            206 if from.is_none_or(|f| f == have) => true,
             200 => false,
             416 if blob.size == Some(have) => true,
-            s => return Err(fail(name, &format!("{url}: HTTP {s}"))),
+            s => {
+                // A partial file the server cannot continue: start afresh next time.
+                let _ = std::fs::remove_file(&part);
+                let why = format!("{url}: HTTP {s} to a resumed download; run again");
+                return Err(fail(name, &why));
+            }
         };
         let mut out = std::fs::OpenOptions::new()
             .create(true)
@@ -303,9 +335,53 @@ impl Hub {
     }
 }
 
+/// The shards `model.safetensors.index.json` names (none when it does not read).
+fn shards(index: &Path) -> Vec<String> {
+    let v: Option<Value> = std::fs::read(index)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let mut names: Vec<String> = v
+        .as_ref()
+        .and_then(|v| v["weight_map"].as_object())
+        .map(|m| {
+            m.values()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A file name of the Hub's listing that is safe as a path under the snapshot: parts that are
+/// not empty, `.` or `..`, without backslashes, colons or control characters.
+fn safe_name(f: &str) -> bool {
+    f.split('/').all(|p| !p.is_empty() && p != "." && p != "..")
+        && !f.chars().any(|c| c == '\\' || c == ':' || c.is_control())
+}
+
+/// A file's path in a URL: each part percent-encoded (RFC 3986's unreserved characters kept).
+fn url_path(f: &str) -> String {
+    f.split('/')
+        .map(|p| {
+            p.bytes()
+                .map(
+                    |b| match b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                        true => (b as char).to_string(),
+                        false => format!("%{b:02X}"),
+                    },
+                )
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// The files to fetch: the one asked for, or the JSON, Jinja and safetensors files at the top
 /// of a model folder (what `huggingface-cli download --include` would be told for Ember).
 fn wanted(id: &HubId, listed: &[&str]) -> std::result::Result<Vec<String>, String> {
+    let listed: Vec<&str> = listed.iter().copied().filter(|f| safe_name(f)).collect();
     if let Some(f) = &id.file {
         if !listed.is_empty() && !listed.contains(&f.as_str()) {
             return Err(format!("revision {} has no file {f}", id.revision));
@@ -386,8 +462,16 @@ fn link_blob(link: &Path, blob: &Path, file: &str) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let target = PathBuf::from(format!("{up}blobs/{etag}"));
+    // A link left by an earlier download whose blob is gone is replaced.
+    if link.symlink_metadata().is_ok() {
+        std::fs::remove_file(link).map_err(|e| LlmError::io(link, e))?;
+    }
     #[cfg(unix)]
-    let made = std::os::unix::fs::symlink(&target, link);
+    let made = match std::os::unix::fs::symlink(&target, link) {
+        // Made meanwhile by another process fetching the same model.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && link.exists() => Ok(()),
+        other => other,
+    };
     #[cfg(not(unix))]
     let made = std::fs::copy(blob, link).map(|_| ());
     made.map_err(|e| LlmError::io(link, e))
@@ -651,6 +735,51 @@ mod tests {
         for d in [cache, cache2] {
             std::fs::remove_dir_all(d).ok();
         }
+    }
+
+    /// A folder another tool left with its config only is completed, not loaded without its
+    /// weights; a link whose blob is gone is made again.
+    #[test]
+    fn a_partial_cache_folder_is_completed() {
+        let (base, _) = mock_hub(false);
+        let cache = tmp("partial");
+        let dirs = [cache.clone()];
+        let only = Path::new("org/tiny/config.json");
+        let got = resolve_with(only, &dirs, &env(&base, false)).unwrap();
+        assert!(got.ends_with("config.json"));
+        let snap = cache.join("models--org--tiny/snapshots").join(COMMIT);
+        assert!(!snap.join("model.safetensors").exists());
+        let got = resolve_with(Path::new("org/tiny"), &dirs, &env(&base, false)).unwrap();
+        assert_eq!(
+            std::fs::read(got.join("model.safetensors")).unwrap(),
+            weights()
+        );
+        let blob = std::fs::read_link(got.join("model.safetensors")).unwrap();
+        std::fs::remove_file(snap.join(&blob)).unwrap();
+        let got = resolve_with(Path::new("org/tiny"), &dirs, &env(&base, false)).unwrap();
+        assert_eq!(
+            std::fs::read(got.join("model.safetensors")).unwrap(),
+            weights()
+        );
+        // The lock is where huggingface_hub takes it.
+        assert!(cache.join(".locks/models--org--tiny").is_dir());
+        std::fs::remove_dir_all(&cache).ok();
+    }
+
+    #[test]
+    fn listed_names_are_kept_inside_the_snapshot() {
+        assert!(super::safe_name("config.json") && super::safe_name("sub/x.json"));
+        for bad in [
+            "../x.json",
+            "a//b.json",
+            "/abs.json",
+            "a\\..\\b.json",
+            "c:x.json",
+            "./x",
+        ] {
+            assert!(!super::safe_name(bad), "{bad}");
+        }
+        assert_eq!(super::url_path("sub dir/a#b.json"), "sub%20dir/a%23b.json");
     }
 
     #[test]

@@ -9,44 +9,11 @@
 
 #[cfg(feature = "hub-download")]
 mod download;
+mod id;
 
 use crate::error::{LlmError, Result};
+use id::{HubId, hub_id};
 use std::path::{Path, PathBuf};
-
-/// A Hub reference: the repository, the revision, a file inside the snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct HubId {
-    org: String,
-    name: String,
-    revision: String,
-    file: Option<String>,
-}
-
-/// `spec` as a Hub id, when it has the shape of one (`ORG/NAME[@REV][/FILE…]`, names of
-/// letters, digits, `-`, `_`, `.`; no absolute or relative path).
-fn hub_id(spec: &str) -> Option<HubId> {
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s != "."
-            && s != ".."
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    };
-    let mut parts = spec.split('/');
-    let org = parts.next()?;
-    let second = parts.next()?;
-    let (name, revision) = second.split_once('@').unwrap_or((second, "main"));
-    let file: Vec<&str> = parts.collect();
-    if !ok(org) || !ok(name) || !ok(revision) || !file.iter().all(|f| ok(f)) {
-        return None;
-    }
-    Some(HubId {
-        org: org.into(),
-        name: name.into(),
-        revision: revision.into(),
-        file: (!file.is_empty()).then(|| file.join("/")),
-    })
-}
 
 /// The cache folders `huggingface_hub` would use, in order: `HF_HUB_CACHE`, `HF_HOME/hub`,
 /// `XDG_CACHE_HOME/huggingface/hub`, `~/.cache/huggingface/hub` (`var` reads the environment).
@@ -82,25 +49,85 @@ pub fn resolve_with(
     dirs: &[PathBuf],
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Result<PathBuf> {
-    let (id, searched) = match lookup(spec, dirs)? {
-        Ok(found) => return Ok(found),
-        Err(missing) => missing,
-    };
     let offline = var("HF_HUB_OFFLINE").is_some_and(|v| {
         matches!(
             v.trim().to_ascii_lowercase().as_str(),
             "1" | "true" | "yes" | "on"
         )
     });
+    let download = cfg!(feature = "hub-download") && !offline && !dirs.is_empty();
+    let id = (!spec.exists())
+        .then(|| spec.to_str().and_then(hub_id))
+        .flatten();
+    match (lookup(spec, dirs), &id) {
+        // A model folder that another tool left partial (a tokenizer only, an interrupted
+        // download) is completed rather than loaded without its weights.
+        (Ok(Ok(found)), Some(id)) if download && !complete(&found, id) => {}
+        (Ok(Ok(found)), _) => return Ok(found),
+        (Ok(Err(_)), _) => {}
+        // A ref naming a missing snapshot, a link to a missing blob, a missing file: a
+        // download repairs them.
+        (Err(_), Some(_)) if download => {}
+        (Err(e), _) => return Err(e),
+    }
+    let Some(id) = id else {
+        return Err(missing(spec, "no such file or directory"));
+    };
+    let searched: Vec<String> = dirs
+        .iter()
+        .map(|d| d.join(repo_folder(&id)).display().to_string())
+        .collect();
     #[cfg(feature = "hub-download")]
-    if let (false, Some(dir)) = (offline, dirs.first()) {
-        download::Hub::from_env(var).fetch(&id, dir)?;
-        let repo = dir.join(format!("models--{}--{}", id.org, id.name));
-        if let Some(found) = snapshot(&repo, &id)? {
+    if let (true, Some(dir)) = (download, dirs.first()) {
+        let fetched = download::Hub::from_env(var).fetch(&id, dir);
+        if let Err(e) = fetched {
+            let why = format!("downloading it failed ({e})");
+            return Err(not_in_cache(spec, &id, &searched, &why));
+        }
+        if let Some(found) = snapshot(&dir.join(repo_folder(&id)), &id)? {
             return Ok(found);
         }
     }
-    Err(not_in_cache(spec, &id, &searched, offline))
+    let why = match (offline, cfg!(feature = "hub-download")) {
+        (true, _) => "HF_HUB_OFFLINE is set, so nothing is downloaded",
+        (false, true) => "no cache folder to download into",
+        (false, false) => "downloading is not built in (the `hub-download` feature)",
+    };
+    Err(not_in_cache(spec, &id, &searched, why))
+}
+
+/// `models--ORG--NAME`.
+fn repo_folder(id: &HubId) -> String {
+    format!("models--{}--{}", id.org, id.name)
+}
+
+/// A snapshot that holds what Ember loads: the asked file, or a model folder's `config.json`
+/// and safetensors weights (every shard its index names).
+fn complete(found: &Path, id: &HubId) -> bool {
+    if id.file.is_some() {
+        return found.exists();
+    }
+    let index = found.join("model.safetensors.index.json");
+    if let Ok(text) = std::fs::read_to_string(&index) {
+        let shards = serde_json::from_str::<serde_json::Value>(&text).ok();
+        let names: Vec<String> = shards
+            .as_ref()
+            .and_then(|v| v["weight_map"].as_object())
+            .map(|m| {
+                m.values()
+                    .filter_map(|f| f.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return found.join("config.json").exists()
+            && !names.is_empty()
+            && names.iter().all(|n| found.join(n).exists());
+    }
+    let has_weights = std::fs::read_dir(found).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors") && e.path().exists())
+    });
+    found.join("config.json").exists() && has_weights
 }
 
 /// [`resolve_with`] that never downloads (the cache alone, as with `HF_HUB_OFFLINE`).
@@ -110,7 +137,7 @@ pub fn resolve_with(
 pub fn resolve_in(spec: &Path, dirs: &[PathBuf]) -> Result<PathBuf> {
     match lookup(spec, dirs)? {
         Ok(found) => Ok(found),
-        Err((id, searched)) => Err(not_in_cache(spec, &id, &searched, false)),
+        Err((id, searched)) => Err(not_in_cache(spec, &id, &searched, "nothing is downloaded")),
     }
 }
 
@@ -138,7 +165,7 @@ fn lookup(
 
 /// A Hub id that is in none of the cache folders: the places searched, why nothing was
 /// downloaded, and the command that downloads it.
-fn not_in_cache(spec: &Path, id: &HubId, searched: &[String], offline: bool) -> LlmError {
+fn not_in_cache(spec: &Path, id: &HubId, searched: &[String], why: &str) -> LlmError {
     let rev = match id.revision.as_str() {
         "main" => String::new(),
         r => format!(" --revision {r}"),
@@ -147,11 +174,6 @@ fn not_in_cache(spec: &Path, id: &HubId, searched: &[String], offline: bool) -> 
         .file
         .as_deref()
         .map_or(String::new(), |f| format!(" {f}"));
-    let why = match (offline, cfg!(feature = "hub-download")) {
-        (true, _) => "HF_HUB_OFFLINE is set, so nothing is downloaded",
-        (false, true) => "no cache folder to download into",
-        (false, false) => "downloading is not built in (the `hub-download` feature)",
-    };
     missing(
         spec,
         &format!(

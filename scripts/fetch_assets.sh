@@ -62,33 +62,33 @@ PY
   mv "$pth.part" "$pth"
   rm -rf "$tmp"
 fi
-py="$cache/py"
+# A virtual environment at $1 holding the packages $2 (and $3 without their dependencies),
+# made again whenever the pins change.
+venv_with() {
+  local dir=$1 want=$2 nodeps=${3:-}
+  local pins="$want${nodeps:+ $nodeps}"
+  if [ "$(cat "$dir/.ember-packages" 2>/dev/null)" != "$pins" ]; then
+    rm -rf "$dir"
+    python3 -m venv "$dir"
+    # shellcheck disable=SC2086
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check $want
+    if [ -n "$nodeps" ]; then
+      # shellcheck disable=SC2086
+      "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $nodeps
+    fi
+    echo "$pins" > "$dir/.ember-packages"
+  fi
+}
 # lm-eval-harness with its API extra only (no torch): tests/serve.rs runs its CLI against
-# `ember serve` on the tasks in recipes/lm-eval/.
-want="tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0 packaging==26.4 lm-eval[api]==0.4.13"
-# TRL's reward functions (`trl.rewards`) need none of TRL's training stack (torch,
-# transformers, accelerate, datasets): the package alone, without its dependencies.
-nodeps="trl==1.16.0"
-if [ "$(cat "$py/.ember-packages" 2>/dev/null)" != "$want $nodeps" ]; then
-  rm -rf "$py"
-  python3 -m venv "$py"
-  # shellcheck disable=SC2086
-  "$py/bin/python" -m pip install --quiet --disable-pip-version-check $want
-  # shellcheck disable=SC2086
-  "$py/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $nodeps
-  echo "$want $nodeps" > "$py/.ember-packages"
-fi
+# `ember serve` on the tasks in recipes/lm-eval/. TRL's reward functions (`trl.rewards`) need
+# none of TRL's training stack (torch, transformers, accelerate, datasets): the package alone,
+# without its dependencies.
+venv_with "$cache/py" \
+  "tbparse==0.0.9 tensorboard==2.21.0 math-verify[antlr4_13_2]==0.9.0 openai==3.57.0 packaging==26.4 lm-eval[api]==0.4.13" \
+  "trl==1.16.0"
 # The experiment trackers, each the real server or package (tests/trackers.rs): MLflow's tracking
 # server, trackio's, and wandb for offline runs. A virtual environment of their own (about 1 GiB),
 # so their pins never move the one above.
-trackers="$cache/trackers-py"
-want_trackers="mlflow==3.17.2 trackio==0.43.0 wandb==0.31.0"
-if [ "$(cat "$trackers/.ember-packages" 2>/dev/null)" != "$want_trackers" ]; then
-  rm -rf "$trackers"
-  python3 -m venv "$trackers"
-  # shellcheck disable=SC2086
-  "$trackers/bin/python" -m pip install --quiet --disable-pip-version-check $want_trackers
-  echo "$want_trackers" > "$trackers/.ember-packages"
-fi
+venv_with "$cache/trackers-py" "mlflow==3.17.2 trackio==0.43.0 wandb==0.31.0"
 echo "assets in $cache:"
 ls -l "$cache"

@@ -11,6 +11,7 @@
 //! server).
 
 use super::id::HubId;
+use super::index::shards;
 use crate::error::{LlmError, Result};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -333,25 +334,6 @@ impl Hub {
         }
         out.flush().map_err(|e| LlmError::io(part, e))
     }
-}
-
-/// The shards `model.safetensors.index.json` names (none when it does not read).
-fn shards(index: &Path) -> Vec<String> {
-    let v: Option<Value> = std::fs::read(index)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    let mut names: Vec<String> = v
-        .as_ref()
-        .and_then(|v| v["weight_map"].as_object())
-        .map(|m| {
-            m.values()
-                .filter_map(|f| f.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names.dedup();
-    names
 }
 
 /// A file name of the Hub's listing that is safe as a path under the snapshot: parts that are

@@ -10,6 +10,7 @@
 #[cfg(feature = "hub-download")]
 mod download;
 mod id;
+mod index;
 
 use crate::error::{LlmError, Result};
 use id::{HubId, hub_id};
@@ -108,17 +109,8 @@ fn complete(found: &Path, id: &HubId) -> bool {
         return found.exists();
     }
     let index = found.join("model.safetensors.index.json");
-    if let Ok(text) = std::fs::read_to_string(&index) {
-        let shards = serde_json::from_str::<serde_json::Value>(&text).ok();
-        let names: Vec<String> = shards
-            .as_ref()
-            .and_then(|v| v["weight_map"].as_object())
-            .map(|m| {
-                m.values()
-                    .filter_map(|f| f.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+    if index.exists() {
+        let names = index::shards(&index);
         return found.join("config.json").exists()
             && !names.is_empty()
             && names.iter().all(|n| found.join(n).exists());

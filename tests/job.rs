@@ -1961,3 +1961,26 @@ fn lanpo_reflects_on_the_groups_attempts_and_resumes_with_its_pool() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// REINFORCE++ with its k1 KL in the reward (Hu 2025 eq. 4) keeps the starting policy as the
+/// reference without a KL term in the loss: the run trains, the reward's KL is logged (zero at
+/// the first step, where the sampler is the reference, then positive), and the loss has none.
+#[test]
+fn reinforce_plus_plus_takes_its_kl_in_the_reward_alone() {
+    let out = tmp("rpp-kl");
+    let extra = [
+        "train.kl_coef=0",
+        "advantage={kind=\"reinforce_plus_plus\", kl_coef=0.05}",
+    ];
+    let o = train(&out, &extra, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = common::metric_rows(&out);
+    let kl: Vec<f64> = rows[1..]
+        .iter()
+        .map(|r| r["advantage/kl_in_reward"].as_f64().unwrap())
+        .collect();
+    assert!(kl[0].abs() < 1e-4, "{kl:?}");
+    assert!(kl[1..].iter().any(|k| *k > 1e-6), "{kl:?}");
+    assert!(rows.iter().all(|r| r.get("actor/kl_loss").is_none()));
+    std::fs::remove_dir_all(&out).ok();
+}

@@ -40,7 +40,9 @@ pub enum Preset {
     DrGrpo,
     /// RLOO (Ahmadian et al. 2024) with PPO clip.
     Rloo,
-    /// REINFORCE++ (Hu 2025): k1 KL in the reward, batch whitening.
+    /// REINFORCE++ (Hu 2025): the reward-to-go whitened over the batch; the paper's k1 KL in the
+    /// reward is `[advantage] kind = "reinforce_plus_plus", kl_coef = β` (0 here, as verl's
+    /// `use_kl_in_reward = False`), which keeps the starting policy as the reference.
     #[serde(rename = "reinforce++")]
     ReinforcePp,
     /// REINFORCE++-baseline (Hu 2025): group mean then batch whitening.

@@ -308,14 +308,19 @@ impl Recipe {
         Ok(())
     }
 
-    /// Whether the run keeps a KL reference of its own (the starting policy): a KL term whose
-    /// reference is not the teacher.
+    /// Whether the run keeps a KL reference of its own (the starting policy): a KL term in the
+    /// loss (`train.kl_coef`) or in REINFORCE++'s reward (`[advantage] kl_coef`, Hu 2025 eq. 4)
+    /// whose reference is not the teacher.
     pub fn own_kl_reference(&self) -> bool {
         let teacher_kl = self
             .teacher
             .as_ref()
             .is_some_and(|t| t.role == TeacherRole::Kl);
-        self.train.run.kl_coef > 0.0 && !teacher_kl
+        let reward_kl = matches!(
+            self.algorithm_parts().advantage.kind,
+            AdvantageKind::ReinforcePlusPlus { kl_coef, .. } if kl_coef > 0.0
+        );
+        (self.train.run.kl_coef > 0.0 || reward_kl) && !teacher_kl
     }
 
     /// Reinforce-Ada's rounds (`rollout.reinforce_ada`) against the rest of the recipe.

@@ -10,6 +10,13 @@ use std::time::Duration;
 /// One step's metrics, `area/name` → value (the run's row).
 pub(crate) type Row = BTreeMap<String, f64>;
 
+/// Milliseconds since the Unix epoch (0 before it).
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// How long one request may take (a tracker that hangs holds its own thread only).
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 

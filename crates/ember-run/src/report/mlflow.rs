@@ -8,7 +8,7 @@
 //! `MLFLOW_EXPERIMENT_NAME` (default: the project), `MLFLOW_TRACKING_TOKEN` (a bearer token) or
 //! `MLFLOW_TRACKING_USERNAME` and `MLFLOW_TRACKING_PASSWORD` (basic authentication).
 
-use super::base::{Client, End, Failure, RunInfo, Stamped, Tracker};
+use super::base::{Client, End, Failure, RunInfo, Stamped, Tracker, now_ms};
 use super::http::{Http, HttpError, basic_auth};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
@@ -356,13 +356,6 @@ fn url_escape(s: &str) -> String {
             },
         )
         .collect()
-}
-
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

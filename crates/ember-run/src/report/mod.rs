@@ -16,10 +16,9 @@ mod trackio;
 mod worker;
 
 use anyhow::Result;
-use base::{Client, Row, RunInfo, Stamped};
+use base::{Client, Row, RunInfo, Stamped, now_ms};
 pub use base::{End, Tracker};
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 pub use worker::Counts;
 use worker::Worker;
 
@@ -108,9 +107,7 @@ impl Reporter {
         if self.workers.is_empty() {
             return;
         }
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let ms = now_ms();
         let step = row.get("step").map_or(0, |s| *s as i64);
         for w in &self.workers {
             w.push(Stamped {

@@ -192,6 +192,8 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
 const LAYERS: &[(&str, u8)] = &[
     ("ember-engine", 0),
     ("ember-kernels", 0),
+    ("ember-dist", 0),
+    ("ember-collectives", 1),
     ("ember-train", 1),
     ("ember-tasks", 1),
     ("ember-molora", 1),

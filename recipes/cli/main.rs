@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
 mod generate;
+mod world;
 
 use ember::kinds::{self, AnyRecipe};
 use ember_run::RunOptions;
@@ -127,6 +128,12 @@ struct TrainArgs {
     /// The run's name in the trackers (default: the run directory's name).
     #[arg(long, value_name = "NAME")]
     run_name: Option<String>,
+    /// Several processes (ranks from torchrun, srun or mpirun): auto (a launcher's world over
+    /// the engine this binary has: MPI with `--features mpi`, NCCL with `--features cuda`), none
+    /// (one process whatever the environment says), mpi, nccl. EMBER_DIST_TIMEOUT (seconds,
+    /// default 600) bounds every collective.
+    #[arg(long, value_name = "ENGINE", default_value = "auto")]
+    dist: String,
 }
 
 #[derive(Args)]
@@ -327,6 +334,7 @@ fn train(a: TrainArgs) -> Result<()> {
     let out = a
         .out
         .unwrap_or_else(|| Path::new("runs").join(recipe.name()));
+    let world = world::open(&a.dist)?;
     let opts = RunOptions {
         quiet: a.quiet,
         resume: a.resume,
@@ -338,23 +346,54 @@ fn train(a: TrainArgs) -> Result<()> {
             project: a.project,
             run_name: a.run_name,
         },
+        world: world.clone(),
     };
     handle_stop_signals();
-    let interrupted = match recipe {
-        AnyRecipe::Llm(r) if r.offline.is_some() => {
-            ember::offline::job::train(&r, &out, &opts)?.interrupted
+    let result = run_recipe(recipe, &out, &opts);
+    drop(opts);
+    let interrupted = match (result, world) {
+        (Ok(i), w) => {
+            drop(w); // every rank ends the world together (MPI_Finalize)
+            i
         }
-        AnyRecipe::Llm(r) => ember::llm::jobs::train::train(&r, &out, &opts)?.interrupted,
-        AnyRecipe::Flow(r) => ember::flow::job::train(&r, &out, &opts)?.interrupted,
-        AnyRecipe::Agent(r) => ember::agent::job::train(&r, &out, &opts)?.interrupted,
-        AnyRecipe::Control(r) => ember::control::job::train(&r, &out, &opts)?.interrupted,
-        AnyRecipe::Programs(r) => ember::programs::job::train(&r, &out, &opts)?.interrupted,
-        AnyRecipe::Unlearning(r) => ember::unlearning::job::train(&r, &out, &opts)?.interrupted,
+        (Err(e), None) => return Err(e),
+        // One rank's error ends every rank now, instead of at the others' timeout.
+        (Err(e), Some(w)) => {
+            eprintln!("Error (rank {} of {}): {e:?}", w.rank(), w.size());
+            w.abort(1)
+        }
     };
     if interrupted {
         std::process::exit(ember_run::stop_exit_code());
     }
     Ok(())
+}
+
+/// Runs a recipe of any kind; true when it stopped before its last step. Only LLM recipes run
+/// over several processes.
+fn run_recipe(recipe: AnyRecipe, out: &Path, opts: &RunOptions) -> Result<bool> {
+    if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
+        let online_llm = matches!(&recipe, AnyRecipe::Llm(r) if r.offline.is_none());
+        if !online_llm {
+            bail!(
+                "only online LLM recipes (kind = \"llm\" without [offline]) train over several \
+                 processes; this one was started as {} ranks by {}",
+                w.size(),
+                w.launch().launcher.name()
+            );
+        }
+    }
+    Ok(match recipe {
+        AnyRecipe::Llm(r) if r.offline.is_some() => {
+            ember::offline::job::train(&r, out, opts)?.interrupted
+        }
+        AnyRecipe::Llm(r) => ember::llm::jobs::train::train(&r, out, opts)?.interrupted,
+        AnyRecipe::Flow(r) => ember::flow::job::train(&r, out, opts)?.interrupted,
+        AnyRecipe::Agent(r) => ember::agent::job::train(&r, out, opts)?.interrupted,
+        AnyRecipe::Control(r) => ember::control::job::train(&r, out, opts)?.interrupted,
+        AnyRecipe::Programs(r) => ember::programs::job::train(&r, out, opts)?.interrupted,
+        AnyRecipe::Unlearning(r) => ember::unlearning::job::train(&r, out, opts)?.interrupted,
+    })
 }
 
 /// The first Ctrl-C, SIGTERM or SIGHUP: finish the step, checkpoint, exit 128 + the signal.

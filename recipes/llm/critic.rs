@@ -56,6 +56,15 @@ impl Critic {
         })
     }
 
+    /// Its updates summed over the ranks of `world` too.
+    #[must_use]
+    pub fn with_world(self, world: ember_dist::World) -> Self {
+        Self {
+            optim: self.optim.with_world(world),
+            ..self
+        }
+    }
+
     /// The critic's updates run data-parallel over `group` (as the policy's do).
     #[must_use]
     pub fn with_data_parallel(self, group: std::sync::Arc<ember_train::DataParallel>) -> Self {

@@ -8,6 +8,7 @@ pub mod jobs;
 pub mod lanpo;
 pub mod pipeline;
 pub mod plop;
+pub mod ranks;
 pub mod remote;
 pub mod replay;
 pub mod saved;

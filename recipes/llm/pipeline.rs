@@ -8,6 +8,7 @@
 //! (`pipeline.json`), so a resumed run continues with the very samples the uninterrupted run
 //! trains on.
 
+use super::ranks::Shard;
 use super::remote::Remote;
 use super::replay::Limits;
 use crate::lm::step::{TokenRow, responses_and_log_probs, rows_generation};
@@ -35,6 +36,8 @@ pub struct Draw {
     pub examples: Vec<Example>,
     pub prompts: Vec<Vec<u32>>,
     pub sc: SamplingConfig,
+    /// In a multi-process run, the part this rank generates (the whole draw otherwise).
+    pub shard: Option<Shard>,
 }
 
 /// A generated rollout and what it cost.
@@ -115,11 +118,21 @@ impl Pipeline {
     /// Hands `draw` to the worker.
     pub fn launch(&mut self, draw: Draw, source: Generator, vocab: usize) -> Result<()> {
         let (reply, rx) = channel();
+        let (prompts, sc) = match &draw.shard {
+            Some(s) => (
+                draw.prompts[s.prompts.clone()].to_vec(),
+                SamplingConfig {
+                    rows_in: Some(s.rows_in),
+                    ..draw.sc.clone()
+                },
+            ),
+            None => (draw.prompts.clone(), draw.sc.clone()),
+        };
         let job = Job {
             source,
             version: draw.version,
-            prompts: draw.prompts.clone(),
-            sc: draw.sc.clone(),
+            prompts,
+            sc,
             vocab,
             reply,
         };
@@ -241,6 +254,7 @@ impl Pipeline {
                 sc: sc_of(s.seed),
                 examples: s.examples,
                 prompts: s.prompts,
+                shard: None,
             };
             let p = Produced {
                 g,
@@ -425,6 +439,7 @@ mod tests {
             examples: Vec::new(),
             prompts: vec![vec![1, 2]],
             sc: SamplingConfig::default(),
+            shard: None,
         };
         let produced = Produced {
             g: rows_generation(&[row], vec![0], &device),

@@ -7,13 +7,14 @@ use crate::lm::score::{Scorer, completions, valid_mean};
 use anyhow::Result;
 use burn::tensor::Device;
 use burn::tensor::{Int, Tensor, TensorData};
+use ember_dist::World;
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::generate;
 use ember_llm::{Generation, Llama, SamplingConfig};
 use ember_run::fmt_metric;
 use ember_tasks::task::Example;
-use ember_train::{Optimizer, UpdateConfig, update};
+use ember_train::{Actor, Optimizer, UpdateConfig, update};
 use std::collections::BTreeMap;
 
 /// ReMax's greedy pass (Li et al. 2024): the rollout sampler at temperature 0, one response per
@@ -75,30 +76,84 @@ pub enum Reference<'a> {
 
 /// Rescores `exp` (on the sampler's device) without gradients: the old policy's log-probs with
 /// `sampler` when `recompute_old`, the reference's when `reference` is given; both moved onto
-/// `ad`, the training device.
+/// `ad`, the training device. With a multi-process `world`, each rank scores its share of the
+/// rows and the shares are gathered.
 pub fn rescore(
     mut batch: RolloutBatch,
     exp: &LlmExperience,
+    world: Option<&World>,
     sampler: &Llama,
     recompute_old: bool,
     reference: Option<Reference>,
     ad: &Device,
 ) -> Result<RolloutBatch> {
     if recompute_old {
-        batch = batch.with_old_log_probs(exp.score_all(sampler).to_device(ad))?;
+        batch = batch.with_old_log_probs(score_rows(exp, sampler, world)?.to_device(ad))?;
     }
     if let Some(reference) = reference {
         let lp = match reference {
-            Reference::Model(m) => exp.score_all(m),
-            Reference::AdaptersOff => LlmExperience {
-                adapters: false,
-                ..exp.clone()
+            Reference::Model(m) => score_rows(exp, m, world)?,
+            Reference::AdaptersOff => {
+                let off = LlmExperience {
+                    adapters: false,
+                    ..exp.clone()
+                };
+                score_rows(&off, sampler, world)?
             }
-            .score_all(sampler),
         };
         batch = batch.with_ref_log_probs(lp.to_device(ad))?;
     }
     Ok(batch)
+}
+
+/// `exp.score_all(model)`; with a `world`, this rank's contiguous share of the rows scored here
+/// and every rank's share gathered in rank order (the same rows, the same order).
+fn score_rows(exp: &LlmExperience, model: &Llama, world: Option<&World>) -> Result<Tensor<2>> {
+    let Some(w) = world.filter(|w| w.size() > 1) else {
+        return Ok(exp.score_all(model));
+    };
+    let n = exp.tokens.dims()[0];
+    let mine: Vec<usize> = w.shard(n).collect();
+    let (local, cols) = match mine.is_empty() {
+        true => (Vec::new(), 0),
+        false => {
+            let lp = model.score(exp, &mine, false).log_probs;
+            let cols = lp.dims()[1];
+            let v = lp
+                .try_into_vec_as::<f32>()
+                .map_err(|e| anyhow::anyhow!("reading log-probs: {e:?}"))?;
+            (v, cols)
+        }
+    };
+    let mut bytes = (cols as u64).to_le_bytes().to_vec();
+    bytes.extend(local.iter().flat_map(|x| x.to_le_bytes()));
+    let parts = w.gather(bytes, "rescoring gather")?;
+    let mut all = Vec::with_capacity(n * cols.max(1));
+    let mut width = None;
+    for p in &parts {
+        let (head, body) = p.split_at(8.min(p.len()));
+        let c = u64::from_le_bytes(head.try_into().unwrap_or([0; 8])) as usize;
+        if body.is_empty() {
+            continue;
+        }
+        if width.is_some_and(|w| w != c) {
+            anyhow::bail!("the ranks scored different widths ({width:?} and {c})");
+        }
+        width = Some(c);
+        all.extend(
+            body.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+    }
+    let cols = width.unwrap_or(1);
+    if all.len() != n * cols {
+        anyhow::bail!(
+            "the ranks scored {} values for {n} rows of {cols}",
+            all.len()
+        );
+    }
+    let device = exp.tokens.device();
+    Ok(Tensor::from_data(TensorData::new(all, [n, cols]), &device))
 }
 
 /// What an LLM update takes besides the model, its optimizers and the experience: the

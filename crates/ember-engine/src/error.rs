@@ -36,6 +36,14 @@ pub enum EngineError {
         /// Why it is invalid.
         reason: &'static str,
     },
+    /// The multi-process world under a data-parallel update failed (its engine's message).
+    #[error("the distributed world failed at {what}: {message}")]
+    Collective {
+        /// The operation.
+        what: &'static str,
+        /// The engine's message.
+        message: String,
+    },
 }
 
 /// Result alias of the engine.

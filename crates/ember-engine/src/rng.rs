@@ -37,6 +37,13 @@ impl rand_core::SeedableRng for SplitMix64 {
 }
 
 impl SplitMix64 {
+    /// The stream of `seed` after `draws` draws (SplitMix64's state moves by a constant per
+    /// draw, so any position is reached at once): `at(s, k).next_u64()` is the (k+1)-th
+    /// `SplitMix64(s).next_u64()`.
+    pub fn at(seed: u64, draws: u64) -> Self {
+        Self(seed.wrapping_add(draws.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -23,6 +23,7 @@ mod report;
 mod run;
 mod stop;
 pub mod tensorboard;
+mod world;
 mod write;
 
 #[cfg(feature = "dashboard")]

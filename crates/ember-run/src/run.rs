@@ -12,6 +12,7 @@ use crate::report::{End, ReportTo, Reporter, counts_json};
 use crate::stop::stop_requested;
 use crate::write::write_atomic;
 use anyhow::{Context, Result, bail};
+use ember_dist::World;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,9 @@ pub struct RunOptions {
     pub dashboard: bool,
     /// The experiment trackers the run reports to (`--report-to`).
     pub report: ReportTo,
+    /// The multi-process world, when the run has several ranks: rank 0 writes the run
+    /// directory, the others read it (the checkpoint they resume from) and write nothing.
+    pub world: Option<World>,
 }
 
 /// Rewrites a recipe stored by an earlier version in today's form (its renamed keys, its new
@@ -109,7 +113,8 @@ pub struct Run {
     keep: usize,
     ckpt_root: PathBuf,
     resumed: Option<(PathBuf, TrainState)>,
-    log: MetricsLog,
+    /// The metrics log (rank 0's only).
+    log: Option<MetricsLog>,
     tty: bool,
     mid_line: bool,
     /// The live dashboard, while it is up.
@@ -120,11 +125,15 @@ pub struct Run {
     nonfinite_steps: usize,
     /// The experiment trackers, each row sent to them too.
     report: Reporter,
+    /// The world of a run with several ranks.
+    world: Option<World>,
+    /// This process writes the run directory (rank 0, or the only process).
+    writer: bool,
     /// The run stopped before its last step (the trackers are told so).
     stopped: bool,
     /// `out/.lock`, held (`flock`) while the run is open: a second process on the same
     /// directory is refused instead of interleaving rows and checkpoints.
-    _lock: std::fs::File,
+    _lock: Option<std::fs::File>,
 }
 
 impl Run {
@@ -135,6 +144,10 @@ impl Run {
     pub fn open(out: &Path, opts: &RunOptions, spec: &RunSpec) -> Result<Self> {
         if opts.resume && opts.overwrite {
             bail!("--resume and --overwrite contradict each other");
+        }
+        let world = opts.world.clone().filter(|w| w.size() > 1);
+        if let Some(w) = world.as_ref().filter(|w| !w.is_writer()) {
+            return Self::open_follower(out, opts, spec, w.clone());
         }
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         let lock = lock_dir(out)?;
@@ -189,7 +202,7 @@ impl Run {
         let first = resumed.as_ref().map_or(0, |(_, s)| s.step);
         let resumed_step = resumed.as_ref().map(|(_, s)| s.step);
         let report = Reporter::start(&opts.report, out, spec.resolved, resumed_step)?;
-        let run = Self {
+        let mut run = Self {
             out: out.to_path_buf(),
             name: spec.name.to_string(),
             resolved: spec.resolved.to_string(),
@@ -199,7 +212,7 @@ impl Run {
             keep: spec.keep_checkpoints,
             ckpt_root,
             resumed,
-            log,
+            log: Some(log),
             tty: std::io::stderr().is_terminal(),
             mid_line: false,
             live: match opts.dashboard && !opts.quiet {
@@ -214,9 +227,15 @@ impl Run {
             last_line: None,
             nonfinite_steps: 0,
             report,
+            world: None,
+            writer: true,
             stopped: false,
-            _lock: lock,
+            _lock: Some(lock),
         };
+        if let Some(w) = world {
+            crate::world::announce(&w, out, run.first_step())?;
+            run.world = Some(w);
+        }
         if let Some((dir, st)) = &run.resumed {
             run.say(&format!(
                 "resuming from {} (step {})",
@@ -225,6 +244,76 @@ impl Run {
             ));
         }
         Ok(run)
+    }
+
+    /// A rank other than 0 of a multi-process run: it waits for rank 0 to open the directory,
+    /// checks that it sees the same directory (a file system every rank shares) and the same
+    /// checkpoint, and writes nothing.
+    fn open_follower(out: &Path, opts: &RunOptions, spec: &RunSpec, world: World) -> Result<Self> {
+        let first = crate::world::follow(&world, out)?;
+        let ckpt_root = out.join("checkpoints");
+        let resumed = match first {
+            0 => None,
+            step => {
+                let dir = checkpoint::latest(&ckpt_root)?.with_context(|| {
+                    format!(
+                        "rank 0 resumes from step {step}, but {} holds no checkpoint",
+                        out.display()
+                    )
+                })?;
+                let st = checkpoint::read_state(&dir)?;
+                if st.step != step {
+                    bail!(
+                        "rank 0 resumes from step {step}, this rank sees step {} in {}",
+                        st.step,
+                        dir.display()
+                    );
+                }
+                Some((dir, st))
+            }
+        };
+        let opts = RunOptions {
+            quiet: true,
+            dashboard: false,
+            report: ReportTo::default(),
+            ..opts.clone()
+        };
+        Ok(Self {
+            out: out.to_path_buf(),
+            name: spec.name.to_string(),
+            resolved: spec.resolved.to_string(),
+            report: Reporter::start(&opts.report, out, spec.resolved, None)?,
+            opts,
+            steps: spec.steps,
+            checkpoint_every: spec.checkpoint_every,
+            keep: spec.keep_checkpoints,
+            ckpt_root,
+            resumed,
+            log: None,
+            tty: false,
+            mid_line: false,
+            live: None,
+            last_line: None,
+            nonfinite_steps: 0,
+            world: Some(world),
+            writer: false,
+            stopped: false,
+            _lock: None,
+        })
+    }
+
+    /// `end` as every rank sees it: a stop asked on any rank (a signal, `--stop-after`) stops
+    /// them all after the same step.
+    fn agree(&self, mut end: StepEnd) -> Result<StepEnd> {
+        if let Some(w) = &self.world
+            && w.any(end.stop, "stop flag")?
+            && !end.stop
+            && end.done < self.steps
+        {
+            end.stop = true;
+            end.checkpoint = true;
+        }
+        Ok(end)
     }
 
     /// The run directory.
@@ -273,16 +362,16 @@ impl Run {
         samples: &[serde_json::Map<String, serde_json::Value>],
         text: bool,
     ) -> Result<()> {
-        if samples.is_empty() {
-            return Ok(());
+        match &mut self.log {
+            Some(log) if !samples.is_empty() => log.samples(step, samples, text),
+            _ => Ok(()),
         }
-        self.log.samples(step, samples, text)
     }
 
     /// Logs a row outside the step protocol (the step-0 evaluation).
     pub fn log(&mut self, row: BTreeMap<String, f64>) -> Result<()> {
         self.report.push(&row);
-        self.log.push(row)
+        self.log.as_mut().map_or(Ok(()), |log| log.push(row))
     }
 
     /// The checkpoint state of step `step` (the resolved recipe included).
@@ -322,15 +411,23 @@ impl Run {
         stats: &str,
         save: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<bool> {
+        let end = self.agree(end)?;
         self.progress(end.done, stats, &row);
         let skipped = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
         self.nonfinite_steps = if skipped { self.nonfinite_steps + 1 } else { 0 };
         self.report.push(&row);
-        self.log.push(row)?;
-        if evaluated {
-            self.log.publish()?;
+        if let Some(log) = &mut self.log {
+            log.push(row)?;
+            if evaluated {
+                log.publish()?;
+            }
         }
-        if end.checkpoint {
+        if end.checkpoint && !self.writer {
+            self.stopped |= end.stop;
+            if end.stop {
+                return Ok(true);
+            }
+        } else if end.checkpoint {
             let dir = checkpoint::save(&self.ckpt_root, end.done, self.keep, save)?;
             if end.stop {
                 self.close_live();
@@ -377,6 +474,12 @@ impl Run {
         if self.mid_line && !self.opts.quiet {
             eprintln!();
             self.mid_line = false;
+        }
+        if !self.writer {
+            return err.context(format!(
+                "step {} failed (rank 0 keeps the checkpoints)",
+                done + 1
+            ));
         }
         let latest = checkpoint::latest(&self.ckpt_root)
             .ok()
@@ -446,12 +549,17 @@ impl Run {
     /// After the loop: ends the progress line, publishes the CSV and the plot, ends the
     /// trackers' runs, writes `summary.json` (with the trackers' counts as `report`).
     pub fn finish(&mut self, summary: &serde_json::Value) -> Result<()> {
+        if !self.writer {
+            return Ok(());
+        }
         self.close_live();
         if self.mid_line && !self.opts.quiet {
             eprintln!();
             self.mid_line = false;
         }
-        self.log.publish()?;
+        if let Some(log) = &mut self.log {
+            log.publish()?;
+        }
         let end = if self.stopped {
             End::Stopped
         } else {

@@ -18,6 +18,8 @@ mod precision;
 mod schedule;
 mod sequential;
 mod update;
+mod world;
+pub use world::{broadcast_trained, check_identical};
 
 pub use critic::{Critic, CriticBatch, critic_update};
 pub use optim::{

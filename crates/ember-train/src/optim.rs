@@ -8,6 +8,7 @@ use burn::grad_clipping::GradientClippingConfig;
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, OptimizerRecord};
 use burn::tensor::{DType, FloatDType, Tensor};
+use ember_dist::World;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -102,6 +103,7 @@ impl OptimizerConfig {
             global_clip: (clip && self.grad_clip_mode == ClipMode::Global)
                 .then_some(self.grad_clip),
             parallel: None,
+            world: None,
         }
     }
 }
@@ -121,6 +123,7 @@ pub struct Optimizer {
     adamw: ModuleOptimizer,
     global_clip: Option<f32>,
     parallel: Option<Arc<DataParallel>>,
+    world: Option<World>,
 }
 
 impl Optimizer {
@@ -173,6 +176,23 @@ impl Optimizer {
     /// The data-parallel group, if any.
     pub fn data_parallel(&self) -> Option<&Arc<DataParallel>> {
         self.parallel.as_ref()
+    }
+
+    /// Updates through this optimizer run data-parallel over the processes of `world` too: each
+    /// rank takes its share of every mini-batch's rows (then cuts it over its own devices, when
+    /// it has a group), and the gradients are summed over the ranks before the step, which is
+    /// then the same on every rank. Ranks across nodes, devices within one.
+    #[must_use]
+    pub fn with_world(self, world: World) -> Self {
+        Self {
+            world: (world.size() > 1).then_some(world),
+            ..self
+        }
+    }
+
+    /// The multi-process world, when it has more than one rank.
+    pub fn world(&self) -> Option<&World> {
+        self.world.as_ref()
     }
 
     pub fn to_record(&self) -> OptimizerRecord {

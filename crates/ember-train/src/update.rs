@@ -6,6 +6,7 @@
 use crate::micro::{Cut, mask_lengths};
 use crate::optim::{Optimizer, StepReport};
 use crate::parallel::{Copies, DataParallel, Replicate};
+use crate::world::{gather_metrics, sum_gradients};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -236,6 +237,7 @@ impl Steps<'_> {
         let mut stats = UpdateStats::default();
         let mini = self.schedule.mini_batches.clamp(1, rows.max(1));
         let group = optim.data_parallel().cloned();
+        let world = optim.world().cloned();
         // The replicas on the other devices: forked once, their trained weights refreshed after
         // each optimizer step.
         let mut replicas: Vec<M> = group.as_ref().map_or_else(Vec::new, |dp| dp.fork(&model));
@@ -283,11 +285,26 @@ impl Steps<'_> {
                     }
                     Ok::<_, EngineError>((acc.grads(), host))
                 };
-                let results = run_shards(group.as_deref(), &model, &replicas, &part, &shard);
-                let (mut grads, finite) = self.merge(results, &mut sums)?;
+                // Across processes, this rank's share of the mini-batch (the normaliser above
+                // is the whole mini-batch's), then over its own devices.
+                let mine = match &world {
+                    Some(w) => &part[w.shard(part.len())],
+                    None => &part[..],
+                };
+                let results = run_shards(group.as_deref(), &model, &replicas, mine, &shard);
+                let (mut grads, hosts) = split(results)?;
+                let hosts = match &world {
+                    Some(w) => gather_metrics(w, hosts)?,
+                    None => hosts,
+                };
+                let finite = self.merge(hosts, &mut sums);
                 let grads = match &group {
                     Some(dp) => dp.sum(&model, grads),
                     None => grads.pop().unwrap_or_default(),
+                };
+                let grads = match &world {
+                    Some(w) => sum_gradients(w, &model, grads)?,
+                    None => grads,
                 };
                 // A non-finite loss or gradient norm would make every weight NaN: the
                 // mini-batch's step is skipped and counted instead.
@@ -315,37 +332,44 @@ impl Steps<'_> {
         Ok((model, stats))
     }
 
-    /// Adds a mini-batch's shard results to `sums` and returns their gradients and whether the
-    /// loss was finite. Loss terms are divided by the whole mini-batch's normaliser, so a
-    /// micro-batch's (or a shard's) value is a part of the mini-batch's: those add up within the
-    /// mini-batch, the other metrics (fractions, means) are averaged.
-    fn merge(
-        &self,
-        results: Vec<ShardResult>,
-        sums: &mut Means,
-    ) -> Result<(Vec<GradientsParams>, bool), EngineError> {
-        let mut grads = Vec::with_capacity(results.len());
+    /// Adds a mini-batch's shares' host metrics (each micro-batch's list, on every rank) to
+    /// `sums` and returns whether the loss was finite in all of them. Loss terms are divided by
+    /// the whole mini-batch's normaliser, so a micro-batch's (or a share's) value is a part of
+    /// the mini-batch's: those add up within the mini-batch, the other metrics (fractions,
+    /// means) are averaged.
+    fn merge(&self, hosts: HostMetrics, sums: &mut Means) -> bool {
         let mut finite = true;
         let mut parts: BTreeMap<String, f64> = BTreeMap::new();
-        for r in results {
-            let (g, host) = r?;
-            grads.push(g);
-            for (k, v) in host {
-                if k == self.loss_key && !v.is_finite() {
-                    finite = false;
-                }
-                if PARTIAL.contains(&k.as_str()) {
-                    *parts.entry(k).or_insert(0.0) += v;
-                } else {
-                    sums.add(k, v);
-                }
+        for (k, v) in hosts.into_iter().flatten() {
+            if k == self.loss_key && !v.is_finite() {
+                finite = false;
+            }
+            if PARTIAL.contains(&k.as_str()) {
+                *parts.entry(k).or_insert(0.0) += v;
+            } else {
+                sums.add(k, v);
             }
         }
         for (k, v) in parts {
             sums.add(k, v);
         }
-        Ok((grads, finite))
+        finite
     }
+}
+
+/// A mini-batch's metrics as its shares read them: one list per micro-batch share.
+type HostMetrics = Vec<Vec<(String, f64)>>;
+
+/// The shards' gradients and their host metrics, or the first error.
+fn split(results: Vec<ShardResult>) -> Result<(Vec<GradientsParams>, HostMetrics), EngineError> {
+    let mut grads = Vec::with_capacity(results.len());
+    let mut hosts = Vec::with_capacity(results.len());
+    for r in results {
+        let (g, h) = r?;
+        grads.push(g);
+        hosts.push(h);
+    }
+    Ok((grads, hosts))
 }
 
 /// A shard's accumulated gradients and host metrics.

@@ -71,6 +71,12 @@ pub struct SamplingConfig {
     /// are unchanged.
     #[serde(default)]
     pub prompt_bucket: usize,
+    /// `(first row, rows)`: this batch's rows are rows `first..` of a larger batch of `rows`
+    /// rows sampled with the same seed, and draw the uniform numbers that batch would draw for
+    /// them (one multi-process rank's share of a rollout samples what one process samples).
+    /// None: the batch is the whole.
+    #[serde(skip)]
+    pub rows_in: Option<(usize, usize)>,
 }
 
 impl Default for SamplingConfig {
@@ -87,6 +93,7 @@ impl Default for SamplingConfig {
             stop_check_every: every(),
             cache_bucket: bucket(),
             prompt_bucket: 0,
+            rows_in: None,
         }
     }
 }
@@ -552,7 +559,14 @@ pub fn generate_observed(
         route,
     } = prefill(model, prompts, cfg, device);
     let b = group_ids.len();
-    let mut rng = SplitMix64(cfg.seed);
+    if let Some((first, rows)) = cfg.rows_in
+        && first.checked_add(b).is_none_or(|end| end > rows)
+    {
+        return Err(LlmError::Input(format!(
+            "rows {first}..{} of a batch of {rows}",
+            first.saturating_add(b)
+        )));
+    }
     let stop: Vec<i64> = cfg.stop_tokens.iter().map(|t| i64::from(*t)).collect();
     let mut alive = Tensor::<2>::ones([b, 1], device);
     // Finished rows leave the batch at stop checks, except where the rows must stay whole (an
@@ -567,7 +581,7 @@ pub fn generate_observed(
             lp.clone().argmax(1)
         } else {
             let filtered = truncate(lp.clone(), cfg.top_k, cfg.top_p, cfg.min_p);
-            sample_rows_with(filtered, &batch.uniforms(&mut rng))
+            sample_rows_with(filtered, &batch.uniforms(cfg.seed, step, cfg.rows_in))
         };
         let lp = lp.gather(1, token.clone()) * alive.clone();
         let token = token * alive.clone().int();

@@ -57,10 +57,17 @@ impl Shrinking {
         self.now.rows.len()
     }
 
-    /// One uniform number for each row now, drawn for every original row.
-    pub fn uniforms(&self, rng: &mut SplitMix64) -> Vec<f32> {
-        let all: Vec<f32> = (0..self.batch).map(|_| rng.next_f32()).collect();
-        self.now.rows.iter().map(|&r| all[r]).collect()
+    /// One uniform number for each row now at decode step `step`: draw `step × rows + row` of
+    /// `seed`'s stream, as if every step drew one number for every original row in order
+    /// (`rows_in`: these rows sit from `first` on in a batch of `rows`; default this batch).
+    pub fn uniforms(&self, seed: u64, step: usize, rows_in: Option<(usize, usize)>) -> Vec<f32> {
+        let (first, rows) = rows_in.unwrap_or((0, self.batch));
+        let base = (step as u64).wrapping_mul(rows as u64) + first as u64;
+        self.now
+            .rows
+            .iter()
+            .map(|&r| SplitMix64::at(seed, base + r as u64).next_f32())
+            .collect()
     }
 
     /// A step's tokens, log-probs and mask (`[rows now, 1]`).

@@ -332,7 +332,7 @@ impl Plan<'_> {
         // shapes, so the adapters-off pass stands in for it).
         let recompute = r.train.run.recompute_old_log_probs;
         let kl_reference = (r.train.run.kl_coef > 0.0).then_some(Reference::AdaptersOff);
-        batch = rescore(batch, &exp, sampler, recompute, kl_reference, ad)?;
+        batch = rescore(batch, &exp, None, sampler, recompute, kl_reference, ad)?;
         if self.parts.advantage.kind.needs_greedy_baseline() {
             batch = batch.with_baseline_rewards(Tensor::<1>::zeros([rows], ad))?;
         }

@@ -9,11 +9,11 @@ use crate::llm::adaptive::{AdaScoring, ada_rollout};
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::lanpo::Lanpo;
 use crate::llm::pipeline::{Draw, Generator, Pipeline};
+use crate::llm::ranks;
 use crate::llm::remote::Remote;
-use crate::llm::replay::{Replay, StoredGroup};
+use crate::llm::replay::Replay;
 use crate::llm::saved::{Extras, save_checkpoint};
 use crate::llm::schema::Recipe;
-use crate::llm::setup::rollout_sampling;
 use crate::llm::teacher::Teacher;
 use crate::lm::score::{Scorer, completions, json_number, shown_samples};
 use crate::lm::step::{
@@ -24,6 +24,7 @@ use crate::lm::{Policy, evaluate, evaluate_sampled, write_final};
 use anyhow::{Context, Result};
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
+use ember_dist::World;
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig};
@@ -64,9 +65,16 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let base = crate::common::device::device(&r.header.device)?;
     // `[data_parallel]`: checked before the warm-up and the first evaluation.
     let group = crate::common::device::data_parallel(&r.header.device, r.data_parallel)?;
+    let world = opts.world.clone().filter(|w| w.size() > 1);
+    if let Some(w) = &world {
+        ranks::supported(r, w)?;
+    }
     // `targets = "plop"`: chosen now, or read back when resuming.
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
-    let mut job = Job::new(&placed, out, run, task, base)?.start()?;
+    let mut job = Job::new(&placed, out, run, task, base)?;
+    job.world = world;
+    job.check_every = ranks::check_every()?;
+    let mut job = job.start()?;
     job.prepare_update(group)?;
     ember_run::drive(job, start)
 }
@@ -103,6 +111,11 @@ struct Job<'a> {
     accuracy_before: f64,
     accuracy_after: f64,
     steps_done: usize,
+    /// The ranks of a multi-process run (none in a single process).
+    world: Option<World>,
+    /// `EMBER_DIST_CHECK_EVERY`: the ranks compare their parameters this often (0: at the
+    /// checkpoints and the last step only).
+    check_every: usize,
 }
 
 /// A step's rollout, scored and rescored, before the update.
@@ -140,34 +153,6 @@ impl Job<'_> {
         self.r.own_kl_reference().then_some(match &self.reference {
             Some(m) => Reference::Model(m),
             None => Reference::AdaptersOff,
-        })
-    }
-
-    /// The error path of a step: the last completed step's checkpoint (with the RNG and the
-    /// replay buffer as that step left them), and the error naming how to resume.
-    fn fail(
-        &mut self,
-        e: anyhow::Error,
-        rng_at_start: u64,
-        replay_at_start: Option<ReplayBuffer<StoredGroup>>,
-    ) -> anyhow::Error {
-        let (before, after) = (self.accuracy_before, self.accuracy_after);
-        let state = self.run.state(self.steps_done, rng_at_start, before, after);
-        if let (Some(rp), Some(b)) = (self.replay.as_mut(), replay_at_start) {
-            rp.buffer = b;
-        }
-        if let Some(pl) = self.pipeline.as_mut() {
-            pl.rewind(self.steps_done);
-        }
-        let extra = Extras {
-            critic: self.critic.as_ref(),
-            replay: self.replay.as_ref(),
-            lanpo: self.lanpo.as_ref(),
-        };
-        let (policy, optim, pl) = (&self.policy, &self.optim, self.pipeline.as_mut());
-        self.run.checkpoint_after_error(self.steps_done, e, |d| {
-            save_checkpoint(d, policy, optim, extra, &state)?;
-            pl.map_or(Ok(()), |p| p.save(d))
         })
     }
 
@@ -238,6 +223,10 @@ impl Job<'_> {
             .as_mut()
             .context("a run without rounds has a pipeline")?;
         let (draw, p, waited) = pl.take(step)?;
+        let g = match (&self.world, &draw.shard) {
+            (Some(w), Some(s)) => ranks::gathered(w, &draw.prompts, s, &p.g, &self.base)?,
+            _ => p.g,
+        };
         let stale = (step - draw.version) as f64;
         row.insert("staleness/mean".into(), stale);
         row.insert("staleness/max".into(), stale);
@@ -255,7 +244,7 @@ impl Job<'_> {
             scored: None,
             pool_stats: None,
         };
-        Ok((sampled, p.g))
+        Ok((sampled, g))
     }
 
     /// Draws the rollouts of the steps the bound lets run ahead (step t's at once when it is 0)
@@ -284,24 +273,6 @@ impl Job<'_> {
             pl.launch(draw, source, vocab)?;
         }
         Ok(())
-    }
-
-    /// The rollout of step `next`, drawn at step `now`: its prompts and sampling seed.
-    fn draw(&mut self, next: usize, now: usize) -> Result<Draw> {
-        let r = self.r;
-        let examples = self.task.train(&mut self.rng, r.rollout.prompts_per_step);
-        let prompts = examples
-            .iter()
-            .map(|e| self.policy.prompt_ids(e, r.rollout.max_new_tokens))
-            .collect::<Result<Vec<_>>>()?;
-        let sc = rollout_sampling(r, &self.policy.stop, self.rng.next_u64());
-        Ok(Draw {
-            step: next,
-            version: now,
-            examples,
-            prompts,
-            sc,
-        })
     }
 
     /// Reinforce-Ada's rollout: rounds drawn and scored until each prompt's pool is balanced.
@@ -388,7 +359,16 @@ impl Job<'_> {
             || self.remote.is_some()
             || stale;
         let kl_reference = self.kl_reference();
-        batch = rescore(batch, &host_exp, &s.sampler, recompute, kl_reference, ad)?;
+        let world = self.world.as_ref();
+        batch = rescore(
+            batch,
+            &host_exp,
+            world,
+            &s.sampler,
+            recompute,
+            kl_reference,
+            ad,
+        )?;
         if recompute || kl_reference.is_some() {
             let _ = self.base.sync();
             timing.add("ref", t_ref.elapsed().as_secs_f64());
@@ -504,6 +484,14 @@ impl Job<'_> {
             row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
         }
         self.steps_done = step + 1;
+        if let Some(w) = &self.world {
+            let due = [
+                self.check_every,
+                r.train.run.checkpoint_every,
+                r.train.run.steps,
+            ];
+            ranks::check_step(w, &self.policy.model, due, step + 1, &mut row)?;
+        }
         let (before, after) = (self.accuracy_before, self.accuracy_after);
         let state = self.run.state(self.steps_done, self.rng.0, before, after);
         let stats = stats_line(&row, after);
@@ -536,6 +524,9 @@ impl ember_run::Job for Job<'_> {
     /// One RL step; returns whether the run stops after it.
     fn step(mut self, step: usize) -> Result<(Self, bool)> {
         let t_step = Instant::now();
+        if let Some(w) = &self.world {
+            w.set_step(step + 1);
+        }
         let mut row = Row::new();
         let rng_at_start = self.rng.0;
         let replay_at_start = self.replay.as_ref().map(|rp| rp.buffer.clone());
@@ -573,7 +564,8 @@ impl ember_run::Job for Job<'_> {
     /// The end: the final model (unless stopped), the summary.
     fn finish(mut self, interrupted: bool, seconds: f64) -> Result<Summary> {
         let r = self.r;
-        if !interrupted {
+        let writer = self.world.as_ref().is_none_or(World::is_writer);
+        if !interrupted && writer {
             write_final(&self.policy, r.pretrained.as_ref(), self.out)?;
         }
         let (before, after) = (self.accuracy_before, self.accuracy_after);

@@ -6,10 +6,13 @@ use super::Job;
 use crate::llm::build_policy;
 use crate::llm::critic::Critic;
 use crate::llm::lanpo::{Lanpo, Pool};
+use crate::llm::pipeline::Draw;
 use crate::llm::pipeline::Pipeline;
+use crate::llm::ranks;
 use crate::llm::remote::Remote;
-use crate::llm::replay::{Limits, Replay};
+use crate::llm::replay::{Limits, Replay, StoredGroup};
 use crate::llm::saved::load_reference;
+use crate::llm::saved::{Extras, save_checkpoint};
 use crate::llm::schema::{Recipe, RolloutBackend};
 use crate::llm::setup::{optimizer, rollout_sampling, update_config};
 use crate::llm::teacher::Teacher;
@@ -18,11 +21,12 @@ use crate::lm::{evaluate, load_checkpoint, warm_up};
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::Device;
+use ember_dist::World;
 use ember_engine::ReplayBuffer;
 use ember_engine::SplitMix64;
 use ember_run::{Run, checkpoint};
 use ember_tasks::task::TaskSet;
-use ember_train::DataParallel;
+use ember_train::{DataParallel, broadcast_trained};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -79,6 +83,8 @@ impl<'a> Job<'a> {
                 pool: Pool::default(),
                 pending: None,
             }),
+            world: None,
+            check_every: 0,
             accuracy_before: 0.0,
             accuracy_after: 0.0,
             steps_done: run.first_step(),
@@ -114,7 +120,8 @@ impl<'a> Job<'a> {
                 self.run
                     .say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
             }
-            if r.own_kl_reference() && self.policy.lora.is_none() {
+            let writer = self.world.as_ref().is_none_or(World::is_writer);
+            if r.own_kl_reference() && self.policy.lora.is_none() && writer {
                 let record = self.policy.model.clone().into_record();
                 ember_train::io::write_atomic_with(&reference_path, |tmp| {
                     record.save(tmp).map_err(|e| anyhow!("{e}"))
@@ -136,8 +143,65 @@ impl<'a> Job<'a> {
         let before = self.accuracy_before;
         self.run
             .say(&format!("held-out accuracy at the start: {before:.3}"));
+        if let Some(w) = &self.world {
+            // Rank 0's weights on every rank (as DDP starts), and its reference written before
+            // any rank reads it.
+            self.policy.model = broadcast_trained(w, self.policy.model)?;
+            w.any(false, "reference written")?;
+        }
         self.reference = load_reference(r, &self.policy, &reference_path, &self.ad)?;
         Ok(self)
+    }
+
+    /// The error path of a step: the last completed step's checkpoint (with the RNG and the
+    /// replay buffer as that step left them), and the error naming how to resume.
+    pub(super) fn fail(
+        &mut self,
+        e: anyhow::Error,
+        rng_at_start: u64,
+        replay_at_start: Option<ReplayBuffer<StoredGroup>>,
+    ) -> anyhow::Error {
+        let (before, after) = (self.accuracy_before, self.accuracy_after);
+        let state = self.run.state(self.steps_done, rng_at_start, before, after);
+        if let (Some(rp), Some(b)) = (self.replay.as_mut(), replay_at_start) {
+            rp.buffer = b;
+        }
+        if let Some(pl) = self.pipeline.as_mut() {
+            pl.rewind(self.steps_done);
+        }
+        let extra = Extras {
+            critic: self.critic.as_ref(),
+            replay: self.replay.as_ref(),
+            lanpo: self.lanpo.as_ref(),
+        };
+        let (policy, optim, pl) = (&self.policy, &self.optim, self.pipeline.as_mut());
+        self.run.checkpoint_after_error(self.steps_done, e, |d| {
+            save_checkpoint(d, policy, optim, extra, &state)?;
+            pl.map_or(Ok(()), |p| p.save(d))
+        })
+    }
+
+    /// The rollout of step `next`, drawn at step `now`: its prompts and sampling seed.
+    pub(super) fn draw(&mut self, next: usize, now: usize) -> Result<Draw> {
+        let r = self.r;
+        let examples = self.task.train(&mut self.rng, r.rollout.prompts_per_step);
+        let prompts = examples
+            .iter()
+            .map(|e| self.policy.prompt_ids(e, r.rollout.max_new_tokens))
+            .collect::<Result<Vec<_>>>()?;
+        let sc = rollout_sampling(r, &self.policy.stop, self.rng.next_u64());
+        let shard = self
+            .world
+            .as_ref()
+            .map(|w| ranks::shard(w, prompts.len(), sc.n));
+        Ok(Draw {
+            step: next,
+            version: now,
+            examples,
+            prompts,
+            sc,
+            shard,
+        })
     }
 
     /// The optimizer, PPO's critic (from the policy as the warm-up left it), replay, the
@@ -153,6 +217,16 @@ impl<'a> Job<'a> {
             ));
             self.optim = optimizer(r).with_data_parallel(g.clone());
             self.critic = self.critic.take().map(|c| c.with_data_parallel(g));
+        }
+        if let Some(w) = &self.world {
+            self.run.say(&format!(
+                "{} ranks over {} ({}), rank 0 writing the run directory",
+                w.size(),
+                w.engine(),
+                w.launch().launcher.name()
+            ));
+            self.optim = std::mem::replace(&mut self.optim, optimizer(r)).with_world(w.clone());
+            self.critic = self.critic.take().map(|c| c.with_world(w.clone()));
         }
         self.replay = self.parts.replay.map(|cfg| Replay {
             cfg,

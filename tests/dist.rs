@@ -326,7 +326,7 @@ fn rows_if_any(out: &Path) -> Vec<String> {
 /// A stalled rank (SIGSTOP: alive, silent, as a hung kernel or a full disk leaves it) is named
 /// with the step by rank 0's watchdog within the timeout, every process ends, the checkpoints
 /// are intact, and `--resume` continues to the same numbers as an uninterrupted run. A killed
-/// rank (SIGKILL) ends the run at once, MPI's launcher naming it.
+/// rank (SIGKILL) ends the run at once, MPI's launcher naming it, and the run resumes the same.
 #[test]
 fn a_stalled_or_dead_rank_is_named_without_a_hang_and_the_run_resumes_exactly() {
     let Some(bin) = mpi_binary() else { return };
@@ -349,6 +349,9 @@ fn a_stalled_or_dead_rank_is_named_without_a_hang_and_the_run_resumes_exactly() 
     assert!(!ok, "the run succeeded with a dead rank");
     assert!(err.contains("rank 1"), "{err}");
     assert!(secs < 60.0, "{secs} s to notice");
+    run_ok(mpirun(bin, &train_args(&cut, 6, &["--resume"])));
+    assert_same_run(&rows(&whole), &rows(&cut));
+    assert_same_weights(&whole, &cut, 1e-6);
     let _ = std::fs::remove_dir_all(&whole);
     let _ = std::fs::remove_dir_all(&cut);
 }

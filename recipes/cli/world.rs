@@ -29,6 +29,8 @@ pub fn open(dist: &str) -> Result<Option<World>> {
         "auto" => "nccl",
         d => d,
     };
+    // The model's GPU is the rank's own (NCCL's communicator takes the same one).
+    ember::common::device::use_rank_gpu(launch.gpu());
     start(engine, launch, timeout)
 }
 

@@ -113,13 +113,25 @@ pub fn resolve_precision(
     }
 }
 
+/// The first CUDA device this process uses: 0, or a multi-process rank's own GPU
+/// ([`use_rank_gpu`]).
+static FIRST_CUDA: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A rank of a multi-process run takes GPU `index` (its local rank, or 0 where the launcher
+/// made one GPU visible): `cuda` is then `cuda:index`, and `[data_parallel]`'s devices follow it.
+pub fn use_rank_gpu(index: usize) {
+    FIRST_CUDA.store(index, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The device for `name` (`cpu`, `cuda`, `wgpu`, or `auto` for the first compiled backend).
 pub fn device(name: &str) -> Result<Device, BackendNotCompiled> {
     match kind(name)? {
         #[cfg(feature = "cpu")]
         BackendKind::Cpu => Ok(Device::flex()),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => Ok(Device::cuda(0)),
+        BackendKind::Cuda => Ok(Device::cuda(
+            FIRST_CUDA.load(std::sync::atomic::Ordering::Relaxed),
+        )),
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => Ok(Device::wgpu(Default::default())),
         #[allow(unreachable_patterns)]
@@ -292,14 +304,15 @@ fn cuda_devices(spec: DataParallelSpec) -> Result<(Vec<Device>, Reduce), DataPar
     let found = Device::enumerate(burn::tensor::DeviceType::Cuda)
         .into_vec()
         .len();
-    if found < spec.devices {
+    let first = FIRST_CUDA.load(std::sync::atomic::Ordering::Relaxed);
+    if found < first + spec.devices {
         return Err(DataParallelError::TooFew {
-            asked: spec.devices,
+            asked: first + spec.devices,
             found,
             backend: BackendKind::Cuda,
         });
     }
-    let devices = (0..spec.devices)
+    let devices = (first..first + spec.devices)
         .map(|i| Device::cuda(i).autodiff())
         .collect();
     let reduce = match spec.reduce {

@@ -100,14 +100,11 @@ pub fn gathered(
             bail!("a rank's rollout has lists of different lengths");
         }
         for (i, g) in p.group_ids.iter().enumerate() {
-            let Some(prompt) = p.first_prompt.checked_add(*g).and_then(|g| prompts.get(g)) else {
-                bail!(
-                    "a rank's rollout names prompt {} of {}",
-                    p.first_prompt + g,
-                    prompts.len()
-                );
+            let at = p.first_prompt.saturating_add(*g);
+            let Some(prompt) = prompts.get(at) else {
+                bail!("a rank's rollout names prompt {at} of {}", prompts.len());
             };
-            group_ids.push(p.first_prompt + g);
+            group_ids.push(at);
             rows.push(TokenRow {
                 prompt,
                 response: &p.responses[i],
@@ -165,18 +162,25 @@ pub fn supported(r: &Recipe, world: &World) -> Result<()> {
 }
 
 /// How often the ranks compare their trained parameters beside the checkpoints and the last
-/// step: `EMBER_DIST_CHECK_EVERY` steps (0 or unset: only then).
+/// step: `EMBER_DIST_CHECK_EVERY` steps (0 or unset: only then), rank 0's value on every rank
+/// (a variable `mpirun` did not pass to every node would otherwise make the ranks disagree).
 ///
 /// # Errors
-/// A value that is not a number of steps.
-pub fn check_every() -> Result<usize> {
-    match std::env::var("EMBER_DIST_CHECK_EVERY") {
+/// A value that is not a number of steps, or the world failed.
+pub fn check_every(world: &World) -> Result<usize> {
+    let mine = match std::env::var("EMBER_DIST_CHECK_EVERY") {
         Ok(v) => v
             .trim()
             .parse()
-            .with_context(|| format!("EMBER_DIST_CHECK_EVERY={v:?} is not a number of steps")),
-        Err(_) => Ok(0),
-    }
+            .with_context(|| format!("EMBER_DIST_CHECK_EVERY={v:?} is not a number of steps"))?,
+        Err(_) => 0usize,
+    };
+    let got = world.broadcast((mine as u64).to_le_bytes().to_vec(), "check interval")?;
+    let got: [u8; 8] = got
+        .as_slice()
+        .try_into()
+        .context("rank 0 sent no check interval")?;
+    usize::try_from(u64::from_le_bytes(got)).context("rank 0's check interval")
 }
 
 /// When steps `done` is due (a checkpoint's step, the last, or every `every` steps), checks
@@ -200,4 +204,32 @@ pub fn check_step(
         row.insert("dist/params_checked".into(), 1.0);
     }
     Ok(())
+}
+
+/// `score()` in a single process; over several ranks, rank 0's `score()` sent to every rank
+/// (the others do not score), so that every rank's rewards, and the filters and skipped updates
+/// they decide, are rank 0's.
+///
+/// # Errors
+/// The scoring failed, the world failed, or rank 0 sent something else than rewards.
+pub fn scored_on_rank_zero(
+    world: Option<&World>,
+    score: impl FnOnce() -> Result<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let Some(w) = world.filter(|w| w.size() > 1) else {
+        return score();
+    };
+    let mine = match w.is_writer() {
+        true => score()?,
+        false => Vec::new(),
+    };
+    let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let got = w.broadcast(bytes, "rewards from rank 0")?;
+    if got.len() % 4 != 0 {
+        bail!("rank 0 sent {} bytes of rewards", got.len());
+    }
+    Ok(got
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }

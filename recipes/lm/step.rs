@@ -128,7 +128,7 @@ fn score_rows(exp: &LlmExperience, model: &Llama, world: Option<&World>) -> Resu
     let mut bytes = (cols as u64).to_le_bytes().to_vec();
     bytes.extend(local.iter().flat_map(|x| x.to_le_bytes()));
     let parts = w.gather(bytes, "rescoring gather")?;
-    let mut all = Vec::with_capacity(n * cols.max(1));
+    let mut all = Vec::new();
     let mut width = None;
     for p in &parts {
         let (head, body) = p.split_at(8.min(p.len()));
@@ -146,7 +146,7 @@ fn score_rows(exp: &LlmExperience, model: &Llama, world: Option<&World>) -> Resu
         );
     }
     let cols = width.unwrap_or(1);
-    if all.len() != n * cols {
+    if Some(all.len()) != n.checked_mul(cols) {
         anyhow::bail!(
             "the ranks scored {} values for {n} rows of {cols}",
             all.len()

@@ -89,19 +89,19 @@ impl Engine for MpiEngine {
 
     fn sum(&mut self, v: Vec<f32>, at: At) -> Result<Vec<f32>, DistError> {
         let (w, seq) = self.watched();
-        w.check_in(seq, at);
+        w.check_in(seq, at, v.len());
         Ok(w.sum(&v, at))
     }
 
     fn gather(&mut self, b: Vec<u8>, at: At) -> Result<Vec<Vec<u8>>, DistError> {
         let (w, seq) = self.watched();
-        w.check_in(seq, at);
+        w.check_in(seq, at, 0);
         Ok(w.gather(&b, at))
     }
 
     fn broadcast(&mut self, b: Vec<u8>, at: At) -> Result<Vec<u8>, DistError> {
         let (w, seq) = self.watched();
-        w.check_in(seq, at);
+        w.check_in(seq, at, 0);
         Ok(w.broadcast(b, at))
     }
 
@@ -229,15 +229,18 @@ impl Watched<'_> {
     }
 
     /// Step 1 of every operation (see the module's comment).
-    fn check_in(&self, seq: u64, at: At) {
-        let me = [seq, at.step as u64];
+    fn check_in(&self, seq: u64, at: At, len: usize) {
+        // The operation's name and a sum's length travel too: ranks at the same count of
+        // operations but in different ones (or summing buffers of different lengths) are told
+        // apart before MPI meets mismatched collectives.
+        let me = [seq, at.step as u64, name_hash(at.what), len as u64];
         let size = self.world.size();
         let started = Instant::now();
         if self.world.rank() == 0 {
-            let mut got = vec![[0u64; 2]; size as usize];
+            let mut got = vec![[0u64; 4]; size as usize];
             let deadline = started + self.timeout;
             scope(|s| {
-                let mut pending: Vec<(i32, Request<'_, [u64; 2], _>)> = got
+                let mut pending: Vec<(i32, Request<'_, [u64; 4], _>)> = got
                     .iter_mut()
                     .enumerate()
                     .skip(1)
@@ -276,8 +279,9 @@ impl Watched<'_> {
             for (k, g) in got.iter().enumerate().skip(1) {
                 if *g != me {
                     self.die(&format!(
-                        "rank {k} is at operation {} of step {} but rank 0 at operation {} of \
-                         step {} ({at}): the ranks ran different programs",
+                        "rank {k} is at operation {} of step {} (another operation or length: \
+                         {g:?}) but rank 0 at operation {} of step {} ({at}): the ranks ran \
+                         different programs",
                         g[0], g[1], me[0], me[1]
                     ));
                 }
@@ -404,4 +408,11 @@ impl Watched<'_> {
         });
         b
     }
+}
+
+/// FNV-1a of an operation's name (the same on every rank).
+fn name_hash(what: &str) -> u64 {
+    what.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }

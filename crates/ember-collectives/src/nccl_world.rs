@@ -1,5 +1,6 @@
 //! The world over NCCL (through cudarc, NCCL loaded at run time), for GPU ranks started by
-//! `torchrun` or `srun`: one rank per GPU, the device chosen by the local rank. Rank 0 makes
+//! `torchrun` or `srun`: one rank per GPU, the device chosen by the local rank (or the one GPU
+//! the launcher left visible: `Launch::gpu`, which the model's device follows too). Rank 0 makes
 //! NCCL's unique id and hands it to every rank through Ember's rendezvous (`ember_dist::
 //! rendezvous`, on its own port beside torchrun's store); `Comm::from_rank` then forms the
 //! communicator.
@@ -49,8 +50,9 @@ fn init_error(message: String) -> DistError {
 
 impl NcclEngine {
     fn new(launch: &Launch, timeout: Duration) -> Result<Self, DistError> {
-        let ctx = CudaContext::new(launch.local_rank)
-            .map_err(|e| init_error(format!("CUDA device {}: {e:?}", launch.local_rank)))?;
+        let gpu = launch.gpu();
+        let ctx =
+            CudaContext::new(gpu).map_err(|e| init_error(format!("CUDA device {gpu}: {e:?}")))?;
         let stream = ctx.new_stream().map_err(|e| init_error(format!("{e:?}")))?;
         let mine = match launch.rank {
             0 => Id::new().map_err(|e| init_error(format!("ncclGetUniqueId: {e:?}")))?,
@@ -135,20 +137,19 @@ impl NcclEngine {
 }
 
 fn driver(at: At, e: &DriverError) -> DistError {
-    DistError::Engine {
-        engine: "nccl",
-        what: at.what,
-        step: at.step,
-        message: format!("CUDA: {e:?}"),
-    }
+    failed(at, format!("CUDA: {e:?}"))
 }
 
 fn nccl_error(at: At, e: &NcclError) -> DistError {
+    failed(at, format!("{e:?}"))
+}
+
+fn failed(at: At, message: String) -> DistError {
     DistError::Engine {
         engine: "nccl",
         what: at.what,
         step: at.step,
-        message: format!("{e:?}"),
+        message,
     }
 }
 
@@ -184,7 +185,10 @@ impl Engine for NcclEngine {
         let mut mine = b;
         mine.resize(longest, 0);
         let send = self.to_device(&mine, at)?;
-        let mut recv = self.to_device(&vec![0u8; longest * self.size], at)?;
+        let total = longest
+            .checked_mul(self.size)
+            .ok_or_else(|| nccl_len(at, longest as u64))?;
+        let mut recv = self.to_device(&vec![0u8; total], at)?;
         self.comm
             .all_gather(&send, &mut recv)
             .map_err(|e| nccl_error(at, &e))?;
@@ -219,10 +223,5 @@ impl Engine for NcclEngine {
 }
 
 fn nccl_len(at: At, n: u64) -> DistError {
-    DistError::Engine {
-        engine: "nccl",
-        what: at.what,
-        step: at.step,
-        message: format!("a rank announced {n} bytes"),
-    }
+    failed(at, format!("a rank announced {n} bytes"))
 }

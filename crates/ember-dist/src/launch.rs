@@ -9,7 +9,9 @@
 //!
 //! Slurm's variables count only inside a job step (`SLURM_STEP_ID` set, as `srun` sets it): a
 //! batch script has `SLURM_PROCID=0` and `SLURM_NTASKS=N` too, and every process `mpirun`
-//! starts from it inherits them.
+//! starts from it inherits them. They also count only alone: under `srun torchrun …` or an
+//! `mpirun` whose daemons `srun` started, the inner launcher's ranks are the processes', and
+//! Slurm gives rank 0's host (`MASTER_ADDR` first, where set).
 
 use crate::error::DistError;
 use std::collections::BTreeMap;
@@ -95,14 +97,18 @@ impl Launch {
     /// As [`from_env`](Self::from_env).
     pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Self, DistError> {
         let v = Vars(vars);
-        let found: Vec<Self> = [v.open_mpi()?, v.mpich()?, v.torchrun()?, v.slurm()?]
+        let found: Vec<Self> = [v.open_mpi()?, v.mpich()?, v.torchrun()?]
             .into_iter()
             .flatten()
             .collect();
-        let Some(first) = found.first() else {
+        // Slurm's variables describe the step that started the launcher when another launcher
+        // runs inside it (`srun torchrun …`, `mpirun` on nodes whose daemons srun started):
+        // they count only alone, and give rank 0's host otherwise.
+        let slurm = v.slurm()?;
+        let Some(first) = found.first().or(slurm.as_ref()) else {
             return Ok(Self::single());
         };
-        for other in &found[1..] {
+        for other in found.iter().skip(1) {
             if (other.rank, other.size) != (first.rank, first.size) {
                 return Err(DistError::Disagree {
                     a: first.launcher.name(),
@@ -117,11 +123,19 @@ impl Launch {
         // The MPI launchers name no master; torchrun or Slurm beside them may.
         let mut launch = first.clone();
         if launch.master.is_none() {
-            launch.master = found.iter().find_map(|l| l.master.clone());
-            launch.master_port = found.iter().find_map(|l| l.master_port);
+            launch.master = found.iter().chain(&slurm).find_map(|l| l.master.clone());
+            launch.master_port = found.iter().chain(&slurm).find_map(|l| l.master_port);
         }
         launch.check()?;
         Ok(launch)
+    }
+
+    /// The GPU this rank uses: 0 where the launcher left one visible (`CUDA_VISIBLE_DEVICES`
+    /// naming one device, as `srun --gpus-per-task=1` sets it), else the local rank.
+    pub fn gpu(&self) -> usize {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let one = visible.is_some_and(|v| !v.trim().is_empty() && !v.contains(','));
+        if one { 0 } else { self.local_rank }
     }
 
     fn check(&self) -> Result<(), DistError> {
@@ -247,21 +261,27 @@ impl Vars<'_> {
             "SLURM_LOCALID",
             "SLURM_STEP_TASKS_PER_NODE",
         ];
-        let per_node = self
-            .get("SLURM_STEP_TASKS_PER_NODE")
-            .map(tasks_on_first_node);
         let mut vars = self.0.clone();
-        // "2(x3),1": the node's own count is not named, the first group's is the common one.
-        if let Some(n) = per_node {
-            vars.insert("SLURM_STEP_TASKS_PER_NODE".into(), n);
+        // "2(x3),1": this node's count, by SLURM_NODEID.
+        if let Some(list) = self.get("SLURM_STEP_TASKS_PER_NODE") {
+            let node = self.num("SLURM_NODEID", l)?.unwrap_or(0);
+            let n = tasks_on_node(list, node).ok_or_else(|| DistError::BadVar {
+                name: "SLURM_STEP_TASKS_PER_NODE",
+                value: list.to_string(),
+                launcher: l.name(),
+            })?;
+            vars.insert("SLURM_STEP_TASKS_PER_NODE".into(), n.to_string());
         }
         let Some(n) = Vars(&vars).four(l, names)? else {
             return Ok(None);
         };
-        let nodes = self
-            .get("SLURM_STEP_NODELIST")
-            .or_else(|| self.get("SLURM_JOB_NODELIST"));
-        Ok(Some(launch(l, n, nodes.map(first_host), None)))
+        let master = self.get("MASTER_ADDR").map(str::to_string).or_else(|| {
+            self.get("SLURM_STEP_NODELIST")
+                .or_else(|| self.get("SLURM_JOB_NODELIST"))
+                .map(first_host)
+        });
+        let port = self.get("MASTER_PORT").and_then(|p| p.trim().parse().ok());
+        Ok(Some(launch(l, n, master, port)))
     }
 }
 
@@ -290,9 +310,23 @@ fn launch(
     }
 }
 
-/// Slurm's `SLURM_STEP_TASKS_PER_NODE` (`"2(x3),1"`): the first group's count.
-fn tasks_on_first_node(s: &str) -> String {
-    s.split([',', '(']).next().unwrap_or(s).trim().to_string()
+/// Node `node`'s entry of Slurm's `SLURM_STEP_TASKS_PER_NODE` (`"2(x3),1"`: nodes 0–2 run 2
+/// tasks, node 3 runs 1); None when the list does not name it.
+fn tasks_on_node(list: &str, node: usize) -> Option<usize> {
+    let mut seen = 0usize;
+    for part in list.split(',') {
+        let part = part.trim();
+        let (count, times) = match part.split_once("(x") {
+            Some((c, t)) => (c, t.trim_end_matches(')').trim().parse::<usize>().ok()?),
+            None => (part, 1),
+        };
+        let count = count.trim().parse::<usize>().ok()?;
+        seen = seen.checked_add(times)?;
+        if node < seen {
+            return Some(count);
+        }
+    }
+    None
 }
 
 /// The first host of a Slurm node list: `"node[07-09,12],gpu1"` → `"node07"`,
@@ -403,26 +437,57 @@ mod tests {
         assert_eq!(l.master.as_deref(), Some("gpu07"));
     }
 
-    /// `mpirun` inside a Slurm step: both say the same world, MPI's names win.
+    /// `mpirun` or `torchrun` inside a Slurm step: their ranks win (the step's variables are
+    /// the daemon's or the node's), Slurm names rank 0's host; two launchers that both give
+    /// ranks must agree.
     #[test]
-    fn launchers_that_agree_are_one_world_and_those_that_differ_are_refused() {
-        let mut v = vars(&[
-            ("OMPI_COMM_WORLD_RANK", "1"),
-            ("OMPI_COMM_WORLD_SIZE", "2"),
+    fn launchers_inside_slurm_and_launchers_that_differ() {
+        let v = vars(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
             ("SLURM_STEP_ID", "0"),
             ("SLURM_PROCID", "1"),
             ("SLURM_NTASKS", "2"),
             ("SLURM_JOB_NODELIST", "n1,n2"),
         ]);
         let l = Launch::from_vars(&v).unwrap();
-        assert_eq!(l.launcher, Launcher::OpenMpi);
+        assert_eq!((l.launcher, l.rank, l.size), (Launcher::OpenMpi, 3, 4));
         assert_eq!(l.master.as_deref(), Some("n1"));
-        v.insert("SLURM_PROCID".into(), "0".into());
+        let v = vars(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+        ]);
         let e = Launch::from_vars(&v).unwrap_err().to_string();
         assert!(
             e.contains("rank 1 of 2") && e.contains("rank 0 of 2"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn slurm_nodes_of_different_sizes() {
+        assert_eq!(tasks_on_node("2(x3),1", 0), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(tasks_on_node("2(x3),1", 4), None);
+        let l = Launch::from_vars(&vars(&[
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "1,2"),
+            ("SLURM_STEP_NODELIST", "a,b"),
+            ("MASTER_ADDR", "10.1.1.1"),
+        ]))
+        .unwrap();
+        assert_eq!((l.local_rank, l.local_size), (1, 2));
+        assert_eq!(l.master.as_deref(), Some("10.1.1.1"));
     }
 
     #[test]

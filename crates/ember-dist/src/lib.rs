@@ -19,4 +19,4 @@ mod world;
 
 pub use error::DistError;
 pub use launch::{Launch, Launcher, first_host};
-pub use world::{At, BUCKET, Collective, World};
+pub use world::{At, BROADCAST_PIECE, BUCKET, Collective, World};

@@ -57,6 +57,9 @@ pub trait Collective: Send + Sync {
     fn abort(&self, code: i32) -> !;
 }
 
+/// Bytes per broadcast call (1 GiB).
+pub const BROADCAST_PIECE: usize = 1 << 30;
+
 /// Floats per all-reduce call: gradients are summed in buckets of this many (64 MiB), so that
 /// the engine's buffers stay bounded whatever the model's size.
 pub const BUCKET: usize = 16 << 20;
@@ -183,12 +186,38 @@ impl World {
         self.comm.all_gather(bytes, self.at(what))
     }
 
-    /// Rank 0's `bytes` on every rank.
+    /// Rank 0's `bytes` on every rank: the length first, then pieces of at most
+    /// [`BROADCAST_PIECE`] bytes (MPI counts are 32-bit; a full model's weights exceed them).
     ///
     /// # Errors
-    /// The engine's own error.
+    /// The engine's own error, or a length that does not fit this machine.
     pub fn broadcast(&self, bytes: Vec<u8>, what: &'static str) -> Result<Vec<u8>, DistError> {
-        self.comm.broadcast(bytes, self.at(what))
+        let at = self.at(what);
+        let len = self
+            .comm
+            .broadcast((bytes.len() as u64).to_le_bytes().to_vec(), at)?;
+        let len = <[u8; 8]>::try_from(len.as_slice())
+            .ok()
+            .and_then(|b| usize::try_from(u64::from_le_bytes(b)).ok())
+            .ok_or_else(|| DistError::Engine {
+                engine: self.engine(),
+                what,
+                step: at.step,
+                message: "rank 0 announced a length this rank cannot hold".into(),
+            })?;
+        if len <= BROADCAST_PIECE {
+            return self.comm.broadcast(bytes, at);
+        }
+        let mut out = Vec::with_capacity(len);
+        for start in (0..len).step_by(BROADCAST_PIECE) {
+            let end = (start + BROADCAST_PIECE).min(len);
+            let piece = bytes
+                .get(start..end)
+                .map(<[u8]>::to_vec)
+                .unwrap_or_default();
+            out.extend(self.comm.broadcast(piece, at)?);
+        }
+        Ok(out)
     }
 
     /// Ends every process of the world after an error on this one (see

@@ -233,7 +233,7 @@ impl Run {
             _lock: Some(lock),
         };
         if let Some(w) = world {
-            crate::world::announce(&w, out, run.first_step())?;
+            crate::world::announce(&w, out, run.first_step(), spec.resolved)?;
             run.world = Some(w);
         }
         if let Some((dir, st)) = &run.resumed {
@@ -250,7 +250,7 @@ impl Run {
     /// checks that it sees the same directory (a file system every rank shares) and the same
     /// checkpoint, and writes nothing.
     fn open_follower(out: &Path, opts: &RunOptions, spec: &RunSpec, world: World) -> Result<Self> {
-        let first = crate::world::follow(&world, out)?;
+        let first = crate::world::follow(&world, out, spec.resolved)?;
         let ckpt_root = out.join("checkpoints");
         let resumed = match first {
             0 => None,

@@ -133,9 +133,21 @@ impl Optimizer {
         &mut self,
         lr: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
     ) -> (M, StepReport) {
         let grad_norm = global_grad_norm(&module, &grads);
+        self.step_with_norm(lr, module, grads, grad_norm)
+    }
+
+    /// [`step`](Self::step) with the global gradient norm already measured (a multi-process
+    /// update measures it on the host from the summed buffer, the same bits on every rank).
+    pub fn step_with_norm<M: Module>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        grad_norm: f64,
+    ) -> (M, StepReport) {
         if !grad_norm.is_finite() {
             return (
                 module,

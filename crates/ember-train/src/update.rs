@@ -302,14 +302,20 @@ impl Steps<'_> {
                     Some(dp) => dp.sum(&model, grads),
                     None => grads.pop().unwrap_or_default(),
                 };
-                let grads = match &world {
-                    Some(w) => sum_gradients(w, &model, grads)?,
-                    None => grads,
+                let (grads, norm) = match &world {
+                    Some(w) => {
+                        let (g, n) = sum_gradients(w, &model, grads)?;
+                        (g, Some(n))
+                    }
+                    None => (grads, None),
                 };
                 // A non-finite loss or gradient norm would make every weight NaN: the
                 // mini-batch's step is skipped and counted instead.
                 let applied = finite && {
-                    let (next, report) = optim.step(self.lr, model, grads);
+                    let (next, report) = match norm {
+                        Some(n) => optim.step_with_norm(self.lr, model, grads, n),
+                        None => optim.step(self.lr, model, grads),
+                    };
                     model = next;
                     sums.add(format!("{}/grad_norm", self.area), report.grad_norm);
                     report.applied

@@ -27,8 +27,10 @@ struct Slot {
 }
 
 /// The gradients of `model`'s trained parameters (those that require a gradient), summed over
-/// the ranks. A rank without a gradient for a parameter (an empty share) adds zeros; a
-/// parameter no rank has a gradient for stays without one, as it would in one process.
+/// the ranks, and their global L2 norm (summed in f64 on the host from the summed buffer, so
+/// every rank clips by the same factor). A rank without a gradient for a parameter (an empty
+/// share) adds zeros; a parameter no rank has a gradient for stays without one, as it would in
+/// one process.
 ///
 /// # Errors
 /// The world's engine failed.
@@ -36,20 +38,28 @@ pub(crate) fn sum_gradients<M: Module>(
     world: &World,
     model: &M,
     grads: GradientsParams,
-) -> Result<GradientsParams, EngineError> {
+) -> Result<(GradientsParams, f64), EngineError> {
     let mut flat = Flatten {
         grads,
         slots: Vec::new(),
         values: Vec::new(),
         present: Vec::new(),
+        unreadable: false,
     };
     model.visit(&mut flat);
     let Flatten {
         slots,
         mut values,
         present,
+        unreadable,
         ..
     } = flat;
+    if unreadable {
+        return Err(EngineError::Collective {
+            what: "gradient sum",
+            message: "a gradient could not be read to the host".into(),
+        });
+    }
     // The presence flags travel in the same buffer: one collective per bucket.
     let n = values.len();
     values.extend(present);
@@ -57,14 +67,19 @@ pub(crate) fn sum_gradients<M: Module>(
         .sum(values, "gradient sum")
         .map_err(failed("gradient sum"))?;
     let mut out = GradientsParams::new();
+    let mut squares = 0f64;
     for (k, s) in slots.iter().enumerate() {
         if summed[n + k] <= 0.0 {
             continue;
         }
         let part = summed[s.offset..s.offset + s.len].to_vec();
+        squares += part
+            .iter()
+            .map(|x| f64::from(*x) * f64::from(*x))
+            .sum::<f64>();
         register(&mut out, s, part);
     }
-    Ok(out)
+    Ok((out, squares.sqrt()))
 }
 
 fn register(out: &mut GradientsParams, s: &Slot, part: Vec<f32>) {
@@ -94,6 +109,8 @@ struct Flatten {
     slots: Vec<Slot>,
     values: Vec<f32>,
     present: Vec<f32>,
+    /// A gradient could not be read to the host.
+    unreadable: bool,
 }
 
 impl ModuleVisitor for Flatten {
@@ -112,12 +129,18 @@ impl ModuleVisitor for Flatten {
                 DType::F16 | DType::BF16 => g.cast(FloatDType::F32),
                 _ => g,
             };
-            g.into_data().convert::<f32>().try_into_vec::<f32>().ok()
+            match g.into_data().convert::<f32>().try_into_vec::<f32>() {
+                Ok(v) if v.len() == len => Some(v),
+                _ => {
+                    self.unreadable = true;
+                    None
+                }
+            }
         });
         self.present.push(f32::from(u8::from(host.is_some())));
         match host {
-            Some(v) if v.len() == len => self.values.extend(v),
-            _ => self.values.resize(offset + len, 0.0),
+            Some(v) => self.values.extend(v),
+            None => self.values.resize(offset + len, 0.0),
         }
         self.slots.push(Slot {
             id: param.id,
@@ -265,6 +288,7 @@ fn trained_values<M: Module>(model: &M) -> Flatten {
         slots: Vec::new(),
         values: Vec::new(),
         present: Vec::new(),
+        unreadable: false,
     };
     model.visit(&mut flat);
     flat

@@ -60,20 +60,22 @@ pub struct Summary {
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let start = Instant::now();
     let curves = ("rollout/reward_mean", "eval/accuracy");
+    // What several ranks cannot run yet is refused before the run directory is touched.
+    if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
+        ranks::supported(r, w)?;
+    }
     let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
     let base = crate::common::device::device(&r.header.device)?;
     // `[data_parallel]`: checked before the warm-up and the first evaluation.
     let group = crate::common::device::data_parallel(&r.header.device, r.data_parallel)?;
-    let world = opts.world.clone().filter(|w| w.size() > 1);
-    if let Some(w) = &world {
-        ranks::supported(r, w)?;
-    }
     // `targets = "plop"`: chosen now, or read back when resuming.
     let placed = crate::llm::plop::place(r, &task, &run, &base)?;
     let mut job = Job::new(&placed, out, run, task, base)?;
-    job.world = world;
-    job.check_every = ranks::check_every()?;
+    if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
+        job.check_every = ranks::check_every(w)?;
+        job.world = Some(w.clone());
+    }
     let mut job = job.start()?;
     job.prepare_update(group)?;
     ember_run::drive(job, start)
@@ -173,7 +175,11 @@ impl Job<'_> {
             Some(r) => r,
             None => {
                 let done = completions(&g, examples, &responses, &texts);
-                self.scorer.score(step + 1, &done, row)?
+                // Over several ranks, rank 0 scores and the others take its rewards (a judge or
+                // a reward program need not give every rank the same numbers).
+                let scorer = &mut self.scorer;
+                let score = || scorer.score(step + 1, &done, row);
+                ranks::scored_on_rank_zero(self.world.as_ref(), score)?
             }
         };
         // ReRULE: replayed hard groups join the fresh ones; their stored sampler log-probs are

@@ -94,7 +94,10 @@ fn singleton_groups_get_zero_advantage() {
         AdvantageKind::DrGrpo,
         AdvantageKind::ReinforcePlusPlusBaseline,
         AdvantageKind::Opo,
-        AdvantageKind::ReinforceRej,
+        AdvantageKind::ReinforceRej {
+            reject: RejectGroups::Both,
+            threshold: 0.5,
+        },
         AdvantageKind::Opmd {
             baseline: OpmdBaseline::Mean,
             tau: 1.0,
@@ -122,7 +125,10 @@ fn zero_variance_groups_are_exactly_zero() {
             scale_by_std: true,
         },
         AdvantageKind::Bnpo,
-        AdvantageKind::ReinforceRej,
+        AdvantageKind::ReinforceRej {
+            reject: RejectGroups::Both,
+            threshold: 0.5,
+        },
     ] {
         let a = adv(kind, &b);
         assert!(a[..6].iter().all(|x| *x == 0.0), "{kind:?}: {a:?}");
@@ -353,6 +359,9 @@ fn gae_recursion() {
     );
 }
 
+/// RAFT trains on the positives alone: the negatives get advantage 0 and leave the mask, so a
+/// token mean averages over the positives' tokens (the rejection-sampling SFT of Dong et al.
+/// 2023), not over every sample's.
 #[test]
 fn raft_keeps_positives_only() {
     let b = batch(full2(3, 1, 1.0), &[1.0, 0.0, 0.5], &[0, 0, 0]);
@@ -361,12 +370,20 @@ fn raft_keeps_positives_only() {
         &[1.0, 0.0, 1.0],
         0.0,
     );
-    assert_close(
-        &adv(AdvantageKind::Raft { threshold: 0.6 }, &b),
-        &[1.0, 0.0, 0.0],
-        0.0,
-    );
+    let out = compute_advantages(
+        &AdvantageConfig::new(AdvantageKind::Raft { threshold: 0.6 }),
+        &b,
+        0,
+    )
+    .unwrap();
+    assert_close(&vals(out.advantages), &[1.0, 0.0, 0.0], 0.0);
+    assert_close(&vals(out.mask), &[1.0, 0.0, 0.0], 0.0);
 }
+
+const REJ_BOTH: AdvantageKind = AdvantageKind::ReinforceRej {
+    reject: RejectGroups::Both,
+    threshold: 0.5,
+};
 
 #[test]
 fn reinforce_rej_rejects_and_reports_zero_variance_groups() {
@@ -375,8 +392,7 @@ fn reinforce_rej_rejects_and_reports_zero_variance_groups() {
         &[1.0, 0.0, 1.0, 1.0, 0.0, 0.0],
         &[0, 0, 1, 1, 2, 2],
     );
-    let out =
-        compute_advantages(&AdvantageConfig::new(AdvantageKind::ReinforceRej), &b, 0).unwrap();
+    let out = compute_advantages(&AdvantageConfig::new(REJ_BOTH), &b, 0).unwrap();
     assert_close(
         &vals(out.advantages),
         &[0.5, -0.5, 0.0, 0.0, 0.0, 0.0],
@@ -384,6 +400,21 @@ fn reinforce_rej_rejects_and_reports_zero_variance_groups() {
     );
     assert_close(&vals(out.mask), &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0], 0.0);
     assert_eq!(out.metrics.to_host()["advantage/rejected_samples"], 4.0);
+    // The ablation of §4: only the all-wrong group (rewards 0, 0) leaves; the all-right group
+    // stays with advantage 0 and counts in the token mean's denominator.
+    let one_sided = AdvantageKind::ReinforceRej {
+        reject: RejectGroups::AllWrong,
+        threshold: 0.5,
+    };
+    let out = compute_advantages(&AdvantageConfig::new(one_sided), &b, 0).unwrap();
+    assert_close(&vals(out.mask), &[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], 0.0);
+    assert_eq!(out.metrics.to_host()["advantage/rejected_samples"], 2.0);
+    let other = AdvantageKind::ReinforceRej {
+        reject: RejectGroups::AllRight,
+        threshold: 0.5,
+    };
+    let out = compute_advantages(&AdvantageConfig::new(other), &b, 0).unwrap();
+    assert_close(&vals(out.mask), &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0], 0.0);
 }
 
 #[test]

@@ -92,7 +92,10 @@ fn estimators() -> Vec<AdvantageKind> {
             lambda: 1.0,
             whiten: true,
         },
-        AdvantageKind::ReinforceRej,
+        AdvantageKind::ReinforceRej {
+            reject: RejectGroups::Both,
+            threshold: 0.5,
+        },
         AdvantageKind::Opmd {
             baseline: OpmdBaseline::LogAvgExp,
             tau: 1.0,

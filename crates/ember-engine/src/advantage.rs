@@ -39,6 +39,20 @@ pub enum StdKind {
     Population,
 }
 
+/// The uniform groups (every reward equal) Reinforce-Rej rejects (Xiong et al. 2025, §3 and the
+/// ablation of §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectGroups {
+    /// All right and all wrong (Reinforce-Rej).
+    #[default]
+    Both,
+    /// Only the all-wrong groups (the ablation the paper finds explains GRPO's gain).
+    AllWrong,
+    /// Only the all-right groups.
+    AllRight,
+}
+
 /// Baseline of OPMD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -152,7 +166,9 @@ pub enum AdvantageKind {
         #[serde(default = "yes")]
         whiten: bool,
     },
-    /// RAFT (Dong et al. 2023; Xiong et al. 2025 "RAFT++"): positives only, A = 1[R > threshold].
+    /// RAFT (Dong et al. 2023; Xiong et al. 2025 "RAFT++"): positives only, A = 1[R > threshold];
+    /// the negatives leave the mask, so a token mean averages over the positives' tokens (SFT
+    /// on the accepted samples).
     Raft {
         /// Rewards above this are positive.
         #[serde(default)]
@@ -160,7 +176,15 @@ pub enum AdvantageKind {
     },
     /// Reinforce-Rej (Xiong et al. 2025, §3): A = R − mean_g; groups whose rewards are all
     /// equal (all right or all wrong) are rejected: advantage 0, removed from the mask, counted.
-    ReinforceRej,
+    /// `reject` keeps one side: the paper's ablation (§4) drops only the all-wrong groups.
+    ReinforceRej {
+        /// Which uniform groups are rejected.
+        #[serde(default)]
+        reject: RejectGroups,
+        /// A uniform group whose common reward is above this is all right, else all wrong.
+        #[serde(default = "half")]
+        threshold: f32,
+    },
     /// OPMD (Trinity-RFT `OPMDAdvantageFn`): A = R − b, b the group mean or τ log-avg-exp.
     Opmd {
         /// The baseline.

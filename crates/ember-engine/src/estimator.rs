@@ -2,7 +2,8 @@
 //! then the options every estimator shares.
 
 use crate::advantage::{
-    self as adv, AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind,
+    self as adv, AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline,
+    RejectGroups, StdKind,
 };
 use crate::basis::basis_values;
 use crate::batch::RolloutBatch;
@@ -55,7 +56,9 @@ pub fn compute_advantages(
             whiten,
         } => basis(&c, bandwidth, prior, whiten, &mut m)?,
         AdvantageKind::Raft { threshold } => raft(&c, threshold),
-        AdvantageKind::ReinforceRej => reinforce_rej(&c, &mut m),
+        AdvantageKind::ReinforceRej { reject, threshold } => {
+            reinforce_rej(&c, reject, threshold, &mut m)
+        }
         AdvantageKind::Opmd { baseline, tau } => opmd(&c, baseline, tau),
         AdvantageKind::AsymRe { shift } => asymre(&c, shift),
         AdvantageKind::Trloo { gamma } => trloo(&c, gamma)?,
@@ -358,20 +361,38 @@ pub(crate) fn basis(
     Ok(Estimate::of(whiten_if(a, whiten, &c.mask)))
 }
 
-/// RAFT (Dong et al. 2023; Xiong et al. 2025 "RAFT++"): positives only, A = 1[R > threshold].
+/// RAFT (Dong et al. 2023; Xiong et al. 2025 "RAFT++"): positives only, A = 1[R > threshold];
+/// the rejected samples leave the mask (the loss is the accepted samples' SFT loss, averaged
+/// over their tokens).
 pub(crate) fn raft(c: &AdvCtx, threshold: f32) -> Estimate {
+    let [b, _] = c.mask.dims();
     let a = c.rewards.clone().greater_elem(threshold).float() * c.valid.clone();
-    Estimate::of(c.per_token(a))
+    Estimate {
+        mask: Some(c.mask.clone() * a.clone().reshape([b, 1])),
+        ..Estimate::of(c.per_token(a))
+    }
 }
 
 /// Reinforce-Rej (Xiong et al. 2025, §3): A = R − mean_g; groups whose rewards are all equal
-/// are rejected (advantage 0, out of the mask, counted).
-pub(crate) fn reinforce_rej(c: &AdvCtx, m: &mut Metrics) -> Estimate {
+/// are rejected (advantage 0, out of the mask, counted): both kinds, or one side (§4's
+/// ablation), a uniform group being all right when its reward is above `threshold`.
+pub(crate) fn reinforce_rej(
+    c: &AdvCtx,
+    reject: RejectGroups,
+    threshold: f32,
+    m: &mut Metrics,
+) -> Estimate {
     let [b, _] = c.mask.dims();
     let groups = &c.batch.groups;
-    let rejected = groups
+    let uniform = groups
         .zero_range(c.rewards.clone(), c.valid.clone())
         .float();
+    let right = c.rewards.clone().greater_elem(threshold).float();
+    let rejected = match reject {
+        RejectGroups::Both => uniform,
+        RejectGroups::AllWrong => uniform * right.neg().add_scalar(1.0),
+        RejectGroups::AllRight => uniform * right,
+    };
     let keep = rejected.clone().neg().add_scalar(1.0);
     m.push(
         "advantage/rejected_samples",

@@ -28,7 +28,8 @@ mod sequential;
 
 pub use adaptive::{AdaMode, AdaPool, ReinforceAda};
 pub use advantage::{
-    AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, StdKind, lgamma,
+    AdvantageConfig, AdvantageKind, Advantages, BatchBaseline, OpmdBaseline, RejectGroups, StdKind,
+    lgamma,
 };
 pub use agg::{AggNorm, LossAgg, aggregate};
 pub use basis::basis_values;

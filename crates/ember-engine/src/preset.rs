@@ -4,8 +4,8 @@
 
 use crate::{
     ActorLossConfig, AdvantageConfig, AdvantageKind, BatchBaseline, CriticConfig, LossAgg,
-    MismatchCorrection, Pact, PolicyLossKind, RatioLevel, ReinforceAda, ReplayConfig, StdKind,
-    TurnUpdates,
+    MismatchCorrection, Pact, PolicyLossKind, RatioLevel, ReinforceAda, RejectGroups, ReplayConfig,
+    StdKind, TurnUpdates,
 };
 use serde::{Deserialize, Serialize};
 
@@ -276,7 +276,13 @@ impl Preset {
                 let kind = AdvantageKind::Raft { threshold: 0.5 };
                 (kind, token_mean(PolicyLossKind::Vanilla))
             }
-            Self::ReinforceRej => (AdvantageKind::ReinforceRej, token_mean(PPO)),
+            Self::ReinforceRej => {
+                let kind = AdvantageKind::ReinforceRej {
+                    reject: RejectGroups::Both,
+                    threshold: 0.5,
+                };
+                (kind, token_mean(PPO))
+            }
             Self::Opo => (AdvantageKind::Opo, token_mean(PPO)),
             Self::Remax => (AdvantageKind::Remax, token_mean(PPO)),
             Self::Seeupo => (

@@ -83,6 +83,14 @@ fn reinforce_raw_and_batch_mean() {
         baseline: BatchBaseline::Mean,
     };
     assert_close(&adv(mean, &b), &[0.5, 0.0, -0.5], 1e-6);
+    // TOPR's constant baseline: with c = 0.75, the 0.5-reward sample becomes a negative.
+    let constant = AdvantageKind::Reinforce {
+        baseline: BatchBaseline::Constant(0.75),
+    };
+    assert_close(&adv(constant, &b), &[0.25, -0.25, -0.75], 1e-6);
+    let parsed: AdvantageKind =
+        toml::from_str("kind = \"reinforce\"\nbaseline = { constant = 0.75 }").unwrap();
+    assert_eq!(parsed, constant);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
 /// Baseline of plain REINFORCE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchBaseline {
     /// A = R (Williams 1992).
@@ -26,6 +26,9 @@ pub enum BatchBaseline {
     None,
     /// A = R − mean over the valid samples of the batch.
     Mean,
+    /// A = R − c, a constant (`baseline = { constant = c }`): TOPR's baseline parameter, which
+    /// off-policy sets the effective share of positive examples (Le Roux et al. 2025, §4).
+    Constant(f32),
 }
 
 /// Standard deviation used by GRPO's normalisation.
@@ -84,7 +87,7 @@ fn asymre_shift() -> f32 {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdvantageKind {
-    /// REINFORCE (Williams 1992): A = R, or R − batch mean.
+    /// REINFORCE (Williams 1992): A = R, R − batch mean, or R − a constant.
     Reinforce {
         /// The baseline.
         #[serde(default)]

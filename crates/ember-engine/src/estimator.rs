@@ -214,11 +214,13 @@ fn whiten_if(a: Tensor<2>, whiten: bool, mask: &Tensor<2>) -> Tensor<2> {
     }
 }
 
-/// REINFORCE (Williams 1992): A = R, or R − batch mean.
+/// REINFORCE (Williams 1992): A = R, R − batch mean, or R − c (TOPR's baseline parameter, Le
+/// Roux et al. 2025, §4).
 pub(crate) fn reinforce(c: &AdvCtx, baseline: BatchBaseline) -> Estimate {
     let a = match baseline {
         BatchBaseline::None => c.rewards.clone(),
         BatchBaseline::Mean => c.rewards.clone() - masked_mean(c.rewards.clone(), c.valid.clone()),
+        BatchBaseline::Constant(b) => c.rewards.clone().sub_scalar(b),
     };
     Estimate::of(c.per_token(a * c.valid.clone()))
 }

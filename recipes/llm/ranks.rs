@@ -223,13 +223,5 @@ pub fn scored_on_rank_zero(
         true => score()?,
         false => Vec::new(),
     };
-    let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let got = w.broadcast(bytes, "rewards from rank 0")?;
-    if got.len() % 4 != 0 {
-        bail!("rank 0 sent {} bytes of rewards", got.len());
-    }
-    Ok(got
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    Ok(w.broadcast_floats(&mine, "rewards from rank 0")?)
 }

@@ -107,45 +107,24 @@ pub fn rescore(
 }
 
 /// `exp.score_all(model)`; with a `world`, this rank's contiguous share of the rows scored here
-/// and every rank's share gathered in rank order (the same rows, the same order).
+/// and every rank's share gathered in rank order (the same rows, the same order; every share is
+/// `exp.response_len` columns wide).
 fn score_rows(exp: &LlmExperience, model: &Llama, world: Option<&World>) -> Result<Tensor<2>> {
     let Some(w) = world.filter(|w| w.size() > 1) else {
         return Ok(exp.score_all(model));
     };
     let n = exp.tokens.dims()[0];
     let mine: Vec<usize> = w.shard(n).collect();
-    let (local, cols) = match mine.is_empty() {
-        true => (Vec::new(), 0),
-        false => {
-            let lp = model.score(exp, &mine, false).log_probs;
-            let cols = lp.dims()[1];
-            let v = lp
-                .try_into_vec_as::<f32>()
-                .map_err(|e| anyhow::anyhow!("reading log-probs: {e:?}"))?;
-            (v, cols)
-        }
+    let local = match mine.is_empty() {
+        true => Vec::new(),
+        false => model
+            .score(exp, &mine, false)
+            .log_probs
+            .try_into_vec_as::<f32>()
+            .map_err(|e| anyhow::anyhow!("reading log-probs: {e:?}"))?,
     };
-    let mut bytes = (cols as u64).to_le_bytes().to_vec();
-    bytes.extend(local.iter().flat_map(|x| x.to_le_bytes()));
-    let parts = w.gather(bytes, "rescoring gather")?;
-    let mut all = Vec::new();
-    let mut width = None;
-    for p in &parts {
-        let (head, body) = p.split_at(8.min(p.len()));
-        let c = u64::from_le_bytes(head.try_into().unwrap_or([0; 8])) as usize;
-        if body.is_empty() {
-            continue;
-        }
-        if width.is_some_and(|w| w != c) {
-            anyhow::bail!("the ranks scored different widths ({width:?} and {c})");
-        }
-        width = Some(c);
-        all.extend(
-            body.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
-    }
-    let cols = width.unwrap_or(1);
+    let all: Vec<f32> = w.gather_floats(&local, "rescoring gather")?.concat();
+    let cols = exp.response_len;
     if Some(all.len()) != n.checked_mul(cols) {
         anyhow::bail!(
             "the ranks scored {} values for {n} rows of {cols}",

@@ -220,11 +220,57 @@ impl World {
         Ok(out)
     }
 
+    /// Every rank's `floats`, in rank order (sent as little-endian bytes, so NaN and infinities
+    /// travel as they are).
+    ///
+    /// # Errors
+    /// The engine's own error, or a rank's part that is not whole floats.
+    pub fn gather_floats(
+        &self,
+        floats: &[f32],
+        what: &'static str,
+    ) -> Result<Vec<Vec<f32>>, DistError> {
+        let parts = self.gather(to_bytes(floats), what)?;
+        parts.iter().map(|p| self.floats_of(p, what)).collect()
+    }
+
+    /// Rank 0's `floats` on every rank (the others' are ignored).
+    ///
+    /// # Errors
+    /// The engine's own error, or a message that is not whole floats.
+    pub fn broadcast_floats(
+        &self,
+        floats: &[f32],
+        what: &'static str,
+    ) -> Result<Vec<f32>, DistError> {
+        let bytes = self.broadcast(to_bytes(floats), what)?;
+        self.floats_of(&bytes, what)
+    }
+
+    fn floats_of(&self, bytes: &[u8], what: &'static str) -> Result<Vec<f32>, DistError> {
+        if !bytes.len().is_multiple_of(4) {
+            return Err(DistError::Engine {
+                engine: self.engine(),
+                what,
+                step: self.at(what).step,
+                message: format!("a rank sent {} bytes, not whole floats", bytes.len()),
+            });
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
     /// Ends every process of the world after an error on this one (see
     /// [`Collective::abort`]).
     pub fn abort(&self, code: i32) -> ! {
         self.comm.abort(code)
     }
+}
+
+fn to_bytes(floats: &[f32]) -> Vec<u8> {
+    floats.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 #[cfg(test)]
@@ -319,6 +365,20 @@ mod tests {
             e.contains("rank 1 of 2") && e.contains("rank 0 of 1"),
             "{e}"
         );
+    }
+
+    /// Floats cross as they are, NaN and infinities included; a part of stray bytes is refused.
+    #[test]
+    fn floats_cross_whole() {
+        let (w, _) = world(0, 2);
+        let v = [1.5, f32::NAN, f32::NEG_INFINITY, -0.0];
+        let parts = w.gather_floats(&v, "test").unwrap();
+        assert_eq!(parts.len(), 2);
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&parts[1]), bits(&v));
+        assert_eq!(bits(&w.broadcast_floats(&v, "test").unwrap()), bits(&v));
+        let e = w.floats_of(&[1, 2, 3], "test").unwrap_err().to_string();
+        assert!(e.contains("3 bytes, not whole floats"), "{e}");
     }
 
     #[test]

@@ -199,27 +199,23 @@ pub(crate) fn gather_metrics(
 /// The world's engine failed, or rank 0's parameters do not fit this rank's model.
 pub fn broadcast_trained<M: Module>(world: &World, model: M) -> Result<M, EngineError> {
     let flat = trained_values(&model);
-    let bytes: Vec<u8> = match world.is_writer() {
-        true => flat.values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        false => Vec::new(),
+    let mine: &[f32] = match world.is_writer() {
+        true => &flat.values,
+        false => &[],
     };
-    let bytes = world
-        .broadcast(bytes, "parameter broadcast")
+    let values = world
+        .broadcast_floats(mine, "parameter broadcast")
         .map_err(failed("parameter broadcast"))?;
-    if bytes.len() != flat.values.len() * 4 {
+    if values.len() != flat.values.len() {
         return Err(EngineError::Collective {
             what: "parameter broadcast",
             message: format!(
                 "rank 0 sent {} values, this rank's model has {} trained values",
-                bytes.len() / 4,
+                values.len(),
                 flat.values.len()
             ),
         });
     }
-    let values: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
     let mut out = GradientsParams::new();
     for s in &flat.slots {
         register(&mut out, s, values[s.offset..s.offset + s.len].to_vec());

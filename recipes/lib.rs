@@ -18,6 +18,7 @@ pub mod agent;
 pub mod common;
 pub mod control;
 pub mod flow;
+pub mod gym;
 pub mod kinds;
 pub mod llm;
 pub mod lm;

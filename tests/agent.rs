@@ -116,6 +116,60 @@ fn trajectories_have_holes_and_rescore_like_the_sampler() {
     assert!(d < 1e-4, "rescoring vs sampler {d}");
 }
 
+/// A turn the environment rejects (`keep: false`, the kernel gym's profiling-based rejection)
+/// stays in the loss mask the estimators read and leaves the update mask; the turns' numbers
+/// average over the turns that report them, and the best-of-turns figures take each row's best.
+#[test]
+fn rejected_turns_leave_the_update_mask() {
+    use ember::agent::rollout::{Segment, Trajectories};
+    use std::collections::BTreeMap;
+    let device = common::dev();
+    let turn = |n: usize| Segment {
+        ids: vec![5; n],
+        log_probs: Some(vec![0.0; n]),
+    };
+    let obs = Segment {
+        ids: vec![6; 2],
+        log_probs: None,
+    };
+    let info = |c: f64| BTreeMap::from([("correct".to_string(), c)]);
+    let t = Trajectories {
+        prompts: vec![vec![1], vec![1]],
+        segments: vec![
+            vec![turn(2), obs.clone(), turn(1)],
+            vec![turn(1), obs, turn(2)],
+        ],
+        turn_rewards: vec![vec![0.0, 3.0], vec![2.0, 0.0]],
+        turn_kept: vec![vec![true, false], vec![true, true]],
+        turn_info: vec![vec![info(0.0), info(1.0)], vec![info(1.0), BTreeMap::new()]],
+        group_ids: vec![0, 0],
+        texts: vec![vec![], vec![]],
+        unfinished: vec![false, false],
+        env_seconds: 0.0,
+    };
+    let x = t.tensors(&device).unwrap();
+    assert_eq!(x.region, 5);
+    assert_eq!(
+        common::vals(x.loss_mask),
+        [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    );
+    assert_eq!(
+        common::vals(x.update_mask.unwrap()),
+        [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    );
+    let m = t.turn_metrics("rollout/");
+    assert!((m["rollout/env/correct"] - 2.0 / 3.0).abs() < 1e-12);
+    assert_eq!(m["rollout/env/correct_best"], 1.0);
+    assert_eq!(m["rollout/best_turn_reward"], 2.5);
+    assert_eq!(m["rollout/last_turn_reward"], 1.5);
+    assert_eq!(m["rollout/rejected_turns"], 1.0);
+    let all_kept = Trajectories {
+        turn_kept: vec![vec![true; 2]; 2],
+        ..t
+    };
+    assert!(all_kept.tensors(&device).unwrap().update_mask.is_none());
+}
+
 /// The calculator's demonstrations are trajectories like the rollouts: the turns (with their
 /// stop token) in the loss, the calculator's answer a hole; a quarter of them call the tool.
 #[test]

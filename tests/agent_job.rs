@@ -213,7 +213,7 @@ fn agent_recipe_errors_name_the_key() {
         ("env.max=0", "env.max = 0"),
         ("env={kind=\"maze\"}", "maze"),
         ("rollout.max_turns=0", "rollout.max_turns must be >= 1"),
-        ("rollout.max_new_tokens=1000", "must be <= 64"),
+        ("rollout.max_new_tokens=5000", "<= 4096"),
         ("rollout.temperature=nan", "rollout.temperature"),
         ("advantage={kind=\"trloo\", gamma=2.0}", "advantage.gamma"),
         (
@@ -239,6 +239,10 @@ fn agent_recipe_errors_name_the_key() {
             "no letters",
         ),
         ("pretrained={path=\"x.gguf\"}", "not both"),
+        (
+            "env={kind=\"kernel-gym\"}",
+            "the tiny policy cannot write C",
+        ),
     ] {
         let out = tmp("bad");
         let o = train(&out, &[set], &[]);
@@ -270,4 +274,30 @@ fn agent_recipe_errors_name_the_key() {
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("exited") && e.contains("reset"), "{e}");
+}
+
+/// The kernel gym recipe's settings are checked when it is parsed, each error naming its key.
+#[test]
+fn kernel_gym_recipe_errors_name_the_key() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/kernel-gym-smollm2.toml"),
+    )
+    .unwrap();
+    assert!(ember::kinds::parse_any(&text, &[]).is_ok());
+    for (set, needle) in [
+        ("env.tasks=[\"nope\"]", "no kernel task named \"nope\""),
+        ("env.rejection.band=2.0", "env.rejection"),
+        ("env.reward.coverage=-1.0", "env.reward"),
+        ("env.workers=0", "env.workers"),
+        ("env.sandbox=false", "sandbox"),
+        (
+            "warmup={steps=1, batch=1, lr=0.1}",
+            "the kernel gym has no demonstrations",
+        ),
+    ] {
+        let e = ember::kinds::parse_any(&text, &[set.to_string()])
+            .err()
+            .unwrap_or_else(|| panic!("{set} was accepted"));
+        assert!(format!("{e:#}").contains(needle), "{set}: {e:#}");
+    }
 }

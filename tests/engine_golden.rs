@@ -1192,6 +1192,68 @@ fn trloo_reference(scores: &[Vec<f64>], groups: &[usize], gamma: f64) -> Vec<Vec
         .collect()
 }
 
+/// The three episodes of one prompt of the TRLOO tests below: the mask (turns of 2 policy steps,
+/// observations as holes), the turn of each step and the turn rewards on each turn's last step.
+type Rows = [[f32; 8]; 3];
+fn trloo_episodes() -> (Rows, Rows, Rows) {
+    let m: Rows = [
+        [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+        [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0],
+        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    ];
+    let turns: Rows = [
+        [0.0, 0.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0],
+        [0.0, 0.0, -1.0, 1.0, 1.0, -1.0, 2.0, 2.0],
+        [0.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0],
+    ];
+    let tr: Rows = [
+        [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+        [0.0; 8],
+    ];
+    (m, turns, tr)
+}
+
+/// An update mask (KernelGYM's profiling-based rejection) narrows the loss, not the baselines:
+/// the first case of the TRLOO test above with ep1's turn 1 rejected gives the same advantages
+/// elsewhere (ep0's turn 1 is still left out against ep1's G = 1: A = 0) and drops the rejected
+/// steps from the advantages and the mask.
+#[test]
+fn an_update_mask_keeps_the_baselines() {
+    let (m, turns, tr) = trloo_episodes();
+    let mut keep = [[1.0f32; 8]; 3];
+    keep[1][3] = 0.0;
+    keep[1][4] = 0.0;
+    let rows = |x: &[[f32; 8]; 3]| t2(&[&x[0], &x[1], &x[2]]);
+    let b = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0])
+        .with_token_rewards(rows(&tr))
+        .unwrap()
+        .with_turns(rows(&turns))
+        .unwrap()
+        .with_update_mask(rows(&keep))
+        .unwrap();
+    let out = compute_advantages(
+        &AdvantageConfig::new(AdvantageKind::Trloo { gamma: 1.0 }),
+        &b,
+        0,
+    )
+    .unwrap();
+    assert_close(
+        &vals(out.advantages),
+        &[
+            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, //
+            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, //
+            -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+        ],
+        1e-6,
+    );
+    let mask = vals(out.mask);
+    assert_eq!(&mask[8..16], &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
+    assert_eq!(&mask[0..8], &m[0]);
+    let err = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0]).with_update_mask(full2(3, 2, 1.0));
+    assert!(err.is_err());
+}
+
 /// TRLOO by hand and against the reference transcription. One prompt, three episodes laid out
 /// as Ember does (turns of 2 policy steps, observations as holes), per-turn rewards on each
 /// turn's last step, γ = 1:
@@ -1200,21 +1262,7 @@ fn trloo_reference(scores: &[Vec<f64>], groups: &[usize], gamma: f64) -> Vec<Vec
 /// Turn 1 (n = 2, ep0 and ep1): 1 − 1 = 0 each. Turn 2 (n = 1, ep1 alone): A = G = 1.
 #[test]
 fn trloo_by_hand_and_against_the_reference() {
-    let m = [
-        [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0],
-        [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0],
-        [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-    ];
-    let turns = [
-        [0.0, 0.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0],
-        [0.0, 0.0, -1.0, 1.0, 1.0, -1.0, 2.0, 2.0],
-        [0.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0],
-    ];
-    let tr = [
-        [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
-        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0],
-        [0.0; 8],
-    ];
+    let (m, turns, tr) = trloo_episodes();
     let rows = |x: &[[f32; 8]; 3]| t2(&[&x[0], &x[1], &x[2]]);
     let b = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0])
         .with_token_rewards(rows(&tr))

@@ -193,6 +193,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ember-engine", 0),
     ("ember-kernels", 0),
     ("ember-dist", 0),
+    ("ember-gym", 0),
     ("ember-collectives", 1),
     ("ember-train", 1),
     ("ember-tasks", 1),

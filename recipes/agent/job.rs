@@ -18,6 +18,7 @@ use ember_llm::{Llama, SamplingConfig};
 use ember_run::{Row, Run, RunOptions, checkpoint, fmt_metric};
 use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
+use ember_tasks::env::kernel::KernelGym;
 use ember_tasks::env::{Environment, EpisodeSource};
 use ember_train::{Optimizer, UpdateConfig, sequential_update};
 use std::collections::BTreeMap;
@@ -49,16 +50,26 @@ pub fn environment(r: &AgentRecipe, device: &Device) -> Result<Box<dyn Environme
         }
         EnvSpec::External(x) => Box::new(ExternalEnv::spawn(x)?),
         EnvSpec::Tutor(t) => Box::new(super::tutor::TutorEnv::new(t, r.rollout.max_turns, device)?),
+        EnvSpec::KernelGym(g) => {
+            let gym = KernelGym::new(g, r.rollout.max_turns)?;
+            if g.remote.is_empty() {
+                Box::new(gym)
+            } else {
+                let remote = crate::gym::remote::Remote::new(&g.remote, KernelGym::eval_config(g));
+                Box::new(gym.with_executor(Box::new(remote)))
+            }
+        }
     })
 }
 
-/// Held-out success: the mean reward of one greedy episode per held-out seed.
+/// Held-out success: the mean reward of one greedy episode per held-out seed, with the turns'
+/// numbers as `eval/…` ([`Trajectories::turn_metrics`]).
 fn evaluate(
     policy: &Policy,
     env: &mut dyn Environment,
     r: &AgentRecipe,
     device: &Device,
-) -> Result<f64> {
+) -> Result<(f64, BTreeMap<String, f64>)> {
     let seeds = EpisodeSource::held_out_set(r.eval_episodes);
     let sc = SamplingConfig {
         temperature: 0.0,
@@ -74,7 +85,7 @@ fn evaluate(
         &sc,
         device,
     )?;
-    Ok(mean(&t.rewards()))
+    Ok((mean(&t.rewards()), t.turn_metrics("eval/")))
 }
 
 fn sampling(r: &AgentRecipe, stop: &[u32], seed: u64) -> SamplingConfig {
@@ -158,11 +169,10 @@ impl<'a> AgentJob<'a> {
                     let secs = t0.elapsed().as_secs_f64();
                     run.say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
                 }
-                let s = evaluate(&policy, env.as_mut(), r, &base)?;
-                run.log(BTreeMap::from([
-                    ("step".to_string(), 0.0),
-                    ("eval/success".to_string(), s),
-                ]))?;
+                let (s, mut row) = evaluate(&policy, env.as_mut(), r, &base)?;
+                row.insert("step".to_string(), 0.0);
+                row.insert("eval/success".to_string(), s);
+                run.log(row)?;
                 (s, s)
             }
         };
@@ -239,6 +249,10 @@ impl<'a> AgentJob<'a> {
         .with_token_rewards(turn_rewards.to_device(ad))?
         .with_turns(x.turn_ids.clone().to_device(ad))?
         .with_rollout_log_probs(x.log_probs.clone().to_device(ad))?;
+        let batch = match &x.update_mask {
+            Some(keep) => batch.with_update_mask(keep.clone().to_device(ad))?,
+            None => batch,
+        };
         Ok((t, x, batch))
     }
 
@@ -316,7 +330,9 @@ impl<'a> AgentJob<'a> {
             (step + 1).is_multiple_of(r.train.run.eval_every) || step + 1 == r.train.run.steps;
         if evaluated {
             let t_eval = Instant::now();
-            self.after = evaluate(&self.policy, self.env.as_mut(), r, &self.base)?;
+            let (after, numbers) = evaluate(&self.policy, self.env.as_mut(), r, &self.base)?;
+            self.after = after;
+            row.extend(numbers);
             row.insert("eval/success".into(), self.after);
             row.insert("timing_s/eval".into(), t_eval.elapsed().as_secs_f64());
         }
@@ -366,6 +382,7 @@ fn trajectory_metrics(row: &mut BTreeMap<String, f64>, step: usize, t: &Trajecto
         "rollout/unfinished_fraction".into(),
         t.unfinished.iter().filter(|u| **u).count() as f64 / n,
     );
+    row.extend(t.turn_metrics("rollout/"));
 }
 
 /// The first `n` trajectories for `samples.jsonl`: the transcript, reward and turns.

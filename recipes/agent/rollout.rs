@@ -18,6 +18,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_llm::chartok;
 use ember_llm::{Llama, Message, SamplingConfig, generate};
 use ember_tasks::env::{Environment, Episode};
+use std::collections::BTreeMap;
 
 /// A stretch of a trajectory's response region.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +38,10 @@ pub struct Trajectories {
     pub segments: Vec<Vec<Segment>>,
     /// Each row's reward per policy turn.
     pub turn_rewards: Vec<Vec<f32>>,
+    /// Whether each turn enters the update ([`ember_tasks::env::Feedback::keep`]).
+    pub turn_kept: Vec<Vec<bool>>,
+    /// The environment's numbers of each turn ([`ember_tasks::env::Feedback::info`]).
+    pub turn_info: Vec<Vec<BTreeMap<String, f64>>>,
     /// Each row's episode (the index of its seed; rows of one seed share it).
     pub group_ids: Vec<usize>,
     /// Each row's texts: the first observation, then the turns and observations.
@@ -51,6 +56,63 @@ impl Trajectories {
     /// Each row's reward: the sum of its turn rewards.
     pub fn rewards(&self) -> Vec<f32> {
         self.turn_rewards.iter().map(|r| r.iter().sum()).collect()
+    }
+
+    /// The turns' numbers under `prefix`: each environment number's mean over the turns that
+    /// report it (`env/<key>`) and the mean over rows of its best turn (`env/<key>_best`: with
+    /// the kernel gym, `env/correct_best` is the share of episodes correct at any turn), the
+    /// mean best and last turn reward (sequential test-time scaling's best-of-turns, Dr.Kernel
+    /// §6.3), and the turns the environment rejected.
+    pub fn turn_metrics(&self, prefix: &str) -> BTreeMap<String, f64> {
+        let mut sums: BTreeMap<&str, (f64, f64, f64)> = BTreeMap::new();
+        for row in &self.turn_info {
+            let mut best: BTreeMap<&str, f64> = BTreeMap::new();
+            for info in row {
+                for (k, v) in info {
+                    let e = sums.entry(k.as_str()).or_default();
+                    e.0 += v;
+                    e.1 += 1.0;
+                    let b = best.entry(k.as_str()).or_insert(f64::NEG_INFINITY);
+                    *b = b.max(*v);
+                }
+            }
+            for (k, b) in best {
+                sums.entry(k).or_default().2 += b;
+            }
+        }
+        let rows = self.turn_rewards.len().max(1) as f64;
+        let mut m = BTreeMap::new();
+        for (k, (sum, n, best)) in sums {
+            m.insert(format!("{prefix}env/{k}"), sum / n.max(1.0));
+            m.insert(format!("{prefix}env/{k}_best"), best / rows);
+        }
+        let pick = |f: &dyn Fn(&[f32]) -> Option<f32>| {
+            self.turn_rewards
+                .iter()
+                .filter_map(|r| f(r))
+                .map(f64::from)
+                .sum::<f64>()
+                / rows
+        };
+        let best = |r: &[f32]| r.iter().copied().reduce(f32::max);
+        let kept = self.turn_kept.iter().flatten();
+        m.insert(format!("{prefix}best_turn_reward"), pick(&best));
+        m.insert(
+            format!("{prefix}last_turn_reward"),
+            pick(&|r| r.last().copied()),
+        );
+        m.insert(
+            format!("{prefix}rejected_turns"),
+            kept.filter(|k| !**k).count() as f64,
+        );
+        m
+    }
+
+    /// Row `i`'s next turn: its reward, whether it enters the update, its numbers.
+    fn record_turn(&mut self, i: usize, reward: f32, keep: bool, info: BTreeMap<String, f64>) {
+        self.turn_rewards[i].push(reward);
+        self.turn_kept[i].push(keep);
+        self.turn_info[i].push(info);
     }
 
     /// Number of policy turns of each row.
@@ -84,6 +146,7 @@ impl Trajectories {
             vec![0f32; rows * r],
         );
         let mut turn_ids = vec![-1f32; rows * r];
+        let mut keep = vec![1f32; rows * r];
         for i in 0..rows {
             let pr = &self.prompts[i];
             let off = p - pr.len();
@@ -99,6 +162,9 @@ impl Trajectories {
                     attn[i * w + p + col] = 1.0;
                     if let Some(lp) = &seg.log_probs {
                         loss[i * r + col] = 1.0;
+                        if self.turn_kept.get(i).and_then(|k| k.get(turn)) == Some(&false) {
+                            keep[i * r + col] = 0.0;
+                        }
                         turn_ids[i * r + col] = turn as f32;
                         lps[i * r + col] = lp.get(k).copied().unwrap_or(0.0);
                     }
@@ -115,6 +181,7 @@ impl Trajectories {
         }
         let t2 =
             |v: Vec<f32>, c: usize| Tensor::<2>::from_data(TensorData::new(v, [rows, c]), device);
+        let update_mask = keep.contains(&0.0).then(|| t2(keep, r));
         Ok(TrajectoryTensors {
             tokens: Tensor::<2, Int>::from_data(TensorData::new(tokens, [rows, w]), device),
             attention: t2(attn, w),
@@ -122,6 +189,7 @@ impl Trajectories {
             log_probs: t2(lps, r),
             turn_rewards: t2(trew, r),
             turn_ids: t2(turn_ids, r),
+            update_mask,
             region: r,
         })
     }
@@ -142,6 +210,9 @@ pub struct TrajectoryTensors {
     pub turn_rewards: Tensor<2>,
     /// `[rows, region]` the policy turn of each token (0, 1, …), −1 on observations and padding.
     pub turn_ids: Tensor<2>,
+    /// `[rows, region]` 0 on the tokens of turns the environment rejected, 1 elsewhere; `None`
+    /// when it rejected none.
+    pub update_mask: Option<Tensor<2>>,
     /// The region's width.
     pub region: usize,
 }
@@ -273,6 +344,8 @@ pub fn rollout(
             .collect::<Result<_>>()?,
         segments: vec![Vec::new(); rows],
         turn_rewards: vec![Vec::new(); rows],
+        turn_kept: vec![Vec::new(); rows],
+        turn_info: vec![Vec::new(); rows],
         group_ids: (0..rows).map(|i| i / samples.max(1)).collect(),
         texts: first.iter().map(|o| vec![o.clone()]).collect(),
         unfinished: vec![true; rows],
@@ -325,8 +398,8 @@ pub fn rollout(
             );
         }
         let mut next = Vec::with_capacity(running.len());
-        for (&i, f) in running.iter().zip(feedback) {
-            t.turn_rewards[i].push(f.reward);
+        for (&i, mut f) in running.iter().zip(feedback) {
+            t.record_turn(i, f.reward, f.keep, std::mem::take(&mut f.info));
             if f.done {
                 t.unfinished[i] = false;
                 // What the environment said at the end is kept for the transcript only.
@@ -413,6 +486,8 @@ pub fn demonstrations(
         }
         t.segments.push(segments);
         t.turn_rewards.push(vec![0.0; turns]);
+        t.turn_kept.push(vec![true; turns]);
+        t.turn_info.push(vec![BTreeMap::new(); turns]);
         t.group_ids.push(i);
         t.texts.push(texts);
         t.unfinished.push(false);

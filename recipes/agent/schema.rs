@@ -34,6 +34,8 @@ pub enum EnvSpec {
     /// Tutor a simulated student (a frozen model) toward a masked near-transfer post-test
     /// (`recipes/agent/tutor.rs`).
     Tutor(super::tutor::TutorSpec),
+    /// Write C kernels for the kernel gym's tasks (`ember_tasks::env::kernel::KernelGym`).
+    KernelGym(ember_tasks::env::kernel::KernelGymSpec),
 }
 
 /// Episodes and sampling.
@@ -125,9 +127,10 @@ impl AgentRecipe {
                 bail!("{key} must be >= 1");
             }
         }
-        if ro.max_turns > 64 || ro.max_new_tokens > 64 || self.eval_episodes > 100_000 {
+        if ro.max_turns > 64 || ro.max_new_tokens > 4096 || self.eval_episodes > 100_000 {
             bail!(
-                "rollout.max_turns and rollout.max_new_tokens must be <= 64, eval_episodes <= 100000"
+                "rollout.max_turns must be <= 64, rollout.max_new_tokens <= 4096, eval_episodes \
+                 <= 100000"
             );
         }
         let key = "rollout.samples_per_prompt";
@@ -153,7 +156,7 @@ impl AgentRecipe {
             (env, Some(_)) => match env {
                 EnvSpec::Guess { max } => Some(format!("0,{max}=").len()),
                 EnvSpec::Calculator { digits, .. } => Some(2 * *digits as usize + 2),
-                EnvSpec::External(_) | EnvSpec::Tutor(_) => None,
+                EnvSpec::External(_) | EnvSpec::Tutor(_) | EnvSpec::KernelGym(_) => None,
             },
         };
         if let Some(n) = first
@@ -239,6 +242,9 @@ impl AgentRecipe {
             if matches!(self.env, EnvSpec::Tutor(_)) {
                 bail!("[warmup]: the tutoring environment has no demonstrations; remove [warmup]");
             }
+            if matches!(self.env, EnvSpec::KernelGym(_)) {
+                bail!("[warmup]: the kernel gym has no demonstrations; remove [warmup]");
+            }
         }
         if self.train.run.kl_coef != 0.0 {
             bail!("train.kl_coef: agent recipes have no reference policy yet; leave it at 0");
@@ -259,6 +265,13 @@ impl AgentRecipe {
                 bail!("env.digits = {digits} must be in 1..=4")
             }
             EnvSpec::External(x) => check_range("env.timeout_s", x.timeout_s, 1e-3, 1e6)?,
+            EnvSpec::KernelGym(_) if self.model.is_some() => {
+                bail!("env.kind = \"kernel-gym\": the tiny policy cannot write C; use [pretrained]")
+            }
+            EnvSpec::KernelGym(g) => {
+                g.resolve()
+                    .map_err(|e| anyhow::anyhow!("[env] (kernel-gym): {e}"))?;
+            }
             EnvSpec::Tutor(_) if self.model.is_some() => {
                 bail!(
                     "env.kind = \"tutor\": the tiny policy cannot write English; use [pretrained]"

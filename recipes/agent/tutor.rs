@@ -336,6 +336,7 @@ impl Environment for TutorEnv {
                         ),
                         reward: 0.0,
                         done: false,
+                        ..Default::default()
                     },
                 }
             })
@@ -359,6 +360,7 @@ fn verdict(t: &Tutoring, post: &str, allow_answer: bool) -> Feedback {
         ),
         reward: if passed && gate { 1.0 } else { 0.0 },
         done: true,
+        ..Default::default()
     }
 }
 

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
 mod generate;
+mod gym;
 mod world;
 
 use ember::kinds::{self, AnyRecipe};
@@ -69,6 +70,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The kernel gym: `list` its tasks, a task's `prompt`, `eval` a C kernel, or serve it as a
+    /// `worker` over the JSON-lines environment protocol.
+    Gym(gym::GymArgs),
     /// Show the compiled backends and run a tiny engine check on a device.
     Info {
         /// cpu, cuda, wgpu or auto.
@@ -315,6 +319,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => generate::generate_cmd(a),
         Command::Export(a) => generate::export_cmd(a),
         Command::BenchLlm { args } => ember::llm::jobs::bench::run(&args),
+        Command::Gym(a) => gym::gym(a),
         Command::Info { device } => info(&device),
     }
 }

@@ -148,14 +148,14 @@ fn unauthorized(message: &str) -> ApiError {
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Equality whose time does not depend on where the inputs differ (only on their lengths).
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     let n = a.len().max(b.len());
     let mut diff = a.len() ^ b.len();
     for i in 0..n {

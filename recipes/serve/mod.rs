@@ -35,7 +35,7 @@ mod echo;
 pub mod engine;
 mod fair;
 pub mod http;
-mod listen;
+pub(crate) mod listen;
 mod metrics;
 pub mod state;
 mod stream;
@@ -368,7 +368,7 @@ fn exit_on_second_signal() {
 }
 
 /// The first SIGINT or SIGTERM (Ctrl-C elsewhere).
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

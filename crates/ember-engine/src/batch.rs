@@ -44,6 +44,9 @@ pub struct RolloutBatch {
     /// `[batch, dim]` a representation of each row's prompt (BASIS's kernel reads it; see
     /// [`RolloutBatch::with_features`]).
     pub features: Option<Tensor<2>>,
+    /// `[batch, steps]` 1 on the steps that enter the update, where a rejection narrows the
+    /// mask after the estimator has read it (see [`RolloutBatch::with_update_mask`]).
+    pub update_mask: Option<Tensor<2>>,
 }
 
 /// The largest reward magnitude taken as a real reward. Beyond it a reward is invalid, like NaN
@@ -91,6 +94,7 @@ impl RolloutBatch {
             turn_ids: None,
             group_stats: None,
             features: None,
+            update_mask: None,
         })
     }
 
@@ -118,6 +122,17 @@ impl RolloutBatch {
     pub fn with_turns(mut self, turn_ids: Tensor<2>) -> Result<Self> {
         self.check2("turn_ids", &turn_ids)?;
         self.turn_ids = Some(turn_ids);
+        Ok(self)
+    }
+
+    /// Narrows the steps that enter the update without changing what the estimator reads:
+    /// baselines and leave-one-out groups are those of the whole mask, and the advantages and
+    /// the loss mask are then multiplied by `keep`. KernelGYM's profiling-based rejection
+    /// sampling drops turns this way (Dr.Kernel eq. 9; the reference zeroes the turn's
+    /// `response_mask` while TRLOO groups by the unchanged `loss_mask`).
+    pub fn with_update_mask(mut self, keep: Tensor<2>) -> Result<Self> {
+        self.check2("update_mask", &keep)?;
+        self.update_mask = Some(keep);
         Ok(self)
     }
 
@@ -255,6 +270,7 @@ impl RolloutBatch {
             turn_ids: self.turn_ids.as_ref().map(rows2),
             group_stats: self.group_stats.as_ref().map(|(m, s)| (rows1(m), rows1(s))),
             features: self.features.as_ref().map(rows2),
+            update_mask: self.update_mask.as_ref().map(rows2),
         })
     }
 

@@ -64,6 +64,10 @@ pub fn compute_advantages(
         AdvantageKind::Trloo { gamma } => trloo(&c, gamma)?,
     };
     let mask = est.mask.unwrap_or_else(|| c.mask.clone());
+    let mask = match &batch.update_mask {
+        Some(keep) => mask * keep.clone(),
+        None => mask,
+    };
     let adv = shape(config, batch, est.adv, &mask, &c.valid, step)?;
     let returns = est.returns.unwrap_or_else(|| adv.clone());
     let invalid = c.valid.clone().neg().add_scalar(1.0).sum();

@@ -127,6 +127,7 @@ impl Environment for Calculator {
                         observation: String::new(),
                         reward: 0.0,
                         done: true,
+                        ..Default::default()
                     },
                     Some((expr, tagged)) => {
                         let value = eval_expression(&expr).and_then(|r| r.as_integer());
@@ -139,6 +140,7 @@ impl Environment for Calculator {
                             },
                             reward: 0.0,
                             done: false,
+                            ..Default::default()
                         }
                     }
                     None => {
@@ -148,6 +150,7 @@ impl Environment for Calculator {
                             observation: String::new(),
                             reward: if right { 1.0 } else { 0.0 },
                             done: true,
+                            ..Default::default()
                         }
                     }
                 };
@@ -215,21 +218,25 @@ impl Environment for GuessNumber {
                         observation: String::new(),
                         reward: 1.0,
                         done: true,
+                        ..Default::default()
                     },
                     _ if last_turn => Feedback {
                         observation: String::new(),
                         reward: 0.0,
                         done: true,
+                        ..Default::default()
                     },
                     Some(g) => Feedback {
                         observation: if (secret as f64) > g { "+," } else { "-," }.into(),
                         reward: 0.0,
                         done: false,
+                        ..Default::default()
                     },
                     None => Feedback {
                         observation: ",".into(),
                         reward: 0.0,
                         done: false,
+                        ..Default::default()
                     },
                 };
                 if feedback.done {

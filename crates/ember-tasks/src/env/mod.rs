@@ -10,6 +10,7 @@
 
 pub mod builtin;
 pub mod external;
+pub mod kernel;
 
 use ember_engine::SplitMix64;
 
@@ -22,10 +23,14 @@ pub enum EnvError {
     /// A step for an episode that is not running, or an answer of the wrong shape.
     #[error("environment: {0}")]
     Protocol(String),
+    /// The kernel gym could not evaluate (no C compiler, no scratch space); a candidate's own
+    /// failures are verdicts, never this.
+    #[error(transparent)]
+    Gym(#[from] ember_gym::GymError),
 }
 
 /// One episode to start: the caller's id for it (unique among those in flight) and its seed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Episode {
     /// The caller's id.
     pub id: usize,
@@ -34,7 +39,7 @@ pub struct Episode {
 }
 
 /// The environment's answer to one turn.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Feedback {
     /// Text appended to the context before the policy's next turn (empty when done).
     #[serde(default)]
@@ -45,6 +50,37 @@ pub struct Feedback {
     pub reward: f32,
     /// The episode is over.
     pub done: bool,
+    /// The turn enters the update (`false`: rejected, e.g. by KernelGYM's profiling-based
+    /// rejection sampling; it still counts in the estimator's baselines).
+    #[serde(default = "yes")]
+    pub keep: bool,
+    /// Numbers the job averages over the step's turns and logs as `env/<name>` (the kernel
+    /// gym's compile, correctness and hacking rates, speed-up, coverage).
+    #[serde(default)]
+    pub info: std::collections::BTreeMap<String, f64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Feedback {
+    fn default() -> Self {
+        Self::new(String::new(), 0.0, false)
+    }
+}
+
+impl Feedback {
+    /// A kept turn's feedback without numbers.
+    pub fn new(observation: impl Into<String>, reward: f32, done: bool) -> Self {
+        Self {
+            observation: observation.into(),
+            reward,
+            done,
+            keep: true,
+            info: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// A reward that may be null (invalid: NaN).

@@ -484,6 +484,7 @@ impl Environment for ProgramEnv {
                     observation: String::new(),
                     reward,
                     done: true,
+                    ..Default::default()
                 })
             })
             .collect()

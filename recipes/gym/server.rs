@@ -1,0 +1,152 @@
+//! `ember gym serve`: evaluations over HTTP. `POST /v1/evaluate` takes an
+//! [`EvaluateRequest`] and answers the gym's report (400 for an unknown task or a setting past
+//! the server's bounds, 503 when the gym itself fails); `GET /v1/tasks` lists the suite;
+//! `GET /health` answers `ok`. At most `--workers` evaluations run at once (the rest wait), each
+//! in processes of its own; bodies past six times the source limit (any source, escaped) are
+//! refused (413); with
+//! `--api-key-env` every route but `/health` needs the key. The first SIGINT or SIGTERM stops
+//! accepting and lets the evaluations taken finish.
+
+use super::EvaluateRequest;
+use crate::serve::access::{bearer, same};
+use anyhow::{Context, Result};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ember_gym::EvalConfig;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// The server's settings.
+#[derive(Debug, Clone)]
+pub struct GymServer {
+    /// `host:port` to listen on.
+    pub listen: String,
+    /// Evaluations at once.
+    pub workers: usize,
+    /// The largest CPU limit a request may ask for.
+    pub max_cpu_s: u64,
+    /// The key every route but `/health` needs.
+    pub key: Option<String>,
+}
+
+struct Shared {
+    permits: Arc<Semaphore>,
+    max_cpu_s: u64,
+    key: Option<String>,
+}
+
+/// Serves until the first signal.
+pub fn serve(s: &GymServer) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the HTTP runtime")?;
+    let shared = Arc::new(Shared {
+        permits: Arc::new(Semaphore::new(s.workers.max(1))),
+        max_cpu_s: s.max_cpu_s,
+        key: s.key.clone(),
+    });
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&s.listen)
+            .await
+            .with_context(|| format!("listening on {}", s.listen))?;
+        eprintln!("ember gym serve: listening on {}", listener.local_addr()?);
+        let limits = crate::serve::listen::Limits {
+            header_read_timeout: Duration::from_secs(30),
+            max_connections: 256,
+        };
+        let stop = crate::serve::shutdown_signal();
+        crate::serve::listen::serve(listener, router(shared), limits, stop).await
+    })
+}
+
+/// The routes.
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/tasks", get(tasks))
+        .route("/v1/evaluate", post(evaluate))
+        // A source at the limit, every byte escaped in JSON (`\u00XX`), plus the other fields.
+        .layer(DefaultBodyLimit::max(6 * ember_gym::MAX_SOURCE + 4096))
+        .with_state(shared)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": { "message": message.into() } });
+    (status, Json(body)).into_response()
+}
+
+/// `None` when the request may go on, else the 401 to answer.
+fn refused(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    match (&shared.key, bearer(headers)) {
+        (None, _) => None,
+        (Some(k), Some(t)) if same(k.as_bytes(), t.as_bytes()) => None,
+        _ => Some(error(
+            StatusCode::UNAUTHORIZED,
+            "send `Authorization: Bearer <key>`",
+        )),
+    }
+}
+
+async fn tasks(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Some(r) = refused(&shared, &headers) {
+        return r;
+    }
+    let names: Vec<&str> = ember_gym::suite().iter().map(|t| t.name).collect();
+    Json(serde_json::json!({ "tasks": names })).into_response()
+}
+
+async fn evaluate(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Json<EvaluateRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    if let Some(r) = refused(&shared, &headers) {
+        return r;
+    }
+    let req = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return error(e.status(), e.body_text()),
+    };
+    let Some(task) = ember_gym::task(&req.task) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("no kernel task named {:?}", req.task),
+        );
+    };
+    if req.hidden_shapes > 16 || !(1..=shared.max_cpu_s).contains(&req.cpu_s) {
+        let max = shared.max_cpu_s;
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("hidden_shapes must be at most 16 and cpu_s within 1..={max}"),
+        );
+    }
+    // The permit travels with the evaluation: a client that hangs up does not free it early.
+    let Ok(permit) = shared.permits.clone().acquire_owned().await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
+    };
+    let mut cfg = EvalConfig {
+        hidden_shapes: req.hidden_shapes,
+        ..EvalConfig::default()
+    };
+    cfg.run.cpu_s = req.cpu_s;
+    cfg.run.wall_s = 2.0 * req.cpu_s as f64 + 5.0;
+    let run = tokio::task::spawn_blocking(move || {
+        let report = ember_gym::evaluate(task, &req.code, req.seed, &cfg);
+        drop(permit);
+        report
+    });
+    match run.await {
+        Ok(Ok(report)) => Json(report).into_response(),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the evaluation failed: {e}"),
+        ),
+    }
+}

@@ -1,0 +1,191 @@
+//! The kernel gym through its surfaces: `ember gym eval` on a file, `ember gym worker` as an
+//! external environment (the JSON-lines protocol), and `ember gym serve` behind the remote
+//! executor (two addresses, one of them dead; the key refused and accepted), each giving the same
+//! verdicts as the gym in process.
+
+use ember_gym::{Executor, Job, Local, Verdict};
+use ember_tasks::env::external::{ExternalEnv, ExternalEnvSpec};
+use ember_tasks::env::kernel::{KernelGym, KernelGymSpec};
+use ember_tasks::env::{Environment, Episode};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const EMBER: &str = env!("CARGO_BIN_EXE_ember");
+
+const ADD: &str = "void vec_add(const float *a, const float *b, float *out, int n) {
+    for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+";
+
+const STATEFUL: &str = "static int calls;
+void vec_add(const float *a, const float *b, float *out, int n) {
+    calls++;
+    for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+";
+
+#[test]
+fn eval_prints_the_report_and_rewards() {
+    let file = std::env::temp_dir().join(format!("ember-gym-eval-{}.c", std::process::id()));
+    std::fs::write(&file, STATEFUL).unwrap();
+    let out = Command::new(EMBER)
+        .args(["gym", "eval", "--task", "vec_add", "--no-time"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verdict"], "keeps_state");
+    assert_eq!(v["reward"], 0.0);
+    assert_eq!(v["hacking"], true);
+    let bad = Command::new(EMBER)
+        .args(["gym", "eval", "--task", "nope", "-"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no kernel task named \"nope\""));
+}
+
+#[test]
+fn the_worker_speaks_the_environment_protocol() {
+    let spec = ExternalEnvSpec {
+        command: vec![
+            EMBER.into(),
+            "gym".into(),
+            "worker".into(),
+            "--spec".into(),
+            r#"{"tasks": ["vec_add"], "hidden_shapes": 2}"#.into(),
+            "--max-turns".into(),
+            "2".into(),
+        ],
+        timeout_s: 120.0,
+    };
+    let mut remote = ExternalEnv::spawn(&spec).unwrap();
+    let local_spec: KernelGymSpec =
+        serde_json::from_str(r#"{"tasks": ["vec_add"], "hidden_shapes": 2}"#).unwrap();
+    let mut local = KernelGym::new(&local_spec, 2).unwrap();
+    let eps = [Episode { id: 3, seed: 11 }, Episode { id: 4, seed: 12 }];
+    assert_eq!(remote.reset(&eps).unwrap(), local.reset(&eps).unwrap());
+    let actions = vec![
+        (3, format!("```c\n{ADD}```")),
+        (4, format!("```c\n{STATEFUL}```")),
+    ];
+    let (a, b) = (
+        remote.step(&actions).unwrap(),
+        local.step(&actions).unwrap(),
+    );
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.info["correct"], y.info["correct"]);
+        assert_eq!(x.info["hacking"], y.info["hacking"]);
+        assert_eq!(x.done, y.done);
+    }
+    assert_eq!(a[0].info["correct"], 1.0);
+    assert_eq!((a[1].info["hacking"], a[1].reward), (1.0, 0.0));
+}
+
+/// `ember gym serve` on a free port; returns the child and its address.
+fn serve(key: Option<&str>) -> (Child, String) {
+    let mut c = Command::new(EMBER);
+    c.args(["gym", "serve", "--listen", "127.0.0.1:0", "--workers", "2"]);
+    if let Some(k) = key {
+        c.args(["--api-key-env", "GYM_TEST_KEY"])
+            .env("GYM_TEST_KEY", k);
+    }
+    let mut child = c.stderr(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    (child, format!("http://{addr}"))
+}
+
+#[test]
+fn serve_and_the_remote_executor_agree_with_the_local_gym() {
+    let (mut child, url) = serve(Some("s3cret"));
+    let t = ember_gym::task("vec_add").unwrap();
+    let cfg = ember_gym::EvalConfig {
+        time: true,
+        hidden_shapes: 2,
+        ..Default::default()
+    };
+    let jobs: Vec<Job> = [ADD, STATEFUL, "void vec_add(int n) {"]
+        .iter()
+        .map(|c| Job {
+            task: t,
+            code: c.to_string(),
+            seed: 9,
+        })
+        .collect();
+    let dead = "http://127.0.0.1:9".to_string();
+    let remote =
+        ember::gym::remote::Remote::with_key(&[dead, url.clone()], cfg.clone(), Some("s3cret"));
+    let local = Local(cfg.clone());
+    for (i, job) in jobs.iter().enumerate() {
+        let (r, l) = (
+            remote.evaluate(job, 0).unwrap(),
+            local.evaluate(job, 0).unwrap(),
+        );
+        assert_eq!(r.verdict.name(), l.verdict.name(), "job {i}");
+        assert_eq!(r.shapes, l.shapes);
+    }
+    let ok = remote.evaluate(&jobs[0], 1).unwrap();
+    assert_eq!(ok.verdict, Verdict::Ok);
+    assert!(ok.speedup.unwrap() > 0.0);
+    let unkeyed = ember::gym::remote::Remote::with_key(&[url], cfg, None);
+    let err = unkeyed.evaluate(&jobs[0], 0).unwrap_err().to_string();
+    assert!(err.contains("401"), "{err}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Hostile kernels (`tests/fixtures/gym/`, each headed by what it tries) gain nothing: those
+/// that leave their process's bounds get their verdict, and those that only cheat inside it
+/// measure as what they honestly compute (the bounds are orders of magnitude from the cheat:
+/// the cache, the copied result and the scaled times claimed 1 000–4 700×).
+#[test]
+fn hostile_kernels_gain_nothing() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gym");
+    let walk = std::fs::read_to_string(dir.join("libc_walk.inc")).unwrap();
+    let cfg = ember_gym::EvalConfig::default();
+    for (file, task, want) in [
+        ("libc_system.c", "vec_add", Some("sandbox_violation")),
+        ("exit_early.c", "vec_add", Some("crashed")),
+        ("ifunc.c", "vec_add", Some("runs_at_load")),
+        ("got_section.c", "matmul", Some("rejected")),
+        ("include_comment.c", "vec_add", Some("rejected")),
+        ("include_after_comment.c", "vec_add", Some("rejected")),
+        ("hex_shapes.c", "vec_add", Some("shape_specialised")),
+        ("forged_lines.c", "vec_add", None),
+        ("heap_reference.c", "matmul", None),
+        ("stack_cache.c", "matmul", None),
+        ("timing_arrays.c", "vec_add", None),
+        ("coverage_patch.c", "matmul_bias_relu", None),
+    ] {
+        let mut code = std::fs::read_to_string(dir.join(file)).unwrap();
+        if code.contains("libc_sym(") {
+            code = format!("{walk}\n{code}");
+        }
+        let t = ember_gym::task(task).unwrap();
+        let r = ember_gym::evaluate(t, &code, 5, &cfg).unwrap();
+        match want {
+            Some(name) => {
+                assert_eq!(r.verdict.name(), name, "{file}: {:?}", r.verdict);
+                assert_eq!(ember_gym::RewardConfig::default().reward(&r), 0.0, "{file}");
+            }
+            None if r.verdict == Verdict::Ok => {
+                assert!(r.speedup.unwrap() < 20.0, "{file}: {:?}", r.speedup);
+                if task == "matmul_bias_relu" {
+                    assert!(r.coverage.unwrap() < 0.5, "{file}: {:?}", r.coverage);
+                }
+            }
+            None => assert_eq!(ember_gym::RewardConfig::default().reward(&r), 0.0, "{file}"),
+        }
+    }
+}

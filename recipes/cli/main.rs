@@ -21,9 +21,10 @@ struct Cli {
     /// (default: $EMBER_KERNEL_CACHE, else $EMBER_CACHE/kernels).
     #[arg(long, global = true, value_name = "DIR|off")]
     kernel_cache: Option<String>,
-    /// Ember's fused kernels (`ember`, the default where the device has them) or the decomposed
-    /// burn-op references (`burn`; also `EMBER_KERNELS=burn`).
-    #[arg(long, global = true, value_name = "ember|burn")]
+    /// Ember's fused kernels (`ember`, the default where the device has them), the decomposed
+    /// burn-op references (`burn`), or a comma-separated list of the kernels to use (`head`,
+    /// `attention`); also `EMBER_KERNELS`.
+    #[arg(long, global = true, value_name = "ember|burn|LIST")]
     kernels: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -258,7 +259,11 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     if let Some(k) = &cli.kernels {
-        ember_kernels::set_enabled(ember::llm::jobs::bench::kernels_flag(k)?);
+        ember_kernels::set_kernels(&ember::llm::jobs::bench::kernels_flag(k)?);
+    } else if let Ok(k) = std::env::var("EMBER_KERNELS") {
+        let kernels =
+            ember_kernels::parse_kernels(&k).map_err(|e| anyhow::anyhow!("EMBER_KERNELS: {e}"))?;
+        ember_kernels::set_kernels(&kernels);
     }
     let cache = ember::common::kernel_cache::resolve(cli.kernel_cache.as_deref())?;
     ember::common::kernel_cache::configure(&cache)?;

@@ -4,6 +4,8 @@
 //!
 //! - [`head_log_probs`]: the LM head's chosen-token log-probability and entropy, the
 //!   `[rows, vocab]` logits never held whole, forward or backward (`head.rs`).
+//! - [`attention`]: grouped-query attention with masks whose backward pass keeps no
+//!   `[t, keys]` score matrix (`attention.rs`).
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
 //! says whether a device has them, and callers take the reference elsewhere.
@@ -11,34 +13,101 @@
 // Without a backend selected, the generated dispatch takes the arguments without using them.
 #![cfg_attr(not(feature = "flex"), allow(unused_variables))]
 
+mod attention;
 mod head;
 
+pub use attention::FusedAttention;
 use burn::backend::Dispatch;
-use burn::tensor::activation::log_softmax;
+use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Int, Tensor};
 pub use head::FusedHead;
 
-/// The fused kernels are used (default), or the decomposed burn-op references everywhere
-/// (`ember --kernels burn`, or `EMBER_KERNELS=burn`).
-static ENABLED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNSET);
-const UNSET: u8 = 2;
-
-/// Chooses the fused kernels (`true`) or the burn-op references for the whole process.
-pub fn set_enabled(on: bool) {
-    ENABLED.store(u8::from(on), std::sync::atomic::Ordering::Relaxed);
+/// One of Ember's fused kernels, as `--kernels` and `EMBER_KERNELS` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// The LM head's log-probability and entropy ([`head_log_probs`]): `head`.
+    Head,
+    /// Attention without the score matrix ([`attention`]): `attention`.
+    Attention,
 }
 
-/// Whether the fused kernels are chosen: [`set_enabled`], else `EMBER_KERNELS` (`burn` turns
-/// them off), else yes.
-pub fn enabled() -> bool {
-    match ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
-        UNSET => {
-            let on = std::env::var("EMBER_KERNELS").map_or(true, |v| v.trim() != "burn");
-            set_enabled(on);
-            on
+impl Kernel {
+    /// Every kernel, in the order of their bits.
+    pub const ALL: [Kernel; 2] = [Kernel::Head, Kernel::Attention];
+
+    /// The kernel's name in `--kernels`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Head => "head",
+            Kernel::Attention => "attention",
         }
-        v => v == 1,
     }
+
+    fn bit(self) -> u8 {
+        match self {
+            Kernel::Head => 1,
+            Kernel::Attention => 2,
+        }
+    }
+}
+
+/// The kernels chosen, one bit each ([`Kernel::bit`]); [`UNSET`] until [`set_kernels`] or the
+/// first read of `EMBER_KERNELS`.
+static ENABLED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNSET);
+const UNSET: u8 = 0x80;
+
+/// Which kernels `spec` chooses: `ember` (every kernel), `burn` (none: the decomposed burn-op
+/// references everywhere), or a comma-separated list of kernel names (`head,attention`).
+///
+/// # Errors
+/// An unknown name, listed with the names there are.
+pub fn parse_kernels(spec: &str) -> Result<Vec<Kernel>, String> {
+    match spec.trim() {
+        "ember" => return Ok(Kernel::ALL.to_vec()),
+        "burn" => return Ok(Vec::new()),
+        _ => {}
+    }
+    spec.split(',')
+        .map(|n| {
+            let n = n.trim();
+            Kernel::ALL.into_iter().find(|k| k.name() == n).ok_or_else(|| {
+                let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "kernels {spec:?}: {n:?} is not a kernel; expected ember, burn or a comma-separated list of {}",
+                    names.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// Chooses the fused kernels for the whole process; the others take their burn-op references.
+pub fn set_kernels(kernels: &[Kernel]) {
+    let bits = kernels.iter().fold(0, |acc, k| acc | k.bit());
+    ENABLED.store(bits, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Every fused kernel (`true`) or none (the burn-op references) for the whole process.
+pub fn set_enabled(on: bool) {
+    set_kernels(if on { &Kernel::ALL } else { &[] });
+}
+
+/// Whether `kernel` is chosen: [`set_kernels`], else `EMBER_KERNELS` (as [`parse_kernels`]
+/// reads it; a value it refuses leaves every kernel on, with a warning), else yes.
+pub fn enabled(kernel: Kernel) -> bool {
+    let mut bits = ENABLED.load(std::sync::atomic::Ordering::Relaxed);
+    if bits == UNSET {
+        let chosen = match std::env::var("EMBER_KERNELS") {
+            Err(_) => Kernel::ALL.to_vec(),
+            Ok(v) => parse_kernels(&v).unwrap_or_else(|e| {
+                eprintln!("EMBER_KERNELS: {e}; every kernel stays on");
+                Kernel::ALL.to_vec()
+            }),
+        };
+        set_kernels(&chosen);
+        bits = ENABLED.load(std::sync::atomic::Ordering::Relaxed);
+    }
+    bits & kernel.bit() != 0
 }
 
 /// Vocabulary columns of one chunk of the fused head for `rows` rows: the chunk's logits stay
@@ -117,6 +186,63 @@ pub fn head_log_probs_reference(
         .reshape([rows]);
     let ent = (logp.clone().exp() * logp).sum_dim(1).reshape([rows]).neg();
     (lp, ent)
+}
+
+/// Query positions of one block of the fused attention for `rows` = batch × heads and `keys`
+/// keys: a block's scores stay under 2²² elements (16 MiB of f32), at least 16 positions.
+pub fn attention_block(rows: usize, keys: usize) -> usize {
+    ((1usize << 22) / rows.saturating_mul(keys).max(1)).max(16)
+}
+
+/// Grouped-query attention `softmax(q kᵀ / √hd + bias) v` whose backward pass keeps no score
+/// matrix: only the output and each row's log-sum-exp are kept, and the backward pass
+/// recomputes the probabilities block by block (`attention.rs`). Query head `kv·groups + g`
+/// reads key/value head `kv`. Differentiable in `q`, `k`, `v` (not in `bias`). Runs where
+/// [`fused_on`] says so, in f32.
+///
+/// # Shapes
+/// `q` `[b, heads, t, hd]`, `k`, `v` `[b, kv_heads, keys, hd]`, `bias` `[b, 1, t, keys]` →
+/// `[b, heads, t, hd]`.
+pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>) -> Tensor<4> {
+    let [b, heads, t, hd] = q.dims();
+    let [bk, kv, keys, hdk] = k.dims();
+    assert!(
+        bk == b && hdk == hd && kv > 0 && heads % kv == 0 && v.dims() == k.dims(),
+        "attention: q is {:?}, k {:?}, v {:?}",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    assert_eq!(bias.dims(), [b, 1, t, keys], "attention: the bias's shape");
+    Tensor::<4>::from_dispatch(<Dispatch as FusedAttention>::attention_rows(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        bias.into_dispatch(),
+        1.0 / (hd as f32).sqrt(),
+        attention_block(b * heads, keys),
+    ))
+}
+
+/// The decomposed reference of [`attention`]: the whole scores `[b, kv, groups, t, keys]`,
+/// `softmax`, the product with `v` (what `models/ember-llm`'s `Attention::heads` computes).
+///
+/// # Shapes
+/// As [`attention`].
+pub fn attention_reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>) -> Tensor<4> {
+    let [b, heads, t, hd] = q.dims();
+    let [_, kv, keys, _] = k.dims();
+    let groups = heads / kv;
+    let scores = q
+        .reshape([b, kv, groups * t, hd])
+        .matmul(k.swap_dims(2, 3))
+        .reshape([b, kv, groups, t, keys])
+        * (1.0 / (hd as f32).sqrt())
+        + bias.reshape([b, 1, 1, t, keys]);
+    softmax(scores, 4)
+        .reshape([b, kv, groups * t, keys])
+        .matmul(v)
+        .reshape([b, heads, t, hd])
 }
 
 #[cfg(test)]

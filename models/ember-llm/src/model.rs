@@ -291,7 +291,10 @@ impl Attention {
         )
     }
 
-    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)).
+    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)). Passes of
+    /// several query positions in f32 on the CPU take Ember's fused attention
+    /// (`ember_kernels::attention`, which keeps no score matrix for backward) unless the
+    /// kernels are switched off.
     pub(crate) fn heads(
         &self,
         q: Tensor<4>,
@@ -304,6 +307,16 @@ impl Attention {
         let [_, kv, keys, _] = k.dims();
         let groups = h / kv;
         let dt = q.dtype();
+        if t > 1
+            && dt == DType::F32
+            && bias.dims() == [b, 1, t, keys]
+            && ember_kernels::enabled(ember_kernels::Kernel::Attention)
+            && ember_kernels::fused_on(&q.device())
+        {
+            return ember_kernels::attention(q, k, v, bias)
+                .swap_dims(1, 2)
+                .reshape([b, t, h * hd]);
+        }
         if fused {
             let repeat = |x: Tensor<4>| {
                 if groups == 1 {
@@ -464,7 +477,7 @@ impl Llama {
             Some(head) => (&head.weight, true),
             None => (&self.embed_tokens.weight, false),
         };
-        let usable = ember_kernels::enabled()
+        let usable = ember_kernels::enabled(ember_kernels::Kernel::Head)
             && ember_kernels::fused_on(&h.device())
             && h.dtype() == DType::F32
             && !(adapters && weight.adapter().is_some());

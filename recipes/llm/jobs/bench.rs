@@ -93,8 +93,9 @@ options:
   --fused-attention              burn's fused attention op for multi-token passes
   --only ROWS                    a comma-separated subset of prefill,decode_b1,decode_b32,train
                                  (e.g. to profile one of them; default all)
-  --kernels ember|burn           Ember's fused kernels (default) or the decomposed burn-op
-                                 references (crates/ember-kernels)
+  --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
+                                 references, or a comma-separated list of the kernels to use
+                                 (head, attention; crates/ember-kernels)
   -h, --help                     this text";
 
 /// Parsed benchmark options.
@@ -118,8 +119,8 @@ pub struct BenchArgs {
     pub fused_attention: bool,
     /// The rows to run (`prefill`, `decode_b1`, `decode_b32`, `train`).
     pub only: Vec<String>,
-    /// Ember's fused kernels (true) or the burn-op references.
-    pub kernels: bool,
+    /// The fused kernels used; the others take their burn-op references.
+    pub kernels: Vec<ember_kernels::Kernel>,
 }
 
 /// The measurements of each size, in order.
@@ -140,7 +141,7 @@ impl BenchArgs {
             precision: ember_train::Precision::F32,
             fused_attention: false,
             only: ROWS.iter().map(|r| r.to_string()).collect(),
-            kernels: true,
+            kernels: ember_kernels::Kernel::ALL.to_vec(),
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -195,16 +196,12 @@ impl BenchArgs {
     }
 }
 
-/// `--kernels ember|burn`: Ember's fused kernels (true) or the burn-op references.
+/// `--kernels ember|burn|LIST`: the fused kernels chosen (`ember_kernels::parse_kernels`).
 ///
 /// # Errors
-/// Another value.
-pub fn kernels_flag(v: &str) -> anyhow::Result<bool> {
-    match v {
-        "ember" => Ok(true),
-        "burn" => Ok(false),
-        v => anyhow::bail!("--kernels {v}: expected ember or burn"),
-    }
+/// An unknown kernel name.
+pub fn kernels_flag(v: &str) -> anyhow::Result<Vec<ember_kernels::Kernel>> {
+    ember_kernels::parse_kernels(v).map_err(|e| anyhow::anyhow!("--{e}"))
 }
 
 /// Runs the benchmark with command-line style `args` (`--help` prints the usage).
@@ -217,7 +214,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         println!("{USAGE}");
         return Ok(());
     };
-    ember_kernels::set_enabled(opts.kernels);
+    ember_kernels::set_kernels(&opts.kernels);
     let device = device::device(&opts.device)?;
     let (precision, note) = device::resolve_precision(opts.precision, device::kind(&opts.device)?);
     if let Some(note) = note {
@@ -389,6 +386,10 @@ mod tests {
             .unwrap();
         assert_eq!(o.sizes, vec!["tiny".to_string()]);
         assert_eq!((o.reps, o.matmul, o.fused_attention), (5, true, false));
+        let k = parse(&["--kernels", "attention"]).unwrap().unwrap();
+        assert_eq!(k.kernels, vec![ember_kernels::Kernel::Attention]);
+        let k = parse(&["--kernels", "burn"]).unwrap().unwrap();
+        assert!(k.kernels.is_empty());
         assert!(parse(&["--help"]).unwrap().is_none());
         assert!(parse(&["--size", "none", "-h"]).unwrap().is_none());
         for (args, needle) in [
@@ -398,6 +399,10 @@ mod tests {
             (&["--size", "huge"][..], "--size huge"),
             (&["--precision", "f16"][..], "--precision f16"),
             (&["--only", "prefill,decode"][..], "unknown row `decode`"),
+            (
+                &["--kernels", "head,flash"][..],
+                "\"flash\" is not a kernel",
+            ),
         ] {
             let e = parse(args).unwrap_err().to_string();
             assert!(e.contains(needle), "{args:?}: {e}");

@@ -135,6 +135,7 @@ fn schedule(epochs: usize, mini_batches: usize, micro_batch_rows: usize) -> Upda
             mini_batches,
             micro_batch_rows,
             micro_batch_tokens: 0,
+            lopti_threshold: None,
         },
         loss: ActorLossConfig::default(),
     }

@@ -111,7 +111,7 @@ fn singleton_groups_get_zero_advantage() {
             tau: 1.0,
         },
         AdvantageKind::AsymRe { shift: -0.1 },
-        AdvantageKind::Bnpo,
+        AdvantageKind::Bnpo { decompose: false },
     ] {
         assert_close(&adv(kind, &b), &[0.0, 0.0, 0.0], 0.0);
     }
@@ -132,7 +132,7 @@ fn zero_variance_groups_are_exactly_zero() {
             epsilon: 0.0,
             scale_by_std: true,
         },
-        AdvantageKind::Bnpo,
+        AdvantageKind::Bnpo { decompose: false },
         AdvantageKind::ReinforceRej {
             reject: RejectGroups::Both,
             threshold: 0.5,
@@ -316,16 +316,52 @@ fn bnpo_beta_normalisation() {
         &[1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0],
         &[0, 0, 0, 0, 1, 1, 1, 1],
     );
-    let a = adv(AdvantageKind::Bnpo, &b);
+    let a = adv(AdvantageKind::Bnpo { decompose: false }, &b);
     let (p, q) = (0.518_545_994, -0.172_848_665);
     let r = 0.340_852_172;
     assert_close(&a, &[p, q, q, q, r, r, -r, -r], 2e-4);
     // A single group degenerates to Beta(1, 1): A = R − p.
     assert_close(
-        &adv(AdvantageKind::Bnpo, &one_group_1000()),
+        &adv(AdvantageKind::Bnpo { decompose: false }, &one_group_1000()),
         &[0.75, -0.25, -0.25, -0.25],
         1e-5,
     );
+}
+
+/// BNPO's advantage decomposition (reference `use_advantage_decomposition`): each reward term
+/// gets its own BNPO advantage and A is their mean. Term 1 is the correctness of
+/// `bnpo_beta_normalisation` (its A by hand there); term 2 is a format reward every row earns
+/// (no spread in any group: A₂ = 0), with one failed value (NaN), which leaves term 2 alone.
+/// So A = A₁ / 2, whatever the summed reward.
+#[test]
+fn bnpo_decomposes_the_reward_into_its_terms() {
+    let correct = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0];
+    let format = [1.0, 1.0, 1.0, f32::NAN, 1.0, 1.0, 1.0, 1.0];
+    let rows: Vec<[f32; 2]> = correct.iter().zip(&format).map(|(c, f)| [*c, *f]).collect();
+    let rows: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+    let summed: Vec<f32> = correct
+        .iter()
+        .zip(&format)
+        .map(|(c, f)| c + f.max(0.0))
+        .collect();
+    let b = batch(full2(8, 1, 1.0), &summed, &[0, 0, 0, 0, 1, 1, 1, 1]);
+    let kind = AdvantageKind::Bnpo { decompose: true };
+    let e = compute_advantages(&AdvantageConfig::new(kind), &b, 0).unwrap_err();
+    assert!(e.to_string().contains("reward_parts"), "{e}");
+    let b = b.with_reward_parts(t2(&rows)).unwrap();
+    let (p, q, r) = (
+        0.518_545_994 / 2.0,
+        -0.172_848_665 / 2.0,
+        0.340_852_172 / 2.0,
+    );
+    assert_close(&adv(kind, &b), &[p, q, q, q, r, r, -r, -r], 2e-4);
+    // Without decomposition the summed reward is normalised as one.
+    let whole = adv(AdvantageKind::Bnpo { decompose: false }, &b);
+    assert!((f64::from(whole[0]) - p).abs() > 1e-2, "{whole:?}");
+    // Per-step rewards are not among the parts: refused.
+    let with_steps = b.with_token_rewards(full2(8, 1, 0.0)).unwrap();
+    let e = compute_advantages(&AdvantageConfig::new(kind), &with_steps, 0).unwrap_err();
+    assert!(e.to_string().contains("decompose"), "{e}");
 }
 
 #[test]
@@ -833,6 +869,56 @@ fn mismatch_correction_truncate_and_mask() {
     assert_close(&vals(w.mask), &[0.0, 1.0], 0.0);
     assert!((w.metrics.to_host()["mismatch/masked_frac"] - 0.5).abs() < 1e-6);
     assert!(MismatchCorrection { cap: 0.5, ..tis }.validate().is_err());
+}
+
+/// TOPR weighs negatives by π/μ against the sampler's log-probs (Le Roux et al. 2025, eq. 9),
+/// not against π_old, and leaves positives at 1 however far π is from μ; a mismatch weight on
+/// top is refused. Two tokens, log π = [ln 1.5 − 1, ln 0.5 − 1], π_old = e⁻¹ (ratio 1.5, 0.5),
+/// μ = [log π − ln 3, log π + ln 4] (π/μ = 3, 0.25), A = [1, −1], token sum:
+/// L = −1·1·log π₀ + min(0.25, 1)·log π₁.
+#[test]
+fn topr_tapers_negatives_against_the_sampler() {
+    let ln = |x: f32| x.ln();
+    let (l0, l1) = (ln(1.5) - 1.0, ln(0.5) - 1.0);
+    let policy = loss_input(&[l0, l1], &[-1.0, -1.0], &[1.0, -1.0]);
+    let norm = AggNorm::of_mask(&policy.mask);
+    let cfg = ActorLossConfig {
+        policy: PolicyLossKind::Topr {
+            level: RatioLevel::Token,
+        },
+        agg: LossAgg::SeqMeanTokenSum,
+        ..ActorLossConfig::default()
+    };
+    let input = ActorInput {
+        policy,
+        entropy: None,
+        rollout_log_probs: Some(t2(&[&[l0 - ln(3.0), l1 + ln(4.0)]])),
+        kl: None,
+    };
+    let (loss, m) = actor_loss(&cfg, &input, norm).unwrap();
+    let want = -f64::from(l0) + 0.25 * f64::from(l1);
+    assert!((f64::from(vals(loss)[0]) - want).abs() < 1e-5, "{want}");
+    let m = m.to_host();
+    // The ratio's spread is against μ: [3, 0.25]; one step of two was tapered.
+    assert!((m["actor/ratio_max"] - 3.0).abs() < 1e-4, "{m:?}");
+    assert!((m["actor/ratio_min"] - 0.25).abs() < 1e-5, "{m:?}");
+    assert!((m["actor/ratio_mean"] - 1.625).abs() < 1e-4, "{m:?}");
+    assert!((m["actor/ratio_std"] - 1.375).abs() < 1e-4, "{m:?}");
+    assert!((m["actor/topr_tapered_frac"] - 0.5).abs() < 1e-6, "{m:?}");
+    // Without the sampler's log-probs TOPR reads π_old: π/π_old = 0.5 for the negative.
+    let plain = ActorInput {
+        rollout_log_probs: None,
+        ..input.clone()
+    };
+    let (loss, _) = actor_loss(&cfg, &plain, norm).unwrap();
+    let want = -f64::from(l0) + 0.5 * f64::from(l1);
+    assert!((f64::from(vals(loss)[0]) - want).abs() < 1e-5, "{want}");
+    let with_tis = ActorLossConfig {
+        mismatch: Some(MismatchCorrection::default()),
+        ..cfg
+    };
+    let e = actor_loss(&with_tis, &input, norm).unwrap_err().to_string();
+    assert!(e.contains("loss.mismatch"), "{e}");
 }
 
 #[test]

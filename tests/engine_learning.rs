@@ -86,7 +86,7 @@ fn estimators() -> Vec<AdvantageKind> {
         AdvantageKind::ReinforcePlusPlusBaseline,
         AdvantageKind::Remax,
         AdvantageKind::Opo,
-        AdvantageKind::Bnpo,
+        AdvantageKind::Bnpo { decompose: false },
         AdvantageKind::Gae {
             gamma: 1.0,
             lambda: 1.0,
@@ -355,7 +355,7 @@ fn train_gaussian(a: Algo, seed: u64, steps: usize) -> f32 {
 #[test]
 fn gaussian_every_estimator_reaches_the_target() {
     for kind in estimators() {
-        let loss = if matches!(kind, AdvantageKind::Bnpo) {
+        let loss = if matches!(kind, AdvantageKind::Bnpo { .. }) {
             PolicyLossKind::Vanilla
         } else {
             PPO

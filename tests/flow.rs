@@ -366,6 +366,7 @@ fn flow_update_over_two_replicas_equals_one_device() {
             mini_batches: 2,
             micro_batch_rows: 0,
             micro_batch_tokens: 0,
+            lopti_threshold: None,
         },
         ..UpdateConfig::default()
     };

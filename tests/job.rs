@@ -611,6 +611,30 @@ fn countdown_and_format_reward_run() {
     let r = common::metric_rows(&out);
     assert_eq!(r.len(), 3);
     assert!(r[2].contains_key("reward/format_mean"), "{:?}", r[2]);
+    // BNPO's decomposition: correctness and format as two terms, each its own Beta
+    // normalisation (the update fails without the terms in the batch); the overlong penalty
+    // is not a term and is refused up front.
+    let bnpo = [
+        "train.steps=2",
+        "rollout.max_new_tokens=8",
+        "reward.format=0.5",
+        "algorithm=bnpo",
+        "advantage={kind = \"bnpo\", decompose = true}",
+    ];
+    let o = train_recipe(&cd, &out, &bnpo, &["--overwrite"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(common::metric_rows(&out).len(), 3);
+    let o = train_recipe(
+        &cd,
+        &out,
+        &[&bnpo[..], &["reward.overlong={max_len = 8, cache_len = 4}"]].concat(),
+        &[],
+    );
+    assert!(
+        stderr(&o).contains("decompose = true with reward.overlong"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::remove_dir_all(&out).ok();
     std::fs::remove_file(&cd).ok();
 }

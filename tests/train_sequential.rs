@@ -1,7 +1,8 @@
 //! SeeUPO's turn-by-turn update (`ember_train::sequential_update`) against the loop written out
 //! step by step with the trainer's one-update function and the engine's ratio, on a toy actor
 //! whose log-probs are log σ(θ_t + offset): which turn is updated first, which steps each update
-//! sees, which old log-probs it uses and how the later turn's advantages are weighted.
+//! sees, which old log-probs it uses and how the later turn's advantages are weighted. Lopti's
+//! token isolation (`UpdateSchedule::lopti_threshold`) against its two updates written out.
 
 use burn::module::{Module, Param};
 use burn::tensor::activation::log_sigmoid;
@@ -234,4 +235,95 @@ fn one_turn_is_the_plain_update() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("turn_ids"), "{e}");
+}
+
+/// Lopti (η = 0.5): the steps whose π_old < η take a whole update first (their advantages
+/// alone, the whole batch's normaliser), then the others from the weights it left, with the
+/// same optimizer: the same weights as those two updates written out. A threshold no step is
+/// under is the plain update.
+#[test]
+fn lopti_updates_low_probability_tokens_first() {
+    let d = Device::default().autodiff();
+    let single = TURNS.map(|t| if t < 0.0 { -1.0 } else { 0.0 });
+    let c = case(&d, &single);
+    let lopti = |eta: f32| UpdateConfig {
+        schedule: ember_train::UpdateSchedule {
+            lopti_threshold: Some(eta),
+            ..Default::default()
+        },
+        ..UpdateConfig::default()
+    };
+    let ident = &mut |n| (0..n).collect();
+    let (got, stats) = update(
+        c.toy.clone(),
+        &mut optimizer(),
+        (&c.offsets, &c.batch, &c.adv),
+        &lopti(0.5),
+        0.1,
+        ident,
+    )
+    .unwrap();
+    assert_eq!(stats.optimizer_steps, 2);
+    // Written out: the low set, then the high set.
+    let lp0 = c.batch.rollout_log_probs.clone().unwrap();
+    let low = lp0.exp().lower_elem(0.5).float() * c.adv.mask.clone();
+    let high = c.adv.mask.clone() - low.clone();
+    let n_low = values(low.clone().sum())[0];
+    let n_all = values(c.adv.mask.clone().sum())[0];
+    assert!(n_low > 0.0 && n_low < n_all, "{n_low} of {n_all}");
+    let only = |m: Tensor<2>| Advantages {
+        advantages: c.adv.advantages.clone() * m,
+        returns: c.adv.returns.clone(),
+        mask: c.adv.mask.clone(),
+        metrics: Metrics::new(),
+    };
+    let mut opt = optimizer();
+    let cfg = UpdateConfig::default();
+    let (after_low, _) = update(
+        c.toy.clone(),
+        &mut opt,
+        (&c.offsets, &c.batch, &only(low)),
+        &cfg,
+        0.1,
+        ident,
+    )
+    .unwrap();
+    let (want, _) = update(
+        after_low,
+        &mut opt,
+        (&c.offsets, &c.batch, &only(high)),
+        &cfg,
+        0.1,
+        ident,
+    )
+    .unwrap();
+    let (g, w) = (values(got.theta.val()), values(want.theta.val()));
+    for (a, b) in g.iter().zip(&w) {
+        assert!((a - b).abs() < 1e-6, "{g:?} vs {w:?}");
+    }
+    let frac = stats.metrics["actor/lopti_low_frac"];
+    assert!((frac - f64::from(n_low / n_all)).abs() < 1e-6, "{frac}");
+    // The plain update differs; a threshold under every probability is the plain update.
+    let (plain, _) = update(
+        c.toy.clone(),
+        &mut optimizer(),
+        (&c.offsets, &c.batch, &c.adv),
+        &cfg,
+        0.1,
+        ident,
+    )
+    .unwrap();
+    let p = values(plain.theta.val());
+    assert!(p.iter().zip(&g).any(|(a, b)| (a - b).abs() > 1e-5), "{p:?}");
+    let (none_low, stats) = update(
+        c.toy.clone(),
+        &mut optimizer(),
+        (&c.offsets, &c.batch, &c.adv),
+        &lopti(1e-3),
+        0.1,
+        ident,
+    )
+    .unwrap();
+    assert_eq!(stats.optimizer_steps, 1);
+    assert_eq!(values(none_low.theta.val()), p);
 }

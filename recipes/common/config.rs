@@ -328,6 +328,21 @@ pub(crate) fn check_training(
 ) -> Result<()> {
     let key = |k: &str| format!("{prefix}.{k}");
     check_lr(&key("lr"), schedule.lr)?;
+    if let Some(eta) = update.lopti_threshold {
+        if prefix != "train" {
+            bail!(
+                "{}: Lopti splits the update by token probability; the steps of [{prefix}] \
+                 have densities, not probabilities",
+                key("lopti_threshold")
+            );
+        }
+        if !(eta > 0.0 && eta < 1.0) {
+            bail!(
+                "{} = {eta} must be in (0, 1): a probability threshold (the paper's η, 0.5)",
+                key("lopti_threshold")
+            );
+        }
+    }
     check_range(&key("min_lr_ratio"), schedule.min_lr_ratio, 0.0, 1.0)?;
     check_range(&key("grad_clip"), optim.grad_clip.into(), 0.0, f64::MAX)?;
     check_range(&key("weight_decay"), optim.weight_decay.into(), 0.0, 1e6)?;

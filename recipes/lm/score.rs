@@ -97,6 +97,9 @@ pub struct Scorer<'a> {
     judge: Option<Judge>,
     /// The run's steps and the epochs one step covers (TRL's `trainer_state`), when training.
     schedule: Option<(usize, f64)>,
+    /// The last [`Scorer::score`]'s terms, each unweighted, a value per row (see
+    /// [`Scorer::take_parts`]).
+    parts: Vec<Vec<f32>>,
 }
 
 /// The completions of one step, a row each.
@@ -135,6 +138,7 @@ impl<'a> Scorer<'a> {
                 .map(|j| Judge::new(j, device))
                 .transpose()?,
             schedule: None,
+            parts: Vec::new(),
         })
     }
 
@@ -145,6 +149,16 @@ impl<'a> Scorer<'a> {
         self
     }
 
+    /// The reward's terms of the last [`Scorer::score`], each as its own values before the
+    /// weighted sum (a value per row), for BNPO's advantage decomposition: correctness and the
+    /// format reward where their weight is not 0, each reward program's reward (the Python
+    /// adapter's functions one by one), the judge's verdicts where their weight is not 0.
+    pub fn take_parts(&mut self) -> Vec<Vec<f32>> {
+        std::mem::take(&mut self.parts)
+    }
+
+    /// The weighted sum of the recipe's reward terms of each row of `c` (scored at `step`), the
+    /// terms' means added to `row`.
     pub fn score(
         &mut self,
         step: usize,
@@ -171,6 +185,10 @@ impl<'a> Scorer<'a> {
             correct.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
         );
         let mut rewards: Vec<f32> = correct.iter().map(|c| self.spec.correct * c).collect();
+        let mut parts = Vec::new();
+        if self.spec.correct != 0.0 {
+            parts.push(correct.clone());
+        }
         if self.spec.format != 0.0 {
             let f: Vec<f32> = texts
                 .iter()
@@ -181,9 +199,10 @@ impl<'a> Scorer<'a> {
                 "reward/format_mean".into(),
                 f.iter().map(|x| f64::from(*x)).sum::<f64>() / n,
             );
-            for (r, v) in rewards.iter_mut().zip(f) {
+            for (r, v) in rewards.iter_mut().zip(&f) {
                 *r += self.spec.format * v;
             }
+            parts.push(f);
         }
         let items: Vec<RewardItem> = (0..texts.len())
             .map(|i| RewardItem {
@@ -234,25 +253,34 @@ impl<'a> Scorer<'a> {
                 }
                 row.insert(key, *x);
             }
-            for (r, x) in rewards.iter_mut().zip(scores.rewards) {
+            for (r, x) in rewards.iter_mut().zip(&scores.rewards) {
                 *r += weight * x;
+            }
+            match scores.components.is_empty() {
+                true => parts.push(scores.rewards),
+                false => parts.extend(scores.components.into_iter().map(|(_, v)| v)),
             }
         }
         if let (Some(judge), Some(spec)) = (self.judge.as_mut(), self.spec.judge.as_ref()) {
-            add_judged(judge, spec.weight, &items, &mut rewards, row)?;
+            let verdicts = add_judged(judge, spec.weight, &items, &mut rewards, row)?;
+            if spec.weight != 0.0 {
+                parts.push(verdicts);
+            }
         }
+        self.parts = parts;
         Ok(rewards)
     }
 }
 
-/// The judge's verdicts, weighted, into `rewards`; its mean, memory hits and time into `row`.
+/// The judge's verdicts, weighted, into `rewards`; its mean, memory hits and time into `row`;
+/// returns the verdicts.
 fn add_judged(
     judge: &mut Judge,
     weight: f32,
     items: &[RewardItem],
     rewards: &mut [f32],
     row: &mut BTreeMap<String, f64>,
-) -> Result<()> {
+) -> Result<Vec<f32>> {
     let t = std::time::Instant::now();
     let asked: Vec<JudgeItem> = items
         .iter()
@@ -267,11 +295,11 @@ fn add_judged(
     row.insert("judge/cache_hits".into(), hits as f64);
     row.insert("timing_s/judge".into(), t.elapsed().as_secs_f64());
     if weight != 0.0 {
-        for (r, x) in rewards.iter_mut().zip(verdicts) {
+        for (r, x) in rewards.iter_mut().zip(&verdicts) {
             *r += weight * x;
         }
     }
-    Ok(())
+    Ok(verdicts)
 }
 
 /// One scored response as a dataset line holds it (`ember rollouts` writes them, the offline
@@ -286,4 +314,32 @@ pub struct Scored {
     /// Cut at the length limit (no stop token is appended).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+}
+
+/// The batch with the reward's terms (`parts`, a value per row each) for BNPO's advantage
+/// decomposition. `elsewhere`: some rows' terms were not scored here (replayed groups, or
+/// another rank's rows), which the decomposition cannot take.
+pub fn with_reward_parts(
+    batch: ember_engine::RolloutBatch,
+    parts: &[Vec<f32>],
+    elsewhere: bool,
+) -> Result<ember_engine::RolloutBatch> {
+    let rows = batch.dims()[0];
+    if elsewhere || parts.is_empty() || parts.iter().any(|p| p.len() != rows) {
+        bail!(
+            "[advantage] decompose = true needs each reward term of every row, scored in this \
+             process this step: not with [replay], Reinforce-Ada's rounds, LANPO or several \
+             processes"
+        );
+    }
+    let k = parts.len();
+    let flat: Vec<f32> = (0..rows)
+        .flat_map(|r| parts.iter().map(move |p| p[r]))
+        .collect();
+    let device = batch.mask.device();
+    let t = burn::tensor::Tensor::<2>::from_data(
+        burn::tensor::TensorData::new(flat, [rows, k]),
+        &device,
+    );
+    Ok(batch.with_reward_parts(t)?)
 }

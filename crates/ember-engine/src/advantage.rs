@@ -138,7 +138,13 @@ pub enum AdvantageKind {
     Opo,
     /// BNPO (Xiao et al. 2025): A = (R − p_g) / f(p_g; α, β), f the Beta density with α, β
     /// moment-matched to the batch's per-group success rates; rewards in [0, 1].
-    Bnpo,
+    Bnpo {
+        /// BNPO's advantage decomposition (reference `bnpo_ray_trainer.py`,
+        /// `use_advantage_decomposition`): each reward term ([`RolloutBatch::reward_parts`])
+        /// gets its own BNPO advantage, with its own p_g, α and β, and A is their mean.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        decompose: bool,
+    },
     /// GAE (Schulman et al. 2016, eq. 16; verl `compute_gae_advantage_return`):
     /// δ_t = r_t + γ V_{t+1} − V_t, A_t = Σ_l (γλ)^l δ_{t+l}, returns = A + V. As in verl, masked
     /// steps inside a row are skipped: V_{t+1} is the value of the next valid step, and A is

@@ -47,6 +47,10 @@ pub struct RolloutBatch {
     /// `[batch, steps]` 1 on the steps that enter the update, where a rejection narrows the
     /// mask after the estimator has read it (see [`RolloutBatch::with_update_mask`]).
     pub update_mask: Option<Tensor<2>>,
+    /// `[batch, parts]` the reward's terms before their weighted sum (correctness, format,
+    /// each reward program's), for BNPO's advantage decomposition (see
+    /// [`RolloutBatch::with_reward_parts`]).
+    pub reward_parts: Option<Tensor<2>>,
 }
 
 /// The largest reward magnitude taken as a real reward. Beyond it a reward is invalid, like NaN
@@ -95,6 +99,7 @@ impl RolloutBatch {
             group_stats: None,
             features: None,
             update_mask: None,
+            reward_parts: None,
         })
     }
 
@@ -163,6 +168,22 @@ impl RolloutBatch {
             return Err(EngineError::EmptyBatch("features"));
         }
         self.features = Some(t);
+        Ok(self)
+    }
+
+    /// Adds the reward's terms `[batch, parts]`, each row's values before their weighted sum,
+    /// for BNPO's advantage decomposition (a non-finite value marks that part's reward failed,
+    /// as in `rewards`).
+    ///
+    /// # Errors
+    /// A row count other than the batch's, or zero columns.
+    pub fn with_reward_parts(mut self, t: Tensor<2>) -> Result<Self> {
+        let [rows, parts] = t.dims();
+        check_shape("reward_parts", [rows], [self.dims()[0]])?;
+        if parts == 0 {
+            return Err(EngineError::EmptyBatch("reward_parts"));
+        }
+        self.reward_parts = Some(t);
         Ok(self)
     }
 
@@ -271,6 +292,7 @@ impl RolloutBatch {
             group_stats: self.group_stats.as_ref().map(|(m, s)| (rows1(m), rows1(s))),
             features: self.features.as_ref().map(rows2),
             update_mask: self.update_mask.as_ref().map(rows2),
+            reward_parts: self.reward_parts.as_ref().map(rows2),
         })
     }
 

@@ -44,7 +44,10 @@ pub fn compute_advantages(
         AdvantageKind::ReinforcePlusPlusBaseline => reinforce_plus_plus_baseline(&c),
         AdvantageKind::Remax => remax(&c)?,
         AdvantageKind::Opo => opo(&c),
-        AdvantageKind::Bnpo => Estimate::of(c.per_token(adv::bnpo(batch, &c.rewards, &c.valid))),
+        AdvantageKind::Bnpo { decompose: false } => {
+            Estimate::of(c.per_token(adv::bnpo(batch, &c.rewards, &c.valid)))
+        }
+        AdvantageKind::Bnpo { decompose: true } => bnpo_decomposed(&c)?,
         AdvantageKind::Gae {
             gamma,
             lambda,
@@ -307,6 +310,47 @@ pub(crate) fn remax(c: &AdvCtx) -> Result<Estimate> {
         to_go.clone() - c.per_token(base),
         to_go,
     ))
+}
+
+/// BNPO's advantage decomposition (Xiao et al. 2025; reference `bnpo_ray_trainer.py`,
+/// `use_advantage_decomposition`): A = (1/K) Σ_k A_k, A_k the BNPO advantage of reward term k
+/// alone ([`RolloutBatch::reward_parts`]), its p_g, α and β its own. A term's failed (non-finite)
+/// value leaves that term out of its own baseline and advantage; a row whose reward failed has
+/// advantage 0.
+///
+/// # Errors
+/// No reward parts, or per-step rewards (they are not among the parts).
+pub(crate) fn bnpo_decomposed(c: &AdvCtx) -> Result<Estimate> {
+    let batch = c.batch;
+    let parts = batch
+        .reward_parts
+        .clone()
+        .ok_or(EngineError::MissingInput {
+            what: "BNPO's advantage decomposition",
+            input: "reward_parts",
+        })?;
+    if batch.token_rewards.is_some() {
+        return Err(EngineError::InvalidConfig {
+            field: "advantage.decompose",
+            value: "true".into(),
+            reason: "per-step rewards are not among the reward's parts; decompose needs every term as a part",
+        });
+    }
+    let [b, k] = parts.dims();
+    let mut sum: Option<Tensor<1>> = None;
+    for j in 0..k {
+        let part = parts.clone().slice([0..b, j..j + 1]).reshape([b]);
+        let finite = part.clone().is_finite();
+        let valid = c.valid.clone() * finite.clone().float();
+        let rewards = part.mask_fill(finite.bool_not(), 0.0);
+        let a = adv::bnpo(batch, &rewards, &valid);
+        sum = Some(match sum {
+            Some(s) => s + a,
+            None => a,
+        });
+    }
+    let mean = sum.map_or_else(|| c.valid.zeros_like(), |s| s / k as f32);
+    Ok(Estimate::of(c.per_token(mean * c.valid.clone())))
 }
 
 /// OPO (Hao et al. 2025, eq. 6): A_i = R_i − Σ_j l_j R_j / Σ_j l_j, l = response length.

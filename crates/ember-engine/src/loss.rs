@@ -63,6 +63,31 @@ pub struct ActorInput {
     pub kl: Option<Tensor<2>>,
 }
 
+/// TOPR's ratio is against the behaviour policy μ (Le Roux et al. 2025, eq. 9: π/μ, truncated
+/// for negatives only): with the sampler's log-probs at hand, TOPR reads them as its `old_log_probs`
+/// (stale and replayed rows included), and a symmetric mismatch weight, which would also
+/// reweight its positives, is refused. `None`: the policy input as it is.
+fn behaviour_input(
+    config: &ActorLossConfig,
+    input: &ActorInput,
+) -> Result<Option<PolicyLossInput>> {
+    if !matches!(config.policy, PolicyLossKind::Topr { .. }) {
+        return Ok(None);
+    }
+    if config.mismatch.is_some() {
+        return Err(EngineError::InvalidConfig {
+            field: "loss.mismatch",
+            value: "set".into(),
+            reason: "TOPR truncates its own ratio to the behaviour policy (negatives only); a mismatch weight would reweight its positives too",
+        });
+    }
+    Ok(input.rollout_log_probs.clone().map(|mu| {
+        let mut p = input.policy.clone();
+        p.old_log_probs = mu;
+        p
+    }))
+}
+
 /// The full actor objective: aggregated policy loss (with mismatch weights) + β·agg(KL)
 /// − c_H·agg(H). Returns the scalar loss `[1]` and metrics.
 pub fn actor_loss(
@@ -71,7 +96,8 @@ pub fn actor_loss(
     norm: AggNorm,
 ) -> Result<(Tensor<1>, Metrics)> {
     config.agg.validate()?;
-    let pg = policy_loss(&config.policy, &input.policy)?;
+    let behaviour = behaviour_input(config, input)?;
+    let pg = policy_loss(&config.policy, behaviour.as_ref().unwrap_or(&input.policy))?;
     let mut metrics = pg.metrics;
     let mut per_step = pg.per_step;
     let mut mask = pg.mask;

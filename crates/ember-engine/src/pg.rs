@@ -340,6 +340,7 @@ pub fn policy_loss(kind: &PolicyLossKind, input: &PolicyLossInput) -> Result<Pol
         "actor/approx_kl",
         masked_mean(c.neg_lr.clone().neg().detach(), c.mask.clone()),
     );
+    ratio_spread(&c, &mut m);
     let (per_step, mask) = match *kind {
         PolicyLossKind::Vanilla => (vanilla(&c), None),
         PolicyLossKind::Ppo {
@@ -413,6 +414,22 @@ impl<'a> LossCtx<'a> {
         let dims = self.mask.dims();
         (x * self.mask.clone()).sum_dim(1).expand(dims)
     }
+}
+
+/// The spread of the ratio ρ = π/π_old over the masked steps (`actor/ratio_mean`, `_std`,
+/// `_min`, `_max`): ρ ≡ 1 on-policy, and every clip, taper and mask acts only where it leaves 1.
+fn ratio_spread(c: &LossCtx, m: &mut Metrics) {
+    let ratio = c.neg_lr.clone().detach().exp();
+    let mask = c.mask.clone();
+    let mean = masked_mean(ratio.clone(), mask.clone());
+    let centred = ratio.clone() - mean.clone().reshape([1, 1]);
+    let var = masked_mean(centred.clone() * centred, mask.clone());
+    let off = mask.clone().neg().add_scalar(1.0);
+    // ρ > 0: masked steps become 0 for the maximum and 10³⁰ for the minimum.
+    m.push("actor/ratio_max", (ratio.clone() * mask.clone()).max());
+    m.push("actor/ratio_min", (ratio * mask + off * 1e30).min());
+    m.push("actor/ratio_mean", mean);
+    m.push("actor/ratio_std", var.sqrt());
 }
 
 /// A loss that may drop samples: its per-step values and the mask to aggregate with.
@@ -505,6 +522,11 @@ pub(crate) fn topr(c: &LossCtx, level: RatioLevel, m: &mut Metrics) -> Tensor<2>
     m.push(
         "actor/is_weight_mean",
         masked_mean(alpha.clone(), c.mask.clone()),
+    );
+    // The steps TOPR's taper touches: negatives whose weight fell below 1.
+    m.push(
+        "actor/topr_tapered_frac",
+        c.frac(alpha.clone().lower_elem(1.0)),
     );
     (alpha * adv).neg() * c.log_probs.clone()
 }

@@ -64,6 +64,10 @@ pub enum Preset {
     Opo,
     /// ReMax (Li et al. 2024): greedy-rollout baseline.
     Remax,
+    /// BNPO (Xiao et al. 2025, arXiv 2506.02864; the authors' `recipe/bnpo/run.sh`): the
+    /// Beta-normalised advantage, PPO clip 0.2/0.28, seq-mean-token-sum, no KL. `[advantage]
+    /// kind = "bnpo", decompose = true` adds the advantage decomposition over the reward's terms.
+    Bnpo,
     /// SeeUPO (Hu et al. 2026, arXiv 2602.06554; AgentEvolver `qwen3-seeupo-*.yaml`):
     /// multi-turn episodes updated turn by turn in reverse order, GRPO's group mean without
     /// std then sequence-level batch whitening clamped to ±3, GSPO's sequence ratio,
@@ -102,7 +106,7 @@ pub enum Preset {
 
 impl Preset {
     /// Every preset, in table order.
-    pub const ALL: [Preset; 20] = [
+    pub const ALL: [Preset; 21] = [
         Self::Grpo,
         Self::Rloo,
         Self::ReinforcePp,
@@ -116,6 +120,7 @@ impl Preset {
         Self::ReinforceRej,
         Self::Opo,
         Self::Remax,
+        Self::Bnpo,
         Self::Seeupo,
         Self::ReinforceAda,
         Self::Ppo,
@@ -141,6 +146,7 @@ impl Preset {
             Self::ReinforceRej => "reinforce-rej",
             Self::Opo => "opo",
             Self::Remax => "remax",
+            Self::Bnpo => "bnpo",
             Self::Seeupo => "seeupo",
             Self::ReinforceAda => "reinforce-ada",
             Self::Ppo => "ppo",
@@ -285,6 +291,10 @@ impl Preset {
             }
             Self::Opo => (AdvantageKind::Opo, token_mean(PPO)),
             Self::Remax => (AdvantageKind::Remax, token_mean(PPO)),
+            Self::Bnpo => {
+                let kind = AdvantageKind::Bnpo { decompose: false };
+                (kind, actor(CLIP_HIGHER, LossAgg::SeqMeanTokenSum))
+            }
             Self::Seeupo => (
                 AdvantageKind::DrGrpo,
                 actor(GSPO, LossAgg::SeqMeanTokenMean),

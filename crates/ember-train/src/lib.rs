@@ -5,8 +5,9 @@
 //! optimizer step per mini-batch with step-global loss normalisers, and the learning-rate
 //! schedule; the one AdamW builder ([`OptimizerConfig`]) and the durable-write helpers ([`io`])
 //! every writer uses; SeeUPO's turn-by-turn schedule ([`sequential_update`]); a learned critic's
-//! update ([`critic_update`]). Rollout, rewards and evaluation are the job's (see the root
-//! package).
+//! update ([`critic_update`]); Lopti's two-pass token isolation
+//! ([`UpdateSchedule::lopti_threshold`]). Rollout, rewards and evaluation are the job's (see the
+//! root package).
 
 mod critic;
 pub mod io;
@@ -14,6 +15,7 @@ pub mod manifest;
 mod micro;
 mod optim;
 mod parallel;
+mod pass;
 mod precision;
 mod schedule;
 mod sequential;
@@ -26,9 +28,8 @@ pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
 pub use parallel::{DataParallel, ParallelError, Reduce, Replicate};
+pub use pass::update;
 pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
 pub use sequential::sequential_update;
-pub use update::{
-    Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step, update,
-};
+pub use update::{Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step};

@@ -6,7 +6,8 @@
 //! turn's update.
 
 use crate::optim::Optimizer;
-use crate::update::{Actor, Means, UpdateConfig, UpdateStats, update};
+use crate::pass::update;
+use crate::update::{Actor, Means, UpdateConfig, UpdateStats};
 use burn::tensor::Tensor;
 use ember_engine::{
     Advantages, EngineError, Metrics, RolloutBatch, TurnUpdates, turn_count, turn_mask,

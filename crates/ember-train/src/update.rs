@@ -5,15 +5,12 @@
 
 use crate::micro::{Cut, mask_lengths};
 use crate::optim::{Optimizer, StepReport};
-use crate::parallel::{Copies, DataParallel, Replicate};
+use crate::parallel::{DataParallel, Replicate};
 use crate::world::{gather_metrics, sum_gradients};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_engine::{
-    ActorInput, ActorLossConfig, Advantages, AggNorm, EngineError, Metrics, PolicyLossInput,
-    RolloutBatch, actor_loss,
-};
+use ember_engine::{ActorLossConfig, AggNorm, EngineError, Metrics};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -58,7 +55,7 @@ fn one() -> usize {
 
 /// Epochs, mini-batches and micro-batches of one update (verl's `ppo_epochs`,
 /// `ppo_mini_batch_size`, `ppo_micro_batch_size`, as counts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSchedule {
     /// μ: passes over the experience.
@@ -80,6 +77,12 @@ pub struct UpdateSchedule {
     /// bounds hold.
     #[serde(default)]
     pub micro_batch_tokens: usize,
+    /// Lopti's low-probability token isolation (Yang et al. 2025, arXiv 2505.12929, §4.2;
+    /// AR-Lopti `ray_trainer.py`, `seperate_prob`): η in (0, 1). The update runs twice, first
+    /// on the steps whose π_old < η, then on the others; each pass keeps the whole batch's
+    /// normaliser and its KL and entropy terms on its own steps. `None`: one update.
+    #[serde(default)]
+    pub lopti_threshold: Option<f32>,
 }
 
 impl Default for UpdateSchedule {
@@ -89,6 +92,7 @@ impl Default for UpdateSchedule {
             mini_batches: 1,
             micro_batch_rows: 0,
             micro_batch_tokens: 0,
+            lopti_threshold: None,
         }
     }
 }
@@ -125,62 +129,6 @@ pub(crate) fn index(rows: &[usize], device: &Device) -> Tensor<1, Int> {
 
 pub(crate) fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
     t.clone().select(0, idx.clone())
-}
-
-/// Runs the update and returns the new actor.
-///
-/// `batch` must carry `old_log_probs` (recomputed) or `rollout_log_probs` (bypass); `adv` is the
-/// estimator's output for it. `order` permutes rows between epochs (pass a seeded shuffle for
-/// reproducible runs, or identity).
-///
-/// # Errors
-/// Missing old log-probs, or any loss error (shapes, missing reference for KL, …).
-pub fn update<A: Actor>(
-    actor: A,
-    optim: &mut Optimizer,
-    (experience, batch, adv): (&A::Experience, &RolloutBatch, &Advantages),
-    cfg: &UpdateConfig,
-    lr: f64,
-    order: &mut dyn FnMut(usize) -> Vec<usize>,
-) -> Result<(A, UpdateStats), EngineError> {
-    let old = batch
-        .behaviour_log_probs()
-        .cloned()
-        .ok_or(EngineError::MissingInput {
-            what: "policy update",
-            input: "old_log_probs",
-        })?;
-    let with_entropy = cfg.loss.entropy_coef != 0.0;
-    let steps = Steps {
-        schedule: &cfg.schedule,
-        mask: &adv.mask,
-        tokens: (cfg.schedule.micro_batch_tokens > 0)
-            .then(|| actor.row_tokens(experience))
-            .flatten(),
-        groups: actor.shares_groups().then(|| batch.groups.ids()),
-        area: "actor",
-        loss_key: "actor/loss",
-        lr,
-    };
-    let copies = Copies::new(optim.data_parallel().map(AsRef::as_ref), experience);
-    steps.run(actor, optim, order, |actor, replica, chunk, idx, norm| {
-        let scored = actor.score(copies.get(replica), chunk, with_entropy);
-        let d = scored.log_probs.device();
-        let pick = |t: &Tensor<2>| select2(t, idx).to_device(&d);
-        let input = ActorInput {
-            policy: PolicyLossInput {
-                log_probs: scored.log_probs,
-                old_log_probs: pick(&old),
-                advantages: pick(&adv.advantages),
-                mask: pick(&adv.mask),
-                ref_log_probs: batch.ref_log_probs.as_ref().map(pick),
-            },
-            entropy: scored.entropy,
-            rollout_log_probs: batch.rollout_log_probs.as_ref().map(pick),
-            kl: scored.kl,
-        };
-        actor_loss(&cfg.loss, &input, norm)
-    })
 }
 
 /// The metrics that are sums over the steps of a micro-batch divided by the mini-batch's
@@ -442,7 +390,7 @@ impl Means {
 /// reward-corrected target, flow matching) and supervised steps. `loss(model, i)` builds part
 /// `i`'s scalar loss. Returns the new model, the sum of the parts' loss values (one host read
 /// per part) and the step's report. When that sum or the gradient norm is not finite the step
-/// is skipped (the weights are returned unchanged, `applied` is false), as [`update`] does.
+/// is skipped (the weights are returned unchanged, `applied` is false), as [`crate::update`] does.
 pub fn accumulated_step<M: Module + Clone>(
     model: M,
     optim: &mut Optimizer,

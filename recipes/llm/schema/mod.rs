@@ -431,9 +431,36 @@ impl Recipe {
     /// The actor loss's settings and `[eval]`.
     fn validate_loss_and_eval(&self, parts: &PresetParts) -> Result<()> {
         parts.loss.policy.validate()?;
+        if let AdvantageKind::Bnpo { decompose: true } = parts.advantage.kind {
+            let other = [
+                (
+                    parts.replay.is_some(),
+                    "[replay] (replayed rows keep only their sum)",
+                ),
+                (parts.adaptive.is_some(), "Reinforce-Ada's rounds"),
+                (self.lanpo.is_some(), "[lanpo]"),
+                (
+                    self.reward.overlong.is_some(),
+                    "reward.overlong (not a term of its own)",
+                ),
+            ];
+            if let Some((_, what)) = other.iter().find(|(on, _)| *on) {
+                bail!(
+                    "[advantage] decompose = true with {what}: BNPO's decomposition needs every \
+                     reward term of every row as scored this step"
+                );
+            }
+        }
         parts.loss.agg.validate()?;
         if let Some(m) = &parts.loss.mismatch {
             m.validate()?;
+            if matches!(parts.loss.policy, PolicyLossKind::Topr { .. }) {
+                bail!(
+                    "[loss.mismatch] with TOPR: TOPR truncates its own ratio to the sampler's \
+                     policy for negatives only (Le Roux et al. 2025, eq. 9); a mismatch weight \
+                     would reweight its positives too. Remove [loss.mismatch]"
+                );
+            }
         }
         crate::common::config::check_range(
             "loss.entropy_coef",
@@ -477,9 +504,12 @@ impl Recipe {
         // Replayed rows are stale, and a server's numbers are not the trainer's: without a
         // correction in the loss they would be trained as if the current policy had sampled
         // them, so replay and the openai backend bring the default one.
+        // TOPR weighs its negatives against the sampler itself (eq. 9), positives at 1.
         let stale = self.rollout.max_staleness > 0;
+        let topr = matches!(parts.loss.policy, PolicyLossKind::Topr { .. });
         if (parts.replay.is_some() || !self.rollout.backend.is_local() || stale)
             && parts.loss.mismatch.is_none()
+            && !topr
         {
             parts.loss.mismatch = Some(MismatchCorrection::default());
         }

@@ -15,7 +15,7 @@ use crate::llm::replay::Replay;
 use crate::llm::saved::{Extras, save_checkpoint};
 use crate::llm::schema::Recipe;
 use crate::llm::teacher::Teacher;
-use crate::lm::score::{Scorer, completions, json_number, shown_samples};
+use crate::lm::score::{Scorer, completions, json_number, shown_samples, with_reward_parts};
 use crate::lm::step::{
     Reference, SamplerRef, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features,
     rescore, rollout_metrics, stats_line,
@@ -182,8 +182,7 @@ impl Job<'_> {
                 ranks::scored_on_rank_zero(self.world.as_ref(), score)?
             }
         };
-        // ReRULE: replayed hard groups join the fresh ones; their stored sampler log-probs are
-        // the rollout log-probs whose staleness the loss's IS corrects.
+        // ReRULE: replayed hard groups join the fresh ones, their sampler's log-probs as μ.
         let mixed = match self.replay.as_mut() {
             Some(rp) => rp.mix(step, r.train.run.steps, &sampled.prompts, &g, &rewards, row)?,
             None => None,
@@ -192,7 +191,11 @@ impl Job<'_> {
             Some((g2, r2)) => (g2, r2.as_slice()),
             None => (&g, rewards.as_slice()),
         };
-        let (batch, exp) = self.rescored(step, &sampled, (&g, gt, rt), &mut timing, row)?;
+        let (mut batch, exp) = self.rescored(step, &sampled, (&g, gt, rt), &mut timing, row)?;
+        if let AdvantageKind::Bnpo { decompose: true } = self.parts.advantage.kind {
+            let elsewhere = self.world.is_some() || mixed.is_some();
+            batch = with_reward_parts(batch, &self.scorer.take_parts(), elsewhere)?;
+        }
         // Filters: DAPO's dynamic sampling drops groups whose rewards are all equal.
         let (kept, dropped_groups) = if self.parts.dynamic_sampling {
             dynamic_sampling_keep(&batch)
@@ -421,8 +424,7 @@ impl Job<'_> {
             ..host
         };
         let (batch, exp) = keep_rows(batch, exp, &kept, ad)?;
-        // The shown rows' places in the kept batch (a row dropped by dynamic sampling has no
-        // advantage).
+        // The shown rows' places in the kept batch (dynamic sampling's dropped rows have none).
         let places: Vec<(usize, usize)> = (0..shown.len())
             .filter_map(|i| Some((i, kept.iter().position(|k| *k == i)?)))
             .collect();

@@ -242,6 +242,20 @@ fn replay_and_critic_tables_resolve() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("[loss.mismatch] with TOPR"), "{e}");
+    // Lopti's threshold is a probability, and OPMD's k2 term would act in both passes.
+    let bad = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|x| x.to_string()).collect();
+        parse(&recipe_text(), &sets).unwrap_err().to_string()
+    };
+    let e = bad(&["train.lopti_threshold=1.5"]);
+    assert!(e.contains("train.lopti_threshold = 1.5 must be in (0, 1)"), "{e}");
+    let e = bad(&[
+        "train.lopti_threshold=0.5",
+        "loss={policy={kind=\"opmd\", k2_coef=0.5}}",
+    ]);
+    assert!(e.contains("OPMD's k2_coef"), "{e}");
+    let r = set(&["train.lopti_threshold=0.5"]);
+    assert_eq!(r.train.update.lopti_threshold, Some(0.5));
     let r = set(&["replay={}", "loss={mismatch={level=\"sequence\", cap=3.0}}"]);
     let m = r.algorithm_parts().loss.mismatch.unwrap();
     assert_eq!((m.level, m.cap), (IsLevel::Sequence, 3.0));

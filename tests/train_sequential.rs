@@ -326,4 +326,26 @@ fn lopti_updates_low_probability_tokens_first() {
     .unwrap();
     assert_eq!(stats.optimizer_steps, 1);
     assert_eq!(values(none_low.theta.val()), p);
+    // Two mini-batches, rows {1, 3} then {0, 2}: under η = 0.46 only rows 1 and 3 have a step
+    // (π_old = σ(−0.2) = 0.450 each), so the first pass's second mini-batch takes no step.
+    let two = UpdateConfig {
+        schedule: ember_train::UpdateSchedule {
+            mini_batches: 2,
+            lopti_threshold: Some(0.46),
+            ..Default::default()
+        },
+        ..UpdateConfig::default()
+    };
+    let (_, stats) = update(
+        c.toy.clone(),
+        &mut optimizer(),
+        (&c.offsets, &c.batch, &c.adv),
+        &two,
+        0.1,
+        &mut |_| vec![1, 3, 0, 2],
+    )
+    .unwrap();
+    assert_eq!(stats.optimizer_steps, 3);
+    let frac = stats.metrics["actor/lopti_low_frac"];
+    assert!((frac - 2.0 / 13.0).abs() < 1e-6, "{frac}");
 }

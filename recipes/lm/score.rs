@@ -256,9 +256,12 @@ impl<'a> Scorer<'a> {
             for (r, x) in rewards.iter_mut().zip(&scores.rewards) {
                 *r += weight * x;
             }
-            match scores.components.is_empty() {
-                true => parts.push(scores.rewards),
-                false => parts.extend(scores.components.into_iter().map(|(_, v)| v)),
+            // The Python adapter's components are its weighted functions; an external
+            // program's are free-form, so its reward is one term.
+            match (what, scores.components.is_empty()) {
+                ("python", false) => parts.extend(scores.components.into_iter().map(|(_, v)| v)),
+                _ if weight != 0.0 => parts.push(scores.rewards),
+                _ => {}
             }
         }
         if let (Some(judge), Some(spec)) = (self.judge.as_mut(), self.spec.judge.as_ref()) {
@@ -325,7 +328,10 @@ pub fn with_reward_parts(
     elsewhere: bool,
 ) -> Result<ember_engine::RolloutBatch> {
     let rows = batch.dims()[0];
-    if elsewhere || parts.is_empty() || parts.iter().any(|p| p.len() != rows) {
+    if parts.is_empty() {
+        bail!("[advantage] decompose = true: no reward term has a weight other than 0");
+    }
+    if elsewhere || parts.iter().any(|p| p.len() != rows) {
         bail!(
             "[advantage] decompose = true needs each reward term of every row, scored in this \
              process this step: not with [replay], Reinforce-Ada's rounds, LANPO or several \

@@ -314,9 +314,9 @@ pub(crate) fn remax(c: &AdvCtx) -> Result<Estimate> {
 
 /// BNPO's advantage decomposition (Xiao et al. 2025; reference `bnpo_ray_trainer.py`,
 /// `use_advantage_decomposition`): A = (1/K) Σ_k A_k, A_k the BNPO advantage of reward term k
-/// alone ([`RolloutBatch::reward_parts`]), its p_g, α and β its own. A term's failed (non-finite)
-/// value leaves that term out of its own baseline and advantage; a row whose reward failed has
-/// advantage 0.
+/// alone ([`RolloutBatch::reward_parts`]), its p_g, α and β its own. A term's failed value
+/// (non-finite, or past `REWARD_LIMIT`) leaves that term out of its own baseline and
+/// advantage; a row whose reward failed has advantage 0.
 ///
 /// # Errors
 /// No reward parts, or per-step rewards (they are not among the parts).
@@ -340,9 +340,14 @@ pub(crate) fn bnpo_decomposed(c: &AdvCtx) -> Result<Estimate> {
     let mut sum: Option<Tensor<1>> = None;
     for j in 0..k {
         let part = parts.clone().slice([0..b, j..j + 1]).reshape([b]);
-        let finite = part.clone().is_finite();
-        let valid = c.valid.clone() * finite.clone().float();
-        let rewards = part.mask_fill(finite.bool_not(), 0.0);
+        // Valid as `rewards` are: finite and within ±REWARD_LIMIT.
+        let ok = part.clone().is_finite().bool_and(
+            part.clone()
+                .abs()
+                .lower_equal_elem(crate::batch::REWARD_LIMIT),
+        );
+        let valid = c.valid.clone() * ok.clone().float();
+        let rewards = part.mask_fill(ok.bool_not(), 0.0);
         let a = adv::bnpo(batch, &rewards, &valid);
         sum = Some(match sum {
             Some(s) => s + a,

@@ -425,10 +425,14 @@ fn ratio_spread(c: &LossCtx, m: &mut Metrics) {
     let centred = ratio.clone() - mean.clone().reshape([1, 1]);
     let var = masked_mean(centred.clone() * centred, mask.clone());
     let off = mask.clone().neg().add_scalar(1.0);
-    // ρ > 0: masked steps become 0 for the maximum and 10³⁰ for the minimum.
-    m.push("actor/ratio_max", (ratio.clone() * mask.clone()).max());
-    m.push("actor/ratio_min", (ratio * mask + off * 1e30).min());
-    m.push("actor/ratio_mean", mean);
+    // ρ > 0: masked steps become 0 for the maximum and 10³⁰ for the minimum; a micro-batch
+    // without a valid step reports ρ = 1 throughout (`none` is 1 there, else 0).
+    let none = mask.clone().sum().clamp_max(1.0).neg().add_scalar(1.0);
+    let max = (ratio.clone() * mask.clone()).max() + none.clone();
+    let min = (ratio * mask + off * 1e30).min() * none.clone().neg().add_scalar(1.0);
+    m.push("actor/ratio_max", max);
+    m.push("actor/ratio_min", min + none.clone());
+    m.push("actor/ratio_mean", mean + none);
     m.push("actor/ratio_std", var.sqrt());
 }
 

@@ -4,7 +4,7 @@
 //!
 //! - [`head_log_probs`]: the LM head's chosen-token log-probability and entropy, the
 //!   `[rows, vocab]` logits never held whole, forward or backward (`head.rs`).
-//! - [`attention`]: grouped-query attention with masks whose backward pass keeps no
+//! - [`attention()`]: grouped-query attention with masks whose backward pass keeps no
 //!   `[t, keys]` score matrix (`attention.rs`).
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
@@ -27,7 +27,7 @@ pub use head::FusedHead;
 pub enum Kernel {
     /// The LM head's log-probability and entropy ([`head_log_probs`]): `head`.
     Head,
-    /// Attention without the score matrix ([`attention`]): `attention`.
+    /// Attention without the score matrix ([`attention()`]): `attention`.
     Attention,
 }
 
@@ -195,8 +195,8 @@ pub fn attention_block(rows: usize, keys: usize) -> usize {
 }
 
 /// Grouped-query attention `softmax(q kᵀ / √hd + bias) v` whose backward pass keeps no score
-/// matrix: only the output and each row's log-sum-exp are kept, and the backward pass
-/// recomputes the probabilities block by block (`attention.rs`). Query head `kv·groups + g`
+/// matrix: only the inputs and the output are kept, and the backward pass recomputes the
+/// probabilities block by block (`attention.rs`). Query head `kv·groups + g`
 /// reads key/value head `kv`. Differentiable in `q`, `k`, `v` (not in `bias`). Runs where
 /// [`fused_on`] says so, in f32.
 ///
@@ -207,7 +207,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tensor<4>) -> T
     let [b, heads, t, hd] = q.dims();
     let [bk, kv, keys, hdk] = k.dims();
     assert!(
-        bk == b && hdk == hd && kv > 0 && heads % kv == 0 && v.dims() == k.dims(),
+        bk == b && hdk == hd && kv > 0 && heads.is_multiple_of(kv) && v.dims() == k.dims(),
         "attention: q is {:?}, k {:?}, v {:?}",
         q.dims(),
         k.dims(),

@@ -53,6 +53,7 @@ pub fn critic_update<C: Critic>(
         area: "critic",
         loss_key: "critic/vf_loss",
         lr,
+        only: None,
     };
     let copies = Copies::new(optim.data_parallel().map(AsRef::as_ref), experience);
     steps.run(critic, optim, order, |critic, replica, chunk, idx, norm| {

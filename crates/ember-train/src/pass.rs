@@ -5,10 +5,11 @@
 
 use crate::optim::Optimizer;
 use crate::parallel::{Copies, Replicate};
-use crate::update::{Actor, Steps, UpdateConfig, UpdateStats, select2};
+use crate::update::{Actor, PARTIAL, Steps, UpdateConfig, UpdateStats, select2};
 use burn::tensor::Tensor;
 use ember_engine::{
-    ActorInput, Advantages, EngineError, PolicyLossInput, RolloutBatch, actor_loss, kl_penalty,
+    ActorInput, Advantages, EngineError, PolicyLossInput, PolicyLossKind, RolloutBatch, actor_loss,
+    kl_penalty,
 };
 use std::collections::BTreeMap;
 
@@ -17,7 +18,7 @@ use std::collections::BTreeMap;
 /// `batch` must carry `old_log_probs` (recomputed) or `rollout_log_probs` (bypass); `adv` is the
 /// estimator's output for it. `order` permutes rows between epochs (pass a seeded shuffle for
 /// reproducible runs, or identity). With [`UpdateSchedule::lopti_threshold`] the update runs
-/// once per token set ([`lopti`]).
+/// once per token set (`lopti`).
 ///
 /// # Errors
 /// Missing old log-probs, or any loss error (shapes, missing reference for KL, …).
@@ -62,6 +63,15 @@ fn lopti<A: Actor>(
     eta: f32,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
 ) -> Result<(A, UpdateStats), EngineError> {
+    if let PolicyLossKind::Opmd { k2_coef, .. } = cfg.loss.policy
+        && k2_coef != 0.0
+    {
+        return Err(EngineError::InvalidConfig {
+            field: "train.lopti_threshold",
+            value: eta.to_string(),
+            reason: "OPMD's k2 term does not scale with the advantage, so both passes would apply it to every step; set k2_coef = 0 or drop Lopti",
+        });
+    }
     let mask = &pass.adv.mask;
     let low = pass.old.clone().exp().lower_elem(eta).float() * mask.clone();
     let high = mask.clone() - low.clone();
@@ -87,26 +97,30 @@ fn lopti<A: Actor>(
     Ok((actor, stats))
 }
 
-/// The passes' stats as one update's: counts summed, metrics averaged over the passes that
-/// logged them (`*/skipped_steps` summed).
+/// The passes' stats as one update's: counts summed; the loss terms (each pass's part over the
+/// whole batch's normaliser) and `*/skipped_steps` summed, the ratio's extremes taken over both,
+/// the other metrics averaged over the passes that logged them.
 fn merge_passes(parts: Vec<UpdateStats>) -> UpdateStats {
     let mut out = UpdateStats::default();
-    let mut seen: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    let mut seen: BTreeMap<String, (f64, f64, f64, f64)> = BTreeMap::new();
     for p in parts {
         out.optimizer_steps += p.optimizer_steps;
         out.skipped_steps += p.skipped_steps;
         for (k, v) in p.metrics {
-            let e = seen.entry(k).or_insert((0.0, 0.0));
-            *e = (e.0 + v, e.1 + 1.0);
+            let e = seen
+                .entry(k)
+                .or_insert((0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY));
+            *e = (e.0 + v, e.1 + 1.0, e.2.min(v), e.3.max(v));
         }
     }
     out.metrics = seen
         .into_iter()
-        .map(|(k, (sum, n))| {
-            let v = if k.ends_with("/skipped_steps") {
-                sum
-            } else {
-                sum / n
+        .map(|(k, (sum, n, lo, hi))| {
+            let v = match k.as_str() {
+                "actor/ratio_max" => hi,
+                "actor/ratio_min" => lo,
+                k if k.ends_with("/skipped_steps") || PARTIAL.contains(&k) => sum,
+                _ => sum / n,
             };
             (k, v)
         })
@@ -157,6 +171,7 @@ impl<E: Replicate> Pass<'_, E> {
             area: "actor",
             loss_key: "actor/loss",
             lr,
+            only: self.tokens.as_ref(),
         };
         let copies = Copies::new(optim.data_parallel().map(AsRef::as_ref), experience);
         steps.run(actor, optim, order, |actor, replica, chunk, idx, norm| {

@@ -133,7 +133,7 @@ pub(crate) fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
 
 /// The metrics that are sums over the steps of a micro-batch divided by the mini-batch's
 /// normaliser ([`AggNorm`]): parts of the mini-batch's value.
-const PARTIAL: [&str; 5] = [
+pub(crate) const PARTIAL: [&str; 5] = [
     "actor/pg_loss",
     "actor/kl_loss",
     "actor/entropy",
@@ -157,9 +157,27 @@ pub(crate) struct Steps<'a> {
     /// The metric holding the total loss (a non-finite value skips the step).
     pub(crate) loss_key: &'static str,
     pub(crate) lr: f64,
+    /// `[rows, steps]` the steps this pass trains, where it trains only some (Lopti's passes):
+    /// a mini-batch without one of them takes no step. `None`: the mask's.
+    pub(crate) only: Option<&'a Tensor<2>>,
 }
 
 impl Steps<'_> {
+    /// The loss normalisers of the mini-batch `part` (the whole mask's), or `None` when it has
+    /// no valid step, or none of [`Steps::only`]'s: such a mini-batch has no gradient, and AdamW
+    /// would still move the weights by its momentum, so it takes no step (SeeUPO's turn
+    /// updates, whose masks keep one turn, and Lopti's passes meet this with several
+    /// mini-batches). One host read per mini-batch with `only`.
+    fn norm_of(&self, part: &[usize], device: &Device) -> Option<AggNorm> {
+        let idx = index(part, device);
+        let norm = AggNorm::of_mask(&select2(self.mask, &idx));
+        let active = match self.only {
+            Some(o) => select2(o, &idx).sum().into_scalar::<f32>() > 0.0,
+            None => true,
+        };
+        (norm.tokens > 0.0 && active).then_some(norm)
+    }
+
     /// Runs the schedule; `loss(model, replica, rows, rows as an index tensor, norm)` builds one
     /// micro-batch's scalar loss and metrics (`loss_key` is checked for finiteness) on `model`'s
     /// device; `replica` is the data-parallel replica's position (0 without a group), the index
@@ -215,13 +233,9 @@ impl Steps<'_> {
                 if part.is_empty() {
                     continue;
                 }
-                let norm = AggNorm::of_mask(&select2(self.mask, &index(&part, &device)));
-                // A mini-batch without a valid step has no gradient; AdamW would still move
-                // the weights by its momentum, so it takes no step (SeeUPO's turn updates,
-                // whose masks keep one turn, meet this with several mini-batches).
-                if norm.tokens <= 0.0 {
+                let Some(norm) = self.norm_of(&part, &device) else {
                     continue;
-                }
+                };
                 let shard = |replica: &M, k: usize, rows: &[usize]| {
                     let mut acc = GradientsAccumulator::<M>::new();
                     let mut host = Vec::new();
@@ -390,7 +404,7 @@ impl Means {
 /// reward-corrected target, flow matching) and supervised steps. `loss(model, i)` builds part
 /// `i`'s scalar loss. Returns the new model, the sum of the parts' loss values (one host read
 /// per part) and the step's report. When that sum or the gradient norm is not finite the step
-/// is skipped (the weights are returned unchanged, `applied` is false), as [`crate::update`] does.
+/// is skipped (the weights are returned unchanged, `applied` is false), as [`crate::update()`] does.
 pub fn accumulated_step<M: Module + Clone>(
     model: M,
     optim: &mut Optimizer,

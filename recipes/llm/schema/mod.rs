@@ -431,6 +431,15 @@ impl Recipe {
     /// The actor loss's settings and `[eval]`.
     fn validate_loss_and_eval(&self, parts: &PresetParts) -> Result<()> {
         parts.loss.policy.validate()?;
+        if let (Some(_), PolicyLossKind::Opmd { k2_coef, .. }) =
+            (self.train.update.lopti_threshold, parts.loss.policy)
+            && k2_coef != 0.0
+        {
+            bail!(
+                "train.lopti_threshold with OPMD's k2_coef = {k2_coef}: the k2 term does not \
+                 scale with the advantage, so both of Lopti's passes would apply it to every step"
+            );
+        }
         if let AdvantageKind::Bnpo { decompose: true } = parts.advantage.kind {
             let other = [
                 (

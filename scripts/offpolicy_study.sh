@@ -8,7 +8,8 @@
 # runs/offpolicy-study/<preset>-<regime>-s<seed>/, a finished one is skipped. Then one line per
 # preset and regime: held-out accuracy before → after (mean over seeds, each seed's lift), and
 # the means over the run of the ratio's spread, the clip fraction, TOPR's tapered share, the
-# approximate KL to π_old and the step time.
+# approximate KL to π_old, the mismatch correction's k3 KL between π_old and the sampler and
+# its largest ratio (stale rows), and the step time.
 #   PRESETS="grpo topr" SEEDS="0 1 2" bash scripts/offpolicy_study.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,9 +38,9 @@ python3 - "${presets[*]}" "${regimes[*]}" "${seeds[*]}" <<'PY'
 import json, statistics, sys
 presets, regimes, seeds = (a.split() for a in sys.argv[1:])
 keys = ["actor/ratio_std", "actor/ratio_max", "actor/clipfrac", "actor/topr_tapered_frac",
-        "actor/approx_kl", "perf/step_s"]
-print("| preset | regime | held-out before → after (mean) | lift per seed | ratio std | ratio max | clipfrac | TOPR tapered | approx KL | s/step |")
-print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+        "actor/approx_kl", "mismatch/kl_k3", "mismatch/is_ratio_max", "perf/step_s"]
+print("| preset | regime | held-out before → after (mean) | lift per seed | ratio std | ratio max | clipfrac | TOPR tapered | approx KL to π_old | k3 KL π_old ‖ sampler | IS ratio max | s/step |")
+print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for p in presets:
     for r in regimes:
         starts, ends, means = [], [], {k: [] for k in keys}

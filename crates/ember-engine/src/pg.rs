@@ -527,10 +527,11 @@ pub(crate) fn topr(c: &LossCtx, level: RatioLevel, m: &mut Metrics) -> Tensor<2>
         "actor/is_weight_mean",
         masked_mean(alpha.clone(), c.mask.clone()),
     );
-    // The steps TOPR's taper touches: negatives whose weight fell below 1.
+    // The steps TOPR's taper touches: negatives whose weight fell below 1 by more than the
+    // rounding of an on-policy ratio (10⁻³).
     m.push(
         "actor/topr_tapered_frac",
-        c.frac(alpha.clone().lower_elem(1.0)),
+        c.frac(alpha.clone().lower_elem(1.0 - 1e-3)),
     );
     (alpha * adv).neg() * c.log_probs.clone()
 }

@@ -248,7 +248,10 @@ fn replay_and_critic_tables_resolve() {
         parse(&recipe_text(), &sets).unwrap_err().to_string()
     };
     let e = bad(&["train.lopti_threshold=1.5"]);
-    assert!(e.contains("train.lopti_threshold = 1.5 must be in (0, 1)"), "{e}");
+    assert!(
+        e.contains("train.lopti_threshold = 1.5 must be in (0, 1)"),
+        "{e}"
+    );
     let e = bad(&[
         "train.lopti_threshold=0.5",
         "loss={policy={kind=\"opmd\", k2_coef=0.5}}",

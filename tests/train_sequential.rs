@@ -253,16 +253,15 @@ fn lopti_updates_low_probability_tokens_first() {
         },
         ..UpdateConfig::default()
     };
-    let ident = &mut |n| (0..n).collect();
-    let (got, stats) = update(
-        c.toy.clone(),
-        &mut optimizer(),
-        (&c.offsets, &c.batch, &c.adv),
-        &lopti(0.5),
-        0.1,
-        ident,
-    )
-    .unwrap();
+    // One update of the case's toy on `adv` from `toy` with `opt`, identity row order.
+    let step =
+        |toy: Toy, opt: &mut ember_train::Optimizer, adv: &Advantages, cfg: &UpdateConfig| {
+            update(toy, opt, (&c.offsets, &c.batch, adv), cfg, 0.1, &mut |n| {
+                (0..n).collect()
+            })
+            .unwrap()
+        };
+    let (got, stats) = step(c.toy.clone(), &mut optimizer(), &c.adv, &lopti(0.5));
     assert_eq!(stats.optimizer_steps, 2);
     // Written out: the low set, then the high set.
     let lp0 = c.batch.rollout_log_probs.clone().unwrap();
@@ -279,24 +278,8 @@ fn lopti_updates_low_probability_tokens_first() {
     };
     let mut opt = optimizer();
     let cfg = UpdateConfig::default();
-    let (after_low, _) = update(
-        c.toy.clone(),
-        &mut opt,
-        (&c.offsets, &c.batch, &only(low)),
-        &cfg,
-        0.1,
-        ident,
-    )
-    .unwrap();
-    let (want, _) = update(
-        after_low,
-        &mut opt,
-        (&c.offsets, &c.batch, &only(high)),
-        &cfg,
-        0.1,
-        ident,
-    )
-    .unwrap();
+    let (after_low, _) = step(c.toy.clone(), &mut opt, &only(low), &cfg);
+    let (want, _) = step(after_low, &mut opt, &only(high), &cfg);
     let (g, w) = (values(got.theta.val()), values(want.theta.val()));
     for (a, b) in g.iter().zip(&w) {
         assert!((a - b).abs() < 1e-6, "{g:?} vs {w:?}");
@@ -304,26 +287,10 @@ fn lopti_updates_low_probability_tokens_first() {
     let frac = stats.metrics["actor/lopti_low_frac"];
     assert!((frac - f64::from(n_low / n_all)).abs() < 1e-6, "{frac}");
     // The plain update differs; a threshold under every probability is the plain update.
-    let (plain, _) = update(
-        c.toy.clone(),
-        &mut optimizer(),
-        (&c.offsets, &c.batch, &c.adv),
-        &cfg,
-        0.1,
-        ident,
-    )
-    .unwrap();
+    let (plain, _) = step(c.toy.clone(), &mut optimizer(), &c.adv, &cfg);
     let p = values(plain.theta.val());
     assert!(p.iter().zip(&g).any(|(a, b)| (a - b).abs() > 1e-5), "{p:?}");
-    let (none_low, stats) = update(
-        c.toy.clone(),
-        &mut optimizer(),
-        (&c.offsets, &c.batch, &c.adv),
-        &lopti(1e-3),
-        0.1,
-        ident,
-    )
-    .unwrap();
+    let (none_low, stats) = step(c.toy.clone(), &mut optimizer(), &c.adv, &lopti(1e-3));
     assert_eq!(stats.optimizer_steps, 1);
     assert_eq!(values(none_low.theta.val()), p);
     // Two mini-batches, rows {1, 3} then {0, 2}: under η = 0.46 only rows 1 and 3 have a step

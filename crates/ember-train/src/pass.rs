@@ -206,3 +206,53 @@ impl<E: Replicate> Pass<'_, E> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(steps: usize, metrics: &[(&str, f64)]) -> UpdateStats {
+        UpdateStats {
+            metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            optimizer_steps: steps,
+            skipped_steps: 0,
+        }
+    }
+
+    /// Lopti's two passes as one update: each pass's loss terms are its part over the whole
+    /// batch's normaliser (summed), the ratio's extremes are the passes' extremes, skipped
+    /// steps add up, the other metrics are averaged over the passes that logged them.
+    #[test]
+    fn passes_merge_as_one_update() {
+        let a = stats(
+            2,
+            &[
+                ("actor/pg_loss", 0.25),
+                ("actor/ratio_max", 1.5),
+                ("actor/ratio_min", 0.5),
+                ("actor/clipfrac", 0.2),
+                ("actor/skipped_steps", 1.0),
+                ("actor/grad_norm", 3.0),
+            ],
+        );
+        let b = stats(
+            1,
+            &[
+                ("actor/pg_loss", -0.75),
+                ("actor/ratio_max", 2.5),
+                ("actor/ratio_min", 0.75),
+                ("actor/clipfrac", 0.4),
+                ("actor/skipped_steps", 2.0),
+            ],
+        );
+        let m = merge_passes(vec![a, b]);
+        assert_eq!(m.optimizer_steps, 3);
+        let get = |k: &str| m.metrics[k];
+        assert_eq!(get("actor/pg_loss"), -0.5);
+        assert_eq!(get("actor/ratio_max"), 2.5);
+        assert_eq!(get("actor/ratio_min"), 0.5);
+        assert!((get("actor/clipfrac") - 0.3).abs() < 1e-12);
+        assert_eq!(get("actor/skipped_steps"), 3.0);
+        assert_eq!(get("actor/grad_norm"), 3.0);
+    }
+}

@@ -1300,43 +1300,49 @@ fn trloo_episodes() -> (Rows, Rows, Rows) {
     (m, turns, tr)
 }
 
+/// The mask of [`trloo_episodes`] as a tensor, and their batch (one group, turn rewards, turn
+/// ids) with TRLOO's advantages (γ = 1) on it after `extra` (the batch as it is, or narrowed).
+fn trloo_advantages(extra: impl FnOnce(RolloutBatch) -> RolloutBatch) -> (Rows, Advantages) {
+    let (m, turns, tr) = trloo_episodes();
+    let rows = |x: &Rows| t2(&[&x[0], &x[1], &x[2]]);
+    let b = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0])
+        .with_token_rewards(rows(&tr))
+        .unwrap()
+        .with_turns(rows(&turns))
+        .unwrap();
+    let kind = AdvantageKind::Trloo { gamma: 1.0 };
+    let out = compute_advantages(&AdvantageConfig::new(kind), &extra(b), 0).unwrap();
+    (m, out)
+}
+
+/// TRLOO's advantages of [`trloo_episodes`] by hand (the reasoning above
+/// `trloo_by_hand_and_against_the_reference`).
+const TRLOO_BY_HAND: [f64; 24] = [
+    0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, //
+    0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, //
+    -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+];
+
 /// An update mask (KernelGYM's profiling-based rejection) narrows the loss, not the baselines:
 /// the first case of the TRLOO test above with ep1's turn 1 rejected gives the same advantages
 /// elsewhere (ep0's turn 1 is still left out against ep1's G = 1: A = 0) and drops the rejected
 /// steps from the advantages and the mask.
 #[test]
 fn an_update_mask_keeps_the_baselines() {
-    let (m, turns, tr) = trloo_episodes();
     let mut keep = [[1.0f32; 8]; 3];
     keep[1][3] = 0.0;
     keep[1][4] = 0.0;
-    let rows = |x: &[[f32; 8]; 3]| t2(&[&x[0], &x[1], &x[2]]);
-    let b = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0])
-        .with_token_rewards(rows(&tr))
-        .unwrap()
-        .with_turns(rows(&turns))
-        .unwrap()
-        .with_update_mask(rows(&keep))
-        .unwrap();
-    let out = compute_advantages(
-        &AdvantageConfig::new(AdvantageKind::Trloo { gamma: 1.0 }),
-        &b,
-        0,
-    )
-    .unwrap();
-    assert_close(
-        &vals(out.advantages),
-        &[
-            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, //
-            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, //
-            -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        ],
-        1e-6,
-    );
+    let narrow = |b: RolloutBatch| {
+        b.with_update_mask(t2(&[&keep[0], &keep[1], &keep[2]]))
+            .unwrap()
+    };
+    let (m, out) = trloo_advantages(narrow);
+    assert_close(&vals(out.advantages), &TRLOO_BY_HAND, 1e-6);
     let mask = vals(out.mask);
     assert_eq!(&mask[8..16], &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
     assert_eq!(&mask[0..8], &m[0]);
-    let err = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0]).with_update_mask(full2(3, 2, 1.0));
+    let err =
+        batch(t2(&[&m[0], &m[1], &m[2]]), &[0.0; 3], &[0, 0, 0]).with_update_mask(full2(3, 2, 1.0));
     assert!(err.is_err());
 }
 
@@ -1348,28 +1354,8 @@ fn an_update_mask_keeps_the_baselines() {
 /// Turn 1 (n = 2, ep0 and ep1): 1 − 1 = 0 each. Turn 2 (n = 1, ep1 alone): A = G = 1.
 #[test]
 fn trloo_by_hand_and_against_the_reference() {
-    let (m, turns, tr) = trloo_episodes();
-    let rows = |x: &[[f32; 8]; 3]| t2(&[&x[0], &x[1], &x[2]]);
-    let b = batch(rows(&m), &[0.0, 0.0, 0.0], &[0, 0, 0])
-        .with_token_rewards(rows(&tr))
-        .unwrap()
-        .with_turns(rows(&turns))
-        .unwrap();
-    let out = compute_advantages(
-        &AdvantageConfig::new(AdvantageKind::Trloo { gamma: 1.0 }),
-        &b,
-        0,
-    )
-    .unwrap();
-    assert_close(
-        &vals(out.advantages),
-        &[
-            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, //
-            0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, //
-            -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        ],
-        1e-6,
-    );
+    let (_, out) = trloo_advantages(|b| b);
+    assert_close(&vals(out.advantages), &TRLOO_BY_HAND, 1e-6);
     // Two prompts, uneven turn counts, γ = 0.9, rewards on every turn: the reference agrees.
     let scores = vec![
         vec![0.2, -0.1, 1.0],

@@ -29,7 +29,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 pub trait FusedAttention: Backend {
     /// `[b, heads, t, hd]`: `softmax(q kᵀ · scale + bias) v` for `q` `[b, heads, t, hd]`, `k`,
     /// `v` `[b, kv_heads, keys, hd]` (`heads` a multiple of `kv_heads`), `bias` `[b, 1, t,
-    /// keys]`; `block` query positions at a time.
+    /// keys]`; the backward pass recomputes `block` query positions at a time.
     fn attention_rows(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

@@ -41,10 +41,37 @@ pub trait FusedAttention: Backend {
         let _ = block;
         forward::<Self>(&Inputs { q, k, v, bias }, scale)
     }
+
+    /// `softmax(qk · scale + bias)` over the last axis: the probabilities the backward pass
+    /// recomputes, from `qk` `[b, kv, g, tq, keys]` and `bias` `[b, 1, 1, tq, keys]`.
+    fn attention_probs(
+        qk: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        probs::<Self>(qk, bias, scale)
+    }
+}
+
+/// The decomposed [`FusedAttention::attention_probs`]: scale, add, burn's softmax.
+fn probs<B: Backend>(qk: FloatTensor<B>, bias: FloatTensor<B>, scale: f32) -> FloatTensor<B> {
+    let s = B::float_add(B::float_mul_scalar(qk, scale.into()), bias);
+    B::softmax(s, 4)
 }
 
 #[cfg(feature = "flex")]
-impl FusedAttention for burn::backend::Flex {}
+impl FusedAttention for burn::backend::Flex {
+    fn attention_probs(
+        qk: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        match crate::cpu::is_f32(&qk) && crate::cpu::is_f32(&bias) {
+            true => crate::cpu::softmax_biased(qk, bias, scale),
+            false => probs::<Self>(qk, bias, scale),
+        }
+    }
+}
 
 /// The attention's inputs.
 #[derive(Debug, Clone)]
@@ -119,8 +146,9 @@ fn heads_of<B: Backend>(x: FloatTensor<B>, d: Dims, tq: usize) -> FloatTensor<B>
     B::float_reshape(x, shape([d.b, d.kv * d.g, tq, n]))
 }
 
-/// The scores of the query positions `r`, `[b, kv, g, tq, keys]`: `q kᵀ · scale + bias`.
-fn scores<B: Backend>(
+/// The probabilities of the query positions `r`, `[b, kv, g, tq, keys]`:
+/// `softmax(q kᵀ · scale + bias)`.
+fn probs_of<B: Backend + FusedAttention>(
     x: &Inputs<B>,
     d: Dims,
     r: std::ops::Range<usize>,
@@ -130,7 +158,6 @@ fn scores<B: Backend>(
     let q = rows_of::<B>(&x.q, d, r.clone());
     let s = B::float_matmul(q, B::float_transpose(x.k.clone()));
     let s = B::float_reshape(s, shape([d.b, d.kv, d.g, tq, d.keys]));
-    let s = B::float_mul_scalar(s, scale.into());
     let all = |m: usize| Slice::from(0..m);
     let bias = match tq == d.t {
         true => x.bias.clone(),
@@ -139,7 +166,7 @@ fn scores<B: Backend>(
             &[all(d.b), all(1), Slice::from(r), all(d.keys)],
         ),
     };
-    B::float_add(s, B::float_reshape(bias, shape([d.b, 1, 1, tq, d.keys])))
+    B::attention_probs(s, B::float_reshape(bias, shape([d.b, 1, 1, tq, d.keys])), scale)
 }
 
 /// The forward pass: the backend's own attention op (on the CPU backend a fused kernel that
@@ -173,7 +200,7 @@ struct Saved<B: Backend> {
 #[derive(Debug)]
 struct AttentionBackward;
 
-impl<B: Backend> Backward<B, 3> for AttentionBackward {
+impl<B: Backend + FusedAttention> Backward<B, 3> for AttentionBackward {
     type State = Saved<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -190,7 +217,7 @@ impl<B: Backend> Backward<B, 3> for AttentionBackward {
 
 /// `(∂L/∂q, ∂L/∂k, ∂L/∂v)` from the output's gradient `dO` `[b, heads, t, hd]`, block by block
 /// (the formulas in the module's comment).
-fn attention_grads<B: Backend>(
+fn attention_grads<B: Backend + FusedAttention>(
     st: &Saved<B>,
     d_out: FloatTensor<B>,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
@@ -214,7 +241,7 @@ fn attention_grads<B: Backend>(
             Slice::from(r.clone()),
             all(1),
         ];
-        let p = B::softmax(scores::<B>(x, d, r.clone(), st.scale), 4);
+        let p = probs_of::<B>(x, d, r.clone(), st.scale);
         let p = B::float_reshape(p, shape([d.b, d.kv, d.g * tq, d.keys]));
         let go = rows_of::<B>(&d_out, d, r.clone());
         dv = Some(add(
@@ -247,6 +274,16 @@ fn attention_grads<B: Backend>(
     )
 }
 
+/// The output `[b, heads, t, hd]` as a view of one contiguous `[b, t, heads, hd]` copy, returned
+/// twice: the caller's `swap_dims(1, 2)` and fold into `[b, t, heads·hd]` (W_o's input, which
+/// its product keeps for backward) then reuse that copy instead of making a second one.
+fn packed<B: Backend>(out: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    let [b, h, t, hd] = [0, 1, 2, 3].map(|i| out.shape()[i]);
+    let rows = B::float_reshape(B::float_swap_dims(out, 1, 2), shape([b, t, h * hd]));
+    let view = B::float_swap_dims(B::float_reshape(rows, shape([b, t, h, hd])), 1, 2);
+    (view.clone(), view)
+}
+
 impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Autodiff<B, C> {
     fn attention_rows(
         q: FloatTensor<Self>,
@@ -268,10 +305,10 @@ impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Auto
                     v: v.primitive().clone(),
                     bias: bias.into_primitive(),
                 };
-                let out = forward::<B>(&x, scale);
+                let (out, kept) = packed::<B>(forward::<B>(&x, scale));
                 let saved = Saved {
                     x,
-                    out: out.clone(),
+                    out: kept,
                     scale,
                     block,
                 };

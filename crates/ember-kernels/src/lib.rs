@@ -6,6 +6,9 @@
 //!   `[rows, vocab]` logits never held whole, forward or backward (`head.rs`).
 //! - [`attention()`]: grouped-query attention with masks whose backward pass keeps no
 //!   `[t, keys]` score matrix (`attention.rs`).
+//! - [`rms_norm`] and [`swiglu`]: RMSNorm and SwiGLU's gate, each one vectorised pass over the
+//!   cores forward and one backward, keeping only what the backward pass reads (`rms_norm.rs`,
+//!   `swiglu.rs`, the CPU loops in `cpu.rs`).
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
 //! says whether a device has them, and callers take the reference elsewhere.
@@ -14,13 +17,19 @@
 #![cfg_attr(not(feature = "flex"), allow(unused_variables))]
 
 mod attention;
+#[cfg(feature = "flex")]
+mod cpu;
 mod head;
+mod rms_norm;
+mod swiglu;
 
 pub use attention::FusedAttention;
 use burn::backend::Dispatch;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Int, Tensor};
 pub use head::FusedHead;
+pub use rms_norm::FusedRmsNorm;
+pub use swiglu::FusedSwiglu;
 
 /// One of Ember's fused kernels, as `--kernels` and `EMBER_KERNELS` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,17 +38,28 @@ pub enum Kernel {
     Head,
     /// Attention without the score matrix ([`attention()`]): `attention`.
     Attention,
+    /// RMSNorm in one pass ([`rms_norm`]): `rmsnorm`.
+    RmsNorm,
+    /// SwiGLU's gate in one pass ([`swiglu`]): `swiglu`.
+    Swiglu,
 }
 
 impl Kernel {
     /// Every kernel, in the order of their bits.
-    pub const ALL: [Kernel; 2] = [Kernel::Head, Kernel::Attention];
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Head,
+        Kernel::Attention,
+        Kernel::RmsNorm,
+        Kernel::Swiglu,
+    ];
 
     /// The kernel's name in `--kernels`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Head => "head",
             Kernel::Attention => "attention",
+            Kernel::RmsNorm => "rmsnorm",
+            Kernel::Swiglu => "swiglu",
         }
     }
 
@@ -47,6 +67,8 @@ impl Kernel {
         match self {
             Kernel::Head => 1,
             Kernel::Attention => 2,
+            Kernel::RmsNorm => 4,
+            Kernel::Swiglu => 8,
         }
     }
 }
@@ -243,6 +265,57 @@ pub fn attention_reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tenso
         .reshape([b, kv, groups * t, keys])
         .matmul(v)
         .reshape([b, heads, t, hd])
+}
+
+/// RMSNorm over the last axis, `x · r · γ` with `r = 1/√(mean(x²) + ε)`, in one pass per row
+/// forward and backward, keeping `x` and `r` for the backward pass (`rms_norm.rs`).
+/// Differentiable in `x` and `γ`. Runs where [`fused_on`] says so, in f32.
+///
+/// # Shapes
+/// `x` `[..., d]`, `gamma` `[d]` → `[..., d]`.
+pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Tensor<D> {
+    let dims = x.dims();
+    let d = dims[D - 1];
+    assert_eq!(gamma.dims(), [d], "rms_norm: x is {dims:?}");
+    let rows = dims[..D - 1].iter().product::<usize>();
+    let y = Tensor::<2>::from_dispatch(<Dispatch as FusedRmsNorm>::rms_norm_rows(
+        x.reshape([rows, d]).into_dispatch(),
+        gamma.into_dispatch(),
+        eps as f32,
+    ));
+    y.reshape(dims)
+}
+
+/// The decomposed reference of [`rms_norm`]: burn's `RmsNorm::forward` (square, mean, add
+/// `ε`, square root, divide, scale).
+///
+/// # Shapes
+/// As [`rms_norm`].
+pub fn rms_norm_reference<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Tensor<D> {
+    let rms = (x.clone().square().mean_dim(D - 1) + eps).sqrt();
+    (x / rms) * gamma.unsqueeze()
+}
+
+/// SwiGLU's gate `silu(gate) · up` in one pass forward and one backward, keeping only `gate`
+/// and `up` for the backward pass (`swiglu.rs`). Differentiable in both. Runs where
+/// [`fused_on`] says so, in f32.
+///
+/// # Shapes
+/// `gate`, `up` of one shape → that shape.
+pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up differ in shape");
+    Tensor::<D>::from_dispatch(<Dispatch as FusedSwiglu>::swiglu(
+        gate.into_dispatch(),
+        up.into_dispatch(),
+    ))
+}
+
+/// The decomposed reference of [`swiglu`]: burn's `silu` (`g · sigmoid(g)`) times `up`.
+///
+/// # Shapes
+/// As [`swiglu`].
+pub fn swiglu_reference<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    burn::tensor::activation::silu(gate) * up
 }
 
 #[cfg(test)]

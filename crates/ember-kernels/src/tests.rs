@@ -200,3 +200,104 @@ fn attention_blocks_keep_the_scores_small() {
     assert_eq!(attention_block(8 * 9, 256), 227);
     assert_eq!(attention_block(0, 0), 1 << 22);
 }
+
+/// `x` flattened to one axis.
+fn flat<const D: usize>(x: Tensor<D>) -> Tensor<1> {
+    let n = x.shape().num_elements();
+    x.reshape([n])
+}
+
+/// Values and gradients (of `x`, and of `γ` when it trains) of the fused RMSNorm against the
+/// reference on `[b, t, d]`.
+fn check_rms_norm(dims: [usize; 3], gamma_trains: bool, seed: u64) {
+    let dev = device();
+    dev.seed(seed);
+    let base = dev.clone().autodiff();
+    let x0 = Tensor::<3>::random(dims, Distribution::Normal(0.5, 3.0), &dev);
+    let g0 = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), &dev);
+    let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), &dev);
+    let run = |fused: bool| {
+        let x = Tensor::<3>::from_data(x0.to_data(), &base).require_grad();
+        let g = Tensor::<1>::from_data(g0.to_data(), &base);
+        let g = if gamma_trains { g.require_grad() } else { g };
+        let y = match fused {
+            true => rms_norm(x.clone(), g.clone(), 1e-5),
+            false => rms_norm_reference(x.clone(), g.clone(), 1e-5),
+        };
+        let loss = (y.clone() * Tensor::<3>::from_data(weights.to_data(), &base)).sum();
+        let grads = loss.backward();
+        let dg = g.grad(&grads).map(flat);
+        assert_eq!(dg.is_some(), gamma_trains);
+        (flat(y.inner()), flat(x.grad(&grads).unwrap()), dg)
+    };
+    let (a, r) = (run(true), run(false));
+    close(a.0, r.0, 2e-5);
+    close(a.1, r.1, 2e-5);
+    if let (Some(a), Some(r)) = (a.2, r.2) {
+        close(a, r, 1e-3);
+    }
+}
+
+#[test]
+fn fused_rms_norm_matches_the_reference_in_values_and_gradients() {
+    // One row; odd widths; enough rows for several tasks (the parallel split).
+    check_rms_norm([1, 1, 7], true, 1);
+    check_rms_norm([3, 5, 33], true, 2);
+    check_rms_norm([2, 3, 17], false, 3);
+    check_rms_norm([4, 37, 576], true, 4);
+}
+
+/// Values and gradients (of `gate` and `up`) of the fused SwiGLU gate against the reference,
+/// gates far into both tails included.
+fn check_swiglu(dims: [usize; 3], spread: f64, seed: u64) {
+    let dev = device();
+    dev.seed(seed);
+    let base = dev.clone().autodiff();
+    let g0 = Tensor::<3>::random(dims, Distribution::Normal(0.0, spread), &dev);
+    let u0 = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), &dev);
+    let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), &dev);
+    let run = |fused: bool| {
+        let leaf = |x: &Tensor<3>| Tensor::<3>::from_data(x.to_data(), &base).require_grad();
+        let (g, u) = (leaf(&g0), leaf(&u0));
+        let y = match fused {
+            true => swiglu(g.clone(), u.clone()),
+            false => swiglu_reference(g.clone(), u.clone()),
+        };
+        let loss = (y.clone() * Tensor::<3>::from_data(weights.to_data(), &base)).sum();
+        let grads = loss.backward();
+        [
+            flat(y.inner()),
+            flat(g.grad(&grads).unwrap()),
+            flat(u.grad(&grads).unwrap()),
+        ]
+    };
+    for (x, y) in run(true).into_iter().zip(run(false)) {
+        close(x, y, 2e-5 * spread.max(1.0));
+    }
+}
+
+#[test]
+fn fused_swiglu_matches_the_reference_in_values_and_gradients() {
+    check_swiglu([1, 1, 5], 1.0, 1);
+    check_swiglu([3, 7, 41], 3.0, 2);
+    check_swiglu([2, 9, 1536], 30.0, 3);
+}
+
+#[test]
+fn fused_norm_and_gate_without_autodiff_equal_the_references() {
+    let dev = device();
+    dev.seed(9);
+    let x = Tensor::<3>::random([5, 13, 64], Distribution::Normal(0.0, 2.0), &dev);
+    let u = Tensor::<3>::random([5, 13, 64], Distribution::Normal(0.0, 2.0), &dev);
+    let g = Tensor::<1>::random([64], Distribution::Normal(1.0, 0.3), &dev);
+    close(
+        flat(rms_norm(x.clone(), g.clone(), 1e-6)),
+        flat(rms_norm_reference(x.clone(), g, 1e-6)),
+        1e-5,
+    );
+    close(
+        flat(swiglu(x.clone(), u.clone())),
+        flat(swiglu_reference(x, u)),
+        1e-5,
+    );
+}

@@ -26,10 +26,20 @@ pub(crate) fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
     }
 }
 
-/// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`).
-pub(crate) fn rms_norm(n: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
+/// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`): f32 passes
+/// on the CPU take Ember's one-pass kernel (`ember_kernels::rms_norm`) unless the kernels are
+/// switched off, the rest burn's `RmsNorm`.
+pub(crate) fn rms_norm<const D: usize>(n: &RmsNorm, x: Tensor<D>) -> Tensor<D> {
     let dt = x.dtype();
+    if dt == DType::F32 && kernel_on(ember_kernels::Kernel::RmsNorm, &x) {
+        return ember_kernels::rms_norm(x, n.gamma.val(), n.epsilon);
+    }
     like(n.forward(like(x, DType::F32)), dt)
+}
+
+/// Whether `kernel` is on and runs on `x`'s device.
+fn kernel_on<const D: usize>(kernel: ember_kernels::Kernel, x: &Tensor<D>) -> bool {
+    ember_kernels::enabled(kernel) && ember_kernels::fused_on(&x.device())
 }
 
 /// Qwen3's per-head RMSNorm over the last axis of `[b, t, heads, hd]`, in f32 (HF
@@ -37,10 +47,7 @@ pub(crate) fn rms_norm(n: &RmsNorm, x: Tensor<3>) -> Tensor<3> {
 pub(crate) fn head_norm(n: &Option<RmsNorm>, x: Tensor<4>) -> Tensor<4> {
     match n {
         None => x,
-        Some(n) => {
-            let dt = x.dtype();
-            like(n.forward(like(x, DType::F32)), dt)
-        }
+        Some(n) => rms_norm(n, x),
     }
 }
 
@@ -310,8 +317,7 @@ impl Attention {
         if t > 1
             && dt == DType::F32
             && bias.dims() == [b, 1, t, keys]
-            && ember_kernels::enabled(ember_kernels::Kernel::Attention)
-            && ember_kernels::fused_on(&q.device())
+            && kernel_on(ember_kernels::Kernel::Attention, &q)
         {
             return ember_kernels::attention(q, k, v, bias)
                 .swap_dims(1, 2)
@@ -372,8 +378,12 @@ impl Mlp {
             f(layer, 4, &self.gate_proj, &x);
             f(layer, 5, &self.up_proj, &x);
         }
-        let act = silu(proj(&self.gate_proj, &self.gate_mix, x.clone(), c))
-            * proj(&self.up_proj, &self.up_mix, x, c);
+        let gate = proj(&self.gate_proj, &self.gate_mix, x.clone(), c);
+        let up = proj(&self.up_proj, &self.up_mix, x, c);
+        let act = match gate.dtype() == DType::F32 && kernel_on(ember_kernels::Kernel::Swiglu, &gate) {
+            true => ember_kernels::swiglu(gate, up),
+            false => silu(gate) * up,
+        };
         if let Some(f) = visit.as_mut() {
             f(layer, 6, &self.down_proj, &act);
         }

@@ -95,7 +95,7 @@ options:
                                  (e.g. to profile one of them; default all)
   --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
                                  references, or a comma-separated list of the kernels to use
-                                 (head, attention; crates/ember-kernels)
+                                 (head, attention, rmsnorm, swiglu; crates/ember-kernels)
   -h, --help                     this text";
 
 /// Parsed benchmark options.

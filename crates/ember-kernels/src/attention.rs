@@ -166,7 +166,11 @@ fn probs_of<B: Backend + FusedAttention>(
             &[all(d.b), all(1), Slice::from(r), all(d.keys)],
         ),
     };
-    B::attention_probs(s, B::float_reshape(bias, shape([d.b, 1, 1, tq, d.keys])), scale)
+    B::attention_probs(
+        s,
+        B::float_reshape(bias, shape([d.b, 1, 1, tq, d.keys])),
+        scale,
+    )
 }
 
 /// The forward pass: the backend's own attention op (on the CPU backend a fused kernel that

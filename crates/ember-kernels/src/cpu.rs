@@ -84,7 +84,12 @@ pub(crate) fn exp(x: f32) -> f32 {
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for k in 0..16 {
             acc[k] += x[k] * y[k];
@@ -132,7 +137,13 @@ pub(crate) fn swiglu_grad(gate: T, up: T, dy: T) -> (T, T) {
         .zip(dy.par_chunks(chunk))
         .for_each(|(((dg, du), (g, u)), dy)| {
             simd(|| {
-                for i in 0..dg.len().min(du.len()).min(g.len()).min(u.len()).min(dy.len()) {
+                for i in 0..dg
+                    .len()
+                    .min(du.len())
+                    .min(g.len())
+                    .min(u.len())
+                    .min(dy.len())
+                {
                     let (g, s) = (g[i], sigmoid(g[i]));
                     du[i] = dy[i] * g * s;
                     dg[i] = dy[i] * u[i] * s * (1.0 + g * (1.0 - s));

@@ -303,7 +303,11 @@ pub fn rms_norm_reference<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f
 /// # Shapes
 /// `gate`, `up` of one shape → that shape.
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
-    assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up differ in shape");
+    assert_eq!(
+        gate.dims(),
+        up.dims(),
+        "swiglu: gate and up differ in shape"
+    );
     Tensor::<D>::from_dispatch(<Dispatch as FusedSwiglu>::swiglu(
         gate.into_dispatch(),
         up.into_dispatch(),

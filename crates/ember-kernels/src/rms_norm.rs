@@ -20,7 +20,11 @@ use burn::tensor::Shape;
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
 pub trait FusedRmsNorm: Backend {
     /// `[rows, d]`: `x · r · γ` for `x` `[rows, d]`, `γ` `[d]`.
-    fn rms_norm_rows(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+    fn rms_norm_rows(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
         forward::<Self>(x, gamma, eps).0
     }
 
@@ -77,7 +81,11 @@ fn grads<B: Backend>(
 
 #[cfg(feature = "flex")]
 impl FusedRmsNorm for burn::backend::Flex {
-    fn rms_norm_rows(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+    fn rms_norm_rows(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
         Self::rms_norm_saved(x, gamma, eps).0
     }
 
@@ -135,7 +143,11 @@ impl<B: Backend + FusedRmsNorm> Backward<B, 2> for RmsNormBackward {
 }
 
 impl<B: Backend + FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
-    fn rms_norm_rows(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+    fn rms_norm_rows(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
         match RmsNormBackward
             .prepare::<C>([x.node(), gamma.node()])
             .compute_bound()

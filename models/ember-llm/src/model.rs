@@ -380,10 +380,11 @@ impl Mlp {
         }
         let gate = proj(&self.gate_proj, &self.gate_mix, x.clone(), c);
         let up = proj(&self.up_proj, &self.up_mix, x, c);
-        let act = match gate.dtype() == DType::F32 && kernel_on(ember_kernels::Kernel::Swiglu, &gate) {
-            true => ember_kernels::swiglu(gate, up),
-            false => silu(gate) * up,
-        };
+        let act =
+            match gate.dtype() == DType::F32 && kernel_on(ember_kernels::Kernel::Swiglu, &gate) {
+                true => ember_kernels::swiglu(gate, up),
+                false => silu(gate) * up,
+            };
         if let Some(f) = visit.as_mut() {
             f(layer, 6, &self.down_proj, &act);
         }

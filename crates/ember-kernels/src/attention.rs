@@ -66,7 +66,12 @@ impl FusedAttention for burn::backend::Flex {
         bias: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        match crate::cpu::is_f32(&qk) && crate::cpu::is_f32(&bias) {
+        let [b, tq, keys] = {
+            let s = qk.shape();
+            [s[0], s[s.num_dims() - 2], s[s.num_dims() - 1]]
+        };
+        let fits = bias.shape().num_elements() == b * tq * keys;
+        match crate::cpu::is_f32(&qk) && crate::cpu::is_f32(&bias) && fits {
             true => crate::cpu::softmax_biased(qk, bias, scale),
             false => probs::<Self>(qk, bias, scale),
         }

@@ -283,14 +283,13 @@ fn attention_grads<B: Backend + FusedAttention>(
     )
 }
 
-/// The output `[b, heads, t, hd]` as a view of one contiguous `[b, t, heads, hd]` copy, returned
-/// twice: the caller's `swap_dims(1, 2)` and fold into `[b, t, heads·hd]` (W_o's input, which
-/// its product keeps for backward) then reuse that copy instead of making a second one.
-fn packed<B: Backend>(out: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+/// The output `[b, heads, t, hd]` as a view of one contiguous `[b, t, heads, hd]` copy: the
+/// caller's `swap_dims(1, 2)` and fold into `[b, t, heads·hd]` (W_o's input, which its product
+/// keeps for backward) then reuse the copy the backward pass keeps instead of making another.
+fn packed<B: Backend>(out: FloatTensor<B>) -> FloatTensor<B> {
     let [b, h, t, hd] = [0, 1, 2, 3].map(|i| out.shape()[i]);
     let rows = B::float_reshape(B::float_swap_dims(out, 1, 2), shape([b, t, h * hd]));
-    let view = B::float_swap_dims(B::float_reshape(rows, shape([b, t, h, hd])), 1, 2);
-    (view.clone(), view)
+    B::float_swap_dims(B::float_reshape(rows, shape([b, t, h, hd])), 1, 2)
 }
 
 impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Autodiff<B, C> {
@@ -314,10 +313,10 @@ impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Auto
                     v: v.primitive().clone(),
                     bias: bias.into_primitive(),
                 };
-                let (out, kept) = packed::<B>(forward::<B>(&x, scale));
+                let out = packed::<B>(forward::<B>(&x, scale));
                 let saved = Saved {
                     x,
-                    out: kept,
+                    out: out.clone(),
                     scale,
                     block,
                 };

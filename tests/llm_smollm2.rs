@@ -178,3 +178,46 @@ fn a_model_by_hub_id_comes_from_the_huggingface_cache() {
     assert!(e.contains("downloading it failed"), "{e}");
     std::fs::remove_dir_all(&hub).ok();
 }
+
+/// `ember serve`'s loading: the GGUF file's Q4_1 projections and Q8_0 head kept as blocks,
+/// which decoding steps read; greedy decoding still gives transformers' tokens, and a decoding
+/// step's logits equal the f32 weights' to [`LOGIT_TOL`].
+#[test]
+fn smollm2_decodes_from_its_gguf_blocks() {
+    let Some(path) = common::assets::smollm2() else {
+        return;
+    };
+    let fx = fixture();
+    let model = ember_llm::load_with_blocks(&path, &dev()).unwrap().model;
+    // 30 layers of Q4_1 projections (6 bits a weight as held) and the Q8_0 head (9 bits).
+    let mib = model.block_bytes() as f64 / (1 << 20) as f64;
+    assert!((100.0..120.0).contains(&mib), "{mib} MiB of blocks");
+    let cfg = SamplingConfig {
+        temperature: 0.0,
+        max_new_tokens: fx.chat.greedy.len(),
+        stop_tokens: vec![2],
+        ..SamplingConfig::default()
+    };
+    let g = generate(&model, std::slice::from_ref(&fx.chat.ids), &cfg, &dev()).unwrap();
+    assert_eq!(&g.response_ids()[0], &fx.chat.greedy);
+    let step = |m: &ember_llm::Llama| {
+        let ids: Vec<i64> = fx.chat.ids.iter().map(|x| i64::from(*x)).collect();
+        let n = ids.len();
+        let mut cache = ember_llm::cache::KvCache::new(m.cache_shape(), 1, n + 1, &dev());
+        let toks = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &dev());
+        m.forward_cached(toks, Tensor::ones([1, n], &dev()), &mut cache);
+        let next = Tensor::<2, Int>::from_data(
+            TensorData::new(vec![fx.chat.greedy[0] as i64], [1, 1]),
+            &dev(),
+        );
+        vals(m.forward_cached(next, Tensor::ones([1, 1], &dev()), &mut cache))
+    };
+    let (a, b) = (step(&model), step(&model.clone().without_blocks()));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    eprintln!("SmolLM2 decoding step: max |logit(blocks) − logit(f32)| = {worst:e}");
+    assert!(worst < LOGIT_TOL, "{worst}");
+}

@@ -23,7 +23,7 @@ struct Cli {
     kernel_cache: Option<String>,
     /// Ember's fused kernels (`ember`, the default where the device has them), the decomposed
     /// burn-op references (`burn`), or a comma-separated list of the kernels to use (`head`,
-    /// `attention`, `rmsnorm`, `swiglu`); also `EMBER_KERNELS`.
+    /// `attention`, `rmsnorm`, `swiglu`, `quant`); also `EMBER_KERNELS`.
     #[arg(long, global = true, value_name = "ember|burn|LIST")]
     kernels: Option<String>,
     #[command(subcommand)]

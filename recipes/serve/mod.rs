@@ -253,8 +253,17 @@ fn start_engine(
     adapters: &[api::LoadLora],
 ) -> Result<(Engine, ModelInfo)> {
     let device = crate::common::device::device(&a.device)?;
-    let loaded = ember_llm::load(&a.model, &device)
+    let loaded = ember_llm::load_with_blocks(&a.model, &device)
         .with_context(|| format!("loading {}", a.model.display()))?;
+    let blocks = loaded.model.block_bytes();
+    if blocks > 0 && ember_kernels::enabled(ember_kernels::Kernel::Quant) {
+        log::info!(
+            "decoding steps of up to {} sequences read the file's quantized weights ({:.0} MiB \
+             of blocks; --kernels without `quant` reads the f32 weights)",
+            ember_llm::BLOCK_ROWS,
+            blocks as f64 / (1 << 20) as f64
+        );
+    }
     let mut stop = loaded.eos_ids.clone();
     stop.extend(tok.eos_ids.iter().copied());
     stop.sort_unstable();

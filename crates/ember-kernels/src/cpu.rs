@@ -9,7 +9,7 @@ use burn::tensor::{DType, Shape, TensorData};
 use rayon::prelude::*;
 
 /// A CPU tensor (burn-flex's `FlexTensor`).
-type T = FloatTensor<Flex>;
+pub(crate) type T = FloatTensor<Flex>;
 
 /// Elements one task takes at least: below twice this a kernel runs on the calling thread.
 const TASK: usize = 1 << 14;

@@ -9,6 +9,9 @@
 //! - [`rms_norm`] and [`swiglu`]: RMSNorm and SwiGLU's gate, each one vectorised pass over the
 //!   cores forward and one backward, keeping only what the backward pass reads (`rms_norm.rs`,
 //!   `swiglu.rs`, the CPU loops in `cpu.rs`).
+//! - [`quant_linear`]: a product with weights held in GGUF's `Q4_1` or `Q8_0` blocks
+//!   ([`QuantMatrix`]), decoded in registers instead of dequantized to f32 (`quant.rs`,
+//!   `cpu_quant.rs`): decoding steps read 5 to 9 bits a weight instead of 32.
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
 //! says whether a device has them, and callers take the reference elsewhere.
@@ -19,7 +22,10 @@
 mod attention;
 #[cfg(feature = "flex")]
 mod cpu;
+#[cfg(feature = "flex")]
+mod cpu_quant;
 mod head;
+mod quant;
 mod rms_norm;
 mod swiglu;
 
@@ -28,6 +34,7 @@ use burn::backend::Dispatch;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Int, Tensor};
 pub use head::FusedHead;
+pub use quant::{FusedQuantLinear, QuantError, QuantKind, QuantMatrix};
 pub use rms_norm::FusedRmsNorm;
 pub use swiglu::FusedSwiglu;
 
@@ -42,15 +49,18 @@ pub enum Kernel {
     RmsNorm,
     /// SwiGLU's gate in one pass ([`swiglu`]): `swiglu`.
     Swiglu,
+    /// Products with quantized blocks where a model holds them ([`quant_linear`]): `quant`.
+    Quant,
 }
 
 impl Kernel {
     /// Every kernel, in the order of their bits.
-    pub const ALL: [Kernel; 4] = [
+    pub const ALL: [Kernel; 5] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
         Kernel::Swiglu,
+        Kernel::Quant,
     ];
 
     /// The kernel's name in `--kernels`.
@@ -60,6 +70,7 @@ impl Kernel {
             Kernel::Attention => "attention",
             Kernel::RmsNorm => "rmsnorm",
             Kernel::Swiglu => "swiglu",
+            Kernel::Quant => "quant",
         }
     }
 
@@ -69,6 +80,7 @@ impl Kernel {
             Kernel::Attention => 2,
             Kernel::RmsNorm => 4,
             Kernel::Swiglu => 8,
+            Kernel::Quant => 16,
         }
     }
 }
@@ -322,5 +334,40 @@ pub fn swiglu_reference<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tenso
     burn::tensor::activation::silu(gate) * up
 }
 
+/// `x · Wᵀ` with `W` held in quantized blocks, decoded in registers on the CPU backend
+/// (`quant.rs`); elsewhere, and for other dtypes, the dequantized weights and one product.
+/// Differentiable in `x` (the weights are frozen).
+///
+/// # Shapes
+/// `x` `[n, cols]`, `w` `[rows, cols]` → `[n, rows]`.
+pub fn quant_linear(x: Tensor<2>, w: &QuantMatrix) -> Tensor<2> {
+    let [n, cols] = x.dims();
+    assert_eq!(
+        cols,
+        w.shape().1,
+        "quant_linear: x is [{n}, {cols}], w {:?}",
+        w.shape()
+    );
+    Tensor::<2>::from_dispatch(<Dispatch as FusedQuantLinear>::quant_linear(
+        x.into_dispatch(),
+        w.clone(),
+    ))
+}
+
+/// The decomposed reference of [`quant_linear`]: [`QuantMatrix::dequantize`], then `x · Wᵀ`.
+///
+/// # Shapes
+/// As [`quant_linear`].
+pub fn quant_linear_reference(x: Tensor<2>, w: &QuantMatrix) -> Tensor<2> {
+    let (rows, cols) = w.shape();
+    let dense = Tensor::<2>::from_data(
+        burn::tensor::TensorData::new(w.dequantize(), [rows, cols]),
+        &x.device(),
+    );
+    x.matmul(dense.transpose())
+}
+
+#[cfg(test)]
+mod quant_tests;
 #[cfg(test)]
 mod tests;

@@ -418,6 +418,12 @@ impl GgufFile {
 
     /// Reads and dequantizes tensor `name` to f32, in row-major order of [`TensorInfo::shape`].
     pub fn read_f32(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), GgufError> {
+        let (raw, info) = self.read_raw(name)?;
+        Ok((dequantize(info.ggml_type, &raw, info.len()), info.shape()))
+    }
+
+    /// The bytes of tensor `name` as stored (its blocks), with its directory entry.
+    pub fn read_raw(&self, name: &str) -> Result<(Vec<u8>, TensorInfo), GgufError> {
         let info = self.tensor_info(name)?.clone();
         let (block, bytes) =
             block_layout(info.ggml_type).ok_or_else(|| GgufError::UnsupportedType {
@@ -435,7 +441,7 @@ impl GgufFile {
         f.seek(SeekFrom::Start(self.data_start + info.offset))
             .map_err(io)?;
         f.read_exact(&mut raw).map_err(io)?;
-        Ok((dequantize(info.ggml_type, &raw, n), info.shape()))
+        Ok((raw, info))
     }
 }
 

@@ -2,6 +2,7 @@
 //! batched KV-cache sampling with the log-probs RL needs, LoRA with PEFT I/O, and export.
 
 pub mod actor;
+mod blocks;
 pub mod cache;
 pub mod chartok;
 mod config;
@@ -24,6 +25,7 @@ mod temperature;
 mod tokenizer;
 mod value;
 
+pub use blocks::BLOCK_ROWS;
 pub use config::{Family, HfConfig, LlamaConfig};
 pub use constrain::{
     Constrained, ConstrainedExperience, ConstrainedLlama, MASKED_LOGIT, TokenConstraint,
@@ -31,7 +33,8 @@ pub use constrain::{
 };
 pub use error::{LlmError, Result};
 pub use load::{
-    GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, save_hf, unpermute_rows,
+    GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, load_with_blocks,
+    save_hf, unpermute_rows,
 };
 pub use lora::{
     LoraSettings, TARGETS as LORA_TARGETS, adapter_param_count, apply_lora, load_peft, merge,

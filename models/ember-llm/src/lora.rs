@@ -341,7 +341,8 @@ pub fn load_peft(model: Llama, dir: &Path, device: &Device) -> Result<(Llama, Lo
     Ok((model, settings))
 }
 
-/// Folds the adapters into the base weights (W ← W + (α/r)·A·B) and drops them.
+/// Folds the adapters into the base weights (W ← W + (α/r)·A·B) and drops them, with the
+/// quantized blocks of the old base weights (`crate::blocks`).
 pub fn merge(model: Llama) -> Llama {
-    model.materialize()
+    model.materialize().without_blocks()
 }

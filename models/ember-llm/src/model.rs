@@ -13,6 +13,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::module::linear as linear_op;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor};
+use ember_kernels::QuantMatrix;
 use ember_molora::{MoLora, RouteCtx};
 
 use ember_train::Precision;
@@ -80,6 +81,9 @@ pub struct Attention {
     pub(crate) n_heads: usize,
     pub(crate) n_kv_heads: usize,
     pub(crate) head_dim: usize,
+    /// W_q, W_k, W_v, W_o as quantized blocks for decoding steps (`crate::blocks`).
+    #[module(skip)]
+    pub(crate) blocks: [Option<QuantMatrix>; 4],
 }
 
 /// SwiGLU MLP: down(silu(gate(x)) · up(x)).
@@ -97,6 +101,9 @@ pub struct Mlp {
     pub up_mix: Option<MoLora>,
     /// Mixture on the down projection.
     pub down_mix: Option<MoLora>,
+    /// Gate, up and down as quantized blocks for decoding steps (`crate::blocks`).
+    #[module(skip)]
+    pub(crate) blocks: [Option<QuantMatrix>; 3],
 }
 
 /// One pre-norm decoder layer.
@@ -136,6 +143,9 @@ pub struct Llama {
     /// Score rows that share their prompt by running the prompt once (see `crate::shared`).
     #[module(skip)]
     pub(crate) shared_prefix: bool,
+    /// The output head as quantized blocks for decoding steps (`crate::blocks`).
+    #[module(skip)]
+    pub(crate) head_blocks: Option<QuantMatrix>,
 }
 
 /// Applies `l` with its effective weight (LoRA adapter included) or, when `adapters` is false,
@@ -147,7 +157,15 @@ pub struct Llama {
 /// autodiff, compute the full `[d_in, d_out]` gradient of the frozen weight before projecting it
 /// onto A and B: the factored form costs two rank-r products and back-propagates only to A, B
 /// and x.
-fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
+///
+/// `blocks`, the frozen base weight as quantized blocks, serves the base product of decoding
+/// steps (`crate::blocks::decodes`).
+fn lin<const D: usize>(
+    l: &Linear,
+    blocks: Option<&QuantMatrix>,
+    x: Tensor<D>,
+    adapters: bool,
+) -> Tensor<D> {
     let dt = x.dtype();
     let adapter = if adapters { l.weight.adapter() } else { None };
     let bias = l
@@ -155,7 +173,10 @@ fn lin<const D: usize>(l: &Linear, x: Tensor<D>, adapters: bool) -> Tensor<D> {
         .as_ref()
         .map(|b| like(if adapters { b.val() } else { b.base() }, dt));
     // Without an adapter, `base()` is the weight itself (trainable or not).
-    let y = rows_linear(x.clone(), like(l.weight.base(), dt), bias);
+    let y = match blocks.filter(|_| crate::blocks::decodes(&x)) {
+        Some(q) => crate::blocks::blocks_linear(x.clone(), q, bias),
+        None => rows_linear(x.clone(), like(l.weight.base(), dt), bias),
+    };
     match adapter {
         None => y,
         Some(ad) => {
@@ -178,14 +199,21 @@ fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1
     linear_op(x.reshape([rows, d_in]), w, bias).reshape(dims)
 }
 
-/// A projection plus its Mixture-of-LoRA, if any (off with the adapters).
-pub(crate) fn proj(l: &Linear, mix: &Option<MoLora>, x: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
+/// A projection (`blocks`: its weight as quantized blocks, if kept) plus its Mixture-of-LoRA,
+/// if any (off with the adapters).
+pub(crate) fn proj(
+    (l, blocks): (&Linear, &Option<QuantMatrix>),
+    mix: &Option<MoLora>,
+    x: Tensor<3>,
+    c: &RouteCtx,
+) -> Tensor<3> {
+    let blocks = blocks.as_ref();
     match mix {
         Some(m) if c.adapters => {
             let dt = x.dtype();
-            lin(l, x.clone(), true) + like(m.forward(like(x, DType::F32), c), dt)
+            lin(l, blocks, x.clone(), true) + like(m.forward(like(x, DType::F32), c), dt)
         }
-        _ => lin(l, x, c.adapters),
+        _ => lin(l, blocks, x, c.adapters),
     }
 }
 
@@ -220,6 +248,7 @@ impl LlamaConfig {
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: hd,
+                    blocks: Default::default(),
                 },
                 post_attention_layernorm: norm(),
                 mlp: Mlp {
@@ -229,6 +258,7 @@ impl LlamaConfig {
                     gate_mix: None,
                     up_mix: None,
                     down_mix: None,
+                    blocks: Default::default(),
                 },
             })
             .collect();
@@ -248,6 +278,7 @@ impl LlamaConfig {
             precision: Precision::F32,
             fused_attention: false,
             shared_prefix: true,
+            head_blocks: None,
         }
     }
 }
@@ -263,15 +294,25 @@ impl Attention {
         let hd = self.head_dim;
         let q = head_norm(
             &self.q_norm,
-            proj(&self.q_proj, &self.q_mix, x.clone(), c).reshape([b, t, self.n_heads, hd]),
+            proj((&self.q_proj, &self.blocks[0]), &self.q_mix, x.clone(), c).reshape([
+                b,
+                t,
+                self.n_heads,
+                hd,
+            ]),
         )
         .swap_dims(1, 2);
         let k = head_norm(
             &self.k_norm,
-            proj(&self.k_proj, &self.k_mix, x.clone(), c).reshape([b, t, self.n_kv_heads, hd]),
+            proj((&self.k_proj, &self.blocks[1]), &self.k_mix, x.clone(), c).reshape([
+                b,
+                t,
+                self.n_kv_heads,
+                hd,
+            ]),
         )
         .swap_dims(1, 2);
-        let v = proj(&self.v_proj, &self.v_mix, x, c)
+        let v = proj((&self.v_proj, &self.blocks[2]), &self.v_mix, x, c)
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
         (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
@@ -291,7 +332,7 @@ impl Attention {
         fused: bool,
     ) -> Tensor<3> {
         proj(
-            &self.o_proj,
+            (&self.o_proj, &self.blocks[3]),
             &self.o_mix,
             self.heads(q, k, v, bias, fused),
             c,
@@ -378,8 +419,13 @@ impl Mlp {
             f(layer, 4, &self.gate_proj, &x);
             f(layer, 5, &self.up_proj, &x);
         }
-        let gate = proj(&self.gate_proj, &self.gate_mix, x.clone(), c);
-        let up = proj(&self.up_proj, &self.up_mix, x, c);
+        let gate = proj(
+            (&self.gate_proj, &self.blocks[0]),
+            &self.gate_mix,
+            x.clone(),
+            c,
+        );
+        let up = proj((&self.up_proj, &self.blocks[1]), &self.up_mix, x, c);
         let act =
             match gate.dtype() == DType::F32 && kernel_on(ember_kernels::Kernel::Swiglu, &gate) {
                 true => ember_kernels::swiglu(gate, up),
@@ -388,7 +434,7 @@ impl Mlp {
         if let Some(f) = visit.as_mut() {
             f(layer, 6, &self.down_proj, &act);
         }
-        proj(&self.down_proj, &self.down_mix, act, c)
+        proj((&self.down_proj, &self.blocks[2]), &self.down_mix, act, c)
     }
 }
 
@@ -497,12 +543,22 @@ impl Llama {
         (usable && w.dtype() == DType::F32).then_some(w)
     }
 
+    /// The tied head's quantized blocks where a decoding step reads them: kept, not under an
+    /// embedding adapter, and [`crate::blocks::decodes`] says so.
+    fn tied_blocks(&self, h: &Tensor<3>, ad: bool) -> Option<&QuantMatrix> {
+        let adapter = ad && self.embed_tokens.weight.adapter().is_some();
+        (self.lm_head.is_none() && !adapter && crate::blocks::decodes(h))
+            .then_some(self.head_blocks.as_ref())
+            .flatten()
+    }
+
     /// Final norm and output head; the logits are always f32.
     pub(crate) fn head(&self, h: Tensor<3>, ad: bool) -> Tensor<3> {
         let h = rms_norm(&self.norm, h);
-        let logits = match &self.lm_head {
-            Some(head) => lin(head, h, ad),
-            None => {
+        let logits = match (&self.lm_head, self.tied_blocks(&h, ad)) {
+            (Some(head), _) => lin(head, self.head_blocks.as_ref(), h, ad),
+            (None, Some(q)) => crate::blocks::blocks_linear(h, q, None),
+            (None, None) => {
                 let [b, t, d] = h.dims();
                 let w = if ad {
                     self.embed_tokens.weight.val()
@@ -623,7 +679,7 @@ impl Llama {
             if let Some(f) = visit.as_mut() {
                 f(i, 3, &a.o_proj, &heads);
             }
-            h = h + proj(&a.o_proj, &a.o_mix, heads, ctx);
+            h = h + proj((&a.o_proj, &a.blocks[3]), &a.o_mix, heads, ctx);
             let x = rms_norm(&layer.post_attention_layernorm, h.clone());
             h = h + layer.mlp.forward(x, ctx, i, &mut visit);
         }

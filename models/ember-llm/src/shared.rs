@@ -149,13 +149,21 @@ impl Llama {
             let norm = |n: &Option<_>, (p, r)| (head_norm(n, p), head_norm(n, r));
             let (qp, qr) = norm(
                 &a.q_norm,
-                split(proj(&a.q_proj, &a.q_mix, x.clone(), &ctx), hq, hd),
+                split(
+                    proj((&a.q_proj, &a.blocks[0]), &a.q_mix, x.clone(), &ctx),
+                    hq,
+                    hd,
+                ),
             );
             let (kp, kr) = norm(
                 &a.k_norm,
-                split(proj(&a.k_proj, &a.k_mix, x.clone(), &ctx), kv, hd),
+                split(
+                    proj((&a.k_proj, &a.blocks[1]), &a.k_mix, x.clone(), &ctx),
+                    kv,
+                    hd,
+                ),
             );
-            let (vp, vr) = split(proj(&a.v_proj, &a.v_mix, x, &ctx), kv, hd);
+            let (vp, vr) = split(proj((&a.v_proj, &a.blocks[2]), &a.v_mix, x, &ctx), kv, hd);
             let (qp, kp) = (
                 apply_rope(qp, &rope_p.0, &rope_p.1),
                 apply_rope(kp, &rope_p.0, &rope_p.1),
@@ -175,7 +183,7 @@ impl Llama {
                 ],
                 1,
             );
-            h = h + proj(&a.o_proj, &a.o_mix, heads, &ctx);
+            h = h + proj((&a.o_proj, &a.blocks[3]), &a.o_mix, heads, &ctx);
             let x = rms_norm(&layer.post_attention_layernorm, h.clone());
             h = h + layer.mlp.forward(x, &ctx, i, &mut None);
         }

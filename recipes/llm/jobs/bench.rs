@@ -95,7 +95,10 @@ options:
                                  (e.g. to profile one of them; default all)
   --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
                                  references, or a comma-separated list of the kernels to use
-                                 (head, attention, rmsnorm, swiglu; crates/ember-kernels)
+                                 (head, attention, rmsnorm, swiglu, quant; crates/ember-kernels)
+  --blocks q4_1|q8_0             quantize the weights to GGUF's blocks (the f32 weights become
+                                 the dequantized blocks), which decode steps of up to
+                                 ember_llm::BLOCK_ROWS rows read (the `quant` kernel)
   -h, --help                     this text";
 
 /// Parsed benchmark options.
@@ -121,6 +124,8 @@ pub struct BenchArgs {
     pub only: Vec<String>,
     /// The fused kernels used; the others take their burn-op references.
     pub kernels: Vec<ember_kernels::Kernel>,
+    /// Quantize the weights to these blocks (`--blocks`).
+    pub blocks: Option<ember_kernels::QuantKind>,
 }
 
 /// The measurements of each size, in order.
@@ -142,6 +147,7 @@ impl BenchArgs {
             fused_attention: false,
             only: ROWS.iter().map(|r| r.to_string()).collect(),
             kernels: ember_kernels::Kernel::ALL.to_vec(),
+            blocks: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -189,6 +195,13 @@ impl BenchArgs {
                     }
                 }
                 "--kernels" => out.kernels = kernels_flag(&value()?)?,
+                "--blocks" => {
+                    out.blocks = match value()?.as_str() {
+                        "q4_1" => Some(ember_kernels::QuantKind::Q4_1),
+                        "q8_0" => Some(ember_kernels::QuantKind::Q8_0),
+                        b => bail!("--blocks {b}: expected q4_1 or q8_0"),
+                    }
+                }
                 other => bail!("unknown option `{other}`\n\n{USAGE}"),
             }
         }
@@ -289,6 +302,12 @@ fn size_rows(
         .with_context(|| format!("writing the benchmark checkpoint {}", dir.display()))?;
     let fused = opts.fused_attention;
     let reps = opts.reps;
+    let model = match opts.blocks {
+        Some(kind) => model
+            .quantized(kind)
+            .with_context(|| format!("quantizing to {}", kind.name()))?,
+        None => model,
+    };
     let model = model.with_precision(precision).with_fused_attention(fused);
     let vocab = cfg.vocab_size;
     let mut record = |name: &str, tokens: usize, (first, best): (f64, f64)| {

@@ -101,7 +101,7 @@ impl Engine {
             ));
         }
         let loaded = catch_unwind(AssertUnwindSafe(|| {
-            ember_llm::load(Path::new(path), &self.device)
+            ember_llm::load_with_blocks(Path::new(path), &self.device)
         }));
         match loaded {
             Ok(Ok(l)) if l.config == self.config => {

@@ -4,22 +4,33 @@
 //! a weight is read from memory once a call whatever the batch. AVX-512 and AVX2 through
 //! pulp's safe intrinsics (chosen at run time), portable loops elsewhere.
 
-use crate::cpu::{T, dense, elems, simd, tensor};
-use crate::quant::{BLOCK, QuantKind, QuantMatrix};
+use crate::cpu::{T, dense, elems, is_f32, simd, tensor};
+use crate::quant::{BLOCK, FusedQuantLinear, QuantKind, QuantMatrix, reference};
 use burn::backend::TensorMetadata;
 use burn::tensor::Shape;
+#[cfg(target_arch = "x86_64")]
+use pulp::x86::{V3, V4};
+#[cfg(target_arch = "x86_64")]
+use pulp::{Simd, cast, f32x8, f32x16, i8x16, u8x16};
 use rayon::prelude::*;
 
-/// `x · Wᵀ` for `x` `[n, cols]` (f32) → `[n, rows]`.
-pub(crate) fn quant_linear(x: T, w: &QuantMatrix) -> T {
-    let n = x.shape()[0];
-    let x = dense(x);
-    let y = products(elems(&x), w, Isa::Widest);
-    tensor(y, Shape::new([n, w.shape().0]))
+impl FusedQuantLinear for burn::backend::Flex {
+    /// `x · Wᵀ` for `x` `[n, cols]` → `[n, rows]`: f32 through [`products`], other dtypes
+    /// through the dequantized reference.
+    fn quant_linear(x: T, w: QuantMatrix) -> T {
+        if !is_f32(&x) {
+            return reference::<Self>(x, &w);
+        }
+        let n = x.shape()[0];
+        let x = dense(x);
+        let y = products(elems(&x), &w, Isa::Widest);
+        tensor(y, Shape::new([n, w.shape().0]))
+    }
 }
 
-/// The instruction sets [`products`] may use.
+/// The instruction sets [`products`] may use (the narrower ones for the tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) enum Isa {
     /// The widest the CPU has: AVX-512, else AVX2, else the portable loops.
     Widest,
@@ -47,14 +58,14 @@ pub(crate) fn products(xs: &[f32], w: &QuantMatrix, isa: Isa) -> Vec<f32> {
             };
             #[cfg(target_arch = "x86_64")]
             {
-                let v4 = pulp::x86::V4::try_new().filter(|_| isa == Isa::Widest);
+                let v4 = V4::try_new().filter(|_| isa == Isa::Widest);
                 if let Some(v4) = v4 {
                     return v4.vectorize(
                         #[inline(always)]
                         || task.run(v4, out),
                     );
                 }
-                let v3 = pulp::x86::V3::try_new().filter(|_| isa != Isa::Portable);
+                let v3 = V3::try_new().filter(|_| isa != Isa::Portable);
                 if let Some(v3) = v3 {
                     return v3.vectorize(
                         #[inline(always)]
@@ -200,101 +211,96 @@ impl BlockRow<'_> {
     }
 }
 
+/// AVX-512: sixteen lanes. A block's codes are widened to 32-bit lanes, converted to f32,
+/// scaled (`q·d + m`) and multiplied into the running sums with fused multiply-adds.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    //! The block products in AVX-512 (sixteen lanes) and AVX2 (eight) through pulp's safe
-    //! intrinsics: a block's codes widened to 32-bit lanes, converted to f32, scaled
-    //! (`q·d + m`) and multiplied into the running sums with fused multiply-adds.
-    use super::{BLOCK, BlockDot, BlockRow, QuantKind};
-    use pulp::x86::{V3, V4};
-    use pulp::{Simd, cast, f32x8, f32x16, i8x16, u8x16};
-
-    impl BlockDot for V4 {
-        #[inline(always)]
-        fn dots<const R: usize>(self, row: &BlockRow, x: [&&[[f32; BLOCK]]; R]) -> [f32; R] {
-            let s = self;
-            let mut acc = [s.splat_f32s(0.0); R];
-            let fifteen = s.splat_u32s(15);
-            let mut fma = |b: usize, lo: f32x16, hi: f32x16| {
-                for r in 0..R {
-                    let [x0, x1]: [f32x16; 2] = cast(x[r][b]);
-                    acc[r] = s.mul_add_f32s(lo, x0, acc[r]);
-                    acc[r] = s.mul_add_f32s(hi, x1, acc[r]);
-                }
-            };
-            match row.kind {
-                QuantKind::Q4_1 => {
-                    let (sc, _) = row.scales.as_chunks::<2>();
-                    let (qs, _) = row.codes.as_chunks::<16>();
-                    for (b, ([d, m], q)) in sc.iter().zip(qs).enumerate() {
-                        let q = s.convert_u8x16_to_u32x16(cast::<[u8; 16], u8x16>(*q));
-                        let lo = s.convert_i32x16_to_f32x16(cast(s.and_u32s(q, fifteen)));
-                        let hi = s.convert_i32x16_to_f32x16(cast(s.shr_const_u32x16::<4>(q)));
-                        let (d, m) = (s.splat_f32s(*d), s.splat_f32s(*m));
-                        fma(b, s.mul_add_f32s(lo, d, m), s.mul_add_f32s(hi, d, m));
-                    }
-                }
-                QuantKind::Q8_0 => {
-                    let (qs, _) = row.codes.as_chunks::<BLOCK>();
-                    for (b, (d, q)) in row.scales.iter().zip(qs).enumerate() {
-                        let [q0, q1]: [i8x16; 2] = cast(*q);
-                        let d = s.splat_f32s(*d);
-                        let lo = s.convert_i32x16_to_f32x16(s.convert_i8x16_to_i32x16(q0));
-                        let hi = s.convert_i32x16_to_f32x16(s.convert_i8x16_to_i32x16(q1));
-                        fma(b, s.mul_f32s(lo, d), s.mul_f32s(hi, d));
-                    }
+impl BlockDot for V4 {
+    #[inline(always)]
+    fn dots<const R: usize>(self, row: &BlockRow, x: [&&[[f32; BLOCK]]; R]) -> [f32; R] {
+        let s = self;
+        let mut acc = [s.splat_f32s(0.0); R];
+        let fifteen = s.splat_u32s(15);
+        let mut fma = |b: usize, lo: f32x16, hi: f32x16| {
+            for r in 0..R {
+                let [x0, x1]: [f32x16; 2] = cast(x[r][b]);
+                acc[r] = s.mul_add_f32s(lo, x0, acc[r]);
+                acc[r] = s.mul_add_f32s(hi, x1, acc[r]);
+            }
+        };
+        match row.kind {
+            QuantKind::Q4_1 => {
+                let (sc, _) = row.scales.as_chunks::<2>();
+                let (qs, _) = row.codes.as_chunks::<16>();
+                for (b, ([d, m], q)) in sc.iter().zip(qs).enumerate() {
+                    let q = s.convert_u8x16_to_u32x16(cast::<[u8; 16], u8x16>(*q));
+                    let lo = s.convert_i32x16_to_f32x16(cast(s.and_u32s(q, fifteen)));
+                    let hi = s.convert_i32x16_to_f32x16(cast(s.shr_const_u32x16::<4>(q)));
+                    let (d, m) = (s.splat_f32s(*d), s.splat_f32s(*m));
+                    fma(b, s.mul_add_f32s(lo, d, m), s.mul_add_f32s(hi, d, m));
                 }
             }
-            std::array::from_fn(|r| s.reduce_sum_f32s(acc[r]))
+            QuantKind::Q8_0 => {
+                let (qs, _) = row.codes.as_chunks::<BLOCK>();
+                for (b, (d, q)) in row.scales.iter().zip(qs).enumerate() {
+                    let [q0, q1]: [i8x16; 2] = cast(*q);
+                    let d = s.splat_f32s(*d);
+                    let lo = s.convert_i32x16_to_f32x16(s.convert_i8x16_to_i32x16(q0));
+                    let hi = s.convert_i32x16_to_f32x16(s.convert_i8x16_to_i32x16(q1));
+                    fma(b, s.mul_f32s(lo, d), s.mul_f32s(hi, d));
+                }
+            }
         }
+        std::array::from_fn(|r| s.reduce_sum_f32s(acc[r]))
     }
+}
 
-    impl BlockDot for V3 {
-        #[inline(always)]
-        fn dots<const R: usize>(self, row: &BlockRow, x: [&&[[f32; BLOCK]]; R]) -> [f32; R] {
-            let s = self;
-            let mut acc = [s.splat_f32s(0.0); R];
-            let fifteen = s.splat_u32s(15);
-            // Eight bytes into the low half of a 16-byte vector (what the widening reads).
-            let low8 = |q: &[u8]| {
-                let mut v = [0u8; 16];
-                v[..8].copy_from_slice(&q[..8]);
-                cast::<[u8; 16], u8x16>(v)
-            };
-            let mut fma = |b: usize, w: [f32x8; 4]| {
-                for r in 0..R {
-                    let xs: [f32x8; 4] = cast(x[r][b]);
-                    for k in 0..4 {
-                        acc[r] = s.mul_add_f32s(w[k], xs[k], acc[r]);
-                    }
-                }
-            };
-            match row.kind {
-                QuantKind::Q4_1 => {
-                    let (sc, _) = row.scales.as_chunks::<2>();
-                    let (qs, _) = row.codes.as_chunks::<16>();
-                    for (b, ([d, m], q)) in sc.iter().zip(qs).enumerate() {
-                        let (d, m) = (s.splat_f32s(*d), s.splat_f32s(*m));
-                        let [a, c] = [&q[..8], &q[8..]].map(|h| s.convert_u8x16_to_u32x8(low8(h)));
-                        let f = |v| s.mul_add_f32s(s.convert_i32x8_to_f32x8(cast(v)), d, m);
-                        let lo = |v| f(s.and_u32s(v, fifteen));
-                        let hi = |v| f(s.shr_const_u32x8::<4>(v));
-                        fma(b, [lo(a), lo(c), hi(a), hi(c)]);
-                    }
-                }
-                QuantKind::Q8_0 => {
-                    let (qs, _) = row.codes.as_chunks::<BLOCK>();
-                    for (b, (d, q)) in row.scales.iter().zip(qs).enumerate() {
-                        let d = s.splat_f32s(*d);
-                        let w = std::array::from_fn(|k| {
-                            let v = cast::<u8x16, i8x16>(low8(&q[8 * k..8 * k + 8]));
-                            s.mul_f32s(s.convert_i32x8_to_f32x8(s.convert_i8x16_to_i32x8(v)), d)
-                        });
-                        fma(b, w);
-                    }
+/// AVX2: eight lanes, as [`V4`]'s.
+#[cfg(target_arch = "x86_64")]
+impl BlockDot for V3 {
+    #[inline(always)]
+    fn dots<const R: usize>(self, row: &BlockRow, x: [&&[[f32; BLOCK]]; R]) -> [f32; R] {
+        let s = self;
+        let mut acc = [s.splat_f32s(0.0); R];
+        let fifteen = s.splat_u32s(15);
+        // Eight bytes into the low half of a 16-byte vector (what the widening reads).
+        let low8 = |q: &[u8]| {
+            let mut v = [0u8; 16];
+            v[..8].copy_from_slice(&q[..8]);
+            cast::<[u8; 16], u8x16>(v)
+        };
+        let mut fma = |b: usize, w: [f32x8; 4]| {
+            for r in 0..R {
+                let xs: [f32x8; 4] = cast(x[r][b]);
+                for k in 0..4 {
+                    acc[r] = s.mul_add_f32s(w[k], xs[k], acc[r]);
                 }
             }
-            std::array::from_fn(|r| s.reduce_sum_f32s(acc[r]))
+        };
+        match row.kind {
+            QuantKind::Q4_1 => {
+                let (sc, _) = row.scales.as_chunks::<2>();
+                let (qs, _) = row.codes.as_chunks::<16>();
+                for (b, ([d, m], q)) in sc.iter().zip(qs).enumerate() {
+                    let (d, m) = (s.splat_f32s(*d), s.splat_f32s(*m));
+                    let [a, c] = [&q[..8], &q[8..]].map(|h| s.convert_u8x16_to_u32x8(low8(h)));
+                    let f = |v| s.mul_add_f32s(s.convert_i32x8_to_f32x8(cast(v)), d, m);
+                    let lo = |v| f(s.and_u32s(v, fifteen));
+                    let hi = |v| f(s.shr_const_u32x8::<4>(v));
+                    fma(b, [lo(a), lo(c), hi(a), hi(c)]);
+                }
+            }
+            QuantKind::Q8_0 => {
+                let (qs, _) = row.codes.as_chunks::<BLOCK>();
+                for (b, (d, q)) in row.scales.iter().zip(qs).enumerate() {
+                    let d = s.splat_f32s(*d);
+                    let w = std::array::from_fn(|k| {
+                        let v = cast::<u8x16, i8x16>(low8(&q[8 * k..8 * k + 8]));
+                        s.mul_f32s(s.convert_i32x8_to_f32x8(s.convert_i8x16_to_i32x8(v)), d)
+                    });
+                    fma(b, w);
+                }
+            }
         }
+        std::array::from_fn(|r| s.reduce_sum_f32s(acc[r]))
     }
 }

@@ -330,7 +330,7 @@ impl QuantMatrix {
 }
 
 /// The product with blocked weights as a burn backend extension: the CPU backend decodes the
-/// blocks in registers (`cpu_quant.rs`), the autodiff backend adds the input's gradient
+/// blocks in registers (its implementation is in `cpu_quant.rs`), the autodiff backend adds the input's gradient
 /// `∂x = dy · W` (the weights themselves are frozen).
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
 pub trait FusedQuantLinear: Backend {
@@ -341,19 +341,9 @@ pub trait FusedQuantLinear: Backend {
 }
 
 /// The decomposed product: the dequantized weights, then one matrix product.
-fn reference<B: Backend>(x: FloatTensor<B>, w: &QuantMatrix) -> FloatTensor<B> {
+pub(crate) fn reference<B: Backend>(x: FloatTensor<B>, w: &QuantMatrix) -> FloatTensor<B> {
     let dense = w.dense::<B>(&x);
     B::float_matmul(x, B::float_transpose(dense))
-}
-
-#[cfg(feature = "flex")]
-impl FusedQuantLinear for burn::backend::Flex {
-    fn quant_linear(x: FloatTensor<Self>, w: QuantMatrix) -> FloatTensor<Self> {
-        match crate::cpu::is_f32(&x) {
-            true => crate::cpu_quant::quant_linear(x, &w),
-            false => reference::<Self>(x, &w),
-        }
-    }
 }
 
 /// The backward pass of [`FusedQuantLinear::quant_linear`]: `∂x = dy · W`, W dequantized.

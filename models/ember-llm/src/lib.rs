@@ -16,6 +16,7 @@ mod lora;
 mod mixture;
 mod model;
 pub mod plop;
+mod quantize;
 mod rope;
 pub mod running;
 mod sample;
@@ -33,8 +34,7 @@ pub use constrain::{
 };
 pub use error::{LlmError, Result};
 pub use load::{
-    GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, load_with_blocks,
-    save_hf, unpermute_rows,
+    GenerationDefaults, Loaded, SafetensorsSource, config_from_gguf, load, save_hf, unpermute_rows,
 };
 pub use lora::{
     LoraSettings, TARGETS as LORA_TARGETS, adapter_param_count, apply_lora, load_peft, merge,
@@ -42,6 +42,7 @@ pub use lora::{
 };
 pub use mixture::{apply_mixture, mixtures};
 pub use model::{Llama, chosen_log_probs};
+pub use quantize::load_with_blocks;
 pub use rope::RopeScaling;
 pub use sample::{
     Generation, Observer, SamplingConfig, generate, generate_observed, left_pad, left_pad_to,

@@ -492,17 +492,6 @@ impl GenerationDefaults {
 
 /// Loads a Hugging Face directory or a `.gguf` file.
 pub fn load(path: &Path, device: &Device) -> Result<Loaded> {
-    load_inner(path, device, false)
-}
-
-/// [`load`], keeping a `.gguf` file's `Q4_1` and `Q8_0` projections and head also as their
-/// quantized blocks, which decoding steps read instead of the f32 weights (`crate::blocks`;
-/// `ember serve`). A directory loads as with [`load`].
-pub fn load_with_blocks(path: &Path, device: &Device) -> Result<Loaded> {
-    load_inner(path, device, true)
-}
-
-fn load_inner(path: &Path, device: &Device, blocks: bool) -> Result<Loaded> {
     if !path.exists() {
         return Err(LlmError::io(
             path,
@@ -519,10 +508,7 @@ fn load_inner(path: &Path, device: &Device, blocks: bool) -> Result<Loaded> {
             .map(|v| vec![v as u32])
             .unwrap_or_default();
         let mut src = GgufSource::new(file, config.n_heads, config.n_kv_heads);
-        let mut model = build_model(&config, &mut src, device)?;
-        if blocks {
-            model = crate::blocks::attach_gguf(model, &src)?;
-        }
+        let model = build_model(&config, &mut src, device)?;
         return Ok(Loaded {
             model,
             config,

@@ -202,7 +202,8 @@ fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1
 /// A projection (`blocks`: its weight as quantized blocks, if kept) plus its Mixture-of-LoRA,
 /// if any (off with the adapters).
 pub(crate) fn proj(
-    (l, blocks): (&Linear, &Option<QuantMatrix>),
+    l: &Linear,
+    blocks: &Option<QuantMatrix>,
     mix: &Option<MoLora>,
     x: Tensor<3>,
     c: &RouteCtx,
@@ -294,7 +295,7 @@ impl Attention {
         let hd = self.head_dim;
         let q = head_norm(
             &self.q_norm,
-            proj((&self.q_proj, &self.blocks[0]), &self.q_mix, x.clone(), c).reshape([
+            proj(&self.q_proj, &self.blocks[0], &self.q_mix, x.clone(), c).reshape([
                 b,
                 t,
                 self.n_heads,
@@ -304,7 +305,7 @@ impl Attention {
         .swap_dims(1, 2);
         let k = head_norm(
             &self.k_norm,
-            proj((&self.k_proj, &self.blocks[1]), &self.k_mix, x.clone(), c).reshape([
+            proj(&self.k_proj, &self.blocks[1], &self.k_mix, x.clone(), c).reshape([
                 b,
                 t,
                 self.n_kv_heads,
@@ -312,7 +313,7 @@ impl Attention {
             ]),
         )
         .swap_dims(1, 2);
-        let v = proj((&self.v_proj, &self.blocks[2]), &self.v_mix, x, c)
+        let v = proj(&self.v_proj, &self.blocks[2], &self.v_mix, x, c)
             .reshape([b, t, self.n_kv_heads, hd])
             .swap_dims(1, 2);
         (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
@@ -332,7 +333,8 @@ impl Attention {
         fused: bool,
     ) -> Tensor<3> {
         proj(
-            (&self.o_proj, &self.blocks[3]),
+            &self.o_proj,
+            &self.blocks[3],
             &self.o_mix,
             self.heads(q, k, v, bias, fused),
             c,
@@ -420,12 +422,13 @@ impl Mlp {
             f(layer, 5, &self.up_proj, &x);
         }
         let gate = proj(
-            (&self.gate_proj, &self.blocks[0]),
+            &self.gate_proj,
+            &self.blocks[0],
             &self.gate_mix,
             x.clone(),
             c,
         );
-        let up = proj((&self.up_proj, &self.blocks[1]), &self.up_mix, x, c);
+        let up = proj(&self.up_proj, &self.blocks[1], &self.up_mix, x, c);
         let act =
             match gate.dtype() == DType::F32 && kernel_on(ember_kernels::Kernel::Swiglu, &gate) {
                 true => ember_kernels::swiglu(gate, up),
@@ -434,7 +437,7 @@ impl Mlp {
         if let Some(f) = visit.as_mut() {
             f(layer, 6, &self.down_proj, &act);
         }
-        proj((&self.down_proj, &self.blocks[2]), &self.down_mix, act, c)
+        proj(&self.down_proj, &self.blocks[2], &self.down_mix, act, c)
     }
 }
 
@@ -679,7 +682,7 @@ impl Llama {
             if let Some(f) = visit.as_mut() {
                 f(i, 3, &a.o_proj, &heads);
             }
-            h = h + proj((&a.o_proj, &a.blocks[3]), &a.o_mix, heads, ctx);
+            h = h + proj(&a.o_proj, &a.blocks[3], &a.o_mix, heads, ctx);
             let x = rms_norm(&layer.post_attention_layernorm, h.clone());
             h = h + layer.mlp.forward(x, ctx, i, &mut visit);
         }

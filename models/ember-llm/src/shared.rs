@@ -150,7 +150,7 @@ impl Llama {
             let (qp, qr) = norm(
                 &a.q_norm,
                 split(
-                    proj((&a.q_proj, &a.blocks[0]), &a.q_mix, x.clone(), &ctx),
+                    proj(&a.q_proj, &a.blocks[0], &a.q_mix, x.clone(), &ctx),
                     hq,
                     hd,
                 ),
@@ -158,12 +158,12 @@ impl Llama {
             let (kp, kr) = norm(
                 &a.k_norm,
                 split(
-                    proj((&a.k_proj, &a.blocks[1]), &a.k_mix, x.clone(), &ctx),
+                    proj(&a.k_proj, &a.blocks[1], &a.k_mix, x.clone(), &ctx),
                     kv,
                     hd,
                 ),
             );
-            let (vp, vr) = split(proj((&a.v_proj, &a.blocks[2]), &a.v_mix, x, &ctx), kv, hd);
+            let (vp, vr) = split(proj(&a.v_proj, &a.blocks[2], &a.v_mix, x, &ctx), kv, hd);
             let (qp, kp) = (
                 apply_rope(qp, &rope_p.0, &rope_p.1),
                 apply_rope(kp, &rope_p.0, &rope_p.1),
@@ -183,7 +183,7 @@ impl Llama {
                 ],
                 1,
             );
-            h = h + proj((&a.o_proj, &a.blocks[3]), &a.o_mix, heads, &ctx);
+            h = h + proj(&a.o_proj, &a.blocks[3], &a.o_mix, heads, &ctx);
             let x = rms_norm(&layer.post_attention_layernorm, h.clone());
             h = h + layer.mlp.forward(x, &ctx, i, &mut None);
         }

@@ -1,6 +1,8 @@
 //! Grouped-query attention `softmax(q kᵀ · scale + bias) v` whose backward pass keeps no score
 //! matrix: the forward pass is the backend's own attention op (flex's fused kernel holds one
-//! head's scores at a time) and the backward pass keeps only the inputs and the output, and
+//! head's scores at a time; without autodiff, on the CPU, the probabilities of one block of
+//! queries at a time through the fused softmax of the backward pass, which is faster there)
+//! and the backward pass keeps only the inputs and the output, and
 //! recomputes the probabilities one block of queries at a time (FlashAttention's backward, Dao
 //! et al. 2022, Algorithm 4, with the query blocks as the outer loop: each block sees all its
 //! keys, so its softmax is recomputed whole instead of from a saved log-sum-exp).
@@ -61,6 +63,26 @@ fn probs<B: Backend>(qk: FloatTensor<B>, bias: FloatTensor<B>, scale: f32) -> Fl
 
 #[cfg(feature = "flex")]
 impl FusedAttention for burn::backend::Flex {
+    fn attention_rows(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        scale: f32,
+        block: usize,
+    ) -> FloatTensor<Self> {
+        let x: Inputs<Self> = Inputs { q, k, v, bias };
+        let d = Dims::of(&x);
+        let f32s = [&x.q, &x.k, &x.v, &x.bias]
+            .into_iter()
+            .all(crate::cpu::is_f32);
+        let fits = x.bias.shape().num_elements() == d.b * d.t * d.keys;
+        match f32s && fits {
+            true => blocked::<Self>(&x, d, scale, block),
+            false => forward::<Self>(&x, scale),
+        }
+    }
+
     fn attention_probs(
         qk: FloatTensor<Self>,
         bias: FloatTensor<Self>,
@@ -196,6 +218,27 @@ fn forward<B: Backend>(x: &Inputs<B>, scale: f32) -> FloatTensor<B> {
     )
 }
 
+/// The forward pass one block of `block` query positions at a time, through the probabilities
+/// the backward pass recomputes ([`FusedAttention::attention_probs`]): `o = p v` per block.
+#[cfg(feature = "flex")]
+fn blocked<B: Backend + FusedAttention>(
+    x: &Inputs<B>,
+    d: Dims,
+    scale: f32,
+    block: usize,
+) -> FloatTensor<B> {
+    let parts = d
+        .blocks(block)
+        .map(|r| {
+            let tq = r.len();
+            let p = probs_of::<B>(x, d, r, scale);
+            let p = B::float_reshape(p, shape([d.b, d.kv, d.g * tq, d.keys]));
+            heads_of::<B>(B::float_matmul(p, x.v.clone()), d, tq)
+        })
+        .collect();
+    cat::<B>(parts, 2)
+}
+
 /// The backward pass's saved tensors.
 #[derive(Debug, Clone)]
 struct Saved<B: Backend> {
@@ -307,12 +350,14 @@ impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Auto
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let x = Inputs {
+                let x: Inputs<B> = Inputs {
                     q: q.primitive().clone(),
                     k: k.primitive().clone(),
                     v: v.primitive().clone(),
                     bias: bias.into_primitive(),
                 };
+                // The backend's own op, not the blocked forward: training's forward, measured
+                // both ways on the CPU, ran no faster blocked (`benches/README.md`).
                 let out = packed::<B>(forward::<B>(&x, scale));
                 let saved = Saved {
                     x,

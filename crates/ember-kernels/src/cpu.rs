@@ -48,7 +48,9 @@ pub(crate) fn per_task(n: usize, width: usize) -> usize {
     }
 }
 
-/// Runs `f` compiled for the widest vectors the CPU has.
+/// Runs `f` compiled for the widest vectors the CPU has. `f` must be a closure marked
+/// `#[inline(always)]`: a closure the compiler leaves out of line is compiled for the baseline
+/// CPU (SSE2), whatever `pulp` chose.
 #[inline(always)]
 pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(f)
@@ -98,6 +100,22 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `x` folded with `f` in sixteen running values (one vector register's lanes), then across
+/// them: a maximum or a sum that vectorises (a single running value makes each step wait for
+/// the one before).
+#[inline(always)]
+pub(crate) fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder().iter().fold(init, |a, &v| f(a, v));
+    for c in chunks {
+        for k in 0..16 {
+            acc[k] = f(acc[k], c[k]);
+        }
+    }
+    acc.iter().fold(tail, |a, &v| f(a, v))
+}
+
 /// The logistic function `1 / (1 + e^{−x})` through [`exp`].
 #[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
@@ -114,11 +132,14 @@ pub(crate) fn swiglu(gate: T, up: T) -> T {
     out.par_chunks_mut(chunk)
         .zip(g.par_chunks(chunk).zip(u.par_chunks(chunk)))
         .for_each(|(o, (g, u))| {
-            simd(|| {
-                for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                    *o = g * sigmoid(g) * u;
-                }
-            })
+            simd(
+                #[inline(always)]
+                || {
+                    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                        *o = g * sigmoid(g) * u;
+                    }
+                },
+            )
         });
     tensor(out, shape)
 }
@@ -136,19 +157,22 @@ pub(crate) fn swiglu_grad(gate: T, up: T, dy: T) -> (T, T) {
         .zip(g.par_chunks(chunk).zip(u.par_chunks(chunk)))
         .zip(dy.par_chunks(chunk))
         .for_each(|(((dg, du), (g, u)), dy)| {
-            simd(|| {
-                for i in 0..dg
-                    .len()
-                    .min(du.len())
-                    .min(g.len())
-                    .min(u.len())
-                    .min(dy.len())
-                {
-                    let (g, s) = (g[i], sigmoid(g[i]));
-                    du[i] = dy[i] * g * s;
-                    dg[i] = dy[i] * u[i] * s * (1.0 + g * (1.0 - s));
-                }
-            })
+            simd(
+                #[inline(always)]
+                || {
+                    for i in 0..dg
+                        .len()
+                        .min(du.len())
+                        .min(g.len())
+                        .min(u.len())
+                        .min(dy.len())
+                    {
+                        let (g, s) = (g[i], sigmoid(g[i]));
+                        du[i] = dy[i] * g * s;
+                        dg[i] = dy[i] * u[i] * s * (1.0 + g * (1.0 - s));
+                    }
+                },
+            )
         });
     (tensor(dg, shape.clone()), tensor(du, shape))
 }
@@ -166,15 +190,18 @@ pub(crate) fn rms_norm(x: T, gamma: T, eps: f32) -> (T, T) {
         .zip(r.par_chunks_mut(n))
         .zip(xs.par_chunks((n * d).max(1)))
         .for_each(|((y, r), xs)| {
-            simd(|| {
-                for ((y, r), x) in y.chunks_mut(d).zip(r.iter_mut()).zip(xs.chunks(d)) {
-                    let ss = dot(x, x);
-                    *r = 1.0 / (ss / d as f32 + eps).sqrt();
-                    for ((y, &x), &g) in y.iter_mut().zip(x).zip(gs) {
-                        *y = x * *r * g;
+            simd(
+                #[inline(always)]
+                || {
+                    for ((y, r), x) in y.chunks_mut(d).zip(r.iter_mut()).zip(xs.chunks(d)) {
+                        let ss = dot(x, x);
+                        *r = 1.0 / (ss / d as f32 + eps).sqrt();
+                        for ((y, &x), &g) in y.iter_mut().zip(x).zip(gs) {
+                            *y = x * *r * g;
+                        }
                     }
-                }
-            })
+                },
+            )
         });
     (tensor(y, shape), tensor(r, Shape::new([rows, 1])))
 }
@@ -195,19 +222,22 @@ pub(crate) fn rms_norm_grad(x: T, gamma: T, r: T, dy: T) -> (T, T) {
         .zip(rs.par_chunks(n))
         .map(|((dx, (xs, dys)), rs)| {
             let (mut dg, mut gy) = (vec![0f32; d], vec![0f32; d]);
-            simd(|| {
-                let rows = dx.chunks_mut(d).zip(xs.chunks(d)).zip(dys.chunks(d));
-                for (((dx, x), dy), &r) in rows.zip(rs) {
-                    for ((g, &dy), &w) in gy.iter_mut().zip(dy).zip(gs) {
-                        *g = dy * w;
+            simd(
+                #[inline(always)]
+                || {
+                    let rows = dx.chunks_mut(d).zip(xs.chunks(d)).zip(dys.chunks(d));
+                    for (((dx, x), dy), &r) in rows.zip(rs) {
+                        for ((g, &dy), &w) in gy.iter_mut().zip(dy).zip(gs) {
+                            *g = dy * w;
+                        }
+                        let c = r * r * r * dot(x, &gy) / d as f32;
+                        for i in 0..d.min(dx.len()).min(x.len()).min(dy.len()) {
+                            dx[i] = r * gy[i] - x[i] * c;
+                            dg[i] += dy[i] * x[i] * r;
+                        }
                     }
-                    let c = r * r * r * dot(x, &gy) / d as f32;
-                    for i in 0..d.min(dx.len()).min(x.len()).min(dy.len()) {
-                        dx[i] = r * gy[i] - x[i] * c;
-                        dg[i] += dy[i] * x[i] * r;
-                    }
-                }
-            });
+                },
+            );
             dg
         })
         .reduce(
@@ -238,25 +268,23 @@ pub(crate) fn softmax_biased(s: T, bias: T, scale: f32) -> T {
         .zip(ss.par_chunks((m * keys).max(1)))
         .enumerate()
         .for_each(|(task, (out, ss))| {
-            simd(|| {
-                for (j, (o, s)) in out.chunks_mut(keys).zip(ss.chunks(keys)).enumerate() {
-                    let row = task * m + j;
-                    let at = (row / per_b.max(1) * tq + row % tq) * keys;
-                    let bias = &bs[at.min(bs.len())..(at + keys).min(bs.len())];
-                    let mut max = f32::MIN;
-                    for ((o, &s), &c) in o.iter_mut().zip(s).zip(bias) {
-                        *o = s * scale + c;
-                        max = max.max(*o);
+            simd(
+                #[inline(always)]
+                || {
+                    for (j, (o, s)) in out.chunks_mut(keys).zip(ss.chunks(keys)).enumerate() {
+                        let row = task * m + j;
+                        let at = (row / per_b.max(1) * tq + row % tq) * keys;
+                        let bias = &bs[at.min(bs.len())..(at + keys).min(bs.len())];
+                        for ((o, &s), &c) in o.iter_mut().zip(s).zip(bias) {
+                            *o = s * scale + c;
+                        }
+                        let max = lanes(o, f32::MIN, f32::max);
+                        o.iter_mut().for_each(|o| *o = exp(*o - max));
+                        let inv = 1.0 / lanes(o, 0.0, |a, b| a + b);
+                        o.iter_mut().for_each(|o| *o *= inv);
                     }
-                    let mut sum = 0f32;
-                    for o in o.iter_mut() {
-                        *o = exp(*o - max);
-                        sum += *o;
-                    }
-                    let inv = 1.0 / sum;
-                    o.iter_mut().for_each(|o| *o *= inv);
-                }
-            })
+                },
+            )
         });
     tensor(out, shape)
 }

@@ -33,11 +33,17 @@ fn lora_trains_adapters_only_and_round_trips_through_peft() {
     assert_eq!(target_paths(&model, &settings.targets).len(), 6);
     let (toks, mask) = left_pad(&[vec![5, 17, 33, 61], vec![3, 9]], &device);
     let before = vals(base.forward(toks.clone(), mask.clone()));
-    assert_eq!(
-        vals(model.forward(toks.clone(), mask.clone())),
-        before,
-        "B = 0 at init"
-    );
+    // B = 0 adds exactly nothing; the two passes still differ in rounding, since on the CPU a
+    // pass without autodiff (the base here) computes attention's forward block by block through
+    // Ember's softmax and a pass with trainable inputs through burn's fused op (both against
+    // one reference in crates/ember-kernels/src/tests.rs).
+    let at_init = vals(model.forward(toks.clone(), mask.clone()));
+    let worst = at_init
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-5, "B = 0 at init: {worst}");
 
     // One optimizer step on a log-prob objective.
     let (lp, _) = model.token_log_probs(toks.clone(), mask.clone(), 1.0, false, true);
@@ -61,10 +67,13 @@ fn lora_trains_adapters_only_and_round_trips_through_peft() {
         vals(model.layers[0].input_layernorm.gamma.val()),
         vals(base.layers[0].input_layernorm.gamma.val())
     );
-    assert_eq!(
-        vals(model.forward_with(toks.clone(), mask.clone(), false)),
-        before
-    );
+    let off = vals(model.forward_with(toks.clone(), mask.clone(), false));
+    let worst = off
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-5, "adapters off: {worst}");
 
     // PEFT layout: keys and shapes as `peft` writes them.
     let dir = std::env::temp_dir().join(format!("ember-peft-{}", std::process::id()));

@@ -16,7 +16,7 @@ fn cpu_recipe_lifts_held_out_accuracy() {
     // The README's main job through the `ember` binary itself, at the recipe's own budget,
     // evaluating only before and after RL. RL climbs over ~300 steps, so fewer would not show it.
     // The warm-up's end point depends on float summation order (see the recipe): seed 0 on an
-    // AMD EPYC with AVX-512 gives 0.435 -> 0.675 with every fused kernel (the default; 2026-12-06),
+    // AMD EPYC with AVX-512 gives 0.27 -> 0.78 with every fused kernel (the default; 2026-12-06),
     // 0.065 -> 0.09 with the head and attention alone, 0.735 -> 0.90 with the head alone and
     // 0.24 -> 0.575 with `--kernels burn` (2026-12-05), so the bound asks for a lift and a
     // useful end point.

@@ -1,7 +1,8 @@
 //! Grouped-query attention `softmax(q kᵀ · scale + bias) v` whose backward pass keeps no score
-//! matrix: the forward pass computes the probabilities of one block of queries at a time (on
-//! the CPU backend through the fused softmax the backward pass recomputes them with; elsewhere
-//! the backend's own attention op) and the backward pass keeps only the inputs and the output, and
+//! matrix: the forward pass is the backend's own attention op (flex's fused kernel holds one
+//! head's scores at a time; without autodiff, on the CPU, the probabilities of one block of
+//! queries at a time through the fused softmax of the backward pass, which is faster there)
+//! and the backward pass keeps only the inputs and the output, and
 //! recomputes the probabilities one block of queries at a time (FlashAttention's backward, Dao
 //! et al. 2022, Algorithm 4, with the query blocks as the outer loop: each block sees all its
 //! keys, so its softmax is recomputed whole instead of from a saved log-sum-exp).
@@ -355,16 +356,9 @@ impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Auto
                     v: v.primitive().clone(),
                     bias: bias.into_primitive(),
                 };
-                // The backend's forward, as without autodiff: one function for every pass.
-                let out = B::attention_rows(
-                    x.q.clone(),
-                    x.k.clone(),
-                    x.v.clone(),
-                    x.bias.clone(),
-                    scale,
-                    block,
-                );
-                let out = packed::<B>(out);
+                // The backend's own op, not the blocked forward: training's forward, measured
+                // both ways on the CPU, ran no faster blocked (`benches/README.md`).
+                let out = packed::<B>(forward::<B>(&x, scale));
                 let saved = Saved {
                     x,
                     out: out.clone(),

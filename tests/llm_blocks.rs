@@ -61,11 +61,7 @@ fn decoding_from_blocks_computes_the_f32_model() {
                     decode_logits(&model, batch, 5, &d),
                     decode_logits(&plain, batch, 5, &d),
                 );
-                let worst = a
-                    .iter()
-                    .zip(&b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0f32, f32::max);
+                let worst = max_abs_diff(&a, &b);
                 assert!(
                     worst < 1e-4,
                     "{family:?} tied {tied} {kind:?} batch {batch}: {worst}"
@@ -84,20 +80,12 @@ fn quantizing_sets_the_f32_weights_to_the_blocks() {
     let w0 = vals(model.layers[0].mlp.up_proj.weight.val());
     let w1 = vals(q.layers[0].mlp.up_proj.weight.val());
     // Quantized: changed, by at most half a 4-bit step of a block's range.
-    let worst = w0
-        .iter()
-        .zip(&w1)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&w0, &w1);
     assert!(worst > 0.0 && worst < 0.05, "{worst}");
     // A second quantization finds the weights already on the grid.
     let again = q.clone().quantized(QuantKind::Q4_1).unwrap();
     let w2 = vals(again.layers[0].mlp.up_proj.weight.val());
-    let drift = w1
-        .iter()
-        .zip(&w2)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let drift = max_abs_diff(&w1, &w2);
     assert!(drift < 1e-6, "{drift}");
 }
 

@@ -38,11 +38,7 @@ fn lora_trains_adapters_only_and_round_trips_through_peft() {
     // Ember's softmax and a pass with trainable inputs through burn's fused op (both against
     // one reference in crates/ember-kernels/src/tests.rs).
     let at_init = vals(model.forward(toks.clone(), mask.clone()));
-    let worst = at_init
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&at_init, &before);
     assert!(worst < 1e-5, "B = 0 at init: {worst}");
 
     // One optimizer step on a log-prob objective.
@@ -51,11 +47,7 @@ fn lora_trains_adapters_only_and_round_trips_through_peft() {
     let mut opt = AdamConfig::new().init();
     let model = opt.step(1e-2, model, grads);
     let after = vals(model.forward(toks.clone(), mask.clone()));
-    let moved = after
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let moved = max_abs_diff(&after, &before);
     assert!(
         moved > 1e-3,
         "the adapters did not change the output ({moved})"
@@ -68,11 +60,7 @@ fn lora_trains_adapters_only_and_round_trips_through_peft() {
         vals(base.layers[0].input_layernorm.gamma.val())
     );
     let off = vals(model.forward_with(toks.clone(), mask.clone(), false));
-    let worst = off
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&off, &before);
     assert!(worst < 1e-5, "adapters off: {worst}");
 
     // PEFT layout: keys and shapes as `peft` writes them.
@@ -105,11 +93,7 @@ fn lora_trains_adapters_only_and_round_trips_through_peft() {
     let merged = merge(loaded);
     assert!(merged.layers[0].self_attn.q_proj.weight.adapter().is_none());
     let m = vals(merged.forward(toks, mask));
-    let worst = m
-        .iter()
-        .zip(&after)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&m, &after);
     assert!(worst < 1e-5, "merged differs by {worst}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -213,11 +213,7 @@ fn smollm2_decodes_from_its_gguf_blocks() {
         vals(m.forward_cached(next, Tensor::ones([1, 1], &dev()), &mut cache))
     };
     let (a, b) = (step(&model), step(&model.clone().without_blocks()));
-    let worst = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&a, &b);
     eprintln!("SmolLM2 decoding step: max |logit(blocks) − logit(f32)| = {worst:e}");
     assert!(worst < LOGIT_TOL, "{worst}");
 }

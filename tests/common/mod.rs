@@ -52,6 +52,14 @@ pub fn vals<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.try_into_vec_as::<f32>().expect("f32 data")
 }
 
+/// The largest element-wise `|a − b|` (0 for empty slices).
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 /// Asserts element-wise closeness with an absolute tolerance.
 #[track_caller]
 pub fn assert_close(actual: &[f32], expected: &[f64], tol: f64) {

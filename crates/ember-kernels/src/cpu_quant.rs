@@ -164,7 +164,7 @@ struct Portable;
 impl BlockDot for Portable {
     #[inline(always)]
     fn dots<const R: usize>(self, row: &BlockRow, x: [&&[[f32; BLOCK]]; R]) -> [f32; R] {
-        let nb = row.scales.len() / row.kind_scales();
+        let nb = row.scales.len() / row.kind.scales();
         let mut w = [0f32; BLOCK];
         let mut acc = [[0f32; 16]; R];
         for (b, xb) in (0..nb).map(|b| (b, x.map(|x| &x[b]))) {
@@ -180,14 +180,6 @@ impl BlockDot for Portable {
 }
 
 impl BlockRow<'_> {
-    /// Scales a block holds.
-    fn kind_scales(&self) -> usize {
-        match self.kind {
-            QuantKind::Q4_1 => 2,
-            QuantKind::Q8_0 => 1,
-        }
-    }
-
     /// Block `b`'s weights.
     #[inline(always)]
     fn decode(&self, b: usize, w: &mut [f32; BLOCK]) {

@@ -71,7 +71,7 @@ impl QuantKind {
     }
 
     /// f32 scales one block holds (`d, m` or `d`).
-    fn scales(self) -> usize {
+    pub(crate) fn scales(self) -> usize {
         match self {
             Self::Q4_1 => 2,
             Self::Q8_0 => 1,
@@ -112,15 +112,31 @@ fn mul(a: usize, b: usize, what: &str) -> Result<usize, QuantError> {
 }
 
 impl QuantMatrix {
-    /// Blocks along each row and in all, checking the shape.
-    fn blocks(rows: usize, cols: usize) -> Result<(usize, usize), QuantError> {
+    /// Blocks in all, checking the shape.
+    fn blocks(rows: usize, cols: usize) -> Result<usize, QuantError> {
         if cols == 0 || !cols.is_multiple_of(BLOCK) || rows == 0 {
             return Err(QuantError(format!(
                 "a [{rows}, {cols}] matrix cannot be held in blocks of {BLOCK}: rows must be > 0 and columns a positive multiple of {BLOCK}"
             )));
         }
-        let per_row = cols / BLOCK;
-        Ok((per_row, mul(rows, per_row, "blocks")?))
+        mul(rows, cols / BLOCK, "blocks")
+    }
+
+    /// The matrix holding `scales` and `codes` (in this module's layout).
+    fn from_parts(
+        kind: QuantKind,
+        rows: usize,
+        cols: usize,
+        scales: Vec<f32>,
+        codes: Vec<u8>,
+    ) -> Self {
+        Self {
+            kind,
+            rows,
+            cols,
+            scales: scales.into(),
+            codes: codes.into(),
+        }
     }
 
     /// The matrix from a GGUF tensor's bytes in ggml's block layout (`rows` rows of `cols`).
@@ -133,7 +149,7 @@ impl QuantMatrix {
         cols: usize,
         raw: &[u8],
     ) -> Result<Self, QuantError> {
-        let (_, n) = Self::blocks(rows, cols)?;
+        let n = Self::blocks(rows, cols)?;
         let want = mul(n, kind.ggml_bytes(), "bytes")?;
         if raw.len() != want {
             return Err(QuantError(format!(
@@ -157,13 +173,7 @@ impl QuantMatrix {
                 }
             }
         }
-        Ok(Self {
-            kind,
-            rows,
-            cols,
-            scales: scales.into(),
-            codes: codes.into(),
-        })
+        Ok(Self::from_parts(kind, rows, cols, scales, codes))
     }
 
     /// `w` (`[rows, cols]`, row-major) quantized as ggml quantizes it (`quantize_row_q4_1_ref`:
@@ -178,7 +188,7 @@ impl QuantMatrix {
         cols: usize,
         w: &[f32],
     ) -> Result<Self, QuantError> {
-        let (_, n) = Self::blocks(rows, cols)?;
+        let n = Self::blocks(rows, cols)?;
         if w.len() != mul(n, BLOCK, "weights")? {
             return Err(QuantError(format!(
                 "[{rows}, {cols}]: {} weights given",
@@ -211,13 +221,7 @@ impl QuantMatrix {
                 }
             }
         }
-        Ok(Self {
-            kind,
-            rows,
-            cols,
-            scales: scales.into(),
-            codes: codes.into(),
-        })
+        Ok(Self::from_parts(kind, rows, cols, scales, codes))
     }
 
     /// The blocks in ggml's layout, as a GGUF file stores them (f16 scales, then the codes).

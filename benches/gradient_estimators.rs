@@ -2,6 +2,7 @@
 //! study of `recipes/control/study.rs` (docs/src/control.md).
 
 fn main() {
+    ember::common::subnormals::flush_to_zero();
     let mut args = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")

@@ -1566,6 +1566,55 @@ fn sft_on_prompt_completion_lines(dir: &Path, rollouts: &str) {
     resumes_exactly(&dir.join("sft-a"), &dir.join("sft-b"), &args);
 }
 
+/// A file of one scored response per prompt (each prompt's first rollout): the objectives whose
+/// baseline is the step's (TOPR, and REC, OPMD, AsymRE with `pool = "batch"`) or A-LoL's
+/// fitted value head train on it; A-LoL's and REC's group baselines are refused by name.
+fn one_response_per_prompt(dir: &Path, rollouts: &str) {
+    let data = dir.join("one-each.jsonl");
+    let mut text = String::new();
+    for line in rollouts.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let first = &v["responses"][0];
+        let row = serde_json::json!({"prompt": v["prompt"], "response": first["response"],
+            "reward": first["reward"]});
+        text += &format!("{row}\n");
+    }
+    std::fs::write(&data, text).unwrap();
+    let set = |obj: &str| {
+        format!(
+            "offline={{data=\"{}\", objective={obj}, batch=4}}",
+            data.display()
+        )
+    };
+    for obj in [
+        "{kind=\"topr\", baseline={constant=0.5}}",
+        "{kind=\"rec\", pool=\"batch\"}",
+        "{kind=\"asym_re\", pool=\"batch\"}",
+        "{kind=\"a_lol\", value=\"head\"}",
+    ] {
+        let out = dir.join(format!("one-{}", obj.len()));
+        let o = train(
+            &out,
+            &[&set(obj), "train.kl_coef=0", "warmup.steps=20"],
+            &[],
+        );
+        assert!(o.status.success(), "{obj}: {}", stderr(&o));
+        let r = common::metric_rows(&out);
+        let n = r.iter().filter(|x| x.contains_key("offline/loss")).count();
+        assert_eq!(n, 6, "{obj}");
+    }
+    for obj in ["{kind=\"a_lol\"}", "{kind=\"rec\"}"] {
+        let out = dir.join(format!("one-refused-{}", obj.len()));
+        let o = train(&out, &[&set(obj), "train.kl_coef=0", "warmup.steps=2"], &[]);
+        assert!(!o.status.success(), "{obj}");
+        let e = stderr(&o);
+        assert!(
+            e.contains("no prompt has two responses with valid rewards"),
+            "{obj}: {e}"
+        );
+    }
+}
+
 /// A run stopped after 3 steps and resumed ends with the uninterrupted run's metrics.
 fn resumes_exactly(a: &Path, b: &Path, args: &[&str]) {
     assert!(train(a, args, &[]).status.success());
@@ -1620,6 +1669,10 @@ fn offline_objectives_train_on_rollouts_and_resume() {
         ("{kind=\"a_lol_kl\"}", "actor/alol_kl"),
         ("{kind=\"reinforce_loo\"}", "actor/pg_loss"),
         ("{kind=\"sft\"}", "actor/pg_loss"),
+        ("{kind=\"topr\"}", "actor/topr_tapered_frac"),
+        ("{kind=\"rec\", importance_sampling=true}", "actor/clipfrac"),
+        ("{kind=\"opmd\", k2_coef=0.1}", "actor/pg_loss"),
+        ("{kind=\"asym_re\"}", "actor/pg_loss"),
     ] {
         let out = dir.join(format!(
             "run-{}",
@@ -1645,6 +1698,7 @@ fn offline_objectives_train_on_rollouts_and_resume() {
         assert!(out.join("final").exists());
     }
     sft_on_prompt_completion_lines(&dir, &lines);
+    one_response_per_prompt(&dir, &lines);
     // Stopped after 3 steps and resumed: the same metrics as the uninterrupted run.
     let (a, b) = (dir.join("a"), dir.join("b"));
     let args = [

@@ -233,6 +233,8 @@ struct EvalArgs {
 }
 
 fn main() {
+    // Before any thread starts: the threads started later inherit the float mode.
+    ember::common::subnormals::flush_to_zero();
     ember::common::heap::keep_freed_memory();
     // Log records go to stderr through the run kit, which holds them while a dashboard is up.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
@@ -528,6 +530,7 @@ fn info(name: &str) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     println!("GRPO advantages of rewards [1, 0, 0, 0]: {v:?}");
     println!("heap: {}", ember::common::heap::keep_freed_memory());
+    println!("floats: {}", ember::common::subnormals::flush_to_zero());
     #[cfg(target_arch = "x86_64")]
     println!(
         "CPU vector units: avx512f {}, avx2 {}, fma {} (the CPU backend's GEMM picks its \

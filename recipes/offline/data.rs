@@ -164,8 +164,8 @@ pub type Unit = (usize, Option<(usize, usize)>);
 
 /// The units of `groups`: every (group, pair) for the pairwise objectives (each group's
 /// [`TokGroup::pairs`]), the groups with two valid rewards for the other objectives, or with
-/// one for `sft`.
-pub fn units(groups: &[TokGroup], pairwise: bool, all_pairs: bool, sft: bool) -> Vec<Unit> {
+/// one when `one` (SFT, and baselines over the step's responses).
+pub fn units(groups: &[TokGroup], pairwise: bool, all_pairs: bool, one: bool) -> Vec<Unit> {
     if pairwise {
         let pairs = |(gi, g): (usize, &TokGroup)| {
             g.pairs(all_pairs).into_iter().map(move |p| (gi, Some(p)))
@@ -176,7 +176,7 @@ pub fn units(groups: &[TokGroup], pairwise: bool, all_pairs: bool, sft: bool) ->
         let ok = |x: &&f32| ember_engine::is_valid_reward(f64::from(**x));
         g.rewards.iter().filter(ok).count()
     };
-    let need = if sft { 1 } else { 2 };
+    let need = if one { 1 } else { 2 };
     (0..groups.len())
         .filter(|&i| valid(&groups[i]) >= need)
         .map(|gi| (gi, None))

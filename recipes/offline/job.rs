@@ -16,12 +16,13 @@ use crate::common::run::open_run;
 use crate::llm::build_policy;
 use crate::llm::read_reference;
 use crate::llm::schema::Recipe;
-use crate::llm::schema::{OfflineSpec, Pairs};
+use crate::llm::schema::{AlolValue, OfflineSpec, Pairs, Pool};
 use crate::lm::step::{TokenRow, rows_generation};
 use crate::lm::write_final;
 use crate::lm::{Policy, evaluate, load_checkpoint, model_record, warm_up};
 use crate::offline::data::{TokGroup, Unit, keep_first, load, tokenize};
 use crate::offline::objective::{Scorer, group_micro_rows, objective_step};
+use crate::offline::value::value_estimate;
 use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::Device;
@@ -94,6 +95,8 @@ struct OfflineJob<'a> {
     weights: Option<Vec<f64>>,
     /// The reference's log-probs of every usable response, scored once.
     ref_lp: Vec<Vec<Vec<f32>>>,
+    /// A-LoL's fitted V(x) per group (`value = "head"`).
+    values: Option<Vec<f32>>,
     /// Prompts with something to draw.
     usable: usize,
     accuracy_before: f64,
@@ -144,6 +147,18 @@ impl<'a> OfflineJob<'a> {
             usable,
         } = data;
         let ref_lp = reference_log_probs(&groups, &usable, reference.as_ref(), &policy, &base)?;
+        let values = match spec.objective.alol_value() {
+            Some(AlolValue::Head) => {
+                let v = value_estimate(&groups, &usable, reference.as_ref(), &policy, &base)?;
+                run.say(&format!(
+                    "A-LoL's value head: mean squared error {:.4} on the file's rewards (their \
+                     mean alone: {:.4})",
+                    v.mse, v.mse_of_mean
+                ));
+                Some(v.values)
+            }
+            _ => None,
+        };
         let what = match spec.objective.pairwise() {
             Some(_) => "pairs",
             None => "groups",
@@ -167,7 +182,8 @@ impl<'a> OfflineJob<'a> {
             optim,
             schedule: r.train.schedule.schedule(r.train.run.steps),
             rng,
-            weights: priorities(spec, &groups, &units),
+            weights: priorities(spec, &groups, &units, values.as_deref()),
+            values,
             groups,
             units,
             ref_lp,
@@ -205,6 +221,7 @@ impl ember_run::Job for OfflineJob<'_> {
         ]);
         let refm = Scorer {
             ref_lp: &self.ref_lp,
+            values: self.values.as_deref(),
             policy: &self.policy,
             base: &self.base,
             ad: &self.ad,
@@ -298,8 +315,10 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
     if pairwise.is_some() && spec.pairs == Pairs::All {
         crate::offline::data::check_pair_count(&groups, &path)?;
     }
+    // A baseline over the step's responses needs one valid reward per prompt, not two.
+    let one = sft || spec.objective.pool() == Pool::Batch;
     let units =
-        crate::offline::data::units(&groups, pairwise.is_some(), spec.pairs == Pairs::All, sft);
+        crate::offline::data::units(&groups, pairwise.is_some(), spec.pairs == Pairs::All, one);
     let mut usable: Vec<usize> = units.iter().map(|u| u.0).collect();
     usable.dedup();
     if usable.is_empty() {
@@ -308,8 +327,8 @@ fn dataset(spec: &OfflineSpec, policy: &Policy, max_new: usize) -> Result<Datase
             path.display(),
             if pairwise.is_some() {
                 "two responses with different rewards (or an explicit pair)"
-            } else if sft {
-                "a response"
+            } else if one {
+                "a response with a valid reward"
             } else {
                 "two responses with valid rewards"
             },
@@ -347,23 +366,29 @@ fn fresh_start(
     Ok(policy)
 }
 
-/// A-LoL's priority (all three variants): each group's summed positive advantage; uniform
-/// draws for the other objectives.
-fn priorities(spec: &OfflineSpec, groups: &[TokGroup], units: &[Unit]) -> Option<Vec<f64>> {
+/// A-LoL's priority (all three variants): each group's summed positive advantage (against its
+/// fitted V(x) when `values` are given); uniform draws for the other objectives.
+fn priorities(
+    spec: &OfflineSpec,
+    groups: &[TokGroup],
+    units: &[Unit],
+    values: Option<&[f32]>,
+) -> Option<Vec<f64>> {
+    let mass = |gi: usize| positive_mass(&groups[gi], values.map(|v| f64::from(v[gi])));
     spec.objective
         .is_alol()
-        .then(|| units.iter().map(|u| positive_mass(&groups[u.0])).collect())
+        .then(|| units.iter().map(|u| mass(u.0)).collect())
 }
 
-/// Σ_i max(0, R_i − mean R) over a group's valid rewards.
-fn positive_mass(g: &TokGroup) -> f64 {
+/// Σ_i max(0, R_i − V) over a group's valid rewards, V the given value or their mean.
+fn positive_mass(g: &TokGroup, value: Option<f64>) -> f64 {
     let v: Vec<f64> = g
         .rewards
         .iter()
         .map(|x| f64::from(*x))
         .filter(|&x| ember_engine::is_valid_reward(x))
         .collect();
-    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let mean = value.unwrap_or_else(|| v.iter().sum::<f64>() / v.len().max(1) as f64);
     v.iter().map(|x| (x - mean).max(0.0)).sum()
 }
 

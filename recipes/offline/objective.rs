@@ -3,7 +3,7 @@
 //! reference, group objectives (A-LoL, REINFORCE-LOO, SFT) through the engine's estimator and
 //! actor loss in micro-batches.
 
-use crate::llm::schema::OfflineSpec;
+use crate::llm::schema::{OfflineSpec, Pool};
 use crate::lm::Policy;
 use crate::lm::step::{TokenRow, rows_generation};
 use crate::offline::data::{TokGroup, Unit};
@@ -27,7 +27,7 @@ pub(super) fn objective_step(
 ) -> Result<(Llama, BTreeMap<String, f64>)> {
     match (spec.objective.pairwise(), spec.objective.group()) {
         (Some(kind), _) => pair_step(refm, groups, picked, &kind, spec, optim, lr),
-        (None, Some((adv_cfg, loss))) => group_step(refm, groups, picked, adv_cfg, loss, optim, lr),
+        (None, Some(_)) => group_step(refm, groups, picked, spec, optim, lr),
         (None, None) => bail!("objective {:?} has no loss", spec.objective.name()),
     }
 }
@@ -36,6 +36,8 @@ pub(super) fn objective_step(
 /// rows per forward/backward of a group step.
 pub(super) struct Scorer<'a> {
     pub(super) ref_lp: &'a [Vec<Vec<f32>>],
+    /// A-LoL's fitted V(x) per group, when the objective asks for it.
+    pub(super) values: Option<&'a [f32]>,
     pub(super) policy: &'a Policy,
     pub(super) base: &'a Device,
     pub(super) ad: &'a Device,
@@ -141,33 +143,42 @@ fn pair_step(
 }
 
 /// One group step: every stored response of the picked prompts through the engine's estimator
-/// and actor loss, the reference's log-probs as the behaviour policy's.
+/// and actor loss, the reference's log-probs as the behaviour policy's. With `pool = "batch"`
+/// every response of the step is in one group, so a group baseline is the step's mean.
 fn group_step(
     s: &Scorer,
     groups: &[TokGroup],
     picked: &[Unit],
-    adv_cfg: AdvantageConfig,
-    loss: ActorLossConfig,
+    spec: &OfflineSpec,
     optim: &mut ember_train::Optimizer,
     lr: f64,
 ) -> Result<(Llama, BTreeMap<String, f64>)> {
+    let (adv_cfg, loss) = spec
+        .objective
+        .group()
+        .context("a group step needs a group objective")?;
+    let one_pool = spec.objective.pool() == Pool::Batch;
     let mut rows = Vec::new();
-    let (mut ids, mut rewards) = (Vec::new(), Vec::new());
+    let (mut ids, mut rewards, mut baselines) = (Vec::new(), Vec::new(), Vec::new());
     for (k, &(gi, _)) in picked.iter().enumerate() {
         let g = &groups[gi];
         for i in 0..g.responses.len() {
             rows.push(s.row(groups, gi, i));
-            ids.push(k);
+            ids.push(if one_pool { 0 } else { k });
             rewards.push(g.rewards[i]);
+            baselines.push(s.values.map_or(0.0, |v| v[gi]));
         }
     }
     let (exp, ref_lp) = s.rows(&rows, ids.clone())?;
     let n = exp.response_len;
     let t = exp.mask.dims()[1];
     let mask = exp.mask.clone().slice([0..rows.len(), t - n..t]);
-    let batch = RolloutBatch::new(mask, Tensor::from_floats(rewards.as_slice(), s.ad), &ids)?
+    let mut batch = RolloutBatch::new(mask, Tensor::from_floats(rewards.as_slice(), s.ad), &ids)?
         .with_old_log_probs(ref_lp.clone())?
         .with_ref_log_probs(ref_lp)?;
+    if s.values.is_some() {
+        batch = batch.with_baseline_rewards(Tensor::from_floats(baselines.as_slice(), s.ad))?;
+    }
     let adv = compute_advantages(&adv_cfg, &batch, 0)?;
     let mut out = adv.metrics.to_host();
     let cfg = UpdateConfig {

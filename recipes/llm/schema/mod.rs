@@ -16,7 +16,7 @@ pub use rollout::{RolloutBackend, RolloutSpec, ServerKeys};
 
 pub use critic::CriticSpec;
 pub use lanpo::{LanpoSpec, UpdateContext};
-pub use offline::{GroupObjective, Objective, OfflineSpec, Pairs};
+pub use offline::{AlolValue, GroupObjective, Objective, OfflineSpec, Pairs, Pool};
 pub use task::{TaskKind, TaskSpec};
 pub use teacher::{TeacherRole, TeacherSpec};
 

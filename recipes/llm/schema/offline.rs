@@ -18,6 +18,24 @@ fn kl_beta() -> f32 {
 fn batch() -> usize {
     16
 }
+fn f02() -> f32 {
+    0.2
+}
+fn one() -> f32 {
+    1.0
+}
+fn rec_low_prime() -> f32 {
+    0.6
+}
+fn rec_high_prime() -> f32 {
+    2.0
+}
+fn asymre_shift() -> f32 {
+    -0.1
+}
+fn topr_baseline() -> BatchBaseline {
+    BatchBaseline::Mean
+}
 
 /// The offline objective. Pairwise objectives (the engine's [`PreferenceLoss`]: DPO, IPO,
 /// SimPO, RPO's three distances, with its defaults) train on (chosen, rejected) pairs (a
@@ -48,6 +66,9 @@ pub enum GroupObjective {
         /// ε of the ratio clip (LoL-RL's default 0.9).
         #[serde(default = "alol_clip")]
         clip: f32,
+        /// Where V_ref(x) comes from.
+        #[serde(default, skip_serializing_if = "AlolValue::is_default")]
+        value: AlolValue,
     },
     /// A-LoL seq (LoL-RL `a_lol_seq`): A-LoL with per-token clipped ratios.
     #[serde(rename = "a_lol_seq")]
@@ -55,6 +76,9 @@ pub enum GroupObjective {
         /// ε of the ratio clip.
         #[serde(default = "alol_clip")]
         clip: f32,
+        /// Where V_ref(x) comes from.
+        #[serde(default, skip_serializing_if = "AlolValue::is_default")]
+        value: AlolValue,
     },
     /// A-LoL KL (LoL-RL `a_lol_kl`): A-LoL with a KL penalty to the reference instead of the
     /// ratio.
@@ -63,6 +87,9 @@ pub enum GroupObjective {
         /// β of the penalty (LoL-RL's default 0.2).
         #[serde(default = "kl_beta")]
         beta: f32,
+        /// Where V_ref(x) comes from.
+        #[serde(default, skip_serializing_if = "AlolValue::is_default")]
+        value: AlolValue,
     },
     /// REINFORCE with the leave-one-out baseline on each prompt's stored responses (RLOO,
     /// Ahmadian et al. 2024, eq. 5; RPO's REINFORCE-LOO): −Σ_i (R_i − mean_{j≠i} R_j) log π(y_i)
@@ -72,11 +99,112 @@ pub enum GroupObjective {
     /// −(1/N) Σ_{i,t} log π(y_{i,t} | x_i, y_{i,<t}) over the N response tokens of the step
     /// (teacher forcing; rewards ignored): REINFORCE with A = 1 and the token-mean.
     Sft,
+    /// TOPR (Le Roux et al. 2025, eq. 9) against the data's behaviour policy μ (the frozen
+    /// reference that sampled the file): L = −sg(α)·(R − c)·log π, α = 1 when R ≥ c and
+    /// clip(π/μ, 0, 1) otherwise. c is the mean reward of the step's responses (as the online
+    /// preset) or a constant (the paper's §4 knob for the share of positives); one response per
+    /// prompt is enough.
+    Topr {
+        /// Sequence (the paper) or token ratio.
+        #[serde(default)]
+        level: RatioLevel,
+        /// c: `"mean"` (the step's responses), `{ constant = c }` or `"none"` (c = 0).
+        #[serde(default = "topr_baseline")]
+        baseline: BatchBaseline,
+    },
+    /// REC (Yao et al. 2025, arXiv 2509.24203; Trinity-RFT `RECPolicyLossFn`) with the ratio
+    /// π/μ to the data's behaviour policy: L = −Â·log π·M, A = R − mean over the `pool`, Â = A
+    /// or A·sg(π/μ), M the clipping mask.
+    Rec {
+        /// One-side, two-side or ring.
+        #[serde(default)]
+        clip: RecClip,
+        /// Weight by sg(π/μ) (the `-IS` variants).
+        #[serde(default)]
+        importance_sampling: bool,
+        /// ε_l.
+        #[serde(default = "f02")]
+        clip_low: f32,
+        /// ε_h.
+        #[serde(default = "f02")]
+        clip_high: f32,
+        /// ε′_l of the ring.
+        #[serde(default = "rec_low_prime")]
+        clip_low_prime: f32,
+        /// ε′_h of the ring.
+        #[serde(default = "rec_high_prime")]
+        clip_high_prime: f32,
+        /// Which responses the baseline averages.
+        #[serde(default)]
+        pool: Pool,
+    },
+    /// OPMD (Trinity-RFT `OPMDAdvantageFn` + `OPMDPolicyLossFn`; Kimi k1.5 §2.3.2):
+    /// L = [−(R − b)·log π + c·(log π − log μ)²] / (1 + τ), b the mean over the `pool`.
+    Opmd {
+        /// τ.
+        #[serde(default = "one")]
+        tau: f32,
+        /// c, the squared log-ratio regulariser (0 disables it).
+        #[serde(default)]
+        k2_coef: f32,
+        /// Which responses the baseline averages.
+        #[serde(default)]
+        pool: Pool,
+    },
+    /// AsymRE (Arnal et al. 2025, eq. 3): REINFORCE with A = R − (mean + δ) over the `pool`,
+    /// no importance weight; δ < 0 favours the positives.
+    AsymRe {
+        /// δ.
+        #[serde(default = "asymre_shift")]
+        shift: f32,
+        /// Which responses the baseline averages.
+        #[serde(default)]
+        pool: Pool,
+    },
+}
+
+/// A-LoL's value estimate V_ref(x).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlolValue {
+    /// The mean reward of the prompt's responses in the file (two valid rewards a prompt).
+    #[default]
+    GroupMean,
+    /// A linear head on the reference's state before the response, fitted to the file's
+    /// rewards (`crate::offline::value`; one response a prompt is enough).
+    Head,
+}
+
+impl AlolValue {
+    fn is_default(&self) -> bool {
+        *self == Self::GroupMean
+    }
+}
+
+/// Which responses a group objective's mean-reward baseline averages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    /// The prompt's stored responses (needs two valid rewards per prompt).
+    #[default]
+    Group,
+    /// Every response of the step (a file with one response per prompt is enough).
+    Batch,
 }
 
 /// The `kind`s of [`PreferenceLoss`] and of [`GroupObjective`].
 const PAIRWISE: [&str; 6] = ["dpo", "ipo", "simpo", "rpo_sq", "rpo_bwd_kl", "rpo_fwd_kl"];
-const GROUP: [&str; 5] = ["a_lol", "a_lol_seq", "a_lol_kl", "reinforce_loo", "sft"];
+const GROUP: [&str; 9] = [
+    "a_lol",
+    "a_lol_seq",
+    "a_lol_kl",
+    "reinforce_loo",
+    "sft",
+    "topr",
+    "rec",
+    "opmd",
+    "asym_re",
+];
 
 impl<'de> Deserialize<'de> for Objective {
     /// Dispatches on `kind`, so that each side's errors (unknown keys, bad values) are its own.
@@ -128,20 +256,55 @@ impl Objective {
             return None;
         };
         let (kind, policy) = match g {
-            GroupObjective::ALol { clip } => (AdvantageKind::DrGrpo, PolicyLossKind::Alol { clip }),
-            GroupObjective::ALolSeq { clip } => {
-                (AdvantageKind::DrGrpo, PolicyLossKind::AlolSeq { clip })
+            GroupObjective::ALol { clip, value } => {
+                (alol_adv(value), PolicyLossKind::Alol { clip })
             }
-            GroupObjective::ALolKl { beta } => {
-                (AdvantageKind::DrGrpo, PolicyLossKind::AlolKl { beta })
+            GroupObjective::ALolSeq { clip, value } => {
+                (alol_adv(value), PolicyLossKind::AlolSeq { clip })
+            }
+            GroupObjective::ALolKl { beta, value } => {
+                (alol_adv(value), PolicyLossKind::AlolKl { beta })
             }
             GroupObjective::ReinforceLoo => (AdvantageKind::Rloo, PolicyLossKind::Vanilla),
             GroupObjective::Sft => (
                 AdvantageKind::Reinforce {
-                    baseline: ember_engine::BatchBaseline::None,
+                    baseline: BatchBaseline::None,
                 },
                 PolicyLossKind::Vanilla,
             ),
+            GroupObjective::Topr { level, baseline } => (
+                AdvantageKind::Reinforce { baseline },
+                PolicyLossKind::Topr { level },
+            ),
+            GroupObjective::Rec {
+                clip,
+                importance_sampling,
+                clip_low,
+                clip_high,
+                clip_low_prime,
+                clip_high_prime,
+                ..
+            } => (
+                AdvantageKind::AsymRe { shift: 0.0 },
+                PolicyLossKind::Rec {
+                    clip,
+                    importance_sampling,
+                    clip_low,
+                    clip_high,
+                    clip_low_prime,
+                    clip_high_prime,
+                },
+            ),
+            GroupObjective::Opmd { tau, k2_coef, .. } => (
+                AdvantageKind::Opmd {
+                    baseline: OpmdBaseline::Mean,
+                    tau,
+                },
+                PolicyLossKind::Opmd { tau, k2_coef },
+            ),
+            GroupObjective::AsymRe { shift, .. } => {
+                (AdvantageKind::AsymRe { shift }, PolicyLossKind::Vanilla)
+            }
         };
         let agg = match g {
             GroupObjective::Sft => LossAgg::TokenMean,
@@ -155,6 +318,35 @@ impl Objective {
                 ..ActorLossConfig::default()
             },
         ))
+    }
+
+    /// A-LoL's value estimate, for the A-LoL objectives.
+    pub fn alol_value(&self) -> Option<AlolValue> {
+        match *self {
+            Self::Group(
+                GroupObjective::ALol { value, .. }
+                | GroupObjective::ALolSeq { value, .. }
+                | GroupObjective::ALolKl { value, .. },
+            ) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Which responses a group objective's baseline averages: the prompt's (A-LoL,
+    /// REINFORCE-LOO and the others by default) or the step's (TOPR, whose baseline is the
+    /// batch's or a constant, and any objective with `pool = "batch"`).
+    pub fn pool(&self) -> Pool {
+        match *self {
+            Self::Group(GroupObjective::Topr { .. } | GroupObjective::Sft) => Pool::Batch,
+            // A fitted head's V(x) is per prompt: no group needed.
+            o if o.alol_value() == Some(AlolValue::Head) => Pool::Batch,
+            Self::Group(
+                GroupObjective::Rec { pool, .. }
+                | GroupObjective::Opmd { pool, .. }
+                | GroupObjective::AsymRe { pool, .. },
+            ) => pool,
+            _ => Pool::Group,
+        }
     }
 
     /// Supervised fine-tuning: every response a demonstration, rewards ignored.
@@ -188,7 +380,20 @@ impl Objective {
             Self::Group(GroupObjective::ALolKl { .. }) => "a_lol_kl",
             Self::Group(GroupObjective::ReinforceLoo) => "reinforce_loo",
             Self::Group(GroupObjective::Sft) => "sft",
+            Self::Group(GroupObjective::Topr { .. }) => "topr",
+            Self::Group(GroupObjective::Rec { .. }) => "rec",
+            Self::Group(GroupObjective::Opmd { .. }) => "opmd",
+            Self::Group(GroupObjective::AsymRe { .. }) => "asym_re",
         }
+    }
+}
+
+/// A-LoL's estimator: A = R − the prompt's mean reward, or A = R − V(x) with V(x) given per row
+/// as a baseline reward (the estimator ReMax's greedy reward goes through).
+fn alol_adv(value: AlolValue) -> AdvantageKind {
+    match value {
+        AlolValue::GroupMean => AdvantageKind::DrGrpo,
+        AlolValue::Head => AdvantageKind::Remax,
     }
 }
 
@@ -264,7 +469,8 @@ impl OfflineSpec {
         if let Some(p) = self.objective.pairwise() {
             p.validate()?;
         }
-        if let Some((_, loss)) = self.objective.group() {
+        if let Some((adv, loss)) = self.objective.group() {
+            adv.validate()?;
             loss.policy.validate()?;
         }
         Ok(())
@@ -309,6 +515,76 @@ mod tests {
         assert!((l[0] - 7.0 / 6.0).abs() < 1e-6, "{l:?}");
     }
 
+    /// The loss of `objective` on three one-token responses of three prompts (one response
+    /// each, so every baseline is the step's mean), rewards 1, 0, 0, log π −0.5, −1.0, −2.0 and
+    /// the behaviour policy's log μ −0.7, −1.5, −1.0; sequence sums averaged over responses.
+    fn one_response_loss(objective: &str) -> f32 {
+        use burn::tensor::{Device, Tensor, TensorData};
+        let dev = Device::default();
+        let col = |v: [f32; 3]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [3, 1]), &dev);
+        let o = parse(&format!("objective = {objective}")).unwrap();
+        assert_eq!(o.pool(), Pool::Batch, "{objective}");
+        let (adv_cfg, loss) = o.group().unwrap();
+        let mask = col([1.0; 3]);
+        let rewards = Tensor::<1>::from_floats([1.0, 0.0, 0.0], &dev);
+        // One pool: every response in group 0, as the offline step puts them.
+        let batch = ember_engine::RolloutBatch::new(mask, rewards, &[0, 0, 0]).unwrap();
+        let adv = ember_engine::compute_advantages(&adv_cfg, &batch, 0).unwrap();
+        let input = ember_engine::ActorInput {
+            policy: ember_engine::PolicyLossInput {
+                log_probs: col([-0.5, -1.0, -2.0]),
+                old_log_probs: col([-0.7, -1.5, -1.0]),
+                advantages: adv.advantages,
+                mask: adv.mask.clone(),
+                ref_log_probs: None,
+            },
+            entropy: None,
+            rollout_log_probs: None,
+            kl: None,
+        };
+        let norm = ember_engine::AggNorm::of_mask(&adv.mask);
+        let (l, _) = ember_engine::actor_loss(&loss, &input, norm).unwrap();
+        let l: Vec<f32> = l.into_data().try_to_vec().unwrap();
+        l[0]
+    }
+
+    /// By hand, mean reward 1/3:
+    /// - TOPR (c = the mean): A = 2/3, −1/3, −1/3; the positive keeps α = 1, the negatives
+    ///   α = min(π/μ, 1) = min(e^0.5, 1) = 1 and e^−1: L = [⅓ − ⅓ − e^−1·⅔]/3 = −0.081760;
+    ///   with c = 0 only the positive counts: L = 0.5/3.
+    /// - AsymRE (δ = −0.1): A = R − 0.2333: L = [0.38333 − 0.23333 − 0.46667]/3 = −0.105556.
+    /// - OPMD (τ = 1): L = [⅓ − ⅓ − ⅔]/3/2 = −0.111111.
+    /// - REC one-side: ρ = e^0.2 = 1.2214 > 1.2 masks the positive, ρ = e^−1 < 0.8 the
+    ///   second negative: L = −⅓/3 = −0.111111; two-side keeps only ρ ∈ [0.8, 1.2], none
+    ///   of the three: L = 0.
+    #[test]
+    fn off_policy_objectives_on_one_response_per_prompt_by_hand() {
+        let e1 = (-1.0f32).exp();
+        for (objective, want) in [
+            (
+                r#"{ kind = "topr" }"#,
+                (1.0 / 3.0 - 1.0 / 3.0 - e1 * 2.0 / 3.0) / 3.0,
+            ),
+            (r#"{ kind = "topr", baseline = "none" }"#, 0.5 / 3.0),
+            (r#"{ kind = "asym_re", pool = "batch" }"#, -0.105_555_6),
+            (r#"{ kind = "opmd", pool = "batch" }"#, -1.0 / 9.0),
+            (r#"{ kind = "rec", pool = "batch" }"#, -1.0 / 9.0),
+            (
+                r#"{ kind = "rec", pool = "batch", clip = "two_side" }"#,
+                0.0,
+            ),
+        ] {
+            let got = one_response_loss(objective);
+            assert!((got - want).abs() < 1e-5, "{objective}: {got} vs {want}");
+        }
+        // Group pools need two responses a prompt; A-LoL and REINFORCE-LOO always do.
+        let rec = parse(r#"objective = { kind = "rec" }"#).unwrap();
+        assert_eq!(rec.pool(), Pool::Group);
+        assert_eq!(rec.name(), "rec");
+        let e = parse(r#"objective = { kind = "topr", pool = "batch" }"#).unwrap_err();
+        assert!(e.to_string().contains("pool"), "{e}");
+    }
+
     fn parse(text: &str) -> std::result::Result<Objective, toml::de::Error> {
         #[derive(Deserialize)]
         struct Table {
@@ -331,7 +607,13 @@ mod tests {
         };
         assert_eq!(simpo, Objective::Pairwise(want));
         let alol = parse(r#"objective = { kind = "a_lol" }"#).unwrap();
-        assert_eq!(alol, Objective::Group(GroupObjective::ALol { clip: 0.9 }));
+        assert_eq!(
+            alol,
+            Objective::Group(GroupObjective::ALol {
+                clip: 0.9,
+                value: AlolValue::GroupMean
+            })
+        );
         assert!(alol.is_alol() && alol.pairwise().is_none() && alol.group().is_some());
         let loo = parse(r#"objective = { kind = "reinforce_loo" }"#).unwrap();
         assert_eq!(loo, Objective::Group(GroupObjective::ReinforceLoo));

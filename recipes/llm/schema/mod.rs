@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 mod critic;
 mod lanpo;
 mod offline;
+#[cfg(test)]
+mod offline_tests;
 mod rollout;
 mod task;
 mod teacher;

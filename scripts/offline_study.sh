@@ -12,8 +12,7 @@
 #   SEEDS="0 1" bash scripts/offline_study.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
-EMBER="${CARGO_TARGET_DIR:-target}/release/ember"
+source scripts/study_lib.sh
 read -r -a objectives <<< "${OBJECTIVES:-a_lol_head topr rec rec_is opmd asym_re reinforce}"
 read -r -a seeds <<< "${SEEDS:-0 1}"
 objective() {
@@ -37,9 +36,7 @@ for seed in "${seeds[@]}"; do
     --set seed="$seed" --set algorithm=topr --set rollout.samples_per_prompt=1 \
     --out "$data" > /dev/null
   for o in "${objectives[@]}"; do
-    out="runs/offline-study/$o-s$seed"
-    [ -f "$out/summary.json" ] && continue
-    "$EMBER" train recipes/arithmetic-offline.toml --out "$out" --overwrite --quiet \
+    study_train "runs/offline-study/$o-s$seed" recipes/arithmetic-offline.toml \
       --set seed="$seed" --set offline.data="\"$data\"" --set "offline.objective=$(objective "$o")"
   done
 done

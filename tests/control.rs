@@ -253,7 +253,7 @@ fn control_job_learns_and_resumes_exactly() {
 /// checkpoints, huge masses or forces ran, and a huge `ppo.epochs` made a step that never ended.
 #[test]
 fn control_recipe_errors_name_the_key() {
-    let cases: [(&[&str], &str); 15] = [
+    let cases: [(&[&str], &str); 18] = [
         (&["ppo.segment=7"], "ppo.segment"),
         (&["ppo.mini_batches=100000"], "ppo.mini_batches"),
         (&["env.mass=0"], "env.mass"),
@@ -272,6 +272,15 @@ fn control_recipe_errors_name_the_key() {
             &["ppo.clip=0.2"],
             "`ppo.clip` is now spelled `ppo.clip_low` and `ppo.clip_high`",
         ),
+        (
+            &["gradient.estimator=\"ddcg\"", "gradient.sigma=0"],
+            "gradient.sigma = 0 must be in (0, 10]",
+        ),
+        (
+            &["gradient.estimator=\"ddcg\"", "gradient.ddcg_c=1"],
+            "gradient.ddcg_c = 1 must be in [0, 1)",
+        ),
+        (&["gradient.estimator=\"second\""], "second"),
     ];
     for (sets, want) in cases {
         let out = tmp("bad");
@@ -394,4 +403,114 @@ fn zeroth_order_samples_carry_the_engines_reinforce_gradient() {
     let s = pathwise_samples(&p4, &cart, cart.reset(3, &mut SplitMix64(4), &ad), 20, 0.5);
     let first = s.first.into_data().try_to_vec::<f32>().unwrap();
     assert!(first.iter().all(|&g| g == 0.0));
+}
+
+/// Trains `recipe` with `sets` (expected to succeed) and returns its metric rows.
+fn gradient_run(recipe: &str, out: &Path, sets: &[&str], flags: &[&str]) -> Vec<Row> {
+    let o = train(recipe, out, sets, flags);
+    assert!(o.status.success(), "{sets:?}: {}", stderr(&o));
+    common::metric_rows(out)
+}
+
+type Row = serde_json::Map<String, serde_json::Value>;
+
+/// Every row's `key`.
+fn column(rows: &[Row], key: &str) -> Vec<f64> {
+    rows.iter().filter_map(|r| r.get(key)?.as_f64()).collect()
+}
+
+/// `[gradient]` trains through `ember train`: the first-order samples' weight is 1 for the
+/// pathwise estimator, 0 for REINFORCE's, IVW-H's strictly between (both variances are positive
+/// on the pendulum), DDCG's in [0, 1]; the std stays σ; the policy moves. A DDCG run stopped
+/// after 2 iterations and resumed logs the uninterrupted run's metrics. RARL's adversary is
+/// refused beside `[gradient]`.
+#[test]
+fn gradient_estimators_train_and_resume_exactly() {
+    let small = [
+        "env.horizon=50",
+        "env.episodes=8",
+        "ppo.steps=4",
+        "eval.every=2",
+        "eval.episodes=4",
+        "ppo.lr=1e-2",
+        "gradient.sigma=0.3",
+    ];
+    for est in ["first", "zeroth", "ddcg", "ivw_h"] {
+        let out = tmp(&format!("gradient-{est}"));
+        let e = format!("gradient.estimator=\"{est}\"");
+        let sets: Vec<&str> = small.iter().copied().chain([e.as_str()]).collect();
+        let rows = gradient_run("pendulum-ppo.toml", &out, &sets, &[]);
+        let w = column(&rows, "gradient/first_weight");
+        assert_eq!(w.len(), 4, "{est}: {rows:?}");
+        let ok = match est {
+            "first" => w.iter().all(|&w| w == 1.0),
+            "zeroth" => w.iter().all(|&w| w == 0.0),
+            "ivw_h" => w.iter().all(|&w| w > 0.0 && w < 1.0),
+            _ => w.iter().all(|&w| (0.0..=1.0).contains(&w)),
+        };
+        assert!(ok, "{est}: first-order weights {w:?}");
+        let std = column(&rows, "policy/std");
+        assert!(std.iter().all(|s| (s - 0.3).abs() < 1e-6), "{est}: {std:?}");
+        let eval = column(&rows, "eval/return_mean");
+        assert!(eval.len() == 3 && eval[0] != eval[2], "{est}: {eval:?}");
+        if est == "ddcg" {
+            let part = tmp("gradient-part");
+            let o = train("pendulum-ppo.toml", &part, &sets, &["--stop-after", "2"]);
+            assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+            assert_eq!(
+                gradient_run("pendulum-ppo.toml", &part, &sets, &["--resume"]),
+                rows
+            );
+            std::fs::remove_dir_all(&part).ok();
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
+    let out = tmp("gradient-rarl");
+    let o = train(
+        "pendulum-rarl.toml",
+        &out,
+        &["gradient.estimator=\"ddcg\""],
+        &[],
+    );
+    assert!(
+        stderr(&o).contains("[gradient] trains the protagonist alone"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+}
+
+/// The cart-pole's return counts the steps until the fall, so its pathwise gradient is 0:
+/// under `[gradient]` the first-order estimator's samples, their variance and its gradient are
+/// exactly 0 (it cannot learn); DDCG's test sees returns that vary with gradients that do not
+/// and takes REINFORCE's gradient (first-order weight 0, a gradient that is not 0).
+#[test]
+fn ddcg_falls_back_where_the_pathwise_gradient_is_zero() {
+    let small = [
+        "env.horizon=50",
+        "env.episodes=8",
+        "ppo.steps=2",
+        "eval.every=2",
+        "eval.episodes=4",
+    ];
+    for est in ["first", "ddcg"] {
+        let out = tmp(&format!("cart-pole-{est}"));
+        let e = format!("gradient.estimator=\"{est}\"");
+        let sets: Vec<&str> = small.iter().copied().chain([e.as_str()]).collect();
+        let rows = gradient_run("cart-pole-ddcg.toml", &out, &sets, &[]);
+        let (var, norm) = (
+            column(&rows, "gradient/first_variance"),
+            column(&rows, "actor/grad_norm"),
+        );
+        assert!(var.len() == 2 && var.iter().all(|&v| v == 0.0), "{var:?}");
+        match est {
+            "first" => assert!(norm.iter().all(|&n| n == 0.0), "{norm:?}"),
+            _ => {
+                let w = column(&rows, "gradient/first_weight");
+                assert!(w.iter().all(|&w| w == 0.0), "{w:?}");
+                assert!(norm.iter().all(|&n| n > 0.0), "{norm:?}");
+            }
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
 }

@@ -810,11 +810,12 @@ fn a_probe_is_answered_under_load_and_abuse() {
 
 /// The tutoring environment's student played by SmolLM2 in process and by `ember serve`: the
 /// same episodes give the same student answers, observations and rewards (greedy), the last
-/// feedback holds the post-test and both gates, and a tutor that tells the answer gets 0 even
-/// where `allow_answer` would pay it.
+/// feedback holds the pre- and post-test and both gates, and a tutor that tells the answer gets
+/// the learning gain's −1 even where `allow_answer` would pay it.
 #[test]
 fn tutor_student_in_process_and_through_an_endpoint() {
-    use ember::agent::tutor::{TutorEnv, TutorSpec, problem};
+    use ember::agent::problems::problem;
+    use ember::agent::tutor::{TutorEnv, TutorReward, TutorSpec};
     use ember_tasks::env::{Environment, Episode};
     let Some(model) = common::assets::smollm2() else {
         return;
@@ -828,6 +829,10 @@ fn tutor_student_in_process_and_through_an_endpoint() {
         request_retries: 0,
         student_max_tokens: 16,
         allow_answer: false,
+        claims_gate: true,
+        mask_tutor: true,
+        reward: TutorReward::LearningGain,
+        problems: None,
     };
     let served = TutorSpec {
         path: None,
@@ -861,10 +866,14 @@ fn tutor_student_in_process_and_through_an_endpoint() {
     }
     assert!(
         fb_a.iter()
-            .all(|f| f.done && f.observation.starts_with("[post-test:"))
+            .all(|f| f.done && f.observation.starts_with("[pre-test: ") && f.info.len() == 5)
     );
     assert!(fb_a[1].observation.ends_with("answer told: true]"));
-    assert_eq!(fb_a[1].reward, 0.0);
+    assert_eq!(fb_a[1].reward, -1.0);
+    for f in &fb_a {
+        let gain = f.info["post_test"] - f.info["pre_test"];
+        assert_eq!(f.info["learning_gain"], gain);
+    }
     assert!(
         fb_a[0]
             .observation

@@ -14,13 +14,20 @@
 //! - the leak gate: the tutor never wrote the problem's answer as a number ([`leaks`]); off
 //!   with `allow_answer = true` (the ablation of a tutor that may tell the answer).
 //!
-//! The last observation records the post-test and both gates (it reaches `samples.jsonl`
-//! with the transcript).
+//! With `reward = "learning_gain"` the post-test's score is replaced by the learning gain
+//! post − pre ∈ {−1, 0, 1}: the **pre-test** is the student's answer to the post-test's own
+//! item asked alone before any tutoring (the variant, or with a dataset the problem itself, whose
+//! first attempt it is); a closed gate gives −1 (our choice: the paper's text was not reachable,
+//! and a gated episode must rank below one where the student did not learn). The ablations:
+//! `allow_answer`, `claims_gate = false` (no correctness gate), `mask_tutor = false` (the
+//! post-test sees the whole dialogue). `problems` reads the problems from a dataset
+//! ([`Problems`]). The last observation records the pre- and post-test and both gates (it reaches
+//! `samples.jsonl` with the transcript); each ending turn's `info` logs them as `env/*`.
 
+use super::problems::{Problem, Problems, last_number, leaks, numbers};
 use crate::lm::participant::{Backend, ChatFormat, Source};
 use anyhow::Result;
 use burn::tensor::Device;
-use ember_engine::SplitMix64;
 use ember_llm::Message;
 use ember_tasks::env::{EnvError, Environment, Episode, Feedback};
 use serde::{Deserialize, Serialize};
@@ -51,6 +58,45 @@ pub struct TutorSpec {
     /// Drop the leak gate (the tutor may tell the answer): the gate's ablation.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_answer: bool,
+    /// The correctness gate (`false`: its ablation, the tutor's claims are not checked).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub claims_gate: bool,
+    /// The tutor's turns masked out of the post-test's context (`false`: its ablation).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub mask_tutor: bool,
+    /// What the gated reward scores: the post-test, or the learning gain post − pre.
+    #[serde(default, skip_serializing_if = "TutorReward::is_post_test")]
+    pub reward: TutorReward,
+    /// A dataset of problems (JSON lines or Parquet with `question` and an integer `answer`,
+    /// GSM8K's `#### n` read as n; `~`, `$VAR`): the post-test is then the problem itself.
+    /// None: the generated word problems with near-transfer variants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<String>,
+}
+
+/// What the tutor's gated reward scores.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TutorReward {
+    /// 1 when the post-test is right.
+    #[default]
+    PostTest,
+    /// post − pre: the post-test's score less the same item's score before tutoring.
+    LearningGain,
+}
+
+impl TutorReward {
+    fn is_post_test(&self) -> bool {
+        *self == Self::PostTest
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_true(v: &bool) -> bool {
+    *v
 }
 
 fn forty_eight() -> usize {
@@ -58,95 +104,6 @@ fn forty_eight() -> usize {
 }
 fn three() -> u32 {
     3
-}
-
-/// A word problem and its answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Problem {
-    pub text: String,
-    pub answer: i64,
-}
-
-const NAMES: [&str; 8] = ["Sam", "Ana", "Lee", "Mia", "Tom", "Zoe", "Raj", "Ivy"];
-const ITEMS: [&str; 6] = [
-    "apples", "pencils", "stickers", "marbles", "cards", "shells",
-];
-
-/// Episode `seed`'s problem, or its near-transfer variant: the same one-step story (adding,
-/// taking away or multiplying: one of three) with other names, items and numbers.
-pub fn problem(seed: u64, variant: bool) -> Problem {
-    let story = SplitMix64(seed).next_u64() % 3;
-    let mut rng = SplitMix64(seed ^ if variant { 0x7a51_a7e0 } else { 0 } ^ 0x9e37_79b9);
-    // An answer that is also one of the problem's numbers would make quoting the problem a
-    // leak: such draws are drawn again.
-    loop {
-        let p = story_problem(story, &mut rng);
-        if !leaks(&p.text, p.answer) {
-            return p;
-        }
-    }
-}
-
-fn story_problem(story: u64, rng: &mut SplitMix64) -> Problem {
-    let mut pick = |lo: u64, hi: u64| (lo + rng.next_u64() % (hi - lo + 1)) as i64;
-    let name = NAMES[pick(0, 7) as usize];
-    let item = ITEMS[pick(0, 5) as usize];
-    let (a, b) = (pick(2, 9), pick(2, 5));
-    match story {
-        0 => Problem {
-            text: format!(
-                "{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have \
-                 now?"
-            ),
-            answer: a + b,
-        },
-        1 => Problem {
-            text: format!(
-                "{name} had {} {item} and gave away {b}. How many {item} does {name} have left?",
-                a + b
-            ),
-            answer: a,
-        },
-        _ => Problem {
-            text: format!(
-                "{name} buys {b} packs with {a} {item} in each pack. How many {item} does \
-                 {name} have?"
-            ),
-            answer: a * b,
-        },
-    }
-}
-
-/// The integers in `text`, in order (a `-` directly before digits and after a non-digit, or
-/// at the start, makes a negative number).
-fn numbers(text: &str) -> Vec<(usize, usize, i64)> {
-    let b = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i].is_ascii_digit() {
-            let start = i;
-            while i < b.len() && b[i].is_ascii_digit() {
-                i += 1;
-            }
-            if let Ok(v) = text[start..i].parse::<i64>() {
-                out.push((start, i, v));
-            }
-        } else {
-            i += 1;
-        }
-    }
-    out
-}
-
-/// The last integer in `text`.
-pub fn last_number(text: &str) -> Option<i64> {
-    numbers(text).last().map(|n| n.2)
-}
-
-/// Whether `text` states `answer` as a number of its own (not part of a longer one).
-pub fn leaks(text: &str, answer: i64) -> bool {
-    numbers(text).iter().any(|n| n.2 == answer)
 }
 
 /// Whether every claim `a op b = c` in `text` holds (op one of `+ - * x × /`, spaces allowed;
@@ -178,15 +135,22 @@ fn ask(p: &Problem) -> String {
 }
 
 /// The post-test conversation: the problem, then only the student's own messages (the tutor's
-/// turns masked out), then the variant.
+/// turns masked out), then the variant (or the problem again, when the variant is the problem).
 pub fn post_test(first: &Problem, student: &[String], variant: &Problem) -> Vec<Message> {
     let mut m = vec![Message::new("user", &ask(first))];
     m.extend(student.iter().map(|s| Message::new("assistant", s)));
-    m.push(Message::new(
-        "user",
-        &format!("Here is a new problem. {}", ask(variant)),
-    ));
+    m.push(post_question(first, variant));
     m
+}
+
+/// The post-test's question.
+fn post_question(first: &Problem, variant: &Problem) -> Message {
+    let lead = if variant == first {
+        "Now solve the problem again on your own."
+    } else {
+        "Here is a new problem."
+    };
+    Message::new("user", &format!("{lead} {}", ask(variant)))
 }
 
 struct Tutoring {
@@ -196,6 +160,8 @@ struct Tutoring {
     student: Vec<String>,
     /// The tutor's messages.
     tutor: Vec<String>,
+    /// The pre-test: the student answered the post-test's item right before tutoring.
+    pre: bool,
 }
 
 impl Tutoring {
@@ -210,6 +176,16 @@ impl Tutoring {
         }
         m
     }
+
+    /// The post-test's context: masked ([`post_test`]), or the whole dialogue (the ablation).
+    fn post_context(&self, mask_tutor: bool) -> Vec<Message> {
+        if mask_tutor {
+            return post_test(&self.first, &self.student, &self.variant);
+        }
+        let mut m = self.dialogue();
+        m.push(post_question(&self.first, &self.variant));
+        m
+    }
 }
 
 /// The tutoring environment.
@@ -217,6 +193,7 @@ pub struct TutorEnv {
     student: Backend,
     chat: ChatFormat,
     spec: TutorSpec,
+    problems: Problems,
     turns: usize,
     live: HashMap<usize, Tutoring>,
 }
@@ -235,12 +212,14 @@ impl TutorEnv {
             timeout_s: 120.0,
             retries: spec.request_retries,
         };
+        let problems = Problems::open(spec.problems.as_deref())?;
         let student = Backend::open(&src, device)?;
         let chat = student.chat_format("env")?;
         Ok(Self {
             student,
             chat,
             spec: spec.clone(),
+            problems,
             turns: turns.max(1),
             live: HashMap::new(),
         })
@@ -264,16 +243,28 @@ impl Environment for TutorEnv {
     fn reset(&mut self, episodes: &[Episode]) -> Result<Vec<String>, EnvError> {
         let problems: Vec<(Problem, Problem)> = episodes
             .iter()
-            .map(|e| (problem(e.seed, false), problem(e.seed, true)))
+            .map(|e| self.problems.episode(e.seed))
             .collect();
-        let asks: Vec<Vec<Message>> = problems
-            .iter()
-            .map(|(p, _)| vec![Message::new("user", &ask(p))])
-            .collect();
-        let attempts = self.answer(&asks)?;
+        // The problems, then the variants that differ from them (their pre-tests), in one batch.
+        let alone = |p: &Problem| vec![Message::new("user", &ask(p))];
+        let mut asks: Vec<Vec<Message>> = problems.iter().map(|(p, _)| alone(p)).collect();
+        asks.extend(
+            problems
+                .iter()
+                .filter(|(p, v)| p != v)
+                .map(|(_, v)| alone(v)),
+        );
+        let mut answers = self.answer(&asks)?.into_iter();
+        let attempts: Vec<String> = answers.by_ref().take(problems.len()).collect();
         self.live.clear();
         let mut out = Vec::with_capacity(episodes.len());
         for ((e, (first, variant)), attempt) in episodes.iter().zip(problems).zip(attempts) {
+            let pre_answer = if first == variant {
+                Some(attempt.clone())
+            } else {
+                answers.next()
+            };
+            let pre = pre_answer.and_then(|a| last_number(&a)) == Some(variant.answer);
             out.push(format!(
                 "You are tutoring a student. The problem: {}\nThe student's answer: {attempt}\n\
                  Give the student one short hint about the method. Do not state the final \
@@ -285,6 +276,7 @@ impl Environment for TutorEnv {
                 variant,
                 student: vec![attempt],
                 tutor: Vec::new(),
+                pre,
             };
             self.live.insert(e.id, t);
         }
@@ -316,10 +308,7 @@ impl Environment for TutorEnv {
             .collect();
         let tests: Vec<Vec<Message>> = ending
             .iter()
-            .map(|id| {
-                let t = &self.live[id];
-                post_test(&t.first, &t.student, &t.variant)
-            })
+            .map(|id| self.live[id].post_context(self.spec.mask_tutor))
             .collect();
         let posts: HashMap<usize, String> =
             ending.iter().copied().zip(self.answer(&tests)?).collect();
@@ -328,7 +317,7 @@ impl Environment for TutorEnv {
             .map(|(id, _)| {
                 let t = &self.live[id];
                 match posts.get(id) {
-                    Some(post) => verdict(t, post, self.spec.allow_answer),
+                    Some(post) => verdict(t, post, &self.spec),
                     None => Feedback {
                         observation: format!(
                             "The student replied: {}\nGive another short hint.",
@@ -344,22 +333,40 @@ impl Environment for TutorEnv {
     }
 }
 
-/// The last turn's feedback: the post-test answer scored and gated (the leak gate off with
-/// `allow_answer`).
-fn verdict(t: &Tutoring, post: &str, allow_answer: bool) -> Feedback {
+/// The last turn's feedback: the post-test (or the learning gain) scored and gated, the
+/// gates as the spec's ablations leave them; `info` holds the pre- and post-test, the gain and
+/// both gates (`env/*` in the metrics).
+fn verdict(t: &Tutoring, post: &str, spec: &TutorSpec) -> Feedback {
     let said = t.tutor.join("\n");
     let passed = last_number(post) == Some(t.variant.answer);
     let claims = claims_hold(&said);
     let told = leaks(&said, t.first.answer);
-    let gate = claims && (allow_answer || !told);
+    let gate = (claims || !spec.claims_gate) && (spec.allow_answer || !told);
+    let gain = f32::from(u8::from(passed)) - f32::from(u8::from(t.pre));
+    let reward = match (spec.reward, gate) {
+        (TutorReward::PostTest, true) => f32::from(u8::from(passed)),
+        (TutorReward::PostTest, false) => 0.0,
+        (TutorReward::LearningGain, true) => gain,
+        (TutorReward::LearningGain, false) => -1.0,
+    };
+    let flag = |b: bool| f64::from(u8::from(b));
+    let info = [
+        ("pre_test", flag(t.pre)),
+        ("post_test", flag(passed)),
+        ("learning_gain", f64::from(gain)),
+        ("claims_hold", flag(claims)),
+        ("answer_told", flag(told)),
+    ];
     Feedback {
         observation: format!(
-            "[post-test: the student answered {post:?}, the answer is {}; claims hold: {claims}; \
-             answer told: {told}]",
+            "[pre-test: {}; post-test: the student answered {post:?}, the answer is {}; claims \
+             hold: {claims}; answer told: {told}]",
+            if t.pre { "right" } else { "wrong" },
             t.variant.answer
         ),
-        reward: if passed && gate { 1.0 } else { 0.0 },
+        reward,
         done: true,
+        info: info.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         ..Default::default()
     }
 }
@@ -367,22 +374,11 @@ fn verdict(t: &Tutoring, post: &str, allow_answer: bool) -> Feedback {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::problems::problem;
 
-    /// Problems are fixed by their seed, variants differ from them, answers are right.
-    #[test]
-    fn problems_and_variants() {
-        for seed in 0..30 {
-            let (p, v) = (problem(seed, false), problem(seed, true));
-            assert_eq!(p, problem(seed, false));
-            assert_ne!(p.text, v.text, "seed {seed}");
-            let n: Vec<i64> = numbers(&p.text).iter().map(|n| n.2).collect();
-            let want = match SplitMix64(seed).next_u64() % 3 {
-                0 => n[0] + n[1],
-                1 => n[0] - n[1],
-                _ => n[0] * n[1],
-            };
-            assert_eq!(p.answer, want, "{}", p.text);
-        }
+    /// The tutor spec of a recipe with only the student's path.
+    fn spec() -> TutorSpec {
+        toml::from_str("path = \"student.gguf\"").unwrap()
     }
 
     /// The correctness gate reads `a op b = c` claims; the leak gate whole numbers only.
@@ -411,6 +407,7 @@ mod tests {
             variant: problem(3, true),
             student: vec!["I think 10.".into(), "Oh, packs times items: 17.".into()],
             tutor: vec!["TUTOR-SECRET multiply the packs first.".into()],
+            pre: false,
         };
         let during = t.dialogue();
         assert!(during.iter().any(|m| m.content.contains("TUTOR-SECRET")));
@@ -421,6 +418,19 @@ mod tests {
         assert_eq!(m[2].content, t.student[1]);
         assert!(m[3].content.contains(&t.variant.text));
         assert!(m[0].content.contains(&t.first.text));
+        assert_eq!(t.post_context(true), m);
+        // The ablation: the post-test sees the whole dialogue, the tutor's words included.
+        let all = t.post_context(false);
+        assert!(all.iter().any(|m| m.content.contains("TUTOR-SECRET")));
+        assert_eq!(all.len(), 5);
+        assert!(all[4].content.starts_with("Here is a new problem."));
+        // With a dataset the post-test is the problem itself, asked again.
+        let same = post_test(&t.first, &t.student, &t.first);
+        assert!(
+            same[3]
+                .content
+                .starts_with("Now solve the problem again on your own.")
+        );
     }
 
     /// The reward is the post-test times both gates: a passing student earns nothing when the
@@ -433,15 +443,74 @@ mod tests {
             variant: variant.clone(),
             student: vec!["5".into(), "ok".into()],
             tutor: vec![said.to_string()],
+            pre: false,
         };
         let pass = format!("It is {}.", variant.answer);
-        let r = |said: &str, post: &str, allow: bool| verdict(&tutoring(said), post, allow).reward;
+        let r = |said: &str, post: &str, allow: bool| {
+            let spec = TutorSpec {
+                allow_answer: allow,
+                ..spec()
+            };
+            verdict(&tutoring(said), post, &spec).reward
+        };
         assert_eq!(r("Multiply the packs first.", &pass, false), 1.0);
         assert_eq!(r("Multiply the packs first.", "It is 0.", false), 0.0);
         let told = format!("The answer is {}.", first.answer);
         assert_eq!(r(&told, &pass, false), 0.0);
         assert_eq!(r(&told, &pass, true), 1.0);
         assert_eq!(r("Note 2 + 2 = 5.", &pass, true), 0.0);
-        assert!(verdict(&tutoring("hint"), &pass, false).done);
+        assert!(verdict(&tutoring("hint"), &pass, &spec()).done);
+        // The correctness gate's ablation lets a false claim through.
+        let no_claims = TutorSpec {
+            claims_gate: false,
+            ..spec()
+        };
+        assert_eq!(
+            verdict(&tutoring("Note 2 + 2 = 5."), &pass, &no_claims).reward,
+            1.0
+        );
+    }
+
+    /// The learning gain post − pre by hand: a student who was wrong before and right after
+    /// earns 1, right both times 0, right before and wrong after −1; a closed gate gives −1.
+    /// `info` logs the pre- and post-test, the gain and the gates.
+    #[test]
+    fn learning_gain_is_post_minus_pre_and_gated() {
+        let (first, variant) = (problem(7, false), problem(7, true));
+        let gain = TutorSpec {
+            reward: TutorReward::LearningGain,
+            ..spec()
+        };
+        let pass = format!("So {}.", variant.answer);
+        let fail = format!("So {}.", variant.answer + 1);
+        let case = |pre: bool, post: &str, said: &str| {
+            let t = Tutoring {
+                first: first.clone(),
+                variant: variant.clone(),
+                student: vec!["?".into(), "ok".into()],
+                tutor: vec![said.into()],
+                pre,
+            };
+            verdict(&t, post, &gain)
+        };
+        assert_eq!(case(false, &pass, "Count the packs.").reward, 1.0);
+        assert_eq!(case(true, &pass, "Count the packs.").reward, 0.0);
+        assert_eq!(case(true, &fail, "Count the packs.").reward, -1.0);
+        assert_eq!(case(false, &fail, "Count the packs.").reward, 0.0);
+        let told = format!("It is {}.", first.answer);
+        assert_eq!(case(false, &pass, &told).reward, -1.0);
+        let f = case(false, &pass, &told);
+        let want = [
+            ("answer_told", 1.0),
+            ("claims_hold", 1.0),
+            ("learning_gain", 1.0),
+            ("post_test", 1.0),
+            ("pre_test", 0.0),
+        ];
+        assert_eq!(
+            f.info.into_iter().collect::<Vec<_>>(),
+            want.map(|(k, v)| (k.to_string(), v))
+        );
+        assert!(f.observation.starts_with("[pre-test: wrong; post-test:"));
     }
 }

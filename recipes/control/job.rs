@@ -335,10 +335,14 @@ impl ember_run::Job for ControlJob<'_> {
         let t = Instant::now();
         let mut row = Row::new();
         let mut timing = Timings::default();
-        let (n_mu, n_nu) = self
-            .r
-            .adversary()
-            .map_or((1, 0), |a| (a.protagonist_iters, a.adversary_iters));
+        let (n_mu, n_nu) = match (self.r.adversary(), self.r.gradient) {
+            (_, Some(_)) => (0, 0),
+            (Some(a), None) => (a.protagonist_iters, a.adversary_iters),
+            (None, None) => (1, 0),
+        };
+        if let Some(g) = self.r.gradient {
+            self.pathwise_round(step, &g, &mut row, &mut timing)?;
+        }
         for _ in 0..n_mu {
             self.round(step, Side::Protagonist, &mut row, &mut timing)?;
         }
@@ -359,9 +363,12 @@ impl ember_run::Job for ControlJob<'_> {
         let r = self.r;
         let mu = self.protagonist.policy.valid();
         let grid = robustness(&mu, r, self.horizon, &self.base)?;
-        let rounds = r
-            .adversary()
-            .map_or(1, |a| a.protagonist_iters + a.adversary_iters);
+        // Under `[gradient]` each noisy episode has its noise-free baseline.
+        let rounds = match (r.adversary(), r.gradient) {
+            (_, Some(_)) => 2,
+            (Some(a), None) => a.protagonist_iters + a.adversary_iters,
+            (None, None) => 1,
+        };
         let summary = ControlSummary {
             name: r.header.name.clone(),
             before: self.before,

@@ -37,6 +37,9 @@ pub struct ControlBody {
     /// The held-out evaluation.
     #[serde(default)]
     pub eval: EvalSpec,
+    /// A gradient through the simulator instead of PPO's (none without the table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient: Option<GradientSpec>,
 }
 
 /// The whole recipe: the header (`name`, `seed`, `device`, [`crate::common::header::RunHeader`]) and [`ControlBody`].
@@ -69,6 +72,61 @@ impl Default for AdversarySpec {
             adversary_iters: 1,
             hidden: hidden(),
             log_std_init: 0.0,
+        }
+    }
+}
+
+/// `[gradient]`: each iteration samples `env.episodes` episodes with a fixed Gaussian noise σ
+/// on every action and takes one optimizer step (`ppo.lr`, `ppo`'s AdamW and gradient clip)
+/// on the return's gradient from [`Estimator`], undiscounted (Suh et al. 2022, §2; Onoda et
+/// al. 2026). PPO's own keys (`gamma`, `lambda`, the clips, `epochs`, `mini_batches`,
+/// `segment`) and `policy.log_std_init` do not apply: σ is the std.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GradientSpec {
+    /// The estimator.
+    pub estimator: Estimator,
+    /// σ of the action noise (the policy's fixed std).
+    #[serde(default = "half")]
+    pub sigma: f32,
+    /// DDCG's c: how far below the smooth relation the gradients' variance may fall.
+    #[serde(default = "ddcg_c")]
+    pub ddcg_c: f32,
+}
+
+fn half() -> f32 {
+    0.5
+}
+fn ddcg_c() -> f32 {
+    ember_control::DdcgConfig::default().c
+}
+
+/// A gradient of the expected return through the simulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// ∂R/∂u_t by autodiff through the dynamics (pathwise; biased where the return jumps).
+    First,
+    /// (G_t − b_t)·w_t/σ², the engine's REINFORCE loss (likelihood ratio; unbiased, noisy).
+    Zeroth,
+    /// DDCG (Onoda et al. 2026): inverse-variance mixture where a test finds the return smooth,
+    /// the zeroth-order estimator where it does not.
+    Ddcg,
+    /// IVW-H (Onoda et al. 2026): the inverse-variance mixture per step and action dimension.
+    IvwH,
+}
+
+impl Estimator {
+    /// Every estimator, in the study's order.
+    pub const ALL: [Estimator; 4] = [Self::First, Self::Zeroth, Self::Ddcg, Self::IvwH];
+
+    /// The recipe's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Zeroth => "zeroth",
+            Self::Ddcg => "ddcg",
+            Self::IvwH => "ivw_h",
         }
     }
 }
@@ -284,7 +342,7 @@ impl ControlRecipe {
         if h > MAX_HORIZON {
             bail!("env.horizon = {h} must be at most {MAX_HORIZON}");
         }
-        if p.segment > 0 && !h.is_multiple_of(p.segment) {
+        if p.segment > 0 && !h.is_multiple_of(p.segment) && self.gradient.is_none() {
             bail!("ppo.segment = {} must divide the horizon {h}", p.segment);
         }
         let unit = |v: f32| (0.0..=1.0).contains(&v);
@@ -304,6 +362,7 @@ impl ControlRecipe {
             );
         }
         self.validate_physics()?;
+        self.validate_gradient()?;
         let lr_ok = |v: f64| v.is_finite() && v > 0.0 && v <= 1.0;
         if !lr_ok(self.ppo.schedule.lr) || !(p.critic_lr == 0.0 || lr_ok(p.critic_lr)) {
             bail!("ppo.lr must be in (0, 1], ppo.critic_lr 0 (the policy's) or in (0, 1]");
@@ -311,7 +370,13 @@ impl ControlRecipe {
         let u = &self.ppo.update;
         crate::common::config::check_training("ppo", &self.ppo.schedule, &self.ppo.optim, u)?;
         let rows = self.update_rows()?;
-        if u.epochs == 0 || u.mini_batches == 0 || u.mini_batches > rows {
+        // Under `[gradient]` PPO's update does not run: its rows do not bound `mini_batches`.
+        let bound = if self.gradient.is_some() {
+            usize::MAX
+        } else {
+            rows
+        };
+        if u.epochs == 0 || u.mini_batches == 0 || u.mini_batches > bound {
             bail!(
                 "ppo.epochs must be >= 1 and ppo.mini_batches 1 to the update's {rows} rows \
                  (episodes, or episodes × horizon / segment)"
@@ -354,6 +419,26 @@ impl ControlRecipe {
             bail!(
                 "adversary.max_force = {} must be in [0, {MAX_PHYSICAL}]",
                 a.max_force
+            );
+        }
+        Ok(())
+    }
+
+    /// `[gradient]`: σ and c in range, no adversary.
+    fn validate_gradient(&self) -> Result<()> {
+        let Some(g) = &self.gradient else {
+            return Ok(());
+        };
+        if !(g.sigma.is_finite() && g.sigma > 0.0 && g.sigma <= 10.0) {
+            bail!("gradient.sigma = {} must be in (0, 10]", g.sigma);
+        }
+        if !(0.0..1.0).contains(&g.ddcg_c) {
+            bail!("gradient.ddcg_c = {} must be in [0, 1)", g.ddcg_c);
+        }
+        if self.adversary().is_some() {
+            bail!(
+                "[gradient] trains the protagonist alone; RARL's [adversary] trains with PPO \
+                 (remove one of the two tables, or set adversary.max_force = 0)"
             );
         }
         Ok(())

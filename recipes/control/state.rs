@@ -138,15 +138,9 @@ impl Setup {
         ad.seed(r.header.seed ^ 0x434f_4e54);
         let pol = &r.policy;
         let (obs, act) = (env.obs_dim(), env.act_dim());
-        let protagonist = Player::new(
-            r,
-            obs,
-            act,
-            &pol.hidden,
-            &pol.critic_hidden,
-            pol.log_std_init,
-            &ad,
-        )?;
+        // Under `[gradient]` the std is σ's, fixed.
+        let log_std = r.gradient.map_or(pol.log_std_init, |g| g.sigma.ln());
+        let protagonist = Player::new(r, obs, act, &pol.hidden, &pol.critic_hidden, log_std, &ad)?;
         let adversary = match r.adversary() {
             Some(a) => Some(Player::new(
                 r,

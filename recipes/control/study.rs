@@ -5,15 +5,16 @@
 //! zeroth-order reference, then gradient-ascent learning curves of each on three seeds.
 //! Prints the tables and writes the numbers as JSON (for `scripts/plot_gradient_study.py`).
 
+use crate::control::pathwise::surrogate;
+use crate::control::schema::{Estimator, GradientSpec};
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Tensor};
 use ember_control::{
     BallWithWall, DdcgConfig, Env, EnvName, GaussianPolicy, GaussianPolicyConfig, GradientSamples,
-    PathwiseSamples, ddcg_weight, ivw_h, ivw_weight, mix, pathwise_samples, policy_surrogate,
-    rollout,
+    ddcg_weight, ivw_weight, mix, pathwise_samples, rollout,
 };
-use ember_engine::{PolicyLossInput, PolicyLossKind, SplitMix64, policy_loss};
+use ember_engine::SplitMix64;
 use ember_train::accumulated_step;
 use serde::Serialize;
 use std::path::Path;
@@ -256,53 +257,14 @@ pub struct Learning {
     pub lr: f64,
 }
 
-/// The policy gradient of one estimator from a batch's samples, as the surrogate loss whose
-/// gradient is minus it: the zeroth-order one through the engine's REINFORCE loss
-/// (`PolicyLossKind::Vanilla` with the per-step advantages G_t − b_t), the others as
-/// action-space mixtures carried through the policy ([`policy_surrogate`]).
-fn surrogate(
-    policy: &GaussianPolicy,
-    s: &PathwiseSamples,
-    which: &str,
-    sigma: f32,
-) -> Result<Tensor<1>> {
-    let [n, h, a] = s.first.dims();
-    let mixed = match which {
-        "first" => s.first.clone(),
-        "ddcg" => {
-            let flat = GradientSamples {
-                values: s.returns.clone(),
-                first: s.first.clone().reshape([n, h * a]),
-                zeroth: s.zeroth.clone().reshape([n, h * a]),
-            };
-            let alpha = ddcg_weight(&flat, sigma, DdcgConfig::default()).reshape([1, 1, 1]);
-            s.first.clone() * alpha.clone() + s.zeroth.clone() * alpha.neg().add_scalar(1.0)
-        }
-        "ivw" => ivw_h(s.zeroth.clone(), s.first.clone()).1,
-        _ => {
-            let [_, _, o] = s.obs.dims();
-            let lp = policy.log_prob(
-                s.obs.clone().reshape([n * h, o]),
-                s.actions.clone().reshape([n * h, a]),
-            );
-            let lp = lp.reshape([n, h]);
-            let input = PolicyLossInput {
-                old_log_probs: lp.clone().detach(),
-                log_probs: lp,
-                advantages: s.advantages.clone(),
-                mask: Tensor::ones([n, h], &s.advantages.device()),
-                ref_log_probs: None,
-            };
-            let l = policy_loss(&PolicyLossKind::Vanilla, &input)?;
-            return Ok(l.per_step.sum() / n as f32);
-        }
-    };
-    Ok(policy_surrogate(policy, s.obs.clone(), mixed))
-}
-
 /// A learning curve: the mean-action return on 32 fixed initial states before each of
 /// `updates / 10` blocks of updates and after the last, for `seed`.
-pub fn learning_curve(l: &Learning, which: &str, seed: u64) -> Result<Vec<f64>> {
+pub fn learning_curve(l: &Learning, which: Estimator, seed: u64) -> Result<Vec<f64>> {
+    let spec = GradientSpec {
+        estimator: which,
+        sigma: l.sigma,
+        ddcg_c: DdcgConfig::default().c,
+    };
     let ad = crate::common::device::device("auto")?.autodiff();
     ad.seed(seed ^ 0x4444_4347);
     let mut policy = GaussianPolicyConfig::new(l.env.obs_dim(), l.env.act_dim())
@@ -322,7 +284,7 @@ pub fn learning_curve(l: &Learning, which: &str, seed: u64) -> Result<Vec<f64>> 
     for u in 0..l.updates {
         let s0 = l.env.reset(l.episodes, &mut rng, &ad);
         let s = pathwise_samples(&policy, &l.env, s0, l.horizon, l.sigma);
-        let loss = surrogate(&policy, &s, which, l.sigma)?;
+        let (loss, _) = surrogate(&policy, &s, &spec)?;
         let (p, _, _) = accumulated_step(policy, &mut optim, l.lr, 1, |_, _| loss.clone());
         policy = p;
         if (u + 1) % 10 == 0 {
@@ -332,7 +294,7 @@ pub fn learning_curve(l: &Learning, which: &str, seed: u64) -> Result<Vec<f64>> 
     Ok(curve)
 }
 
-/// One task's learning curves: per estimator (in [`ESTIMATORS`] order), per seed.
+/// One task's learning curves: per estimator (in [`Estimator::ALL`] order), per seed.
 #[derive(Debug, Clone, Serialize)]
 pub struct LearningStudy {
     /// `"pendulum"` or `"cart_pole"`.
@@ -379,7 +341,7 @@ pub fn learning_study(seeds: u64) -> Result<Vec<LearningStudy>> {
         );
         println!("| estimator | return before | after, per seed | mean |");
         println!("|---|---|---|---|");
-        for e in ESTIMATORS {
+        for e in Estimator::ALL {
             let runs: Vec<Vec<f64>> = (0..seeds)
                 .map(|s| learning_curve(&l, e, s))
                 .collect::<Result<_>>()?;
@@ -387,7 +349,8 @@ pub fn learning_study(seeds: u64) -> Result<Vec<LearningStudy>> {
             let mean = finals.iter().sum::<f64>() / finals.len() as f64;
             let shown: Vec<String> = finals.iter().map(|f| format!("{f:.1}")).collect();
             println!(
-                "| {e} | {:.1} | {} | {mean:.1} |",
+                "| {} | {:.1} | {} | {mean:.1} |",
+                e.name(),
                 runs[0][0],
                 shown.join(", ")
             );

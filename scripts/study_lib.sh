@@ -1,0 +1,17 @@
+# Sourced by the study scripts: the `ember` binary they run, and a training run that is skipped
+# once it has finished (its summary.json written), so a study stopped half-way resumes where it
+# stopped.
+#   EMBER=path      run that binary instead of building (e.g. a copy, while the tree rebuilds)
+# shellcheck shell=bash
+if [ -z "${EMBER:-}" ]; then
+  cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
+  EMBER="${CARGO_TARGET_DIR:-target}/release/ember"
+fi
+
+# study_train OUT ARGS...: `ember train ARGS --out OUT --overwrite --quiet`, unless OUT finished.
+study_train() {
+  local out="$1"
+  shift
+  [ -f "$out/summary.json" ] && return 0
+  "$EMBER" train "$@" --out "$out" --overwrite --quiet
+}

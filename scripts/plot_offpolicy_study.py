@@ -2,15 +2,18 @@
 
     PRESETS="grpo remax ppo" SEEDS="0 1 2" bash scripts/offpolicy_study.sh
     python scripts/plot_offpolicy_study.py grpo remax ppo
+    python scripts/plot_offpolicy_study.py --dir runs/offpolicy-study-smollm2-lora-grpo \
+        --regimes on,mb4 --out lora.png grpo topr
 
-reads runs/offpolicy-study/<preset>-<regime>-s<seed>/metrics.jsonl and writes
-docs/src/offpolicy_study.png: one panel per preset, the held-out accuracy along the run in each
-regime (on, mb4e2, stale2) less the warm-up's (the seeds start from different warm-ups), the mean
-over the seeds found as a line and their range as a band.
+reads DIR/<preset>-<regime>-s<seed>/metrics.jsonl (DIR: runs/offpolicy-study) and writes OUT
+(docs/src/offpolicy_study.png): one panel per preset, the held-out accuracy along the run in
+each regime (on, mb4e2, stale2 unless --regimes says) less the warm-up's (the seeds start from
+different warm-ups), the mean over the seeds found as a line and their range as a band, over the
+evaluation steps every seed has.
 """
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -18,37 +21,46 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-REGIMES = {
+LABELS = {
     "on": "on-policy",
     "mb4e2": "4 mini-batches × 2 epochs",
+    "mb4": "4 mini-batches",
     "stale2": "rollouts 2 updates stale",
 }
-ROOT = Path("runs/offpolicy-study")
 
 
-def curves(preset, regime):
-    """Each seed's (step, held-out accuracy − the warm-up's) of one preset and regime."""
+def curves(root, preset, regime):
+    """Each seed's {step: held-out accuracy − the warm-up's} of one preset and regime."""
     out = []
-    for run in sorted(ROOT.glob(f"{preset}-{regime}-s*")):
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    for run in sorted(root.glob(f"{preset}-{regime}-s*")):
+        metrics = run / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        rows = [json.loads(line) for line in metrics.open()]
         points = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
         if points:
-            out.append([(s, a - points[0][1]) for s, a in points])
+            out.append({s: a - points[0][1] for s, a in points})
     return out
 
 
 def main():
-    presets = sys.argv[1:] or ["grpo", "remax", "ppo"]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("presets", nargs="*", default=["grpo", "remax", "ppo"])
+    ap.add_argument("--dir", default="runs/offpolicy-study")
+    ap.add_argument("--regimes", default="on,mb4e2,stale2")
+    ap.add_argument("--out", default="docs/src/offpolicy_study.png")
+    args = ap.parse_args()
+    presets, root = args.presets, Path(args.dir)
     fig, axes = plt.subplots(1, len(presets), figsize=(4.2 * len(presets), 3.4), sharey=True)
     axes = [axes] if len(presets) == 1 else axes
     for ax, preset in zip(axes, presets):
-        for i, (regime, label) in enumerate(REGIMES.items()):
-            runs = curves(preset, regime)
-            if not runs:
+        for i, regime in enumerate(args.regimes.split(",")):
+            runs = curves(root, preset, regime)
+            steps = sorted(set.intersection(*(set(r) for r in runs))) if runs else []
+            if not steps:
                 continue
-            n = min(len(r) for r in runs)
-            steps = [p[0] for p in runs[0][:n]]
-            values = [[r[k][1] for r in runs] for k in range(n)]
+            label = LABELS.get(regime, regime)
+            values = [[r[k] for r in runs] for k in steps]
             mean = [sum(v) / len(v) for v in values]
             ax.plot(steps, mean, color=f"C{i}", label=f"{label} ({len(runs)} seeds)")
             ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values],
@@ -59,7 +71,7 @@ def main():
     axes[0].set_ylabel("held-out accuracy − warm-up's")
     axes[0].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    out = Path("docs/src/offpolicy_study.png")
+    out = Path(args.out)
     fig.savefig(out, dpi=90)
     print(f"wrote {out}")
 

@@ -1,6 +1,6 @@
 # Sourced by the study scripts: the `ember` binary they run, and a training run that is skipped
-# once it has finished (its summary.json written), so a study stopped half-way resumes where it
-# stopped.
+# once it has finished (its summary.json written and not marked interrupted), so a study stopped
+# half-way goes on from the first run it had not finished (that run starts again).
 #   EMBER=path      run that binary instead of building (e.g. a copy, while the tree rebuilds)
 # shellcheck shell=bash
 if [ -z "${EMBER:-}" ]; then
@@ -12,6 +12,6 @@ fi
 study_train() {
   local out="$1"
   shift
-  [ -f "$out/summary.json" ] && return 0
+  grep -qs '"interrupted": *false' "$out/summary.json" && return 0
   "$EMBER" train "$@" --out "$out" --overwrite --quiet
 }

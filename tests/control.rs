@@ -253,7 +253,7 @@ fn control_job_learns_and_resumes_exactly() {
 /// checkpoints, huge masses or forces ran, and a huge `ppo.epochs` made a step that never ended.
 #[test]
 fn control_recipe_errors_name_the_key() {
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 19] = [
         (&["ppo.segment=7"], "ppo.segment"),
         (&["ppo.mini_batches=100000"], "ppo.mini_batches"),
         (&["env.mass=0"], "env.mass"),
@@ -274,13 +274,17 @@ fn control_recipe_errors_name_the_key() {
         ),
         (
             &["gradient.estimator=\"ddcg\"", "gradient.sigma=0"],
-            "gradient.sigma = 0 must be in (0, 10]",
+            "gradient.sigma = 0 must be in [1e-4, 10]",
         ),
         (
             &["gradient.estimator=\"ddcg\"", "gradient.ddcg_c=1"],
             "gradient.ddcg_c = 1 must be in [0, 1)",
         ),
         (&["gradient.estimator=\"second\""], "second"),
+        (
+            &["gradient.estimator=\"ivw_h\"", "env.episodes=1"],
+            "env.episodes must be at least 2",
+        ),
     ];
     for (sets, want) in cases {
         let out = tmp("bad");

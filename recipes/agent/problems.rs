@@ -63,23 +63,35 @@ fn story_problem(story: u64, rng: &mut SplitMix64) -> Problem {
     }
 }
 
-/// The integers in `text`, in order (a `-` directly before digits and after a non-digit, or
-/// at the start, makes a negative number).
+/// The integers in `text`, in order, with their byte spans. Thousands separators join groups
+/// (`1,080` is one number: after a first group of 1–3 digits, each `,` followed by exactly three
+/// digits), and a `-` directly before the digits and after a character that is not a digit, or
+/// at the start, makes a negative number (`-5`, `x = -5`; `20-8` is 20 and 8).
 pub(super) fn numbers(text: &str) -> Vec<(usize, usize, i64)> {
     let b = text.as_bytes();
+    let digit = |k: usize| b.get(k).is_some_and(u8::is_ascii_digit);
     let mut out = Vec::new();
     let mut i = 0;
     while i < b.len() {
-        if b[i].is_ascii_digit() {
-            let start = i;
-            while i < b.len() && b[i].is_ascii_digit() {
-                i += 1;
-            }
-            if let Ok(v) = text[start..i].parse::<i64>() {
-                out.push((start, i, v));
-            }
-        } else {
+        if !digit(i) {
             i += 1;
+            continue;
+        }
+        let negative = i > 0 && b[i - 1] == b'-' && (i == 1 || !b[i - 2].is_ascii_digit());
+        let first = i;
+        while digit(i) {
+            i += 1;
+        }
+        let mut value = text[first..i].to_string();
+        if i - first <= 3 {
+            while b.get(i) == Some(&b',') && (1..=3).all(|k| digit(i + k)) && !digit(i + 4) {
+                value.push_str(&text[i + 1..i + 4]);
+                i += 4;
+            }
+        }
+        if let Ok(v) = value.parse::<i64>() {
+            let start = if negative { first - 1 } else { first };
+            out.push((start, i, if negative { -v } else { v }));
         }
     }
     out
@@ -102,12 +114,16 @@ pub enum Problems {
     Generated,
     /// A dataset's problems; the post-test is the problem itself. Held-out episodes
     /// ([`EpisodeSource::held_out`]) draw from the file's held-out lines (a hash of the
-    /// question, 1 in 10), training episodes from the others.
+    /// question, 1 in 10), training episodes from the others. A problem whose text states its
+    /// own answer is left out (quoting it would close the leak gate), as the generator draws
+    /// such a problem again.
     File {
         /// The training lines' problems.
         train: Vec<Problem>,
         /// The held-out lines' problems.
         held_out: Vec<Problem>,
+        /// How many of the file's problems stated their own answer and were left out.
+        dropped: usize,
     },
 }
 
@@ -138,9 +154,28 @@ impl Problems {
                 })
                 .collect::<Result<Vec<_>>>()
         };
+        let (mut train, mut held_out) = (
+            convert(data.train_examples())?,
+            convert(&data.held_out_set(usize::MAX))?,
+        );
+        let before = train.len() + held_out.len();
+        train.retain(|p| !leaks(&p.text, p.answer));
+        held_out.retain(|p| !leaks(&p.text, p.answer));
+        if train.is_empty() || held_out.is_empty() {
+            bail!(
+                "env.problems = {path:?}: every {} problem states its own answer in its text \
+                 (the leak gate would close on a quote of it)",
+                if train.is_empty() {
+                    "training"
+                } else {
+                    "held-out"
+                }
+            );
+        }
         Ok(Self::File {
-            train: convert(data.train_examples())?,
-            held_out: convert(&data.held_out_set(usize::MAX))?,
+            dropped: before - train.len() - held_out.len(),
+            train,
+            held_out,
         })
     }
 
@@ -148,7 +183,9 @@ impl Problems {
     pub fn episode(&self, seed: u64) -> (Problem, Problem) {
         match self {
             Self::Generated => (problem(seed, false), problem(seed, true)),
-            Self::File { train, held_out } => {
+            Self::File {
+                train, held_out, ..
+            } => {
                 let set = if EpisodeSource::held_out(seed) {
                     held_out
                 } else {
@@ -165,6 +202,18 @@ impl Problems {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Signs and thousands separators by hand.
+    #[test]
+    fn numbers_read_signs_and_thousands() {
+        let text = "-5 and x = -7, 20-8, 1,080 and 1,2,3 and 12,3456 or 1,234,567";
+        let v: Vec<i64> = numbers(text).iter().map(|n| n.2).collect();
+        assert_eq!(v, [-5, -7, 20, 8, 1080, 1, 2, 3, 12, 3456, 1_234_567]);
+        assert_eq!(numbers("so 3 - -2 = 5")[1], (7, 9, -2));
+        assert_eq!(last_number("It is 1,080."), Some(1080));
+        assert!(leaks("The total is 1,080 now", 1080));
+        assert!(!leaks("The total is 1080 now", -1080));
+    }
 
     /// Problems are fixed by their seed, variants differ from them, answers are right.
     #[test]
@@ -184,8 +233,9 @@ mod tests {
     }
 
     /// A dataset's problems: GSM8K's `#### n` read as n, each episode's post-test item is its
-    /// problem, held-out seeds draw held-out lines and training seeds the others; an answer that
-    /// is not an integer is refused, naming the file and the problem.
+    /// problem, held-out seeds draw held-out lines and training seeds the others, a problem that
+    /// states its own answer is left out; an answer that is not an integer, or a file whose
+    /// problems all state their answers, is refused, naming the file and the problem.
     #[test]
     fn dataset_problems() {
         let dir = std::env::temp_dir().join(format!("ember-tutor-problems-{}", std::process::id()));
@@ -201,10 +251,16 @@ mod tests {
             .collect();
         std::fs::write(&path, lines.join("\n")).unwrap();
         let p = Problems::open(path.to_str()).unwrap();
-        let Problems::File { train, held_out } = &p else {
+        let Problems::File {
+            train,
+            held_out,
+            dropped,
+        } = &p
+        else {
             panic!("a file gives its problems");
         };
-        assert_eq!(train.len() + held_out.len(), 60);
+        // Only "Q0: 2 + 0?" states its own answer (2): it is left out.
+        assert_eq!((train.len() + held_out.len(), *dropped), (59, 1));
         for seed in 0..200 {
             let (first, post) = p.episode(seed);
             assert_eq!(first, post);
@@ -232,6 +288,12 @@ mod tests {
             e.contains("the answer \"2.5\" of \"Half?\" is not an integer"),
             "{e}"
         );
+        let quoting: String = (0..40)
+            .map(|i| format!("{{\"question\": \"Is it {i}?\", \"answer\": \"{i}\"}}\n"))
+            .collect();
+        std::fs::write(&path, quoting).unwrap();
+        let e = format!("{:#}", Problems::open(path.to_str()).unwrap_err());
+        assert!(e.contains("states its own answer"), "{e}");
         let missing = format!(
             "{:#}",
             Problems::open(Some("/nonexistent/p.jsonl")).unwrap_err()

@@ -213,6 +213,12 @@ impl TutorEnv {
             retries: spec.request_retries,
         };
         let problems = Problems::open(spec.problems.as_deref())?;
+        if let Problems::File {
+            dropped: n @ 1.., ..
+        } = &problems
+        {
+            eprintln!("env.problems: {n} problems state their own answer in their text; left out");
+        }
         let student = Backend::open(&src, device)?;
         let chat = student.chat_format("env")?;
         Ok(Self {

@@ -429,8 +429,16 @@ impl ControlRecipe {
         let Some(g) = &self.gradient else {
             return Ok(());
         };
-        if !(g.sigma.is_finite() && g.sigma > 0.0 && g.sigma <= 10.0) {
-            bail!("gradient.sigma = {} must be in (0, 10]", g.sigma);
+        if !(g.sigma.is_finite() && (1e-4..=10.0).contains(&g.sigma)) {
+            bail!("gradient.sigma = {} must be in [1e-4, 10]", g.sigma);
+        }
+        let variances = matches!(g.estimator, Estimator::Ddcg | Estimator::IvwH);
+        if variances && self.env.episodes < 2 {
+            bail!(
+                "gradient.estimator = \"{}\" weighs two sample variances over the episodes: \
+                 env.episodes must be at least 2",
+                g.estimator.name()
+            );
         }
         if !(0.0..1.0).contains(&g.ddcg_c) {
             bail!("gradient.ddcg_c = {} must be in [0, 1)", g.ddcg_c);

@@ -25,6 +25,7 @@
 //! `samples.jsonl` with the transcript); each ending turn's `info` logs them as `env/*`.
 
 use super::problems::{Problem, Problems, last_number, leaks, numbers};
+use crate::common::config::defaults::{is_true, yes};
 use crate::lm::participant::{Backend, ChatFormat, Source};
 use anyhow::Result;
 use burn::tensor::Device;
@@ -89,14 +90,6 @@ impl TutorReward {
     fn is_post_test(&self) -> bool {
         *self == Self::PostTest
     }
-}
-
-fn yes() -> bool {
-    true
-}
-#[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_true(v: &bool) -> bool {
-    *v
 }
 
 fn forty_eight() -> usize {

@@ -30,6 +30,11 @@ pub(crate) mod defaults {
     pub fn is_zero(n: &usize) -> bool {
         *n == 0
     }
+    /// `skip_serializing_if` of a switch whose default is on.
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    pub fn is_true(v: &bool) -> bool {
+        *v
+    }
 }
 
 /// Removes the top-level `kind` from a recipe table and returns it (`"llm"` when absent).

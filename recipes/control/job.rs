@@ -335,19 +335,19 @@ impl ember_run::Job for ControlJob<'_> {
         let t = Instant::now();
         let mut row = Row::new();
         let mut timing = Timings::default();
-        let (n_mu, n_nu) = match (self.r.adversary(), self.r.gradient) {
-            (_, Some(_)) => (0, 0),
-            (Some(a), None) => (a.protagonist_iters, a.adversary_iters),
-            (None, None) => (1, 0),
-        };
         if let Some(g) = self.r.gradient {
             self.pathwise_round(step, &g, &mut row, &mut timing)?;
-        }
-        for _ in 0..n_mu {
-            self.round(step, Side::Protagonist, &mut row, &mut timing)?;
-        }
-        for _ in 0..n_nu {
-            self.round(step, Side::Adversary, &mut row, &mut timing)?;
+        } else {
+            let (n_mu, n_nu) = self
+                .r
+                .adversary()
+                .map_or((1, 0), |a| (a.protagonist_iters, a.adversary_iters));
+            for _ in 0..n_mu {
+                self.round(step, Side::Protagonist, &mut row, &mut timing)?;
+            }
+            for _ in 0..n_nu {
+                self.round(step, Side::Adversary, &mut row, &mut timing)?;
+            }
         }
         timing.log(&mut row);
         let done = step + 1;

@@ -12,6 +12,8 @@
 //! - [`quant_linear`]: a product with weights held in GGUF's `Q4_1` or `Q8_0` blocks
 //!   ([`QuantMatrix`]), decoded in registers instead of dequantized to f32 (`quant.rs`,
 //!   `cpu_quant.rs`): decoding steps read 5 to 9 bits a weight instead of 32.
+//! - [`gemv`]: the product of a few rows with an f32 weight, the weight streamed over the cores
+//!   (`gemv.rs`, `cpu_gemv.rs`): decoding steps on f32 weights.
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
 //! says whether a device has them, and callers take the reference elsewhere.
@@ -23,7 +25,10 @@ mod attention;
 #[cfg(feature = "flex")]
 mod cpu;
 #[cfg(feature = "flex")]
+mod cpu_gemv;
+#[cfg(feature = "flex")]
 mod cpu_quant;
+mod gemv;
 mod head;
 mod quant;
 mod rms_norm;
@@ -33,6 +38,7 @@ pub use attention::FusedAttention;
 use burn::backend::Dispatch;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Int, Tensor};
+pub use gemv::FusedGemv;
 pub use head::FusedHead;
 pub use quant::{FusedQuantLinear, QuantError, QuantKind, QuantMatrix};
 pub use rms_norm::FusedRmsNorm;
@@ -51,16 +57,19 @@ pub enum Kernel {
     Swiglu,
     /// Products with quantized blocks where a model holds them ([`quant_linear`]): `quant`.
     Quant,
+    /// Few-row products with f32 weights over the cores ([`gemv`]): `gemv`.
+    Gemv,
 }
 
 impl Kernel {
     /// Every kernel, in the order of their bits.
-    pub const ALL: [Kernel; 5] = [
+    pub const ALL: [Kernel; 6] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
         Kernel::Swiglu,
         Kernel::Quant,
+        Kernel::Gemv,
     ];
 
     /// The kernel's name in `--kernels`.
@@ -71,6 +80,7 @@ impl Kernel {
             Kernel::RmsNorm => "rmsnorm",
             Kernel::Swiglu => "swiglu",
             Kernel::Quant => "quant",
+            Kernel::Gemv => "gemv",
         }
     }
 
@@ -81,6 +91,7 @@ impl Kernel {
             Kernel::RmsNorm => 4,
             Kernel::Swiglu => 8,
             Kernel::Quant => 16,
+            Kernel::Gemv => 32,
         }
     }
 }
@@ -367,6 +378,49 @@ pub fn quant_linear_reference(x: Tensor<2>, w: &QuantMatrix) -> Tensor<2> {
     x.matmul(dense.transpose())
 }
 
+/// Rows up to which a product with an f32 weight goes through [`gemv`] (decoding steps of up
+/// to this many sequences); from about here burn flex's own product runs on every core.
+pub const GEMV_ROWS: usize = 4;
+
+/// `x · W` for a few rows `x` and an f32 weight `W` in burn's `Linear` layout, the weight's
+/// columns split over the cores (`gemv.rs`); elsewhere, and for other dtypes, burn's `matmul`.
+/// Differentiable in `x` and `W`.
+///
+/// # Shapes
+/// `x` `[n, k]`, `w` `[k, m]` → `[n, m]`.
+pub fn gemv(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let ([n, k], [kw, m]) = (x.dims(), w.dims());
+    assert_eq!(k, kw, "gemv: x is [{n}, {k}], w [{kw}, {m}]");
+    Tensor::<2>::from_dispatch(<Dispatch as FusedGemv>::gemv(
+        x.into_dispatch(),
+        w.into_dispatch(),
+    ))
+}
+
+/// Runs `f` on one of the CPU backend's worker threads (rayon's pool) and waits for it, so that
+/// the parallel kernels `f` calls split their work between the calling worker and the others,
+/// instead of the calling thread waiting while every worker takes a part and then spins.
+pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    #[cfg(feature = "flex")]
+    {
+        rayon::scope(|_| f())
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        f()
+    }
+}
+
+/// The reference of [`gemv`]: burn's `matmul`.
+///
+/// # Shapes
+/// As [`gemv`].
+pub fn gemv_reference(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    x.matmul(w)
+}
+
+#[cfg(test)]
+mod gemv_tests;
 #[cfg(test)]
 mod quant_tests;
 #[cfg(test)]

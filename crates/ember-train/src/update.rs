@@ -344,7 +344,9 @@ fn split(results: Vec<ShardResult>) -> Result<(Vec<GradientsParams>, HostMetrics
 type ShardResult = Result<(GradientsParams, Vec<(String, f64)>), EngineError>;
 
 /// Runs `shard` on each replica's rows of `part`: one thread per device with a data-parallel
-/// group, in this thread without one.
+/// group, in this thread without one. Each runs on a worker of the CPU backend's pool
+/// (`ember_kernels::on_workers`; a shard blocks on nothing), so that its parallel products
+/// split between that worker and the others instead of waking every worker while it waits.
 fn run_shards<M: Module + Clone + Send>(
     group: Option<&DataParallel>,
     model: &M,
@@ -353,7 +355,9 @@ fn run_shards<M: Module + Clone + Send>(
     shard: &(impl Fn(&M, usize, &[usize]) -> ShardResult + Sync),
 ) -> Vec<ShardResult> {
     let Some(dp) = group else {
-        return vec![shard(model, 0, part)];
+        // A clone (its tensors shared) moves to the worker: `M` need not be `Sync`.
+        let model = model.clone();
+        return vec![ember_kernels::on_workers(move || shard(&model, 0, part))];
     };
     let shards = dp.shards(part);
     std::thread::scope(|s| {
@@ -365,7 +369,7 @@ fn run_shards<M: Module + Clone + Send>(
                     0 => model.clone(),
                     _ => replicas[k - 1].clone(),
                 };
-                s.spawn(move || shard(&replica, k, rows))
+                s.spawn(move || ember_kernels::on_workers(move || shard(&replica, k, rows)))
             })
             .collect();
         handles

@@ -27,6 +27,16 @@ pub(crate) fn decodes<const D: usize>(x: &Tensor<D>) -> bool {
         && ember_kernels::fused_on(&x.device())
 }
 
+/// Whether a product with input `x` (`[rows, d_in]`) and an f32 weight goes through
+/// `ember_kernels::gemv`: a decoding step of at most `ember_kernels::GEMV_ROWS` rows, f32, the
+/// `gemv` kernel chosen and on `x`'s device.
+pub(crate) fn few_rows(x: &Tensor<2>) -> bool {
+    x.dims()[0] <= ember_kernels::GEMV_ROWS
+        && x.dtype() == DType::F32
+        && ember_kernels::enabled(Kernel::Gemv)
+        && ember_kernels::fused_on(&x.device())
+}
+
 /// `x · Wᵀ (+ bias)` with `W` `[d_out, d_in]` in blocks and `x`'s leading dims as rows.
 pub(crate) fn blocks_linear<const D: usize>(
     x: Tensor<D>,

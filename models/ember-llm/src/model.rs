@@ -196,7 +196,18 @@ fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1
     let d_in = dims[D - 1];
     let rows = dims[..D - 1].iter().product::<usize>();
     dims[D - 1] = w.dims()[1];
-    linear_op(x.reshape([rows, d_in]), w, bias).reshape(dims)
+    let x = x.reshape([rows, d_in]);
+    let y = match crate::blocks::few_rows(&x) {
+        true => {
+            let y = ember_kernels::gemv(x, w);
+            match bias {
+                Some(b) => y + b.unsqueeze(),
+                None => y,
+            }
+        }
+        false => linear_op(x, w, bias),
+    };
+    y.reshape(dims)
 }
 
 /// A projection (`blocks`: its weight as quantized blocks, if kept) plus its Mixture-of-LoRA,
@@ -701,7 +712,11 @@ impl Llama {
         mask: Tensor<2>,
         cache: &mut KvCache,
     ) -> Tensor<2> {
-        self.forward_cached_routed(tokens, mask, cache, &RouteCtx::plain(true))
+        // On a worker of the CPU backend's pool, so that the step's parallel products split
+        // between this thread and the others (`ember_kernels::on_workers`).
+        ember_kernels::on_workers(|| {
+            self.forward_cached_routed(tokens, mask, cache, &RouteCtx::plain(true))
+        })
     }
 
     /// [`forward_cached`](Self::forward_cached) under a routing context (sequence routing

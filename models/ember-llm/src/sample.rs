@@ -547,6 +547,23 @@ pub fn generate_observed(
     prompts: &[Vec<u32>],
     cfg: &SamplingConfig,
     device: &Device,
+    observe: Option<Observer<'_>>,
+) -> Result<Generation> {
+    match observe {
+        // On a worker of the CPU backend's pool, so that each step's parallel products split
+        // between this thread and the others (`ember_kernels::on_workers`); an observer may
+        // hold what cannot leave its thread.
+        None => ember_kernels::on_workers(|| generate_on(model, prompts, cfg, device, None)),
+        Some(o) => generate_on(model, prompts, cfg, device, Some(o)),
+    }
+}
+
+/// [`generate_observed`] on the calling thread.
+fn generate_on(
+    model: &Llama,
+    prompts: &[Vec<u32>],
+    cfg: &SamplingConfig,
+    device: &Device,
     mut observe: Option<Observer<'_>>,
 ) -> Result<Generation> {
     check_inputs(model, prompts, cfg)?;

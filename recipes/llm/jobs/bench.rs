@@ -95,7 +95,7 @@ options:
                                  (e.g. to profile one of them; default all)
   --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
                                  references, or a comma-separated list of the kernels to use
-                                 (head, attention, rmsnorm, swiglu, quant; crates/ember-kernels)
+                                 (head, attention, rmsnorm, swiglu, quant, gemv; crates/ember-kernels)
   --blocks q4_1|q8_0             quantize the weights to GGUF's blocks (the f32 weights become
                                  the dequantized blocks), which decode steps of up to
                                  ember_llm::BLOCK_ROWS rows read (the `quant` kernel)
@@ -238,7 +238,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         rows.extend(matmul_rows(&device, opts.reps));
     }
     for size in &opts.sizes {
-        rows.extend(size_rows(size, &opts, &device, precision)?);
+        // On a worker of the CPU backend's pool, as generation and the update run.
+        let r = ember_kernels::on_workers(|| size_rows(size, &opts, &device, precision))?;
+        rows.extend(r);
     }
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)

@@ -27,25 +27,32 @@ struct Toy {
 
 const STEPS: usize = 5;
 
-thread_local! {
-    /// The rows of each `Toy::score` call made on this thread (the micro-batches).
-    static SCORED: std::cell::RefCell<Vec<Vec<usize>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The rows of each `Toy::score` call made on any thread of a batch of [`SHARED_ROWS`] rows (the
-/// replicas' micro-batches; no other test uses that many rows).
-static SCORED_SHARED: std::sync::Mutex<Vec<Vec<usize>>> = std::sync::Mutex::new(Vec::new());
+/// The rows of each `Toy::score` call, made on any thread (the shards run on the CPU pool's
+/// workers), with the batch's row count: the tests that read it use batches of [`BUDGET_ROWS`]
+/// and [`SHARED_ROWS`] rows, which no other test uses.
+static SCORED: std::sync::Mutex<Vec<(usize, Vec<usize>)>> = std::sync::Mutex::new(Vec::new());
+const BUDGET_ROWS: usize = 11;
 const SHARED_ROWS: usize = 14;
+
+/// The recorded calls on batches of `batch` rows, removed from the record.
+fn take_scored(batch: usize) -> Vec<Vec<usize>> {
+    let mut all = SCORED.lock().unwrap();
+    let (mine, rest) = std::mem::take(&mut *all)
+        .into_iter()
+        .partition::<Vec<_>, _>(|(b, _)| *b == batch);
+    *all = rest;
+    mine.into_iter().map(|(_, rows)| rows).collect()
+}
 
 impl Actor for Toy {
     type Experience = Tensor<2>;
 
     fn score(&self, x: &Tensor<2>, rows: &[usize], _: bool) -> Scored {
-        SCORED.with(|s| s.borrow_mut().push(rows.to_vec()));
-        if x.dims()[0] == SHARED_ROWS
-            && let Ok(mut s) = SCORED_SHARED.lock()
+        let batch = x.dims()[0];
+        if [BUDGET_ROWS, SHARED_ROWS].contains(&batch)
+            && let Ok(mut s) = SCORED.lock()
         {
-            s.push(rows.to_vec());
+            s.push((batch, rows.to_vec()));
         }
         let idx: Vec<i64> = rows.iter().map(|r| *r as i64).collect();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &x.device());
@@ -215,13 +222,13 @@ fn logged_loss_does_not_depend_on_micro_batches() {
 fn token_budget_micro_batches_update_as_the_whole_batch() {
     let d = Device::default().autodiff();
     for mini_batches in [1, 2] {
-        let c = case(&d, 12);
+        let c = case(&d, BUDGET_ROWS);
         let (whole, s0) = run(&c, None, &schedule(2, mini_batches, 0));
         let mut cfg = schedule(2, mini_batches, 0);
         cfg.schedule.micro_batch_tokens = 6;
-        SCORED.with(|s| s.borrow_mut().clear());
+        take_scored(BUDGET_ROWS);
         let (cut, s1) = run(&c, None, &cfg);
-        let calls = SCORED.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        let calls = take_scored(BUDGET_ROWS);
         let len = |r: &usize| r % STEPS + 1;
         assert!(calls.len() > 2 * mini_batches, "{calls:?}");
         for rows in &calls {
@@ -233,7 +240,7 @@ fn token_budget_micro_batches_update_as_the_whole_batch() {
                 "not sorted: {rows:?}"
             );
         }
-        assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 2 * 12);
+        assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), 2 * BUDGET_ROWS);
         let diff = max_diff(&whole, &cut);
         assert!(diff < 2e-6, "{mini_batches} mini-batches: {diff}");
         assert!(max_diff(&whole, &c.toy) > 1e-3);
@@ -254,9 +261,9 @@ fn replicas_on_one_device_share_its_micro_batch_bounds() {
     let c = case(&d, SHARED_ROWS);
     let cfg = schedule(1, 1, 4);
     let (one, _) = run(&c, None, &cfg);
-    SCORED_SHARED.lock().unwrap().clear();
+    take_scored(SHARED_ROWS);
     let (dp, _) = run(&c, Some(cpu_group(&d, 2)), &cfg);
-    let calls = std::mem::take(&mut *SCORED_SHARED.lock().unwrap());
+    let calls = take_scored(SHARED_ROWS);
     assert_eq!(calls.iter().map(Vec::len).sum::<usize>(), SHARED_ROWS);
     assert!(calls.iter().all(|r| r.len() <= 2), "{calls:?}");
     assert_eq!(

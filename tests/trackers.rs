@@ -9,6 +9,7 @@ mod common;
 
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -26,11 +27,14 @@ fn tmp(tag: &str) -> PathBuf {
     d
 }
 
-/// A server process, killed when the test ends.
+/// A server process in a process group of its own, the whole group killed when the test ends
+/// (`mlflow server` starts uvicorn and job workers that outlive a kill of the parent alone).
 struct Server(Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill").args(["-9", "--", &group]).status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -82,6 +86,7 @@ fn spawn(cmd: &mut Command, log: &Path) -> Server {
         .stdout(f.try_clone().unwrap())
         .stderr(f)
         .stdin(Stdio::null())
+        .process_group(0)
         .spawn()
         .unwrap();
     Server(child)

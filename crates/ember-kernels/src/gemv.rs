@@ -2,8 +2,8 @@
 //! (burn's `Linear` layout), for decoding steps: with a handful of rows the product reads each
 //! weight once and does two flops with it, so its time is the time to stream `W` from memory.
 //! burn flex runs products this small (below 192³ multiply-adds) on the calling thread; the
-//! CPU implementation here (`cpu_gemv.rs`) splits `W`'s columns over the cores, so that both
-//! cores read weights. The reference is burn's `matmul`.
+//! CPU implementation here (`cpu_gemv.rs`) splits `W` by blocks of its rows over the cores, so
+//! that both cores read weights. The reference is burn's `matmul`.
 
 use burn::backend::autodiff::{
     Autodiff,

@@ -190,19 +190,20 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
 /// The layers of the workspace, lowest first: a member may depend only on members of a lower
 /// layer, so Cargo's arrows all point down (ARCHITECTURE.md). A new member must be placed here.
 const LAYERS: &[(&str, u8)] = &[
-    ("ember-engine", 0),
-    ("ember-kernels", 0),
-    ("ember-dist", 0),
-    ("ember-gym", 0),
-    ("ember-collectives", 1),
-    ("ember-train", 1),
-    ("ember-tasks", 1),
-    ("ember-molora", 1),
-    ("ember-run", 2),
-    ("ember-llm", 2),
-    ("ember-flow", 2),
-    ("ember-control", 2),
-    ("ember", 3),
+    ("ember-amx", 0),
+    ("ember-engine", 1),
+    ("ember-kernels", 1),
+    ("ember-dist", 1),
+    ("ember-gym", 1),
+    ("ember-collectives", 2),
+    ("ember-train", 2),
+    ("ember-tasks", 2),
+    ("ember-molora", 2),
+    ("ember-run", 3),
+    ("ember-llm", 3),
+    ("ember-flow", 3),
+    ("ember-control", 3),
+    ("ember", 4),
 ];
 
 fn layer(name: &str) -> Option<u8> {

@@ -8,6 +8,7 @@
 //! `log p_t = z_t − lse`, `H = lse − E[z]`;
 //! `∂ log p_t / ∂z = onehot(t) − p`, `∂H/∂z = −p (z − E[z])`.
 
+use crate::amx::{FusedAmx, product, rounded};
 use burn::backend::autodiff::{
     Autodiff,
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
@@ -23,23 +24,34 @@ use burn::tensor::IndexingUpdateOp;
 /// The fused head as a burn backend extension: the CPU backend runs the chunked forward, the
 /// autodiff backend adds the recomputing backward.
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
-pub trait FusedHead: Backend {
+pub trait FusedHead: Backend + FusedAmx {
     /// `[rows, 2]`: column 0 the log-probability of `targets[r]` under `softmax(h Wᵀ · inv_t)`,
     /// column 1 that distribution's entropy. `h` `[rows, d]`, `w` `[vocab, d]`, `targets`
-    /// `[rows]`; `chunk` vocabulary columns at a time.
+    /// `[rows]`; `chunk` vocabulary columns at a time; the products in bf16 (`amx.rs`) when
+    /// `bf16`.
     fn head_log_prob_entropy(
         h: FloatTensor<Self>,
         w: FloatTensor<Self>,
         targets: IntTensor<Self>,
         inv_t: f32,
         chunk: usize,
+        bf16: bool,
     ) -> FloatTensor<Self> {
-        forward::<Self>(h, w, targets, inv_t, chunk).out
+        forward::<Self>(h, w, targets, Scale { inv_t, chunk, bf16 }).out
     }
 }
 
 #[cfg(feature = "flex")]
 impl FusedHead for burn::backend::Flex {}
+
+/// How the head's logits are computed: `z = h Wᵀ · inv_t`, `chunk` vocabulary columns at a time,
+/// the products in bf16 when `bf16`.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    inv_t: f32,
+    chunk: usize,
+    bf16: bool,
+}
 
 /// What the forward pass keeps for the backward pass.
 struct Forward<B: Backend> {
@@ -59,16 +71,16 @@ fn chunks(vocab: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<us
 }
 
 /// One chunk's logits `h W[s..e]ᵀ · inv_t`, `[rows, e − s]`.
-fn logits<B: Backend>(
+fn logits<B: Backend + FusedAmx>(
     h: &FloatTensor<B>,
     w: &FloatTensor<B>,
     cols: std::ops::Range<usize>,
-    inv_t: f32,
+    sc: Scale,
 ) -> FloatTensor<B> {
     let d = w.shape()[1];
     let wc = B::float_slice(w.clone(), &[Slice::from(cols), Slice::from(0..d)]);
-    let z = B::float_matmul(h.clone(), B::float_transpose(wc));
-    B::float_mul_scalar(z, inv_t.into())
+    let z = product::<B>(h.clone(), B::float_transpose(wc), sc.bf16);
+    B::float_mul_scalar(z, sc.inv_t.into())
 }
 
 /// The element-wise maximum `(a + b + |a − b|) / 2` (no comparison mask needed).
@@ -77,31 +89,31 @@ fn maximum<B: Backend>(a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B> {
     B::float_mul_scalar(B::float_add(B::float_add(a, b), gap), 0.5f32.into())
 }
 
-/// The chosen tokens' logits `(h · W[t]) · inv_t`, `[rows, 1]`.
+/// The chosen tokens' logits `(h · W[t]) · inv_t`, `[rows, 1]` (from bf16-rounded inputs where
+/// the chunks' products round theirs, so that `log p_t ≤ 0` holds).
 fn chosen<B: Backend>(
     h: &FloatTensor<B>,
     w: &FloatTensor<B>,
     targets: &IntTensor<B>,
-    inv_t: f32,
+    sc: Scale,
 ) -> FloatTensor<B> {
-    let rows_w = B::float_select(w.clone(), 0, targets.clone());
-    let dot = B::float_sum_dim(B::float_mul(h.clone(), rows_w), 1);
-    B::float_mul_scalar(dot, inv_t.into())
+    let rows_w = rounded::<B>(B::float_select(w.clone(), 0, targets.clone()), sc.bf16);
+    let dot = B::float_sum_dim(B::float_mul(rounded::<B>(h.clone(), sc.bf16), rows_w), 1);
+    B::float_mul_scalar(dot, sc.inv_t.into())
 }
 
 /// The forward pass: a running maximum `m`, `s = Σ exp(z − m)` and `a = Σ exp(z − m) z` over the
 /// chunks, then `lse = m + log s`, `E[z] = a / s`.
-fn forward<B: Backend>(
+fn forward<B: Backend + FusedAmx>(
     h: FloatTensor<B>,
     w: FloatTensor<B>,
     targets: IntTensor<B>,
-    inv_t: f32,
-    chunk: usize,
+    sc: Scale,
 ) -> Forward<B> {
     let vocab = w.shape()[0];
     let mut acc: Option<(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>)> = None;
-    for c in chunks(vocab, chunk) {
-        let z = logits::<B>(&h, &w, c, inv_t);
+    for c in chunks(vocab, sc.chunk) {
+        let z = logits::<B>(&h, &w, c, sc);
         let zmax = B::float_max_dim(z.clone(), 1);
         let (m, s, a) = match acc.take() {
             None => {
@@ -124,7 +136,7 @@ fn forward<B: Backend>(
     };
     let lse = B::float_add(m, B::float_log(s.clone()));
     let ez = B::float_div(a, s);
-    let lp = B::float_sub(chosen::<B>(&h, &w, &targets, inv_t), lse.clone());
+    let lp = B::float_sub(chosen::<B>(&h, &w, &targets, sc), lse.clone());
     let ent = B::float_sub(lse.clone(), ez.clone());
     Forward {
         out: B::float_cat(vec![lp, ent], 1),
@@ -141,15 +153,14 @@ struct Saved<B: Backend> {
     targets: IntTensor<B>,
     lse: FloatTensor<B>,
     ez: FloatTensor<B>,
-    inv_t: f32,
-    chunk: usize,
+    sc: Scale,
 }
 
 /// The recomputing backward of [`FusedHead::head_log_prob_entropy`].
 #[derive(Debug)]
 struct HeadBackward;
 
-impl<B: Backend> Backward<B, 2> for HeadBackward {
+impl<B: Backend + FusedAmx> Backward<B, 2> for HeadBackward {
     type State = Saved<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -168,7 +179,7 @@ impl<B: Backend> Backward<B, 2> for HeadBackward {
 /// `(∂L/∂h, ∂L/∂W)` from the output's gradient `[rows, 2]`: per chunk,
 /// `∂L/∂z = −p (g_lp + g_H (z − E[z]))` plus `g_lp` at the chosen token, then `∂L/∂h += ∂L/∂z
 /// W[chunk] · inv_t` and `∂L/∂W[chunk] = (∂L/∂z)ᵀ h · inv_t`.
-fn head_grads<B: Backend>(
+fn head_grads<B: Backend + FusedAmx>(
     st: &Saved<B>,
     grad: FloatTensor<B>,
     with_w: bool,
@@ -179,25 +190,29 @@ fn head_grads<B: Backend>(
     let g_ent = B::float_slice(grad, &[Slice::from(0..rows), Slice::from(1..2)]);
     let mut dh: Option<FloatTensor<B>> = None;
     let mut dw_parts = Vec::new();
-    for c in chunks(vocab, st.chunk) {
-        let z = logits::<B>(&st.h, &st.w, c.clone(), st.inv_t);
+    for c in chunks(vocab, st.sc.chunk) {
+        let z = logits::<B>(&st.h, &st.w, c.clone(), st.sc);
         let p = B::float_exp(B::float_sub(z.clone(), st.lse.clone()));
         let centred = B::float_mul(B::float_sub(z, st.ez.clone()), g_ent.clone());
         let dz = B::float_neg(B::float_mul(p, B::float_add(centred, g_lp.clone())));
-        let dz = B::float_mul_scalar(dz, st.inv_t.into());
+        let dz = B::float_mul_scalar(dz, st.sc.inv_t.into());
         let wc = B::float_slice(st.w.clone(), &[Slice::from(c), Slice::from(0..d)]);
-        let part = B::float_matmul(dz.clone(), wc);
+        let part = product::<B>(dz.clone(), wc, st.sc.bf16);
         dh = Some(match dh {
             Some(acc) => B::float_add(acc, part),
             None => part,
         });
         if with_w {
-            dw_parts.push(B::float_matmul(B::float_transpose(dz), st.h.clone()));
+            dw_parts.push(product::<B>(
+                B::float_transpose(dz),
+                st.h.clone(),
+                st.sc.bf16,
+            ));
         }
     }
     // The chosen token's `onehot · g_lp` term: `g_lp · W[t] · inv_t` into ∂L/∂h, and
     // `g_lp · h · inv_t` added into the rows `t` of ∂L/∂W.
-    let g = B::float_mul_scalar(g_lp, st.inv_t.into());
+    let g = B::float_mul_scalar(g_lp, st.sc.inv_t.into());
     let w_t = B::float_select(st.w.clone(), 0, st.targets.clone());
     let dh = B::float_add(
         dh.unwrap_or_else(|| B::float_mul_scalar(st.h.clone(), 0f32.into())),
@@ -218,7 +233,9 @@ impl<B: Backend + FusedHead, C: CheckpointStrategy> FusedHead for Autodiff<B, C>
         targets: IntTensor<Self>,
         inv_t: f32,
         chunk: usize,
+        bf16: bool,
     ) -> FloatTensor<Self> {
+        let sc = Scale { inv_t, chunk, bf16 };
         match HeadBackward
             .prepare::<C>([h.node(), w.node()])
             .compute_bound()
@@ -226,15 +243,14 @@ impl<B: Backend + FusedHead, C: CheckpointStrategy> FusedHead for Autodiff<B, C>
         {
             OpsKind::Tracked(prep) => {
                 let (hp, wp) = (h.primitive().clone(), w.primitive().clone());
-                let f = forward::<B>(hp.clone(), wp.clone(), targets.clone(), inv_t, chunk);
+                let f = forward::<B>(hp.clone(), wp.clone(), targets.clone(), sc);
                 let saved = Saved {
                     h: hp,
                     w: wp,
                     targets,
                     lse: f.lse,
                     ez: f.ez,
-                    inv_t,
-                    chunk,
+                    sc,
                 };
                 prep.finish(saved, f.out)
             }
@@ -244,6 +260,7 @@ impl<B: Backend + FusedHead, C: CheckpointStrategy> FusedHead for Autodiff<B, C>
                 targets,
                 inv_t,
                 chunk,
+                bf16,
             )),
         }
     }

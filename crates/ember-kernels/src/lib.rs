@@ -15,12 +15,17 @@
 //! - [`gemv`]: the product of a few rows with an f32 weight, the weight streamed over the cores
 //!   (`gemv.rs`, `cpu_gemv.rs`): decoding steps on f32 weights.
 //!
+//! - [`amx_matmul`]: a many-row product with both inputs rounded to bf16 and f32 sums, on Intel
+//!   AMX tiles (`amx.rs`, the `ember-amx` crate): chosen by name only, since it changes the
+//!   products' precision.
+//!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
 //! says whether a device has them, and callers take the reference elsewhere.
 
 // Without a backend selected, the generated dispatch takes the arguments without using them.
 #![cfg_attr(not(feature = "flex"), allow(unused_variables))]
 
+mod amx;
 mod attention;
 #[cfg(feature = "flex")]
 mod cpu;
@@ -34,6 +39,7 @@ mod quant;
 mod rms_norm;
 mod swiglu;
 
+pub use amx::FusedAmx;
 pub use attention::FusedAttention;
 use burn::backend::Dispatch;
 use burn::tensor::activation::{log_softmax, softmax};
@@ -59,11 +65,26 @@ pub enum Kernel {
     Quant,
     /// Few-row products with f32 weights over the cores ([`gemv`]): `gemv`.
     Gemv,
+    /// Many-row products in bf16 on AMX tiles ([`amx_matmul`]): `amx`. Not among
+    /// [`Kernel::DEFAULT`]: it rounds the products' inputs to bf16.
+    Amx,
 }
 
 impl Kernel {
     /// Every kernel, in the order of their bits.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
+        Kernel::Head,
+        Kernel::Attention,
+        Kernel::RmsNorm,
+        Kernel::Swiglu,
+        Kernel::Quant,
+        Kernel::Gemv,
+        Kernel::Amx,
+    ];
+
+    /// The kernels `ember` names and a run takes unless told otherwise: every kernel that
+    /// computes what its reference computes in f32 (all but [`Kernel::Amx`]).
+    pub const DEFAULT: [Kernel; 6] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
@@ -81,6 +102,7 @@ impl Kernel {
             Kernel::Swiglu => "swiglu",
             Kernel::Quant => "quant",
             Kernel::Gemv => "gemv",
+            Kernel::Amx => "amx",
         }
     }
 
@@ -92,6 +114,7 @@ impl Kernel {
             Kernel::Swiglu => 8,
             Kernel::Quant => 16,
             Kernel::Gemv => 32,
+            Kernel::Amx => 64,
         }
     }
 }
@@ -101,29 +124,32 @@ impl Kernel {
 static ENABLED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNSET);
 const UNSET: u8 = 0x80;
 
-/// Which kernels `spec` chooses: `ember` (every kernel), `burn` (none: the decomposed burn-op
-/// references everywhere), or a comma-separated list of kernel names (`head,attention`).
+/// Which kernels `spec` chooses: `ember` (the [`Kernel::DEFAULT`] kernels), `burn` (none: the
+/// decomposed burn-op references everywhere), or a comma-separated list of kernel names and
+/// `ember` (`head,attention`, `ember,amx`).
 ///
 /// # Errors
 /// An unknown name, listed with the names there are.
 pub fn parse_kernels(spec: &str) -> Result<Vec<Kernel>, String> {
-    match spec.trim() {
-        "ember" => return Ok(Kernel::ALL.to_vec()),
-        "burn" => return Ok(Vec::new()),
-        _ => {}
+    if spec.trim() == "burn" {
+        return Ok(Vec::new());
     }
-    spec.split(',')
-        .map(|n| {
-            let n = n.trim();
-            Kernel::ALL.into_iter().find(|k| k.name() == n).ok_or_else(|| {
-                let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
-                format!(
-                    "kernels {spec:?}: {n:?} is not a kernel; expected ember, burn or a comma-separated list of {}",
-                    names.join(", ")
-                )
-            })
-        })
-        .collect()
+    let mut chosen = Vec::new();
+    for n in spec.split(',').map(str::trim) {
+        if n == "ember" {
+            chosen.extend(Kernel::DEFAULT);
+            continue;
+        }
+        let k = Kernel::ALL.into_iter().find(|k| k.name() == n).ok_or_else(|| {
+            let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+            format!(
+                "kernels {spec:?}: {n:?} is not a kernel; expected ember, burn or a comma-separated list of ember and {}",
+                names.join(", ")
+            )
+        })?;
+        chosen.push(k);
+    }
+    Ok(chosen)
 }
 
 /// Chooses the fused kernels for the whole process; the others take their burn-op references.
@@ -132,21 +158,23 @@ pub fn set_kernels(kernels: &[Kernel]) {
     ENABLED.store(bits, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Every fused kernel (`true`) or none (the burn-op references) for the whole process.
+/// The [`Kernel::DEFAULT`] kernels (`true`) or none (the burn-op references) for the whole
+/// process.
 pub fn set_enabled(on: bool) {
-    set_kernels(if on { &Kernel::ALL } else { &[] });
+    set_kernels(if on { &Kernel::DEFAULT } else { &[] });
 }
 
 /// Whether `kernel` is chosen: [`set_kernels`], else `EMBER_KERNELS` (as [`parse_kernels`]
-/// reads it; a value it refuses leaves every kernel on, with a warning), else yes.
+/// reads it; a value it refuses leaves the [`Kernel::DEFAULT`] kernels on, with a warning),
+/// else whether it is among [`Kernel::DEFAULT`].
 pub fn enabled(kernel: Kernel) -> bool {
     let mut bits = ENABLED.load(std::sync::atomic::Ordering::Relaxed);
     if bits == UNSET {
         let chosen = match std::env::var("EMBER_KERNELS") {
-            Err(_) => Kernel::ALL.to_vec(),
+            Err(_) => Kernel::DEFAULT.to_vec(),
             Ok(v) => parse_kernels(&v).unwrap_or_else(|e| {
-                eprintln!("EMBER_KERNELS: {e}; every kernel stays on");
-                Kernel::ALL.to_vec()
+                eprintln!("EMBER_KERNELS: {e}; the default kernels stay on");
+                Kernel::DEFAULT.to_vec()
             }),
         };
         set_kernels(&chosen);
@@ -207,6 +235,7 @@ pub fn head_log_probs(
         targets.into_dispatch(),
         1.0 / temperature,
         head_chunk(rows),
+        enabled(Kernel::Amx) && amx_available(),
     ));
     let lp = out.clone().slice([0..rows, 0..1]).reshape([rows]);
     (lp, out.slice([0..rows, 1..2]).reshape([rows]))
@@ -411,6 +440,50 @@ pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+/// Rows from which a product goes through [`amx_matmul`] when `amx` is chosen: fewer rows
+/// (decoding steps) would round the whole weight to bf16 for a handful of rows.
+pub const AMX_ROWS: usize = 64;
+
+/// Whether [`amx_matmul`] runs on AMX tiles here (the CPU has AMX-BF16 and the operating
+/// system granted the tile state); elsewhere it is burn's f32 `matmul`.
+pub fn amx_available() -> bool {
+    #[cfg(feature = "flex")]
+    {
+        ember_amx::available()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        false
+    }
+}
+
+/// `x · W` with `x` and `W` rounded to bf16 (to nearest, ties to even) and the sums kept in f32,
+/// on AMX tiles (`amx.rs`); burn's f32 `matmul` where [`amx_available`] is false or off the
+/// CPU backend. Differentiable in both: each gradient is a product of the same kind.
+///
+/// # Shapes
+/// `x` `[n, k]`, `w` `[k, m]` → `[n, m]`.
+pub fn amx_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let ([n, k], [kw, m]) = (x.dims(), w.dims());
+    assert_eq!(k, kw, "amx_matmul: x is [{n}, {k}], w [{kw}, {m}]");
+    Tensor::<2>::from_dispatch(<Dispatch as FusedAmx>::amx_matmul(
+        x.into_dispatch(),
+        w.into_dispatch(),
+    ))
+}
+
+/// The reference of [`amx_matmul`]: burn's `matmul` of the inputs rounded to bf16 and back.
+///
+/// # Shapes
+/// As [`amx_matmul`].
+pub fn amx_matmul_reference(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let bf16 = |t: Tensor<2>| {
+        t.cast(burn::tensor::DType::BF16)
+            .cast(burn::tensor::DType::F32)
+    };
+    bf16(x).matmul(bf16(w))
+}
+
 /// The reference of [`gemv`]: burn's `matmul`.
 ///
 /// # Shapes
@@ -419,6 +492,8 @@ pub fn gemv_reference(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     x.matmul(w)
 }
 
+#[cfg(test)]
+mod amx_tests;
 #[cfg(test)]
 mod gemv_tests;
 #[cfg(test)]

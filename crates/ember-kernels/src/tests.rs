@@ -42,6 +42,7 @@ fn check(rows: usize, vocab: usize, d: usize, chunk: usize, temperature: f32, se
                         targets.into_dispatch(),
                         1.0 / temperature,
                         chunk,
+                        false,
                     ));
                 let lp = out.clone().slice([0..rows, 0..1]).reshape([rows]);
                 (lp, out.slice([0..rows, 1..2]).reshape([rows]))

@@ -37,6 +37,17 @@ pub(crate) fn few_rows(x: &Tensor<2>) -> bool {
         && ember_kernels::fused_on(&x.device())
 }
 
+/// Whether a product with input `x` (`[rows, d_in]`) and an f32 weight goes through
+/// `ember_kernels::amx_matmul` (inputs rounded to bf16): at least `ember_kernels::AMX_ROWS`
+/// rows, f32, the `amx` kernel chosen, AMX tiles available and `x` on the CPU backend.
+pub(crate) fn many_rows_bf16(x: &Tensor<2>) -> bool {
+    x.dims()[0] >= ember_kernels::AMX_ROWS
+        && x.dtype() == DType::F32
+        && ember_kernels::enabled(Kernel::Amx)
+        && ember_kernels::amx_available()
+        && ember_kernels::fused_on(&x.device())
+}
+
 /// `x · Wᵀ (+ bias)` with `W` `[d_out, d_in]` in blocks and `x`'s leading dims as rows.
 pub(crate) fn blocks_linear<const D: usize>(
     x: Tensor<D>,

@@ -197,17 +197,19 @@ fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1
     let rows = dims[..D - 1].iter().product::<usize>();
     dims[D - 1] = w.dims()[1];
     let x = x.reshape([rows, d_in]);
-    let y = match crate::blocks::few_rows(&x) {
-        true => {
-            let y = ember_kernels::gemv(x, w);
-            match bias {
-                Some(b) => y + b.unsqueeze(),
-                None => y,
-            }
-        }
-        false => linear_op(x, w, bias),
+    let product = if crate::blocks::few_rows(&x) {
+        ember_kernels::gemv
+    } else if crate::blocks::many_rows_bf16(&x) {
+        ember_kernels::amx_matmul
+    } else {
+        return linear_op(x, w, bias).reshape(dims);
     };
-    y.reshape(dims)
+    let y = product(x, w);
+    match bias {
+        Some(b) => y + b.unsqueeze(),
+        None => y,
+    }
+    .reshape(dims)
 }
 
 /// A projection (`blocks`: its weight as quantized blocks, if kept) plus its Mixture-of-LoRA,
@@ -581,9 +583,12 @@ impl Llama {
                 };
                 let v = w.dims()[0];
                 let w = like(w, h.dtype());
-                h.reshape([b * t, d])
-                    .matmul(w.transpose())
-                    .reshape([b, t, v])
+                let h = h.reshape([b * t, d]);
+                match crate::blocks::many_rows_bf16(&h) {
+                    true => ember_kernels::amx_matmul(h, w.transpose()),
+                    false => h.matmul(w.transpose()),
+                }
+                .reshape([b, t, v])
             }
         };
         like(logits, DType::F32)

@@ -95,7 +95,9 @@ options:
                                  (e.g. to profile one of them; default all)
   --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
                                  references, or a comma-separated list of the kernels to use
-                                 (head, attention, rmsnorm, swiglu, quant, gemv; crates/ember-kernels)
+                                 (head, attention, rmsnorm, swiglu, quant, gemv; crates/ember-kernels),
+                                 with `ember` for the default set: `ember,amx` adds the bf16
+                                 products on Intel AMX tiles (not on by default)
   --blocks q4_1|q8_0             quantize the weights to GGUF's blocks (the f32 weights become
                                  the dequantized blocks), which decode steps of up to
                                  ember_llm::BLOCK_ROWS rows read (the `quant` kernel)
@@ -146,7 +148,7 @@ impl BenchArgs {
             precision: ember_train::Precision::F32,
             fused_attention: false,
             only: ROWS.iter().map(|r| r.to_string()).collect(),
-            kernels: ember_kernels::Kernel::ALL.to_vec(),
+            kernels: ember_kernels::Kernel::DEFAULT.to_vec(),
             blocks: None,
         };
         let mut it = args.iter();

@@ -6,8 +6,8 @@
 # Usage: bash scripts/flow_study.sh [seed ...]   (default: 0 1); a finished run is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
-EMBER=target/release/ember
+# shellcheck source=scripts/study_lib.sh
+source scripts/study_lib.sh
 seeds=("${@:-0}")
 [ $# -eq 0 ] && seeds=(0 1)
 
@@ -28,7 +28,7 @@ for reward in class jpeg; do
   for seed in "${seeds[@]}"; do
     for method in ram flow-grpo loop ddpo; do
       out="runs/flow-study/$reward-$method-s$seed"
-      if [ -f "$out/summary.json" ]; then
+      if study_done "$out"; then
         echo "skip $out (done)"
         continue
       fi

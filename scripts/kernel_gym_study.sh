@@ -10,10 +10,8 @@
 # and after, the turns PRS dropped during training, and the seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -z "${EMBER:-}" ]; then
-  cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
-  EMBER=target/release/ember
-fi
+# shellcheck source=scripts/study_lib.sh
+source scripts/study_lib.sh
 STEPS=${STEPS:-6}
 seeds=("$@")
 [ $# -eq 0 ] && seeds=(0 1)
@@ -22,7 +20,7 @@ plain=(--set env.reward.coverage=0 --set env.rejection.threshold=0 --set env.rej
 for seed in "${seeds[@]}"; do
   for arm in "${arms[@]}"; do
     out="runs/kernel-gym-study/$arm-s$seed"
-    [ -f "$out/summary.json" ] && continue
+    study_done "$out" && continue
     case "$arm" in
       grpo) args=(--set 'advantage={kind="grpo"}' "${plain[@]}") ;;
       trloo) args=("${plain[@]}") ;;

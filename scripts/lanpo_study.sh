@@ -7,21 +7,22 @@
 # cores). Prints one line per run: arm, seed, accuracy at steps 0/10/20, on 256, seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
-EMBER=target/release/ember
+# shellcheck source=scripts/study_lib.sh
+source scripts/study_lib.sh
 seeds=("$@")
 [ $# -eq 0 ] && seeds=(0 1)
 arms=(grpo lanpo lanpo-kept)
 for seed in "${seeds[@]}"; do
   for arm in "${arms[@]}"; do
     out="runs/lanpo-study/$arm-s$seed"
-    [ -f "$out/summary.json" ] && continue
+    # A finished arm has its evaluation too; a stopped one trains again, then evaluates.
+    [ -s "$out/eval256.txt" ] && study_done "$out" && continue
     case "$arm" in
       grpo) args=(recipes/smollm2-lora-grpo.toml) ;;
       lanpo) args=(recipes/lanpo-smollm2.toml) ;;
       lanpo-kept) args=(recipes/lanpo-smollm2.toml --set lanpo.update_context=kept) ;;
     esac
-    "$EMBER" train "${args[@]}" --out "$out" --overwrite --quiet --set seed="$seed"
+    study_train "$out" "${args[@]}" --set seed="$seed"
     "$EMBER" eval "$out" --eval-size 256 > "$out/eval256.txt"
   done
 done

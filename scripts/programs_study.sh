@@ -7,21 +7,19 @@
 # seconds), then the mean and spread of each method's final accuracy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
-EMBER=target/release/ember
+# shellcheck source=scripts/study_lib.sh
+source scripts/study_lib.sh
 seeds=("$@")
 [ $# -eq 0 ] && seeds=(0 1 2)
 methods=(reinforce iterative_ml augmented mapo nsm)
 for seed in "${seeds[@]}"; do
   for m in "${methods[@]}"; do
     out="runs/programs-study/$m-s$seed"
-    [ -f "$out/summary.json" ] && continue
     case "$m" in
       nsm) sets=(--set train.method='"augmented"' --set train.ml_steps=100) ;;
       *) sets=(--set train.method="\"$m\"") ;;
     esac
-    "$EMBER" train recipes/programs-cpu.toml --out "$out" --overwrite --quiet \
-      --set seed="$seed" "${sets[@]}"
+    study_train "$out" recipes/programs-cpu.toml --set seed="$seed" "${sets[@]}"
   done
 done
 python3 - "${seeds[@]}" <<'PY'

@@ -8,10 +8,15 @@ if [ -z "${EMBER:-}" ]; then
   EMBER="${CARGO_TARGET_DIR:-target}/release/ember"
 fi
 
+# study_done OUT: whether the run in OUT finished (its summary written, not marked interrupted).
+study_done() {
+  grep -qs '"interrupted": *false' "$1/summary.json"
+}
+
 # study_train OUT ARGS...: `ember train ARGS --out OUT --overwrite --quiet`, unless OUT finished.
 study_train() {
   local out="$1"
   shift
-  grep -qs '"interrupted": *false' "$out/summary.json" && return 0
+  study_done "$out" && return 0
   "$EMBER" train "$@" --out "$out" --overwrite --quiet
 }

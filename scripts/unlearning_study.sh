@@ -2,21 +2,21 @@
 # The unlearning study (docs/src/unlearning.md): recipes/unlearning-cpu.toml with every method
 # (the learned model, retraining without the forget facts, gradient ascent, RULE, ReRULE, the
 # leave-one-out teacher ensemble) on seeds 0 1 2 (or those given). Runs go to
-# runs/unlearning-study/; a finished run is skipped. Prints the table (means ± standard
+# runs/unlearning-study/; a finished run (not one that was
+# stopped) is skipped. Prints the table (means ± standard
 # deviations over the seeds) and writes docs/src/unlearning_study.svg: forget accuracy against
 # retain accuracy, one point per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --offline --quiet 2>/dev/null || cargo build --release --quiet
-EMBER=target/release/ember
+# shellcheck source=scripts/study_lib.sh
+source scripts/study_lib.sh
 seeds=("$@")
 [ $# -eq 0 ] && seeds=(0 1 2)
 methods=(none retrain gradient_ascent rule rerule loo_ensemble)
 for seed in "${seeds[@]}"; do
   for m in "${methods[@]}"; do
     out="runs/unlearning-study/$m-s$seed"
-    [ -f "$out/summary.json" ] && continue
-    "$EMBER" train recipes/unlearning-cpu.toml --out "$out" --overwrite --quiet \
+    study_train "$out" recipes/unlearning-cpu.toml \
       --set seed="$seed" --set forget.method="\"$m\""
   done
 done

@@ -7,7 +7,7 @@ use crate::control::state::ControlJob;
 use anyhow::Result;
 use burn::tensor::Tensor;
 use ember_control::{
-    DdcgConfig, GaussianPolicy, GradientSamples, PathwiseSamples, ddcg_weight, ivw_h,
+    DdcgConfig, GaussianPolicy, GradientSamples, PathwiseSamples, blend, ddcg_weight, ivw_h,
     pathwise_samples, policy_surrogate, trace_variance,
 };
 use ember_engine::{PolicyLossInput, PolicyLossKind, policy_loss};
@@ -35,8 +35,7 @@ pub fn surrogate(
             };
             let alpha = ddcg_weight(&flat(s), g.sigma, cfg);
             let w = alpha.clone().reshape([1, 1, 1]);
-            let mixed = s.first.clone() * w.clone() + s.zeroth.clone() * w.neg().add_scalar(1.0);
-            (mixed, alpha)
+            (blend(s.first.clone(), s.zeroth.clone(), w), alpha)
         }
         Estimator::IvwH => {
             let (alpha, mixed) = ivw_h(s.zeroth.clone(), s.first.clone());

@@ -94,7 +94,14 @@ pub fn mix(s: &GradientSamples, alpha: Tensor<1>) -> Tensor<1> {
     let [_, d] = s.first.dims();
     let g1 = s.first.clone().mean_dim(0).reshape([d]);
     let g0 = s.zeroth.clone().mean_dim(0).reshape([d]);
-    g1 * alpha.clone() + g0 * alpha.neg().add_scalar(1.0)
+    blend(g1, g0, alpha)
+}
+
+/// The inverse-variance combination α·ĝ₁ + (1 − α)·ĝ₀ (Onoda et al. 2026, as [`mix`] and
+/// [`ivw_h`] apply it), `alpha` broadcast against the estimates.
+/// # Shapes `first`, `zeroth` `[..]`, `alpha` of the same rank, broadcastable → `[..]`.
+pub fn blend<const D: usize>(first: Tensor<D>, zeroth: Tensor<D>, alpha: Tensor<D>) -> Tensor<D> {
+    first * alpha.clone() + zeroth * alpha.neg().add_scalar(1.0)
 }
 
 /// IVW-H's weights (Onoda et al. 2026, §4 as secondary sources write it): per time step t and
@@ -111,8 +118,7 @@ pub fn ivw_h(zeroth: Tensor<3>, first: Tensor<3>) -> (Tensor<2>, Tensor<3>) {
         c.powi_scalar(2).sum_dim(0).reshape([h, a]) / (n.max(2) - 1) as f32
     };
     let alpha = weight(var(zeroth.clone()), var(first.clone()));
-    let w = alpha.clone().reshape([1, h, a]);
-    let mixed = first * w.clone() + zeroth * w.neg().add_scalar(1.0);
+    let mixed = blend(first, zeroth, alpha.clone().reshape([1, h, a]));
     (alpha, mixed)
 }
 

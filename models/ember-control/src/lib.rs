@@ -32,7 +32,8 @@ pub use env::{CartPole, Env, EnvName, Pendulum, Transition};
 pub use error::{ControlError, Result};
 pub use gaussian::{gaussian_entropy, gaussian_log_prob};
 pub use gradient::{
-    DdcgConfig, GradientSamples, ddcg_smooth, ddcg_weight, ivw_h, ivw_weight, mix, trace_variance,
+    DdcgConfig, GradientSamples, blend, ddcg_smooth, ddcg_weight, ivw_h, ivw_weight, mix,
+    trace_variance,
 };
 pub use net::{GaussianPolicy, GaussianPolicyConfig, Mlp, MlpConfig, ValueNet, ValueNetConfig};
 pub use pathwise::{PathwiseSamples, pathwise_samples, policy_surrogate, reward_to_go};

@@ -216,7 +216,10 @@ pub(crate) fn rms_norm_grad(x: T, gamma: T, r: T, dy: T) -> (T, T) {
     let mut dx = vec![0f32; xs.len()];
     let n = per_task(rs.len(), d);
     let w = (n * d).max(1);
-    let dgamma = dx
+    // Each task's partial ∂γ, summed afterwards in task order: a rayon `reduce` would combine
+    // them in an order set by work stealing, so the last bits of ∂γ (and, through the gradient
+    // norm, of a whole run) would depend on the machine's load.
+    let parts: Vec<Vec<f32>> = dx
         .par_chunks_mut(w)
         .zip(xs.par_chunks(w).zip(dys.par_chunks(w)))
         .zip(rs.par_chunks(n))
@@ -240,13 +243,11 @@ pub(crate) fn rms_norm_grad(x: T, gamma: T, r: T, dy: T) -> (T, T) {
             );
             dg
         })
-        .reduce(
-            || vec![0f32; d],
-            |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                a
-            },
-        );
+        .collect();
+    let mut dgamma = vec![0f32; d];
+    for p in parts {
+        dgamma.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+    }
     (tensor(dx, shape), tensor(dgamma, Shape::new([d])))
 }
 
@@ -292,6 +293,60 @@ pub(crate) fn softmax_biased(s: T, bias: T, scale: f32) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ∂γ of the norm is the sum of every task's partial in task order, bit for bit, however
+    /// the pool's workers steal: here the pool is kept busy by other parallel work while the
+    /// same gradient is taken 24 times, and each equals the partials summed one by one.
+    #[test]
+    fn norm_gamma_gradient_sums_in_task_order() {
+        let (rows, d) = (512, 256);
+        let vals = |seed: u32| -> Vec<f32> {
+            (0..rows * d)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32)
+                .map(|v| v / (1u32 << 24) as f32 - 0.5)
+                .collect()
+        };
+        let t = |v: Vec<f32>, s: [usize; 2]| tensor(v, Shape::new(s));
+        let (x, dy) = (vals(1), vals(2));
+        let r: Vec<f32> = (0..rows).map(|i| 1.0 + i as f32 / rows as f32).collect();
+        let gamma = vec![0.5f32; d];
+        let grad = || {
+            let (_, dg) = rms_norm_grad(
+                t(x.clone(), [rows, d]),
+                t(gamma.clone(), [1, d]).reshape(Shape::new([d])),
+                t(r.clone(), [rows, 1]),
+                t(dy.clone(), [rows, d]),
+            );
+            elems(&dg).to_vec()
+        };
+        // The partials one task at a time, in order (`per_task`'s split), summed in order.
+        let n = per_task(rows, d);
+        let mut want = vec![0f32; d];
+        for rows_of_task in (0..rows).collect::<Vec<_>>().chunks(n) {
+            let mut dg = vec![0f32; d];
+            for &i in rows_of_task {
+                for k in 0..d {
+                    dg[k] += dy[i * d + k] * x[i * d + k] * r[i];
+                }
+            }
+            want.iter_mut().zip(dg).for_each(|(a, b)| *a += b);
+        }
+        let busy = std::sync::atomic::AtomicBool::new(true);
+        let got: Vec<Vec<f32>> = std::thread::scope(|s| {
+            s.spawn(|| {
+                while busy.load(std::sync::atomic::Ordering::Relaxed) {
+                    let v: f32 = (0..1 << 16).into_par_iter().map(|i| i as f32).sum();
+                    std::hint::black_box(v);
+                }
+            });
+            let got = (0..24).map(|_| grad()).collect();
+            busy.store(false, std::sync::atomic::Ordering::Relaxed);
+            got
+        });
+        for g in got {
+            assert_eq!(g, want);
+        }
+    }
 
     #[test]
     fn exp_matches_the_library_within_a_few_ulp() {

@@ -1,6 +1,6 @@
 """Writes crates/ember-kernels/fixtures/quant_blocks.json: weights and the bytes ggml's reference
-quantizers make of them (`quantize_row_q4_1_ref`, `quantize_row_q8_0_ref`, as the `gguf` package
-on PyPI reimplements them bit for bit), for `ember_kernels::QuantMatrix::quantize`'s test.
+quantizers make of them (`quantize_row_q4_1_ref`, `quantize_row_q8_0_ref` and the BF16
+conversion, as the `gguf` package on PyPI reimplements them bit for bit), for `ember_kernels::QuantMatrix::quantize`'s test.
 
     python -m venv venv && venv/bin/pip install gguf numpy
     venv/bin/python scripts/make_quant_fixtures.py
@@ -28,7 +28,12 @@ def weights():
 def main():
     w = weights()
     out = {"rows": 3, "cols": 96, "weights": [float(v) for v in w.reshape(-1)]}
-    for name, t in [("Q4_1", GGMLQuantizationType.Q4_1), ("Q8_0", GGMLQuantizationType.Q8_0)]:
+    kinds = [
+        ("Q4_1", GGMLQuantizationType.Q4_1),
+        ("Q8_0", GGMLQuantizationType.Q8_0),
+        ("BF16", GGMLQuantizationType.BF16),
+    ]
+    for name, t in kinds:
         out[name] = quantize(w, t).tobytes().hex()
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "quant_blocks.json"), "w") as f:

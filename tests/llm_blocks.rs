@@ -1,14 +1,12 @@
 //! Decoding steps that read the weights as quantized blocks (`ember_kernels::QuantMatrix`,
 //! `models/ember-llm/src/blocks.rs`) compute the model the f32 weights compute: GQA, biases,
-//! tied and untied heads, Q4_1 and Q8_0, batches on both sides of the block-row limit.
+//! tied and untied heads, Q4_1, Q8_0 and BF16, batches on both sides of the block-row limit.
 
 mod common;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
 use common::*;
 use ember_kernels::QuantKind;
-use ember_llm::cache::KvCache;
-use ember_llm::{Family, Llama, LlamaConfig, LoraSettings, apply_lora, merge};
+use ember_llm::{Family, LlamaConfig, LoraSettings, apply_lora, merge};
 
 fn config(family: Family, tied: bool) -> LlamaConfig {
     LlamaConfig::new(family, 96, 64, 96, 2, 4, 2)
@@ -16,29 +14,6 @@ fn config(family: Family, tied: bool) -> LlamaConfig {
         .with_out_bias(family == Family::Llama && !tied)
         .with_tie_embeddings(tied)
         .with_max_position_embeddings(64)
-}
-
-/// Prefill `prompt_len` tokens of `batch` rows, then three single-token steps: the logits of
-/// every step, flattened.
-fn decode_logits(model: &Llama, batch: usize, prompt_len: usize, device: &Device) -> Vec<f32> {
-    let vocab = model.vocab_size();
-    let mut cache = KvCache::new(model.cache_shape(), batch, prompt_len + 3, device);
-    let ids = |t: usize, s: usize| -> Tensor<2, Int> {
-        let v: Vec<i64> = (0..batch * t)
-            .map(|i| ((i * 37 + s * 11 + 5) % vocab) as i64)
-            .collect();
-        Tensor::from_data(TensorData::new(v, [batch, t]), device)
-    };
-    let mut out = vals(model.forward_cached(
-        ids(prompt_len, 0),
-        Tensor::ones([batch, prompt_len], device),
-        &mut cache,
-    ));
-    for s in 1..4 {
-        let step = model.forward_cached(ids(1, s), Tensor::ones([batch, 1], device), &mut cache);
-        out.extend(vals(step));
-    }
-    out
 }
 
 #[test]
@@ -49,7 +24,8 @@ fn decoding_from_blocks_computes_the_f32_model() {
         (Family::Llama, false),
         (Family::Qwen2, false),
     ] {
-        for kind in [QuantKind::Q4_1, QuantKind::Q8_0] {
+        // BF16 is read only under the `amx` kernel (tests/amx_model.rs): here the f32 weights.
+        for kind in [QuantKind::Q4_1, QuantKind::Q8_0, QuantKind::Bf16] {
             d.seed(7);
             let model = config(family, tied).init(&d).quantized(kind).unwrap();
             assert!(model.block_bytes() > 0);

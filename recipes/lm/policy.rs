@@ -338,9 +338,10 @@ pub fn policy_from_specs(
     let loaded = ember_llm::load(&path, device)
         .with_context(|| format!("loading pretrained.path {}", path.display()))?;
     device.seed(seed);
+    let base = bf16_base(loaded.model);
     let model = match peft {
-        Some(dir) => ember_llm::load_peft(loaded.model, dir, device)?.0,
-        None => ember_llm::apply_lora(loaded.model, &p.lora.settings()?)?,
+        Some(dir) => ember_llm::load_peft(base, dir, device)?.0,
+        None => ember_llm::apply_lora(base, &p.lora.settings()?)?,
     };
     let mut stop = loaded.eos_ids.clone();
     stop.extend(tok.eos_ids.iter().copied());
@@ -364,6 +365,21 @@ pub fn policy_from_specs(
         stop,
         lora: Some(p.lora.settings()?),
     })
+}
+
+/// The frozen base of an adapter policy, kept also as `BF16` weights packed for AMX tiles where
+/// bf16 products were chosen (`--kernels ember,amx`) and the CPU has the tiles: rollouts and
+/// scoring then read the packed copy instead of packing every weight at every product
+/// (`ember_llm::BLOCK_ROWS`'s module). Its f32 weights become their bf16 values, which every
+/// product under `amx` rounds them to anyway. Elsewhere, or for widths off the 32-grid, the
+/// base as it is.
+fn bf16_base(base: Llama) -> Llama {
+    use ember_kernels::{Kernel, QuantKind};
+    if !(ember_kernels::enabled(Kernel::Amx) && ember_kernels::amx_available()) {
+        return base;
+    }
+    // A clone shares the weights' storage; `quantized` replaces them, so this copies nothing.
+    base.clone().quantized(QuantKind::Bf16).unwrap_or(base)
 }
 
 /// `user`, or a chat dataset's conversation `messages` as it is, in `tok`'s chat template with

@@ -117,3 +117,32 @@ pub fn metric_rows(run: &std::path::Path) -> Vec<serde_json::Map<String, serde_j
         })
         .collect()
 }
+
+/// Prefill `prompt_len` tokens of `batch` rows, then three single-token steps: the logits of
+/// every step, flattened.
+pub fn decode_logits(
+    model: &ember_llm::Llama,
+    batch: usize,
+    prompt_len: usize,
+    device: &Device,
+) -> Vec<f32> {
+    let vocab = model.vocab_size();
+    let mut cache =
+        ember_llm::cache::KvCache::new(model.cache_shape(), batch, prompt_len + 3, device);
+    let ids = |t: usize, s: usize| -> Tensor<2, burn::tensor::Int> {
+        let v: Vec<i64> = (0..batch * t)
+            .map(|i| ((i * 37 + s * 11 + 5) % vocab) as i64)
+            .collect();
+        Tensor::from_data(TensorData::new(v, [batch, t]), device)
+    };
+    let mut out = vals(model.forward_cached(
+        ids(prompt_len, 0),
+        Tensor::ones([batch, prompt_len], device),
+        &mut cache,
+    ));
+    for s in 1..4 {
+        let step = model.forward_cached(ids(1, s), Tensor::ones([batch, 1], device), &mut cache);
+        out.extend(vals(step));
+    }
+    out
+}

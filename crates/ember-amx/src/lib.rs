@@ -11,7 +11,8 @@
 //! along `k`, its two 16 × 32 tiles (rows 0–15, then 16–31), row-major. `B` (`k × n`) is packed
 //! in panels of 32 columns; a panel holds, for each step of 32 along `k`, its two tiles (columns
 //! 0–15, then 16–31) in the pair-interleaved layout `TDPBF16PS` reads: tile row `p`, column `j`,
-//! element `e` is `B[2p + e][j]`. Rows, columns and steps past the matrix are zeros.
+//! element `e` is `B[2p + e][j]`. Rows, columns and steps past the matrix are zeros. A `B` that
+//! many products share (a frozen weight) can be packed once ([`PackedB`], [`matmul_packed`]).
 
 mod tiles;
 
@@ -104,31 +105,145 @@ const TASK_ROWS: usize = 128;
 /// AMX unavailable ([`available`]), `A`'s columns differing from `B`'s rows, or a view that
 /// reaches past its data.
 pub fn matmul(a: Matrix<'_>, b: Matrix<'_>) -> Result<Vec<f32>, AmxError> {
-    if a.cols != b.rows {
-        return Err(AmxError::Shapes(a.rows, a.cols, b.rows, b.cols));
+    if !b.in_bounds() {
+        return Err(AmxError::OutOfBounds(b.data.len()));
     }
-    for v in [&a, &b] {
-        if !v.in_bounds() {
-            return Err(AmxError::OutOfBounds(v.data.len()));
-        }
+    let mut c = output(&a, b.rows, b.cols)?;
+    if !c.is_empty() && a.cols > 0 {
+        let steps = a.cols.div_ceil(32);
+        let (pa, pb) = rayon::join(|| pack_a(&a, steps), || pack_b(&b, steps));
+        multiply(&pa, &pb, steps, [a.rows, b.cols], &mut c);
     }
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    let mut c = vec![0f32; m.checked_mul(n).ok_or(AmxError::OutOfBounds(0))?];
-    if m == 0 || n == 0 || k == 0 {
-        return Ok(c);
+    Ok(c)
+}
+
+/// The zeroed `m × n` output of `A` times a `k × n` `B`, after checking that the shapes agree,
+/// that `A` lies within its data and, where there is work, that AMX is available.
+fn output(a: &Matrix<'_>, k: usize, n: usize) -> Result<Vec<f32>, AmxError> {
+    if a.cols != k {
+        return Err(AmxError::Shapes(a.rows, a.cols, k, n));
     }
-    if !available() {
+    if !a.in_bounds() {
+        return Err(AmxError::OutOfBounds(a.data.len()));
+    }
+    let c = vec![0f32; a.rows.checked_mul(n).ok_or(AmxError::OutOfBounds(0))?];
+    if !c.is_empty() && k > 0 && !available() {
         return Err(AmxError::Unavailable);
     }
-    let steps = k.div_ceil(32);
-    let (pa, pb) = rayon::join(|| pack_a(&a, steps), || pack_b(&b, steps));
+    Ok(c)
+}
+
+/// `c` (`m × n`, zeroed) = the product of the packed panels `pa` and `pb`: by blocks of rows
+/// over the cores where there are enough rows, else by blocks of columns.
+fn multiply(pa: &[u16], pb: &[u32], steps: usize, [m, n]: [usize; 2], c: &mut [f32]) {
     let row_tasks = m.div_ceil(TASK_ROWS);
     if row_tasks >= rayon::current_num_threads() {
         c.par_chunks_mut(TASK_ROWS * n)
             .enumerate()
-            .for_each(|(t, rows)| products(&pa, &pb, steps, t * TASK_ROWS, n, rows, 0..n));
+            .for_each(|(t, rows)| products(pa, pb, steps, t * TASK_ROWS, n, rows, 0..n));
     } else {
-        columns_split(&pa, &pb, steps, [m, n], &mut c);
+        columns_split(pa, pb, steps, [m, n], c);
+    }
+}
+
+/// `B` (`k × n`) rounded to bf16 and packed once into the tiles' layout (the crate's `B`
+/// layout), for [`matmul_packed`] to read again and again: a frozen weight that every decoding
+/// step multiplies, packed once instead of at every product.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedB {
+    rows: usize,
+    cols: usize,
+    data: Vec<u32>,
+}
+
+impl PackedB {
+    /// `b` rounded to bf16 and packed (no AMX needed: packing is ordinary code).
+    ///
+    /// # Errors
+    /// A view that reaches past its data, or a size that overflows.
+    pub fn new(b: Matrix<'_>) -> Result<Self, AmxError> {
+        if !b.in_bounds() {
+            return Err(AmxError::OutOfBounds(b.data.len()));
+        }
+        b.cols
+            .div_ceil(32)
+            .checked_mul(b.rows.div_ceil(32))
+            .and_then(|n| n.checked_mul(TILE))
+            .ok_or(AmxError::OutOfBounds(b.data.len()))?;
+        let empty = b.rows == 0 || b.cols == 0;
+        Ok(Self {
+            rows: b.rows,
+            cols: b.cols,
+            data: match empty {
+                true => Vec::new(),
+                false => pack_b(&b, b.rows.div_ceil(32)),
+            },
+        })
+    }
+
+    /// Rows (`k`).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (`n`).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// The matrix as held (the bf16 values, widened), row-major `k × n`.
+    pub fn unpack(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        let panel = self.rows.div_ceil(32) * TILE;
+        for (p, src) in self.data.chunks_exact(panel.max(1)).enumerate() {
+            for (t, tile) in src.chunks_exact(TILE / 2).enumerate() {
+                let (r0, c0) = (t / 2 * 32, p * 32 + t % 2 * 16);
+                for (pr, pairs) in tile.chunks_exact(16).enumerate() {
+                    for (j, &pair) in pairs.iter().enumerate() {
+                        let (r, c) = (r0 + 2 * pr, c0 + j);
+                        for (e, bits) in [(0, pair & 0xffff), (1, pair >> 16)] {
+                            if r + e < self.rows && c < self.cols {
+                                out[(r + e) * self.cols + c] = f32::from_bits(bits << 16);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Element `(r, c)` as held (the bf16 value, widened), or `None` outside the matrix.
+    pub fn get(&self, r: usize, c: usize) -> Option<f32> {
+        if r >= self.rows || c >= self.cols {
+            return None;
+        }
+        let panel = self.rows.div_ceil(32) * TILE;
+        let pair = self.data[c / 32 * panel + b_index(r, c % 32)];
+        let bits = if r.is_multiple_of(2) {
+            pair & 0xffff
+        } else {
+            pair >> 16
+        };
+        Some(f32::from_bits(bits << 16))
+    }
+}
+
+/// `A·B` with `B` packed beforehand ([`PackedB`]), row-major `m × n`; `A` is rounded to bf16
+/// and the sums kept in f32, as in [`matmul`], whose result this equals.
+///
+/// # Errors
+/// As [`matmul`].
+pub fn matmul_packed(a: Matrix<'_>, b: &PackedB) -> Result<Vec<f32>, AmxError> {
+    let mut c = output(&a, b.rows, b.cols)?;
+    if !c.is_empty() && a.cols > 0 {
+        let steps = a.cols.div_ceil(32);
+        multiply(&pack_a(&a, steps), &b.data, steps, [a.rows, b.cols], &mut c);
     }
     Ok(c)
 }

@@ -145,3 +145,50 @@ fn bad_shapes_and_views_are_errors() {
         Ok(vec![])
     );
 }
+
+#[test]
+fn a_packed_operand_gives_the_product_of_packing_each_time() {
+    // B as it lies and transposed (a weight `[out, in]` read as `Wᵀ`), odd edges, one row
+    // (a decoding step) and 37 rows.
+    for (m, k, n) in [(1, 576, 96), (37, 70, 45), (32, 64, 32)] {
+        let (xa, xb) = (fill(m * k, 11), fill(k * n, 12));
+        let a = Matrix::row_major(&xa, m, k);
+        for b in [
+            Matrix::row_major(&xb, k, n),
+            Matrix::row_major(&xb, n, k).t(),
+        ] {
+            let packed = PackedB::new(b).unwrap();
+            assert_eq!((packed.rows(), packed.cols()), (k, n));
+            for (r, c) in [(0, 0), (k - 1, n - 1), (k / 2, n / 3)] {
+                let v = b.data[r * b.row_stride + c * b.col_stride];
+                assert_eq!(packed.get(r, c), Some(rounded(v) as f32));
+            }
+            assert_eq!(packed.get(k, 0), None);
+            let whole = packed.unpack();
+            assert!((0..k * n).all(|i| Some(whole[i]) == packed.get(i / n, i % n)));
+            match available() {
+                true => assert_eq!(matmul_packed(a, &packed), matmul(a, b)),
+                false => assert_eq!(matmul_packed(a, &packed), Err(AmxError::Unavailable)),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_packed_operand_checks_its_shapes() {
+    let (xa, xb) = (fill(6, 1), fill(12, 2));
+    let packed = PackedB::new(Matrix::row_major(&xb, 4, 3)).unwrap();
+    assert_eq!(
+        matmul_packed(Matrix::row_major(&xa, 2, 3), &packed),
+        Err(AmxError::Shapes(2, 3, 4, 3))
+    );
+    let past = Matrix {
+        offset: 1,
+        ..Matrix::row_major(&xb, 4, 3)
+    };
+    assert_eq!(PackedB::new(past), Err(AmxError::OutOfBounds(12)));
+    let empty = PackedB::new(Matrix::row_major(&[], 0, 5)).unwrap();
+    assert_eq!((empty.rows(), empty.cols(), empty.bytes()), (0, 5, 0));
+    let zero = matmul_packed(Matrix::row_major(&[], 2, 0), &empty).unwrap();
+    assert_eq!(zero, vec![0.0; 10]);
+}

@@ -1,7 +1,8 @@
 //! Grouped-query attention `softmax(q kᵀ · scale + bias) v` whose backward pass keeps no score
 //! matrix: the forward pass is the backend's own attention op (flex's fused kernel holds one
-//! head's scores at a time; without autodiff, on the CPU, the probabilities of one block of
-//! queries at a time through the fused softmax of the backward pass, which is faster there)
+//! head's scores at a time; on the CPU, the probabilities of one block of queries at a time
+//! through the fused softmax of the backward pass, which is faster there, and for a decoding
+//! step's few queries one pass per head without matrix products, `cpu_attention.rs`)
 //! and the backward pass keeps only the inputs and the output, and
 //! recomputes the probabilities one block of queries at a time (FlashAttention's backward, Dao
 //! et al. 2022, Algorithm 4, with the query blocks as the outer loop: each block sees all its
@@ -78,6 +79,10 @@ impl FusedAttention for burn::backend::Flex {
             .all(crate::cpu::is_f32);
         let fits = x.bias.shape().num_elements() == d.b * d.t * d.keys;
         match f32s && fits {
+            true if d.t <= crate::cpu_attention::FEW_QUERIES => {
+                let dims = [d.b, d.kv, d.g, d.t, d.keys, x.q.shape()[3]];
+                crate::cpu_attention::attend(x.q, x.k, x.v, x.bias, dims, scale)
+            }
             true => blocked::<Self>(&x, d, scale, block),
             false => forward::<Self>(&x, scale),
         }

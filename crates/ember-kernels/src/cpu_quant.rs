@@ -15,15 +15,25 @@ use pulp::{Simd, cast, f32x8, f32x16, i8x16, u8x16};
 use rayon::prelude::*;
 
 impl FusedQuantLinear for burn::backend::Flex {
-    /// `x · Wᵀ` for `x` `[n, cols]` → `[n, rows]`: f32 through [`products`], other dtypes
-    /// through the dequantized reference.
+    /// `x · Wᵀ` for `x` `[n, cols]` → `[n, rows]`: f32 through [`products`] (`BF16` on AMX
+    /// tiles, `ember_amx::matmul_packed`), other dtypes and a CPU without the tiles through the
+    /// dequantized reference.
     fn quant_linear(x: T, w: QuantMatrix) -> T {
         if !is_f32(&x) {
             return reference::<Self>(x, &w);
         }
         let n = x.shape()[0];
         let x = dense(x);
-        let y = products(elems(&x), &w, Isa::Widest);
+        let y = match w.packed() {
+            Some(p) => {
+                let a = ember_amx::Matrix::row_major(elems(&x), n, w.shape().1);
+                match ember_amx::matmul_packed(a, p) {
+                    Ok(y) => y,
+                    Err(_) => return reference::<Self>(x, &w),
+                }
+            }
+            None => products(elems(&x), &w, Isa::Widest),
+        };
         tensor(y, Shape::new([n, w.shape().0]))
     }
 }
@@ -40,7 +50,8 @@ pub(crate) enum Isa {
     Portable,
 }
 
-/// `xs · Wᵀ`, `xs` `[n, cols]` row-major → `[n, rows]`.
+/// `xs · Wᵀ`, `xs` `[n, cols]` row-major → `[n, rows]` (blocked formats; `BF16`'s product is
+/// `ember_amx::matmul_packed`).
 pub(crate) fn products(xs: &[f32], w: &QuantMatrix, isa: Isa) -> Vec<f32> {
     let (rows, cols) = w.shape();
     let n = xs.len() / cols.max(1);
@@ -115,6 +126,9 @@ impl Task<'_> {
     /// Fills `out` (`[rows of this task, n]`) through `k`'s block products.
     #[inline(always)]
     fn run<K: BlockDot>(&self, k: K, out: &mut [f32]) {
+        let Some(kind) = Blocked::of(self.w.kind()) else {
+            return;
+        };
         let n = self.xs.len() / self.cols.max(1);
         let inputs: Vec<&[[f32; BLOCK]]> = self
             .xs
@@ -124,7 +138,7 @@ impl Task<'_> {
         for (i, y) in out.chunks_mut(n.max(1)).enumerate() {
             let (scales, codes) = self.w.row(self.first + i);
             let row = BlockRow {
-                kind: self.w.kind(),
+                kind,
                 scales,
                 codes,
             };
@@ -144,9 +158,35 @@ impl Task<'_> {
 /// Input rows multiplied with one decoded block at a time.
 const GROUP: usize = 4;
 
+/// The formats made of blocks (`BF16` is held packed for the tiles instead).
+#[derive(Clone, Copy)]
+enum Blocked {
+    Q4_1,
+    Q8_0,
+}
+
+impl Blocked {
+    /// `kind` if it is made of blocks.
+    fn of(kind: QuantKind) -> Option<Self> {
+        match kind {
+            QuantKind::Q4_1 => Some(Self::Q4_1),
+            QuantKind::Q8_0 => Some(Self::Q8_0),
+            QuantKind::Bf16 => None,
+        }
+    }
+
+    /// f32 scales a block holds.
+    fn scales(self) -> usize {
+        match self {
+            Self::Q4_1 => 2,
+            Self::Q8_0 => 1,
+        }
+    }
+}
+
 /// One weight row's blocks.
 struct BlockRow<'a> {
-    kind: QuantKind,
+    kind: Blocked,
     scales: &'a [f32],
     codes: &'a [u8],
 }
@@ -184,7 +224,7 @@ impl BlockRow<'_> {
     #[inline(always)]
     fn decode(&self, b: usize, w: &mut [f32; BLOCK]) {
         match self.kind {
-            QuantKind::Q4_1 => {
+            Blocked::Q4_1 => {
                 let (d, m) = (self.scales[2 * b], self.scales[2 * b + 1]);
                 let q = &self.codes[16 * b..16 * b + 16];
                 for j in 0..16 {
@@ -192,7 +232,7 @@ impl BlockRow<'_> {
                     w[j + 16] = f32::from(q[j] >> 4) * d + m;
                 }
             }
-            QuantKind::Q8_0 => {
+            Blocked::Q8_0 => {
                 let d = self.scales[b];
                 let q = &self.codes[BLOCK * b..BLOCK * b + BLOCK];
                 for j in 0..BLOCK {
@@ -220,7 +260,7 @@ impl BlockDot for V4 {
             }
         };
         match row.kind {
-            QuantKind::Q4_1 => {
+            Blocked::Q4_1 => {
                 let (sc, _) = row.scales.as_chunks::<2>();
                 let (qs, _) = row.codes.as_chunks::<16>();
                 for (b, ([d, m], q)) in sc.iter().zip(qs).enumerate() {
@@ -231,7 +271,7 @@ impl BlockDot for V4 {
                     fma(b, s.mul_add_f32s(lo, d, m), s.mul_add_f32s(hi, d, m));
                 }
             }
-            QuantKind::Q8_0 => {
+            Blocked::Q8_0 => {
                 let (qs, _) = row.codes.as_chunks::<BLOCK>();
                 for (b, (d, q)) in row.scales.iter().zip(qs).enumerate() {
                     let [q0, q1]: [i8x16; 2] = cast(*q);
@@ -269,7 +309,7 @@ impl BlockDot for V3 {
             }
         };
         match row.kind {
-            QuantKind::Q4_1 => {
+            Blocked::Q4_1 => {
                 let (sc, _) = row.scales.as_chunks::<2>();
                 let (qs, _) = row.codes.as_chunks::<16>();
                 for (b, ([d, m], q)) in sc.iter().zip(qs).enumerate() {
@@ -281,7 +321,7 @@ impl BlockDot for V3 {
                     fma(b, [lo(a), lo(c), hi(a), hi(c)]);
                 }
             }
-            QuantKind::Q8_0 => {
+            Blocked::Q8_0 => {
                 let (qs, _) = row.codes.as_chunks::<BLOCK>();
                 for (b, (d, q)) in row.scales.iter().zip(qs).enumerate() {
                     let d = s.splat_f32s(*d);

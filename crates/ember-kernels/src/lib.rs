@@ -11,7 +11,8 @@
 //!   `swiglu.rs`, the CPU loops in `cpu.rs`).
 //! - [`quant_linear`]: a product with weights held in GGUF's `Q4_1` or `Q8_0` blocks
 //!   ([`QuantMatrix`]), decoded in registers instead of dequantized to f32 (`quant.rs`,
-//!   `cpu_quant.rs`): decoding steps read 5 to 9 bits a weight instead of 32.
+//!   `cpu_quant.rs`): decoding steps read 5 to 9 bits a weight instead of 32; or as `BF16`,
+//!   packed once for Intel AMX tiles (`ember_amx::PackedB`), where bf16 products were chosen.
 //! - [`gemv`]: the product of a few rows with an f32 weight, the weight streamed over the cores
 //!   (`gemv.rs`, `cpu_gemv.rs`): decoding steps on f32 weights.
 //!
@@ -29,6 +30,8 @@ mod amx;
 mod attention;
 #[cfg(feature = "flex")]
 mod cpu;
+#[cfg(feature = "flex")]
+mod cpu_attention;
 #[cfg(feature = "flex")]
 mod cpu_gemv;
 #[cfg(feature = "flex")]
@@ -375,7 +378,8 @@ pub fn swiglu_reference<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tenso
 }
 
 /// `x · Wᵀ` with `W` held in quantized blocks, decoded in registers on the CPU backend
-/// (`quant.rs`); elsewhere, and for other dtypes, the dequantized weights and one product.
+/// (`quant.rs`), or `BF16` weights on AMX tiles (`x` rounded to bf16 too); elsewhere, and for
+/// other dtypes, the dequantized weights and one product.
 /// Differentiable in `x` (the weights are frozen).
 ///
 /// # Shapes

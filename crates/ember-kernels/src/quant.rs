@@ -34,6 +34,10 @@ pub enum QuantKind {
     Q4_1,
     /// ggml `Q8_0` (type 8): f16 scale d, 32 signed bytes; `w = d·q`.
     Q8_0,
+    /// ggml `BF16` (type 30): each weight a bfloat16, held packed in the layout Intel AMX tiles
+    /// read (`ember_amx::PackedB`); its product rounds the activations to bf16 too, so a model
+    /// reads it only where bf16 products were chosen (`Kernel::Amx`) and the CPU has the tiles.
+    Bf16,
 }
 
 impl QuantKind {
@@ -42,6 +46,7 @@ impl QuantKind {
         match t {
             3 => Some(Self::Q4_1),
             8 => Some(Self::Q8_0),
+            30 => Some(Self::Bf16),
             _ => None,
         }
     }
@@ -51,6 +56,7 @@ impl QuantKind {
         match self {
             Self::Q4_1 => "Q4_1",
             Self::Q8_0 => "Q8_0",
+            Self::Bf16 => "BF16",
         }
     }
 
@@ -59,6 +65,7 @@ impl QuantKind {
         match self {
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
+            Self::Bf16 => 64,
         }
     }
 
@@ -67,6 +74,7 @@ impl QuantKind {
         match self {
             Self::Q4_1 => 16,
             Self::Q8_0 => 32,
+            Self::Bf16 => 64,
         }
     }
 
@@ -75,6 +83,7 @@ impl QuantKind {
         match self {
             Self::Q4_1 => 2,
             Self::Q8_0 => 1,
+            Self::Bf16 => 0,
         }
     }
 }
@@ -101,8 +110,11 @@ pub struct QuantMatrix {
     cols: usize,
     /// Per block: `d, m` (`Q4_1`) or `d` (`Q8_0`).
     scales: Arc<[f32]>,
-    /// Per block: 16 bytes of nibbles (`Q4_1`: low nibble `j`, high nibble `j + 16`) or 32 bytes.
+    /// Per block: 16 bytes of nibbles (`Q4_1`: low nibble `j`, high nibble `j + 16`) or 32 bytes
+    /// (empty for `BF16`).
     codes: Arc<[u8]>,
+    /// `BF16`: `Wᵀ` (`[cols, rows]`) packed for the tiles; `None` for the other kinds.
+    packed: Option<Arc<ember_amx::PackedB>>,
 }
 
 /// `a · b` for sizes read from files, or an error naming `what`.
@@ -136,7 +148,23 @@ impl QuantMatrix {
             cols,
             scales: scales.into(),
             codes: codes.into(),
+            packed: None,
         }
+    }
+
+    /// `w` (`[rows, cols]`, row-major) rounded to bf16 and packed as `Wᵀ`.
+    fn bf16(rows: usize, cols: usize, w: &[f32]) -> Result<Self, QuantError> {
+        let wt = ember_amx::Matrix::row_major(w, rows, cols).t();
+        let packed = ember_amx::PackedB::new(wt).map_err(|e| QuantError(e.to_string()))?;
+        Ok(Self {
+            packed: Some(Arc::new(packed)),
+            ..Self::from_parts(QuantKind::Bf16, rows, cols, Vec::new(), Vec::new())
+        })
+    }
+
+    /// The `BF16` weights packed for the tiles (`None` for the other kinds).
+    pub(crate) fn packed(&self) -> Option<&ember_amx::PackedB> {
+        self.packed.as_deref()
     }
 
     /// The matrix from a GGUF tensor's bytes in ggml's block layout (`rows` rows of `cols`).
@@ -158,20 +186,22 @@ impl QuantMatrix {
                 raw.len()
             )));
         }
-        let h = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+        if kind == QuantKind::Bf16 {
+            let w: Vec<f32> = raw
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect();
+            return Self::bf16(rows, cols, &w);
+        }
         let (mut scales, mut codes) = (Vec::with_capacity(n * kind.scales()), Vec::new());
         codes.reserve(n * kind.code_bytes());
         for b in raw.chunks_exact(kind.ggml_bytes()) {
-            match kind {
-                QuantKind::Q4_1 => {
-                    scales.extend([h(b, 0), h(b, 2)]);
-                    codes.extend_from_slice(&b[4..20]);
-                }
-                QuantKind::Q8_0 => {
-                    scales.push(h(b, 0));
-                    codes.extend_from_slice(&b[2..34]);
-                }
-            }
+            let (s, c) = b.split_at(2 * kind.scales());
+            scales.extend(
+                s.chunks_exact(2)
+                    .map(|h| f16::from_le_bytes([h[0], h[1]]).to_f32()),
+            );
+            codes.extend_from_slice(c);
         }
         Ok(Self::from_parts(kind, rows, cols, scales, codes))
     }
@@ -198,6 +228,9 @@ impl QuantMatrix {
         if let Some(i) = w.iter().position(|v| !v.is_finite()) {
             return Err(QuantError(format!("weight {i} is {}", w[i])));
         }
+        if kind == QuantKind::Bf16 {
+            return Self::bf16(rows, cols, w);
+        }
         let (mut scales, mut codes) = (Vec::new(), Vec::new());
         let f16r = |v: f32| f16::from_f32(v).to_f32();
         let (blocks, _) = w.as_chunks::<BLOCK>();
@@ -219,6 +252,8 @@ impl QuantMatrix {
                     scales.push(f16r(d));
                     codes.extend(x.iter().map(|v| (v * id).round() as i8 as u8));
                 }
+                // Not made of blocks: packed whole above.
+                QuantKind::Bf16 => {}
             }
         }
         Ok(Self::from_parts(kind, rows, cols, scales, codes))
@@ -226,6 +261,13 @@ impl QuantMatrix {
 
     /// The blocks in ggml's layout, as a GGUF file stores them (f16 scales, then the codes).
     pub fn to_ggml(&self) -> Vec<u8> {
+        if self.kind == QuantKind::Bf16 {
+            let w = self.dequantize();
+            return w
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect();
+        }
         let (ns, nc) = (self.kind.scales(), self.kind.code_bytes());
         let mut out = Vec::with_capacity(self.codes.len() / nc * self.kind.ggml_bytes());
         for (s, c) in self
@@ -253,12 +295,18 @@ impl QuantMatrix {
 
     /// Bytes held (scales and codes).
     pub fn bytes(&self) -> usize {
-        self.scales.len() * 4 + self.codes.len()
+        self.scales.len() * 4 + self.codes.len() + self.packed.as_ref().map_or(0, |p| p.bytes())
     }
 
     /// The weights as f32 `[rows, cols]`, row-major: ggml's `dequantize_row_q4_1` (`q·d + m`)
     /// and `dequantize_row_q8_0` (`q·d`).
     pub fn dequantize(&self) -> Vec<f32> {
+        if let Some(p) = &self.packed {
+            // Held as `Wᵀ` `[cols, rows]`.
+            let wt = p.unpack();
+            let at = |i: usize| wt[(i % self.cols) * self.rows + i / self.cols];
+            return (0..self.rows * self.cols).map(at).collect();
+        }
         let mut out = Vec::with_capacity(self.rows * self.cols);
         let (ns, nc) = (self.kind.scales(), self.kind.code_bytes());
         for (s, c) in self
@@ -272,6 +320,7 @@ impl QuantMatrix {
                     out.extend(c.iter().map(|q| f32::from(q >> 4) * s[0] + s[1]));
                 }
                 QuantKind::Q8_0 => out.extend(c.iter().map(|q| f32::from(*q as i8) * s[0])),
+                QuantKind::Bf16 => {}
             }
         }
         out
@@ -289,6 +338,15 @@ impl QuantMatrix {
                 order.len(),
                 self.rows
             )));
+        }
+        if self.kind == QuantKind::Bf16 {
+            let w = self.dequantize();
+            let rows: Vec<f32> = order
+                .iter()
+                .flat_map(|&r| &w[r * self.cols..(r + 1) * self.cols])
+                .copied()
+                .collect();
+            return Self::bf16(self.rows, self.cols, &rows);
         }
         let per_row = self.cols / BLOCK;
         let (ns, nc) = (

@@ -1,7 +1,7 @@
 //! The blocked product against its decomposed reference, and the blocks against ggml's.
 
 use super::*;
-use burn::tensor::{Distribution, Tolerance};
+use burn::tensor::{Distribution, TensorData, Tolerance};
 
 fn device() -> Device {
     let d = Device::default();
@@ -36,6 +36,19 @@ fn blocks_decode_to_hand_worked_weights() {
     let want: Vec<f32> = (0..32).map(|j| 0.25 * (j as f32 - 16.0)).collect();
     assert_eq!(q.dequantize(), want);
     assert_eq!(q.bytes(), 4 + 32);
+    // BF16: bit patterns 1.0, −2.0, 0.5 and 2⁻¹³³ (a subnormal) across two rows of 32; held as
+    // one packed panel of 32 × 32 pairs (two rows, 32 inputs → one step, one panel).
+    let pattern = [[0x80, 0x3F], [0x00, 0xC0], [0x00, 0x3F], [0x01, 0x00]];
+    let at = |i: usize| (i + i / 32) % 4;
+    let raw: Vec<u8> = (0..64).flat_map(|i| pattern[at(i)]).collect();
+    let q = QuantMatrix::from_ggml(QuantKind::Bf16, 2, 32, &raw).unwrap();
+    let tiny = f32::from_bits(1 << 16);
+    let want: Vec<f32> = (0..64).map(|i| [1.0, -2.0, 0.5, tiny][at(i)]).collect();
+    assert_eq!(q.dequantize(), want);
+    assert_eq!(q.to_ggml(), raw);
+    assert_eq!(q.bytes(), 32 * 32 * 2);
+    let swapped = q.select_rows(&[1, 0]).unwrap().dequantize();
+    assert_eq!(swapped, [&want[32..], &want[..32]].concat());
 }
 
 #[test]
@@ -50,7 +63,7 @@ fn quantize_writes_the_bytes_ggml_writes() {
         .iter()
         .map(|x| x.as_f64().unwrap() as f32)
         .collect();
-    for kind in [QuantKind::Q4_1, QuantKind::Q8_0] {
+    for kind in [QuantKind::Q4_1, QuantKind::Q8_0, QuantKind::Bf16] {
         let want = v[kind.name()].as_str().unwrap();
         let got: String = QuantMatrix::quantize(kind, rows, cols, &w)
             .unwrap()
@@ -76,6 +89,7 @@ fn quantized_weights_lie_within_half_a_step() {
             let step = match kind {
                 QuantKind::Q4_1 => (hi - lo) / 15.0,
                 QuantKind::Q8_0 => lo.abs().max(hi.abs()) / 127.0,
+                QuantKind::Bf16 => unreachable!("not in this test's kinds"),
             };
             for (a, x) in a.iter().zip(x) {
                 // Half a step, plus the f16 rounding of the scales (2⁻¹¹ relative).
@@ -171,6 +185,37 @@ fn blocked_product_matches_the_reference() {
         ] {
             check(kind, n, rows, cols, (n * rows) as u64);
         }
+    }
+}
+
+/// BF16 weights: the product is the tiles' (`amx_matmul` of the same rounded weights, bit for
+/// bit) where the CPU has them, else the f32 product of the bf16 weights; x's gradient is the
+/// f32 `dy · W` either way.
+#[test]
+fn bf16_weights_multiply_as_the_tiles_do() {
+    let dev = device();
+    for (n, rows, cols) in [(1, 45, 96), (3, 576, 576), (37, 70, 64), (130, 33, 128)] {
+        dev.seed(n as u64);
+        let w = Tensor::<2>::random([rows, cols], Distribution::Normal(0.0, 0.1), &dev);
+        let wv = w.into_data().try_to_vec::<f32>().unwrap();
+        let q = QuantMatrix::quantize(QuantKind::Bf16, rows, cols, &wv).unwrap();
+        let deq = Tensor::<2>::from_data(TensorData::new(q.dequantize(), [rows, cols]), &dev);
+        let x = Tensor::<2>::random([n, cols], Distribution::Normal(0.0, 1.0), &dev);
+        let got = quant_linear(x.clone(), &q).into_data();
+        let want = match amx_available() {
+            true => amx_matmul(x.clone(), deq.clone().transpose()),
+            false => x.clone().matmul(deq.clone().transpose()),
+        };
+        assert_eq!(got, want.into_data(), "{n} × {cols} · {cols} × {rows}");
+        let ad = dev.clone().autodiff();
+        let xa = Tensor::<2>::from_data(x.to_data(), &ad).require_grad();
+        let dy = Tensor::<2>::random([n, rows], Distribution::Normal(0.0, 1.0), &ad);
+        let g = (quant_linear(xa.clone(), &q) * dy.clone()).sum().backward();
+        let want = dy.inner().matmul(deq);
+        xa.grad(&g)
+            .unwrap()
+            .into_data()
+            .assert_approx_eq::<f32>(&want.into_data(), Tolerance::absolute(1e-5));
     }
 }
 

@@ -175,6 +175,9 @@ fn fused_attention_matches_the_reference_in_values_and_gradients() {
     check_attention([2, 4, 4, 5, 9, 8], 1, 2);
     check_attention([4, 3, 1, 6, 6, 5], 64, 3);
     check_attention([2, 9, 3, 13, 20, 6], 4, 4);
+    // Decoding steps (one to `FEW_QUERIES` queries after a cache of keys), SmolLM2's heads.
+    check_attention([5, 9, 3, 1, 37, 64], 16, 6);
+    check_attention([3, 6, 2, 3, 20, 24], 16, 7);
     // Past 2¹⁸ scores per head the backend's forward takes its tiled (flash) path.
     check_attention([2, 2, 1, 520, 520, 4], 100, 5);
 }

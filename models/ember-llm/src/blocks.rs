@@ -5,26 +5,43 @@
 //! weights, where a matrix product reuses each weight across the rows.
 //!
 //! Blocks are kept only where they equal the f32 weights (`crate::quantize`), so a decoding
-//! step computes the model every other pass computes, up to the order of the sums. This module
-//! holds when a product reads them and the product itself.
+//! step computes the model every other pass computes, up to the order of the sums. `BF16`
+//! weights (packed once for AMX tiles) are the exception that proves it: their product rounds
+//! the activations to bf16 as well, so they serve only a model whose products were chosen to
+//! be bf16 (`--kernels ember,amx`), and then every product, whatever its rows, since the packed
+//! copy spares each product the packing. This module holds when a product reads them and the
+//! product itself.
 
 use burn::tensor::{DType, Tensor};
-use ember_kernels::{Kernel, QuantMatrix};
+use ember_kernels::{Kernel, QuantKind, QuantMatrix};
 
-/// Rows (sequences × positions) up to which a product reads the blocks: decoding steps of up
-/// to this many sequences. Above it the f32 product is faster, each weight being reused across
-/// enough rows (`ember bench-llm --blocks`, `benches/README.md`).
+/// Rows (sequences × positions) up to which a product reads `Q4_1` or `Q8_0` blocks: decoding
+/// steps of up to this many sequences. Above it the f32 product is faster, each weight being
+/// reused across enough rows (`ember bench-llm --blocks`, `benches/README.md`).
 pub const BLOCK_ROWS: usize = 16;
 
-/// Whether a product with input `x` reads the blocks: few enough rows, f32, the `quant` kernel
-/// chosen and on `x`'s device.
-pub(crate) fn decodes<const D: usize>(x: &Tensor<D>) -> bool {
+/// Whether a product with input `x` reads the kept weights `q`: f32, the `quant` kernel chosen
+/// and on `x`'s device; for `Q4_1` and `Q8_0`, at most [`BLOCK_ROWS`] rows; for `BF16` (packed
+/// for AMX tiles, its product rounding the activations to bf16), any rows of an `x` outside the
+/// autodiff graph (a tracked `x` takes `ember_kernels::amx_matmul`, whose backward pass runs
+/// on the tiles too), where bf16 products were chosen (the `amx` kernel) and the CPU has the
+/// tiles, and never otherwise (the f32 weights equal the bf16 ones: the same model in f32).
+pub(crate) fn decodes<const D: usize>(x: &Tensor<D>, q: &QuantMatrix) -> bool {
     let dims = x.dims();
     let rows: usize = dims[..D - 1].iter().product();
-    rows <= BLOCK_ROWS
-        && x.dtype() == DType::F32
+    let kept = x.dtype() == DType::F32
         && ember_kernels::enabled(Kernel::Quant)
-        && ember_kernels::fused_on(&x.device())
+        && ember_kernels::fused_on(&x.device());
+    kept && match q.kind() {
+        QuantKind::Bf16 => bf16_read() && !x.is_tracked(),
+        QuantKind::Q4_1 | QuantKind::Q8_0 => rows <= BLOCK_ROWS,
+    }
+}
+
+/// Whether products read `BF16` weights at all: bf16 products chosen (the `amx` kernel) and
+/// AMX tiles present.
+pub(crate) fn bf16_read() -> bool {
+    ember_kernels::enabled(Kernel::Amx) && ember_kernels::amx_available()
 }
 
 /// Whether a product with input `x` (`[rows, d_in]`) and an f32 weight goes through

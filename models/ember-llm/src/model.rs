@@ -173,7 +173,7 @@ fn lin<const D: usize>(
         .as_ref()
         .map(|b| like(if adapters { b.val() } else { b.base() }, dt));
     // Without an adapter, `base()` is the weight itself (trainable or not).
-    let y = match blocks.filter(|_| crate::blocks::decodes(&x)) {
+    let y = match blocks.filter(|q| crate::blocks::decodes(&x, q)) {
         Some(q) => crate::blocks::blocks_linear(x.clone(), q, bias),
         None => rows_linear(x.clone(), like(l.weight.base(), dt), bias),
     };
@@ -354,10 +354,10 @@ impl Attention {
         )
     }
 
-    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)). Passes of
-    /// several query positions in f32 on the CPU take Ember's fused attention
-    /// (`ember_kernels::attention`, which keeps no score matrix for backward) unless the
-    /// kernels are switched off.
+    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)). Passes in
+    /// f32 on the CPU take Ember's fused attention (`ember_kernels::attention`, which keeps no
+    /// score matrix for backward, and runs a decoding step's query without matrix products)
+    /// unless the kernels are switched off.
     pub(crate) fn heads(
         &self,
         q: Tensor<4>,
@@ -370,7 +370,7 @@ impl Attention {
         let [_, kv, keys, _] = k.dims();
         let groups = h / kv;
         let dt = q.dtype();
-        if t > 1
+        if t > 0
             && dt == DType::F32
             && bias.dims() == [b, 1, t, keys]
             && kernel_on(ember_kernels::Kernel::Attention, &q)
@@ -563,9 +563,10 @@ impl Llama {
     /// embedding adapter, and [`crate::blocks::decodes`] says so.
     fn tied_blocks(&self, h: &Tensor<3>, ad: bool) -> Option<&QuantMatrix> {
         let adapter = ad && self.embed_tokens.weight.adapter().is_some();
-        (self.lm_head.is_none() && !adapter && crate::blocks::decodes(h))
-            .then_some(self.head_blocks.as_ref())
-            .flatten()
+        let tied = self.lm_head.is_none() && !adapter;
+        self.head_blocks
+            .as_ref()
+            .filter(|q| tied && crate::blocks::decodes(h, q))
     }
 
     /// Final norm and output head; the logits are always f32.

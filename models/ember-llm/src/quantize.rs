@@ -157,8 +157,10 @@ fn attach_gguf(mut model: Llama, src: &GgufSource) -> Result<Llama> {
     Ok(model)
 }
 
-/// The blocks of the GGUF tensor that holds Hugging Face tensor `hf`, if it is `Q4_1` or `Q8_0`;
-/// `heads`: its rows put back from llama.cpp's interleaved order, per head.
+/// The blocks of the GGUF tensor that holds Hugging Face tensor `hf`, if it is `Q4_1` or `Q8_0`,
+/// or `BF16` where a product would read it (bf16 products chosen and AMX tiles present: else
+/// the copy would only take memory); `heads`: its rows put back from llama.cpp's interleaved
+/// order, per head.
 fn read_blocks(file: &GgufFile, hf: &str, heads: Option<usize>) -> Result<Option<QuantMatrix>> {
     let Some(name) = GgufSource::gguf_name(hf) else {
         return Ok(None);
@@ -167,6 +169,7 @@ fn read_blocks(file: &GgufFile, hf: &str, heads: Option<usize>) -> Result<Option
         .tensor_info(&name)
         .ok()
         .and_then(|t| QuantKind::from_ggml(t.ggml_type))
+        .filter(|k| *k != QuantKind::Bf16 || crate::blocks::bf16_read())
     else {
         return Ok(None);
     };

@@ -98,9 +98,11 @@ options:
                                  (head, attention, rmsnorm, swiglu, quant, gemv; crates/ember-kernels),
                                  with `ember` for the default set: `ember,amx` adds the bf16
                                  products on Intel AMX tiles (not on by default)
-  --blocks q4_1|q8_0             quantize the weights to GGUF's blocks (the f32 weights become
+  --blocks q4_1|q8_0|bf16        quantize the weights to GGUF's blocks (the f32 weights become
                                  the dequantized blocks), which decode steps of up to
-                                 ember_llm::BLOCK_ROWS rows read (the `quant` kernel)
+                                 ember_llm::BLOCK_ROWS rows read (the `quant` kernel); bf16:
+                                 the weights rounded to bf16 and packed once for AMX tiles,
+                                 which every product reads under `--kernels ember,amx`
   -h, --help                     this text";
 
 /// Parsed benchmark options.
@@ -201,7 +203,8 @@ impl BenchArgs {
                     out.blocks = match value()?.as_str() {
                         "q4_1" => Some(ember_kernels::QuantKind::Q4_1),
                         "q8_0" => Some(ember_kernels::QuantKind::Q8_0),
-                        b => bail!("--blocks {b}: expected q4_1 or q8_0"),
+                        "bf16" => Some(ember_kernels::QuantKind::Bf16),
+                        b => bail!("--blocks {b}: expected q4_1, q8_0 or bf16"),
                     }
                 }
                 other => bail!("unknown option `{other}`\n\n{USAGE}"),

@@ -5,12 +5,7 @@
 //! of the same kind (`∂x = dy · Wᵀ`, `∂W = xᵀ · dy`), the transposes read as they lie. The
 //! reference is burn's `matmul` on the inputs rounded to bf16 (`amx_matmul_reference`).
 
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
+use burn::backend::autodiff::{Autodiff, checkpoint::strategy::CheckpointStrategy};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
 /// The bf16 product as a burn backend extension: the CPU backend runs it on AMX tiles (burn's
@@ -85,41 +80,10 @@ fn view(t: &FloatTensor<burn::backend::Flex>) -> Option<ember_amx::Matrix<'_>> {
     })
 }
 
-/// The backward pass of [`FusedAmx::amx_matmul`]: `∂x = dy · Wᵀ`, `∂W = xᵀ · dy`, each a bf16
-/// product (both inputs kept: `W` is shared with the model, not copied).
-#[derive(Debug)]
-struct AmxBackward;
-
-impl<B: Backend + FusedAmx> Backward<B, 2> for AmxBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (x, w) = ops.state;
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, B::amx_matmul(dy.clone(), B::float_transpose(w)));
-        }
-        if let Some(node) = node_w {
-            grads.register::<B>(node.id, B::amx_matmul(B::float_transpose(x), dy));
-        }
-    }
-}
-
+/// Under autodiff: the backward pass of a matrix product (`crate::product`), each gradient a
+/// bf16 product too.
 impl<B: Backend + FusedAmx, C: CheckpointStrategy> FusedAmx for Autodiff<B, C> {
     fn amx_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        match AmxBackward
-            .prepare::<C>([x.node(), w.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
-                prep.finish((xp.clone(), wp.clone()), B::amx_matmul(xp, wp))
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::amx_matmul(x.into_primitive(), w.into_primitive()))
-            }
-        }
+        crate::product::tracked::<B, C>(x, w, B::amx_matmul, B::amx_matmul)
     }
 }

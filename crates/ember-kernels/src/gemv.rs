@@ -5,12 +5,7 @@
 //! CPU implementation here (`cpu_gemv.rs`) splits `W` by blocks of its rows over the cores, so
 //! that both cores read weights. The reference is burn's `matmul`.
 
-use burn::backend::autodiff::{
-    Autodiff,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
+use burn::backend::autodiff::{Autodiff, checkpoint::strategy::CheckpointStrategy};
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
 /// The few-row product as a burn backend extension: the CPU backend streams the weight over
@@ -43,41 +38,9 @@ impl FusedGemv for burn::backend::Flex {
     }
 }
 
-/// The backward pass of [`FusedGemv::gemv`], a matrix product's: `∂x = dy · Wᵀ`, `∂W = xᵀ · dy`
-/// (both inputs kept: `W` is shared with the model, not copied).
-#[derive(Debug)]
-struct GemvBackward;
-
-impl<B: Backend> Backward<B, 2> for GemvBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (x, w) = ops.state;
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, B::float_matmul(dy.clone(), B::float_transpose(w)));
-        }
-        if let Some(node) = node_w {
-            grads.register::<B>(node.id, B::float_matmul(B::float_transpose(x), dy));
-        }
-    }
-}
-
+/// Under autodiff: the backward pass of a matrix product (`crate::product`), in f32.
 impl<B: Backend + FusedGemv, C: CheckpointStrategy> FusedGemv for Autodiff<B, C> {
     fn gemv(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        match GemvBackward
-            .prepare::<C>([x.node(), w.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let (xp, wp) = (x.primitive().clone(), w.primitive().clone());
-                prep.finish((xp.clone(), wp.clone()), B::gemv(xp, wp))
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::gemv(x.into_primitive(), w.into_primitive()))
-            }
-        }
+        crate::product::tracked::<B, C>(x, w, B::gemv, B::float_matmul)
     }
 }

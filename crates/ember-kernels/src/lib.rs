@@ -38,6 +38,7 @@ mod cpu_gemv;
 mod cpu_quant;
 mod gemv;
 mod head;
+mod product;
 mod quant;
 mod rms_norm;
 mod swiglu;

@@ -3,6 +3,8 @@
 //! scores against every key (dot products of `hd` elements), the bias, a softmax and the
 //! weighted sum of the values, all in the first-level cache. A decoding step's products are
 //! `1 × hd · hd × keys` per head, where a matrix product spends most of its time packing.
+//! Keys, values and the bias are read where they lie when each head's rows are contiguous (the
+//! filled prefix of a key/value cache, sliced from its buffers, is such a view): no copy.
 
 use crate::cpu::{T, dense, dot, elems, exp, lanes, simd, tensor};
 use burn::tensor::Shape;
@@ -16,19 +18,22 @@ pub(crate) const FEW_QUERIES: usize = 4;
 /// `dims` is `[b, kv, g, t, keys, hd]`.
 pub(crate) fn attend(q: T, k: T, v: T, bias: T, dims: [usize; 6], scale: f32) -> T {
     let [b, kv, g, t, keys, hd] = dims;
-    let (q, k, v, bias) = (dense(q), dense(k), dense(v), dense(bias));
-    let (qs, ks, vs, bs) = (elems(&q), elems(&k), elems(&v), elems(&bias));
+    let q = dense(q);
+    let qs = elems(&q);
+    // Each head's `[keys, hd]` block, and each sequence's `[t, keys]` bias, contiguous.
+    let (k, v, bias) = (rows_view(k, hd), rows_view(v, hd), rows_view(bias, keys));
+    let (ks, vs, bs) = (k.slice(), v.slice(), bias.slice());
     let mut out = vec![0f32; b * kv * g * t * hd];
     let rows = g * t * hd;
     out.par_chunks_mut(rows.max(1))
         .enumerate()
         .for_each(|(i, o)| {
-            let at = i * keys * hd..(i + 1) * keys * hd;
+            let (bi, h) = (i / kv.max(1), i % kv.max(1));
             let head = Head {
                 q: &qs[i * rows..(i + 1) * rows],
-                k: &ks[at.clone()],
-                v: &vs[at],
-                bias: &bs[i / kv * t * keys..(i / kv + 1) * t * keys],
+                k: &ks[k.at(bi, h)..][..keys * hd],
+                v: &vs[v.at(bi, h)..][..keys * hd],
+                bias: &bs[bias.at(bi, 0)..][..t * keys],
                 t,
                 hd,
                 scale,
@@ -39,6 +44,52 @@ pub(crate) fn attend(q: T, k: T, v: T, bias: T, dims: [usize; 6], scale: f32) ->
             )
         });
     tensor(out, Shape::new([b, kv * g, t, hd]))
+}
+
+/// A 4-D tensor `[n0, n1, r, w]` whose `[r, w]` blocks each lie contiguous (rows of `w`
+/// elements one after the other), read where it lies; any other layout is made dense first.
+struct RowsView {
+    t: T,
+    offset: usize,
+    strides: [usize; 2],
+}
+
+/// `x` as a [`RowsView`] with `w` elements a row.
+fn rows_view(x: T, w: usize) -> RowsView {
+    let layout = x.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    let s = |d: usize| usize::try_from(strides[d]).ok();
+    let blocks = match (s(0), s(1), s(2), s(3)) {
+        (Some(s0), Some(s1), Some(s2), Some(1)) if s2 == w || shape[2] <= 1 => Some([s0, s1]),
+        _ => None,
+    };
+    match (blocks, crate::cpu::is_f32(&x)) {
+        (Some(strides), true) => RowsView {
+            offset: layout.start_offset(),
+            strides,
+            t: x,
+        },
+        _ => {
+            let [n1, r] = [shape[1], shape[2]];
+            RowsView {
+                t: dense(x),
+                offset: 0,
+                strides: [n1 * r * w, r * w],
+            }
+        }
+    }
+}
+
+impl RowsView {
+    /// The storage the view reads.
+    fn slice(&self) -> &[f32] {
+        self.t.storage::<f32>()
+    }
+
+    /// Where block `(i0, i1)` starts.
+    fn at(&self, i0: usize, i1: usize) -> usize {
+        self.offset + i0 * self.strides[0] + i1 * self.strides[1]
+    }
 }
 
 /// One sequence's key/value head and the query rows that read it.

@@ -198,6 +198,28 @@ fn fused_attention_without_autodiff_equals_the_reference() {
     close(a, r, 1e-4);
 }
 
+/// Keys, values and bias given as the filled prefix of larger buffers (a key/value cache's
+/// views): read where they lie, the same attention as on dense copies.
+#[test]
+fn decoding_attention_reads_views_of_a_cache() {
+    let dev = device();
+    dev.seed(9);
+    let normal = |s: [usize; 4]| Tensor::<4>::random(s, Distribution::Normal(0.0, 1.0), &dev);
+    let (b, heads, kv, hd, cap, filled) = (4, 9, 3, 64, 50, 23);
+    for t in [1, 2] {
+        let q = normal([b, heads, t, hd]);
+        let (kb, vb) = (normal([b, kv, cap, hd]), normal([b, kv, cap, hd]));
+        let bias = holed_bias(b, t, cap, &dev);
+        let prefix = |x: &Tensor<4>| x.clone().slice([0..b, 0..kv, 0..filled, 0..hd]);
+        let bias_view = bias.clone().slice([0..b, 0..1, 0..t, 0..filled]);
+        let got = attention(q.clone(), prefix(&kb), prefix(&vb), bias_view.clone());
+        let dense = |x: Tensor<4>| Tensor::<4>::from_data(x.to_data(), &dev);
+        let want = attention_reference(q, dense(prefix(&kb)), dense(prefix(&vb)), dense(bias_view));
+        let n = b * heads * t * hd;
+        close(got.reshape([n]), want.reshape([n]), 1e-5);
+    }
+}
+
 #[test]
 fn attention_blocks_keep_the_scores_small() {
     assert_eq!(attention_block(64 * 9, 512), 16);

@@ -772,7 +772,16 @@ impl Llama {
         let start = cache.len();
         let rope = self.rope(cache.positions_for(&mask));
         cache.append_mask(mask);
+        // Keys past the ones written are masked for every row: attention reads the filled
+        // prefix of the cache's buffers (views, not copies), not their whole capacity.
+        let filled = start + t;
         let bias = cache.attention_bias(start, t);
+        let [b, _, _, cap] = bias.dims();
+        let bias = bias.slice([0..b, 0..1, 0..t, 0..filled.min(cap)]);
+        let prefix = |x: Tensor<4>| {
+            let [b, kv, _, hd] = x.dims();
+            x.slice([0..b, 0..kv, 0..filled.min(cap), 0..hd])
+        };
         let mut h = self.embed(tokens);
         for (i, layer) in self.layers.iter().enumerate() {
             let x = rms_norm(&layer.input_layernorm, h.clone());
@@ -780,8 +789,8 @@ impl Llama {
             let (k_all, v_all) = cache.write(i, start, k, v);
             h = h + layer.self_attn.attend(
                 q,
-                k_all,
-                v_all,
+                prefix(k_all),
+                prefix(v_all),
                 bias.clone(),
                 ctx,
                 self.fused_attention && t > 1,

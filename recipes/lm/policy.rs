@@ -370,7 +370,7 @@ pub fn policy_from_specs(
 /// The frozen base of an adapter policy, kept also as `BF16` weights packed for AMX tiles where
 /// bf16 products were chosen (`--kernels ember,amx`) and the CPU has the tiles: rollouts and
 /// scoring then read the packed copy instead of packing every weight at every product
-/// (`ember_llm::BLOCK_ROWS`'s module). Its f32 weights become their bf16 values, which every
+/// (`models/ember-llm/src/blocks.rs`). Its f32 weights become their bf16 values, which every
 /// product under `amx` rounds them to anyway. Elsewhere, or for widths off the 32-grid, the
 /// base as it is.
 fn bf16_base(base: Llama) -> Llama {

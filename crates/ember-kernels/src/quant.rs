@@ -163,6 +163,7 @@ impl QuantMatrix {
     }
 
     /// The `BF16` weights packed for the tiles (`None` for the other kinds).
+    #[cfg(feature = "flex")]
     pub(crate) fn packed(&self) -> Option<&ember_amx::PackedB> {
         self.packed.as_deref()
     }

@@ -6,7 +6,7 @@
 //!
 //! Blocks are kept only where they equal the f32 weights (`crate::quantize`), so a decoding
 //! step computes the model every other pass computes, up to the order of the sums. `BF16`
-//! weights (packed once for AMX tiles) are the exception that proves it: their product rounds
+//! weights (packed once for AMX tiles) are the exception: their product rounds
 //! the activations to bf16 as well, so they serve only a model whose products were chosen to
 //! be bf16 (`--kernels ember,amx`), and then every product, whatever its rows, since the packed
 //! copy spares each product the packing. This module holds when a product reads them and the

@@ -151,7 +151,8 @@ fn rows(out: &Path) -> Vec<BTreeMap<String, f64>> {
 
 /// Every metric of `a` that is a number of the run (not a time, not the world's own) equals
 /// `b`'s: counts and rewards exactly, the rest within 1e-5 relative (the sums of two ranks'
-/// gradients round differently from one process's).
+/// gradients round differently from one process's) or 1e-6 absolute: a few f32 steps at 1, the
+/// size of an on-policy ratio's spread and its KL, which are rounding differences themselves.
 fn assert_same_run(a: &[BTreeMap<String, f64>], b: &[BTreeMap<String, f64>]) {
     assert_eq!(a.len(), b.len(), "rows");
     let own =
@@ -167,7 +168,7 @@ fn assert_same_run(a: &[BTreeMap<String, f64>], b: &[BTreeMap<String, f64>]) {
             let tol = if exact {
                 0.0
             } else {
-                1e-5 * x.abs().max(y.abs()) + 1e-7
+                1e-5 * x.abs().max(y.abs()) + 1e-6
             };
             assert!(
                 (x - y).abs() <= tol,

@@ -77,22 +77,23 @@ fn stderr(o: &Output) -> String {
 }
 
 /// Stopping at step 3 and resuming gives the same metrics, step for step, as an uninterrupted
-/// run: model, AdamW moments, RNG state and the KL reference all come back from disk.
+/// run: model, AdamW moments, RNG state and the KL reference all come back from disk. The
+/// recipe's own warm-up, so that the steps have rewards to compare.
 #[test]
 fn resume_equals_uninterrupted_run() {
     let (a, b) = (tmp("resume-a"), tmp("resume-b"));
-    let o = train(&a, &[], &[]);
+    let o = train(&a, &[FULL_WARMUP], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = train(&b, &[], &["--stop-after", "3"]);
+    let o = train(&b, &[FULL_WARMUP], &["--stop-after", "3"]);
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     assert!(b.join("checkpoints/step-00000003/model.bpk").exists());
     assert!(b.join("checkpoints/step-00000003/optim.bpk").exists());
     // A second run into the same directory without --resume is refused; nothing is lost.
-    let o = train(&b, &[], &[]);
+    let o = train(&b, &[FULL_WARMUP], &[]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--resume"), "{}", stderr(&o));
     // Resuming with a different recipe is refused.
-    let o = train(&b, &["train.lr=0.5"], &["--resume"]);
+    let o = train(&b, &[FULL_WARMUP, "train.lr=0.5"], &["--resume"]);
     assert!(stderr(&o).contains("recipe differs"), "{}", stderr(&o));
     // One flipped bit in the model record: refused by name (it used to load as garbage
     // weights and exit 0), and resumable once the file is whole again.
@@ -101,7 +102,7 @@ fn resume_equals_uninterrupted_run() {
     let mut flipped = whole.clone();
     flipped[whole.len() / 2] ^= 0x10;
     std::fs::write(&model, &flipped).unwrap();
-    let o = train(&b, &[], &["--resume"]);
+    let o = train(&b, &[FULL_WARMUP], &["--resume"]);
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("model.bpk is damaged"),
@@ -109,7 +110,7 @@ fn resume_equals_uninterrupted_run() {
         stderr(&o)
     );
     std::fs::write(&model, &whole).unwrap();
-    let o = train(&b, &[], &["--resume"]);
+    let o = train(&b, &[FULL_WARMUP], &["--resume"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let (ra, rb) = (common::metric_rows(&a), common::metric_rows(&b));
     assert_eq!(ra.len(), 7);

@@ -11,9 +11,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 /// Rows the queue to a worker holds; a row that finds it full is dropped (and counted).
-const QUEUE: usize = 1024;
+pub(super) const QUEUE: usize = 1024;
 /// Rows a worker keeps unsent while its tracker is unreachable; the oldest go beyond it.
-const PENDING: usize = 8192;
+pub(super) const PENDING: usize = 8192;
 /// The first wait after a failed request; doubled after each failure up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// The longest wait between attempts.

@@ -374,8 +374,8 @@ pub fn policy_from_specs(
 /// product under `amx` rounds them to anyway. Elsewhere, or for widths off the 32-grid, the
 /// base as it is.
 fn bf16_base(base: Llama) -> Llama {
-    use ember_kernels::{Kernel, QuantKind};
-    if !(ember_kernels::enabled(Kernel::Amx) && ember_kernels::amx_available()) {
+    use ember_kernels::QuantKind;
+    if !ember_kernels::bf16_products() {
         return base;
     }
     // A clone shares the weights' storage; `quantized` replaces them, so this copies nothing.

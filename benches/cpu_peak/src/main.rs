@@ -81,8 +81,10 @@ fn instruction_rates() {
     println!("instruction rates: x86-64 only");
 }
 
-/// Best of `reps` of the gemm crate's `C = A·B` (row-major, all cores) in GFLOP/s.
-fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
+/// Best of `reps` of the gemm crate's `C = A·B` (all cores) in GFLOP/s, each operand row-major
+/// unless `ta`/`tb`/`tc` say it is stored transposed (as a backward pass's `xᵀ·dy` and `dy·Wᵀ`
+/// read them).
+fn gemm_rate(m: usize, k: usize, n: usize, (ta, tb, tc): (bool, bool, bool), reps: usize) -> f64 {
     let a: Vec<f32> = (0..m * k)
         .map(|i| (i % 1000) as f32 / 1000.0 - 0.5)
         .collect();
@@ -98,15 +100,15 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
                 n,
                 k,
                 c.as_mut_ptr(),
-                1,
-                n as isize,
+                if tc { m as isize } else { 1 },
+                if tc { 1 } else { n as isize },
                 false,
                 a.as_ptr(),
-                1,
-                k as isize,
+                if ta { m as isize } else { 1 },
+                if ta { 1 } else { k as isize },
                 b.as_ptr(),
-                1,
-                n as isize,
+                if tb { k as isize } else { 1 },
+                if tb { 1 } else { n as isize },
                 0.0,
                 1.0,
                 false,
@@ -120,24 +122,50 @@ fn gemm_rate(m: usize, k: usize, n: usize, reps: usize) -> f64 {
     2.0 * (m * n * k) as f64 / best / 1e9
 }
 
+/// A product's sizes and which operands are stored transposed.
+type Shape = (usize, usize, usize, (bool, bool, bool));
+
+/// `M,K,N[,tA][,tB][,tC]` arguments (e.g. `1024,576,192` or `576,1024,1536,tA`), or the default
+/// shapes when there are none.
+fn shapes() -> Vec<Shape> {
+    let given: Vec<_> = std::env::args()
+        .skip(1)
+        .filter_map(|a| {
+            let d: Vec<usize> = a.split(',').filter_map(|x| x.parse().ok()).collect();
+            let t = (a.contains("tA"), a.contains("tB"), a.contains("tC"));
+            (d.len() == 3).then(|| (d[0], d[1], d[2], t))
+        })
+        .collect();
+    if !given.is_empty() {
+        return given;
+    }
+    let plain = (false, false, false);
+    vec![
+        (1024, 576, 1536, plain),
+        (4096, 576, 1536, plain),
+        (4096, 1536, 576, plain),
+        (64, 576, 1536, plain),
+        (32, 576, 1536, plain),
+        (1024, 576, 49152, plain),
+    ]
+}
+
 fn main() {
-    instruction_rates();
+    if std::env::args().len() == 1 {
+        instruction_rates();
+    }
     println!(
         "gemm crate, {} threads (row-major f32, output reused):",
         rayon::current_num_threads()
     );
-    for (m, k, n) in [
-        (1024, 576, 1536),
-        (4096, 576, 1536),
-        (4096, 1536, 576),
-        (64, 576, 1536),
-        (32, 576, 1536),
-        (1024, 576, 49152),
-    ] {
+    for (m, k, n, t) in shapes() {
         let reps = ((2e11 / (2.0 * (m * n * k) as f64)) as usize).clamp(3, 200);
         println!(
-            "  {m:5} x {k:4} x {n:5}: {:6.1} GFLOP/s",
-            gemm_rate(m, k, n, reps)
+            "  {m:5} x {k:4} x {n:5}{}{}{}: {:6.1} GFLOP/s",
+            if t.0 { " Aᵀ" } else { "" },
+            if t.1 { " Bᵀ" } else { "" },
+            if t.2 { " Cᵀ" } else { "" },
+            gemm_rate(m, k, n, t, reps)
         );
     }
 }

@@ -5,7 +5,9 @@
 //! (Rust's AMX intrinsics are unstable), and Linux hands a process the tiles' state only after an
 //! `arch_prctl` call. Both live in `tiles.rs`, whose one kernel checks the addresses it will touch
 //! before it runs; everything else here (the packing into tile layouts, the split over the
-//! cores) is safe code.
+//! cores) is safe code. The crate also holds the f32 product through the gemm crate
+//! ([`matmul_f32`], `gemm.rs`: one `unsafe` call, its views checked first), whose output burn
+//! takes without the copy burn flex's own `matmul` makes.
 //!
 //! Layouts. `A` (`m × k`) is packed in panels of 32 rows; a panel holds, for each step of 32
 //! along `k`, its two 16 × 32 tiles (rows 0–15, then 16–31), row-major. `B` (`k × n`) is packed
@@ -14,6 +16,7 @@
 //! element `e` is `B[2p + e][j]`. Rows, columns and steps past the matrix are zeros. A `B` that
 //! many products share (a frozen weight) can be packed once ([`PackedB`], [`matmul_packed`]).
 
+mod gemm;
 mod tiles;
 
 use rayon::prelude::*;
@@ -115,6 +118,46 @@ pub fn matmul(a: Matrix<'_>, b: Matrix<'_>) -> Result<Vec<f32>, AmxError> {
         multiply(&pa, &pb, steps, [a.rows, b.cols], &mut c);
     }
     Ok(c)
+}
+
+/// `A·B` in f32, row-major `m × n`, its sums in the order burn flex's `matmul` takes (the same
+/// gemm crate call, `gemm.rs`), into a `Vec` burn takes as it is: burn flex allocates its
+/// product's output with `vec![0u8; n]` and copies it once into a 16-byte-aligned buffer
+/// (`FlexTensor::empty`), a pass over the whole output before the product starts.
+///
+/// # Errors
+/// `A`'s columns differing from `B`'s rows, or a view that reaches past its data (or whose
+/// strides do not fit in `isize`).
+pub fn matmul_f32(a: Matrix<'_>, b: Matrix<'_>) -> Result<Vec<f32>, AmxError> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if k != b.rows {
+        return Err(AmxError::Shapes(m, k, b.rows, n));
+    }
+    for v in [&a, &b] {
+        if !v.in_bounds() {
+            return Err(AmxError::OutOfBounds(v.data.len()));
+        }
+    }
+    let mut c = vec![0f32; m.checked_mul(n).ok_or(AmxError::OutOfBounds(0))?];
+    if c.is_empty() || k == 0 {
+        return Ok(c);
+    }
+    let (sa, sb) = (strided(&a)?, strided(&b)?);
+    if isize::try_from(m.max(n).max(k)).is_err() {
+        return Err(AmxError::OutOfBounds(0));
+    }
+    gemm::product([m, k, n], sa, sb, &mut c);
+    Ok(c)
+}
+
+/// `v` as the gemm call reads it: its elements from `(0, 0)` on and its strides as `isize`.
+fn strided<'a>(v: &Matrix<'a>) -> Result<gemm::Strided<'a>, AmxError> {
+    let s = |x: usize| isize::try_from(x).map_err(|_| AmxError::OutOfBounds(v.data.len()));
+    Ok(gemm::Strided {
+        data: &v.data[v.offset..],
+        row: s(v.row_stride)?,
+        col: s(v.col_stride)?,
+    })
 }
 
 /// The zeroed `m × n` output of `A` times a `k × n` `B`, after checking that the shapes agree,

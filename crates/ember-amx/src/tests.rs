@@ -192,3 +192,76 @@ fn a_packed_operand_checks_its_shapes() {
     let zero = matmul_packed(Matrix::row_major(&[], 2, 0), &empty).unwrap();
     assert_eq!(zero, vec![0.0; 10]);
 }
+
+/// `matmul_f32` against an f64 sum of the unrounded inputs, in every layout, odd edges, one
+/// element, a strided block with an offset, and products below and above the size from which
+/// the cores share the work.
+#[test]
+fn f32_products_match_the_f64_reference_in_every_layout() {
+    let exact = |a: &Matrix<'_>, b: &Matrix<'_>| {
+        let at = |v: &Matrix<'_>, r: usize, c: usize| {
+            v.data[v.offset + r * v.row_stride + c * v.col_stride] as f64
+        };
+        let mut out = Vec::new();
+        for i in 0..a.rows {
+            for j in 0..b.cols {
+                out.push((0..a.cols).map(|p| at(a, i, p) * at(b, p, j)).sum::<f64>());
+            }
+        }
+        out
+    };
+    for (m, k, n) in [(1, 1, 1), (7, 33, 5), (200, 240, 190)] {
+        let (xa, xb) = (fill(m * k, 1), fill(k * n, 2));
+        let layouts = [
+            (Matrix::row_major(&xa, m, k), Matrix::row_major(&xb, k, n)),
+            (
+                Matrix::row_major(&xa, k, m).t(),
+                Matrix::row_major(&xb, n, k).t(),
+            ),
+        ];
+        for (a, b) in layouts {
+            let got = matmul_f32(a, b).unwrap();
+            let want = exact(&a, &b);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((*g as f64 - w).abs() <= 1e-5 * (k as f64).sqrt() * (1.0 + w.abs()));
+            }
+        }
+    }
+    // A 9 × 40 block of a 20 × 50 matrix from row 3, column 5, times a 40 × 3 matrix.
+    let big = fill(20 * 50, 3);
+    let a = Matrix {
+        data: &big,
+        offset: 3 * 50 + 5,
+        rows: 9,
+        cols: 40,
+        row_stride: 50,
+        col_stride: 1,
+    };
+    let xb = fill(40 * 3, 4);
+    let b = Matrix::row_major(&xb, 40, 3);
+    let (got, want) = (matmul_f32(a, b).unwrap(), exact(&a, &b));
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(g, w)| (*g as f64 - w).abs() < 1e-4)
+    );
+}
+
+#[test]
+fn f32_products_check_their_shapes_and_views() {
+    let (xa, xb) = (fill(6, 1), fill(12, 2));
+    let a = Matrix::row_major(&xa, 2, 3);
+    assert_eq!(
+        matmul_f32(a, Matrix::row_major(&xb, 4, 3)),
+        Err(AmxError::Shapes(2, 3, 4, 3))
+    );
+    let past = Matrix { offset: 1, ..a };
+    assert_eq!(
+        matmul_f32(past, Matrix::row_major(&xb, 3, 4)),
+        Err(AmxError::OutOfBounds(6))
+    );
+    assert_eq!(
+        matmul_f32(Matrix::row_major(&xa, 2, 0), Matrix::row_major(&xb, 0, 4)),
+        Ok(vec![0.0; 8])
+    );
+}

@@ -16,6 +16,11 @@ pub trait FusedAmx: Backend {
     fn amx_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_matmul(x, w)
     }
+
+    /// `x · W` in f32 (`crate::f32_matmul`): burn's `matmul` by default.
+    fn f32_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(x, w)
+    }
 }
 
 #[cfg(feature = "flex")]
@@ -35,11 +40,28 @@ impl FusedAmx for burn::backend::Flex {
             None => Self::float_matmul(x, w),
         }
     }
+
+    fn f32_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        use burn::backend::TensorMetadata;
+        use burn::backend::ops::FloatTensorOps;
+        let y = match (view(&x), view(&w)) {
+            (Some(a), Some(b)) => ember_amx::matmul_f32(a, b).ok(),
+            _ => None,
+        };
+        match y {
+            Some(y) => {
+                let shape = burn::tensor::Shape::new([x.shape()[0], w.shape()[1]]);
+                crate::cpu::tensor(y, shape)
+            }
+            None => Self::float_matmul(x, w),
+        }
+    }
 }
 
-/// `a · b` as a bf16 product ([`FusedAmx::amx_matmul`]) when `bf16`, else burn's f32 product:
-/// the fused kernels' own products (the head's chunks) follow the choice the model's
-/// projections follow, made by the caller.
+/// `a · b` as a bf16 product ([`FusedAmx::amx_matmul`]) when `bf16`, else the f32 product
+/// ([`FusedAmx::f32_matmul`]: burn's values, without burn flex's copy of the output): the fused
+/// kernels' own products (the head's chunks) follow the choice the model's projections follow,
+/// made by the caller.
 pub(crate) fn product<B: FusedAmx>(
     a: FloatTensor<B>,
     b: FloatTensor<B>,
@@ -47,7 +69,7 @@ pub(crate) fn product<B: FusedAmx>(
 ) -> FloatTensor<B> {
     match bf16 {
         true => B::amx_matmul(a, b),
-        false => B::float_matmul(a, b),
+        false => B::f32_matmul(a, b),
     }
 }
 
@@ -85,5 +107,9 @@ fn view(t: &FloatTensor<burn::backend::Flex>) -> Option<ember_amx::Matrix<'_>> {
 impl<B: Backend + FusedAmx, C: CheckpointStrategy> FusedAmx for Autodiff<B, C> {
     fn amx_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         crate::product::tracked::<B, C>(x, w, B::amx_matmul, B::amx_matmul)
+    }
+
+    fn f32_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::product::tracked::<B, C>(x, w, B::f32_matmul, B::f32_matmul)
     }
 }

@@ -81,3 +81,35 @@ fn amx_is_not_among_the_default_kernels_but_can_be_named() {
         "{err}"
     );
 }
+
+/// `f32_matmul` gives burn's `matmul` bit for bit, values and both gradients (the same gemm
+/// call), on a projection's shape, odd edges, one row, and transposed inputs.
+#[test]
+fn f32_matmul_equals_burns_product_bit_for_bit() {
+    let dev = Device::default();
+    assert!(fused_on(&dev), "the tests need the CPU backend");
+    let base = dev.clone().autodiff();
+    for (i, (n, k, m)) in [(256, 576, 1536), (130, 97, 45), (1, 5, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        dev.seed(10 + i as u64);
+        let x0 = Tensor::<2>::random([n, k], Distribution::Normal(0.0, 1.0), &dev);
+        let w0 = Tensor::<2>::random([m, k], Distribution::Normal(0.0, 0.5), &dev);
+        let c0 = Tensor::<2>::random([n, m], Distribution::Uniform(-1.0, 1.0), &dev);
+        let run = |ours: bool| {
+            let x = Tensor::<2>::from_data(x0.to_data(), &base).require_grad();
+            let w = Tensor::<2>::from_data(w0.to_data(), &base).require_grad();
+            // W as a `[out, in]` weight read transposed, as a model's head reads it.
+            let y = match ours {
+                true => f32_matmul(x.clone(), w.clone().transpose()),
+                false => x.clone().matmul(w.clone().transpose()),
+            };
+            let loss = (y.clone() * Tensor::<2>::from_data(c0.to_data(), &base)).sum();
+            let g = loss.backward();
+            let (gx, gw) = (x.grad(&g).unwrap(), w.grad(&g).unwrap());
+            (flat(y.inner()), flat(gx), flat(gw))
+        };
+        assert_eq!(run(true), run(false), "[{n}, {k}] · [{k}, {m}]");
+    }
+}

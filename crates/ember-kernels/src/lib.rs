@@ -35,6 +35,8 @@ mod cpu_attention;
 #[cfg(feature = "flex")]
 mod cpu_gemv;
 #[cfg(feature = "flex")]
+mod cpu_head;
+#[cfg(feature = "flex")]
 mod cpu_quant;
 mod gemv;
 mod head;
@@ -49,7 +51,7 @@ use burn::backend::Dispatch;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Int, Tensor};
 pub use gemv::FusedGemv;
-pub use head::FusedHead;
+pub use head::{FusedHead, HeadPasses, RowStats, Running};
 pub use quant::{FusedQuantLinear, QuantError, QuantKind, QuantMatrix};
 pub use rms_norm::FusedRmsNorm;
 pub use swiglu::FusedSwiglu;
@@ -72,11 +74,14 @@ pub enum Kernel {
     /// Many-row products in bf16 on AMX tiles ([`amx_matmul`]): `amx`. Not among
     /// [`Kernel::DEFAULT`]: it rounds the products' inputs to bf16.
     Amx,
+    /// Many-row f32 products without burn flex's copy of each output ([`f32_matmul`]):
+    /// `matmul`.
+    Matmul,
 }
 
 impl Kernel {
     /// Every kernel, in the order of their bits.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
@@ -84,17 +89,19 @@ impl Kernel {
         Kernel::Quant,
         Kernel::Gemv,
         Kernel::Amx,
+        Kernel::Matmul,
     ];
 
     /// The kernels `ember` names and a run takes unless told otherwise: every kernel that
     /// computes what its reference computes in f32 (all but [`Kernel::Amx`]).
-    pub const DEFAULT: [Kernel; 6] = [
+    pub const DEFAULT: [Kernel; 7] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
         Kernel::Swiglu,
         Kernel::Quant,
         Kernel::Gemv,
+        Kernel::Matmul,
     ];
 
     /// The kernel's name in `--kernels`.
@@ -107,10 +114,11 @@ impl Kernel {
             Kernel::Quant => "quant",
             Kernel::Gemv => "gemv",
             Kernel::Amx => "amx",
+            Kernel::Matmul => "matmul",
         }
     }
 
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
         match self {
             Kernel::Head => 1,
             Kernel::Attention => 2,
@@ -119,14 +127,15 @@ impl Kernel {
             Kernel::Quant => 16,
             Kernel::Gemv => 32,
             Kernel::Amx => 64,
+            Kernel::Matmul => 128,
         }
     }
 }
 
 /// The kernels chosen, one bit each ([`Kernel::bit`]); [`UNSET`] until [`set_kernels`] or the
 /// first read of `EMBER_KERNELS`.
-static ENABLED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNSET);
-const UNSET: u8 = 0x80;
+static ENABLED: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(UNSET);
+const UNSET: u16 = 0x8000;
 
 /// Which kernels `spec` chooses: `ember` (the [`Kernel::DEFAULT`] kernels), `burn` (none: the
 /// decomposed burn-op references everywhere), or a comma-separated list of kernel names and
@@ -239,7 +248,7 @@ pub fn head_log_probs(
         targets.into_dispatch(),
         1.0 / temperature,
         head_chunk(rows),
-        enabled(Kernel::Amx) && amx_available(),
+        bf16_products(),
     ));
     let lp = out.clone().slice([0..rows, 0..1]).reshape([rows]);
     (lp, out.slice([0..rows, 1..2]).reshape([rows]))
@@ -449,6 +458,12 @@ pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// (decoding steps) would round the whole weight to bf16 for a handful of rows.
 pub const AMX_ROWS: usize = 64;
 
+/// Whether products run in bf16 on AMX tiles: the [`Kernel::Amx`] kernel chosen and
+/// [`amx_available`].
+pub fn bf16_products() -> bool {
+    enabled(Kernel::Amx) && amx_available()
+}
+
 /// Whether [`amx_matmul`] runs on AMX tiles here (the CPU has AMX-BF16 and the operating
 /// system granted the tile state); elsewhere it is burn's f32 `matmul`.
 pub fn amx_available() -> bool {
@@ -472,6 +487,22 @@ pub fn amx_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     let ([n, k], [kw, m]) = (x.dims(), w.dims());
     assert_eq!(k, kw, "amx_matmul: x is [{n}, {k}], w [{kw}, {m}]");
     Tensor::<2>::from_dispatch(<Dispatch as FusedAmx>::amx_matmul(
+        x.into_dispatch(),
+        w.into_dispatch(),
+    ))
+}
+
+/// `x · W` in f32 through the gemm crate as burn flex calls it (the same sums, bit for bit),
+/// without the copy of the output burn flex's `matmul` makes (`ember_amx::matmul_f32`); burn's
+/// `matmul` off the CPU backend or with the `matmul` kernel off. Differentiable in both: each
+/// gradient is a product of the same kind.
+///
+/// # Shapes
+/// `x` `[n, k]`, `w` `[k, m]` → `[n, m]`.
+pub fn f32_matmul(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let ([n, k], [kw, m]) = (x.dims(), w.dims());
+    assert_eq!(k, kw, "f32_matmul: x is [{n}, {k}], w [{kw}, {m}]");
+    Tensor::<2>::from_dispatch(<Dispatch as FusedAmx>::f32_matmul(
         x.into_dispatch(),
         w.into_dispatch(),
     ))

@@ -33,15 +33,9 @@ pub(crate) fn decodes<const D: usize>(x: &Tensor<D>, q: &QuantMatrix) -> bool {
         && ember_kernels::enabled(Kernel::Quant)
         && ember_kernels::fused_on(&x.device());
     kept && match q.kind() {
-        QuantKind::Bf16 => bf16_read() && !x.is_tracked(),
+        QuantKind::Bf16 => ember_kernels::bf16_products() && !x.is_tracked(),
         QuantKind::Q4_1 | QuantKind::Q8_0 => rows <= BLOCK_ROWS,
     }
-}
-
-/// Whether products read `BF16` weights at all: bf16 products chosen (the `amx` kernel) and
-/// AMX tiles present.
-pub(crate) fn bf16_read() -> bool {
-    ember_kernels::enabled(Kernel::Amx) && ember_kernels::amx_available()
 }
 
 /// Whether a product with input `x` (`[rows, d_in]`) and an f32 weight goes through
@@ -60,8 +54,16 @@ pub(crate) fn few_rows(x: &Tensor<2>) -> bool {
 pub(crate) fn many_rows_bf16(x: &Tensor<2>) -> bool {
     x.dims()[0] >= ember_kernels::AMX_ROWS
         && x.dtype() == DType::F32
-        && ember_kernels::enabled(Kernel::Amx)
-        && ember_kernels::amx_available()
+        && ember_kernels::bf16_products()
+        && ember_kernels::fused_on(&x.device())
+}
+
+/// Whether a product with input `x` (`[rows, d_in]`) and an f32 weight goes through
+/// `ember_kernels::f32_matmul` (burn's product without its output copy): f32, the `matmul`
+/// kernel chosen and `x` on the CPU backend.
+pub(crate) fn rows_f32(x: &Tensor<2>) -> bool {
+    x.dtype() == DType::F32
+        && ember_kernels::enabled(Kernel::Matmul)
         && ember_kernels::fused_on(&x.device())
 }
 

@@ -201,6 +201,8 @@ fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1
         ember_kernels::gemv
     } else if crate::blocks::many_rows_bf16(&x) {
         ember_kernels::amx_matmul
+    } else if crate::blocks::rows_f32(&x) && w.dtype() == DType::F32 {
+        ember_kernels::f32_matmul
     } else {
         return linear_op(x, w, bias).reshape(dims);
     };

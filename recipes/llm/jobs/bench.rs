@@ -95,7 +95,7 @@ options:
                                  (e.g. to profile one of them; default all)
   --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
                                  references, or a comma-separated list of the kernels to use
-                                 (head, attention, rmsnorm, swiglu, quant, gemv; crates/ember-kernels),
+                                 (head, attention, rmsnorm, swiglu, quant, gemv, matmul; crates/ember-kernels),
                                  with `ember` for the default set: `ember,amx` adds the bf16
                                  products on Intel AMX tiles (not on by default)
   --blocks q4_1|q8_0|bf16        quantize the weights to GGUF's blocks (the f32 weights become

@@ -77,28 +77,32 @@ fn products_match_the_rounded_reference_in_every_layout() {
     }
 }
 
-#[test]
-fn strided_views_with_offsets_read_their_own_elements() {
-    // A 9 × 40 block of a 20 × 50 matrix from row 3, column 5; every second column of a
-    // 40 × 26 matrix (neither layout is contiguous along a row or a column).
-    let big = fill(20 * 50, 3);
+/// A 9 × 40 block of a 20 × 50 matrix (`big`) from row 3, column 5; every second column of a
+/// 40 × 26 matrix (`wide`) from column 1: neither layout is contiguous along a row or a column.
+fn strided_views<'a>(big: &'a [f32], wide: &'a [f32]) -> (Matrix<'a>, Matrix<'a>) {
     let a = Matrix {
-        data: &big,
+        data: big,
         offset: 3 * 50 + 5,
         rows: 9,
         cols: 40,
         row_stride: 50,
         col_stride: 1,
     };
-    let wide = fill(40 * 26, 4);
     let b = Matrix {
-        data: &wide,
+        data: wide,
         offset: 1,
         rows: 40,
         cols: 13,
         row_stride: 26,
         col_stride: 2,
     };
+    (a, b)
+}
+
+#[test]
+fn strided_views_with_offsets_read_their_own_elements() {
+    let (big, wide) = (fill(20 * 50, 3), fill(40 * 26, 4));
+    let (a, b) = strided_views(&big, &wide);
     check(a, b);
     check(b.t(), a.t());
 }
@@ -194,7 +198,7 @@ fn a_packed_operand_checks_its_shapes() {
 }
 
 /// `matmul_f32` against an f64 sum of the unrounded inputs, in every layout, odd edges, one
-/// element, a strided block with an offset, and products below and above the size from which
+/// element, strided views with offsets, and products below and above the size from which
 /// the cores share the work.
 #[test]
 fn f32_products_match_the_f64_reference_in_every_layout() {
@@ -227,18 +231,9 @@ fn f32_products_match_the_f64_reference_in_every_layout() {
             }
         }
     }
-    // A 9 × 40 block of a 20 × 50 matrix from row 3, column 5, times a 40 × 3 matrix.
-    let big = fill(20 * 50, 3);
-    let a = Matrix {
-        data: &big,
-        offset: 3 * 50 + 5,
-        rows: 9,
-        cols: 40,
-        row_stride: 50,
-        col_stride: 1,
-    };
-    let xb = fill(40 * 3, 4);
-    let b = Matrix::row_major(&xb, 40, 3);
+    // The strided views of `strided_views`, with offsets.
+    let (big, wide) = (fill(20 * 50, 3), fill(40 * 26, 4));
+    let (a, b) = strided_views(&big, &wide);
     let (got, want) = (matmul_f32(a, b).unwrap(), exact(&a, &b));
     assert!(
         got.iter()

@@ -26,35 +26,38 @@ pub trait FusedAmx: Backend {
 #[cfg(feature = "flex")]
 impl FusedAmx for burn::backend::Flex {
     fn amx_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        use burn::backend::TensorMetadata;
-        use burn::backend::ops::FloatTensorOps;
-        let y = match (view(&x), view(&w)) {
-            (Some(a), Some(b)) => ember_amx::matmul(a, b).ok(),
-            _ => None,
-        };
-        match y {
-            Some(y) => {
-                let shape = burn::tensor::Shape::new([x.shape()[0], w.shape()[1]]);
-                crate::cpu::tensor(y, shape)
-            }
-            None => Self::float_matmul(x, w),
-        }
+        through(x, w, ember_amx::matmul)
     }
 
     fn f32_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        use burn::backend::TensorMetadata;
-        use burn::backend::ops::FloatTensorOps;
-        let y = match (view(&x), view(&w)) {
-            (Some(a), Some(b)) => ember_amx::matmul_f32(a, b).ok(),
-            _ => None,
-        };
-        match y {
-            Some(y) => {
-                let shape = burn::tensor::Shape::new([x.shape()[0], w.shape()[1]]);
-                crate::cpu::tensor(y, shape)
-            }
-            None => Self::float_matmul(x, w),
+        through(x, w, ember_amx::matmul_f32)
+    }
+}
+
+/// `x · w` by one of `ember-amx`'s products on the two tensors' strided views; burn's f32
+/// `matmul` where the views cannot be read (another dtype, a negative stride) or the product
+/// refuses them (no AMX for `ember_amx::matmul`).
+#[cfg(feature = "flex")]
+fn through(
+    x: FloatTensor<burn::backend::Flex>,
+    w: FloatTensor<burn::backend::Flex>,
+    product: fn(
+        ember_amx::Matrix<'_>,
+        ember_amx::Matrix<'_>,
+    ) -> Result<Vec<f32>, ember_amx::AmxError>,
+) -> FloatTensor<burn::backend::Flex> {
+    use burn::backend::TensorMetadata;
+    use burn::backend::ops::FloatTensorOps;
+    let y = match (view(&x), view(&w)) {
+        (Some(a), Some(b)) => product(a, b).ok(),
+        _ => None,
+    };
+    match y {
+        Some(y) => {
+            let shape = burn::tensor::Shape::new([x.shape()[0], w.shape()[1]]);
+            crate::cpu::tensor(y, shape)
         }
+        None => burn::backend::Flex::float_matmul(x, w),
     }
 }
 

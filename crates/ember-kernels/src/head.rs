@@ -24,7 +24,7 @@ use burn::tensor::IndexingUpdateOp;
 /// The fused head as a burn backend extension: the CPU backend runs the chunked forward, the
 /// autodiff backend adds the recomputing backward.
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
-pub trait FusedHead: Backend + FusedAmx + HeadPasses {
+pub trait FusedHead: Backend + FusedAmx {
     /// `[rows, 2]`: column 0 the log-probability of `targets[r]` under `softmax(h Wᵀ · inv_t)`,
     /// column 1 that distribution's entropy. `h` `[rows, d]`, `w` `[vocab, d]`, `targets`
     /// `[rows]`; `chunk` vocabulary columns at a time; the products in bf16 (`amx.rs`) when
@@ -43,129 +43,6 @@ pub trait FusedHead: Backend + FusedAmx + HeadPasses {
 
 #[cfg(feature = "flex")]
 impl FusedHead for burn::backend::Flex {}
-
-/// The running maximum `m`, `s = Σ exp(z − m)` and `a = Σ exp(z − m) z` of each row, `[rows, 1]`
-/// each, over the chunks seen so far.
-pub struct Running<B: Backend> {
-    pub(crate) m: FloatTensor<B>,
-    pub(crate) s: FloatTensor<B>,
-    pub(crate) a: FloatTensor<B>,
-}
-
-/// The element-wise passes over one chunk of products `h W[chunk]ᵀ`: burn ops (a tensor a step)
-/// by default, one pass over the chunk on the CPU backend (`cpu_head.rs`).
-pub trait HeadPasses: Backend {
-    /// `acc` after the chunk whose logits are `zp · inv_t` (`zp` `[rows, n]`); the first chunk
-    /// starts from its own maximum.
-    fn head_chunk_update(
-        zp: FloatTensor<Self>,
-        inv_t: f32,
-        acc: Option<Running<Self>>,
-    ) -> Running<Self> {
-        chunk_update::<Self>(zp, inv_t, acc)
-    }
-
-    /// `∂L/∂zp = −p (g_lp + g_H (z − E[z])) · inv_t` with `z = zp · inv_t`, `p = exp(z − lse)`
-    /// (`lse`, `ez`, `g_lp`, `g_ent` `[rows, 1]`), the chosen token's term left out.
-    fn head_chunk_grad(zp: FloatTensor<Self>, inv_t: f32, st: RowStats<Self>) -> FloatTensor<Self> {
-        chunk_grad::<Self>(zp, inv_t, st)
-    }
-}
-
-/// Per-row values the backward pass reads in every chunk, `[rows, 1]` each: the log-sum-exp,
-/// the expected logit, and the gradients of the log-probability and of the entropy.
-pub struct RowStats<B: Backend> {
-    pub(crate) lse: FloatTensor<B>,
-    pub(crate) ez: FloatTensor<B>,
-    pub(crate) g_lp: FloatTensor<B>,
-    pub(crate) g_ent: FloatTensor<B>,
-}
-
-impl<B: Backend> Clone for RowStats<B> {
-    fn clone(&self) -> Self {
-        RowStats {
-            lse: self.lse.clone(),
-            ez: self.ez.clone(),
-            g_lp: self.g_lp.clone(),
-            g_ent: self.g_ent.clone(),
-        }
-    }
-}
-
-impl<B: HeadPasses, C: CheckpointStrategy> HeadPasses for Autodiff<B, C> {}
-
-impl HeadPasses for burn::backend::Dispatch {}
-
-#[cfg(feature = "flex")]
-impl HeadPasses for burn::backend::Flex {
-    fn head_chunk_update(
-        zp: FloatTensor<Self>,
-        inv_t: f32,
-        acc: Option<Running<Self>>,
-    ) -> Running<Self> {
-        use crate::cpu::is_f32;
-        let f32s = acc
-            .as_ref()
-            .is_none_or(|r| [&r.m, &r.s, &r.a].into_iter().all(is_f32));
-        match is_f32(&zp) && f32s {
-            true => {
-                let prev = acc.map(|r| (r.m, r.s, r.a));
-                let (m, s, a) = crate::cpu_head::chunk_update(zp, inv_t, prev);
-                Running { m, s, a }
-            }
-            false => chunk_update::<Self>(zp, inv_t, acc),
-        }
-    }
-
-    fn head_chunk_grad(zp: FloatTensor<Self>, inv_t: f32, st: RowStats<Self>) -> FloatTensor<Self> {
-        use crate::cpu::is_f32;
-        let f32s = [&zp, &st.lse, &st.ez, &st.g_lp, &st.g_ent]
-            .into_iter()
-            .all(is_f32);
-        match f32s {
-            true => crate::cpu_head::chunk_grad(zp, inv_t, [st.lse, st.ez, st.g_lp, st.g_ent]),
-            false => chunk_grad::<Self>(zp, inv_t, st),
-        }
-    }
-}
-
-/// [`HeadPasses::head_chunk_update`] in burn ops (the reference).
-pub(crate) fn chunk_update<B: Backend>(
-    zp: FloatTensor<B>,
-    inv_t: f32,
-    acc: Option<Running<B>>,
-) -> Running<B> {
-    let z = B::float_mul_scalar(zp, inv_t.into());
-    let zmax = B::float_max_dim(z.clone(), 1);
-    let (m, s, a) = match acc {
-        None => {
-            let zero = B::float_mul_scalar(zmax.clone(), 0f32.into());
-            (zmax, zero.clone(), zero)
-        }
-        Some(Running { m, s, a }) => {
-            let mn = maximum::<B>(m.clone(), zmax);
-            let scale = B::float_exp(B::float_sub(m, mn.clone()));
-            (mn, B::float_mul(s, scale.clone()), B::float_mul(a, scale))
-        }
-    };
-    let e = B::float_exp(B::float_sub(z.clone(), m.clone()));
-    let s = B::float_add(s, B::float_sum_dim(e.clone(), 1));
-    let a = B::float_add(a, B::float_sum_dim(B::float_mul(e, z), 1));
-    Running { m, s, a }
-}
-
-/// [`HeadPasses::head_chunk_grad`] in burn ops (the reference).
-pub(crate) fn chunk_grad<B: Backend>(
-    zp: FloatTensor<B>,
-    inv_t: f32,
-    st: RowStats<B>,
-) -> FloatTensor<B> {
-    let z = B::float_mul_scalar(zp, inv_t.into());
-    let p = B::float_exp(B::float_sub(z.clone(), st.lse));
-    let centred = B::float_mul(B::float_sub(z, st.ez), st.g_ent);
-    let dz = B::float_neg(B::float_mul(p, B::float_add(centred, st.g_lp)));
-    B::float_mul_scalar(dz, inv_t.into())
-}
 
 /// How the head's logits are computed: `z = h Wᵀ · inv_t`, `chunk` vocabulary columns at a time,
 /// the products in bf16 when `bf16`.
@@ -193,8 +70,8 @@ fn chunks(vocab: usize, chunk: usize) -> impl Iterator<Item = std::ops::Range<us
         .map(move |s| s..(s + chunk.max(1)).min(vocab))
 }
 
-/// One chunk's products `h W[s..e]ᵀ`, `[rows, e − s]` (its logits times `inv_t`).
-fn products<B: Backend + FusedAmx>(
+/// One chunk's logits `h W[s..e]ᵀ · inv_t`, `[rows, e − s]`.
+fn logits<B: Backend + FusedAmx>(
     h: &FloatTensor<B>,
     w: &FloatTensor<B>,
     cols: std::ops::Range<usize>,
@@ -202,7 +79,8 @@ fn products<B: Backend + FusedAmx>(
 ) -> FloatTensor<B> {
     let d = w.shape()[1];
     let wc = B::float_slice(w.clone(), &[Slice::from(cols), Slice::from(0..d)]);
-    product::<B>(h.clone(), B::float_transpose(wc), sc.bf16)
+    let z = product::<B>(h.clone(), B::float_transpose(wc), sc.bf16);
+    B::float_mul_scalar(z, sc.inv_t.into())
 }
 
 /// The element-wise maximum `(a + b + |a − b|) / 2` (no comparison mask needed).
@@ -225,20 +103,35 @@ fn chosen<B: Backend>(
 }
 
 /// The forward pass: a running maximum `m`, `s = Σ exp(z − m)` and `a = Σ exp(z − m) z` over the
-/// chunks ([`HeadPasses::head_chunk_update`]), then `lse = m + log s`, `E[z] = a / s`.
-fn forward<B: Backend + FusedAmx + HeadPasses>(
+/// chunks, then `lse = m + log s`, `E[z] = a / s`.
+fn forward<B: Backend + FusedAmx>(
     h: FloatTensor<B>,
     w: FloatTensor<B>,
     targets: IntTensor<B>,
     sc: Scale,
 ) -> Forward<B> {
     let vocab = w.shape()[0];
-    let mut acc: Option<Running<B>> = None;
+    let mut acc: Option<(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>)> = None;
     for c in chunks(vocab, sc.chunk) {
-        let zp = products::<B>(&h, &w, c, sc);
-        acc = Some(B::head_chunk_update(zp, sc.inv_t, acc.take()));
+        let z = logits::<B>(&h, &w, c, sc);
+        let zmax = B::float_max_dim(z.clone(), 1);
+        let (m, s, a) = match acc.take() {
+            None => {
+                let zero = B::float_mul_scalar(zmax.clone(), 0f32.into());
+                (zmax, zero.clone(), zero)
+            }
+            Some((m, s, a)) => {
+                let mn = maximum::<B>(m.clone(), zmax);
+                let scale = B::float_exp(B::float_sub(m, mn.clone()));
+                (mn, B::float_mul(s, scale.clone()), B::float_mul(a, scale))
+            }
+        };
+        let e = B::float_exp(B::float_sub(z.clone(), m.clone()));
+        let s = B::float_add(s, B::float_sum_dim(e.clone(), 1));
+        let a = B::float_add(a, B::float_sum_dim(B::float_mul(e, z), 1));
+        acc = Some((m, s, a));
     }
-    let Some(Running { m, s, a }) = acc else {
+    let Some((m, s, a)) = acc else {
         panic!("head_log_prob_entropy: an empty vocabulary");
     };
     let lse = B::float_add(m, B::float_log(s.clone()));
@@ -267,7 +160,7 @@ struct Saved<B: Backend> {
 #[derive(Debug)]
 struct HeadBackward;
 
-impl<B: Backend + FusedAmx + HeadPasses> Backward<B, 2> for HeadBackward {
+impl<B: Backend + FusedAmx> Backward<B, 2> for HeadBackward {
     type State = Saved<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -286,7 +179,7 @@ impl<B: Backend + FusedAmx + HeadPasses> Backward<B, 2> for HeadBackward {
 /// `(∂L/∂h, ∂L/∂W)` from the output's gradient `[rows, 2]`: per chunk,
 /// `∂L/∂z = −p (g_lp + g_H (z − E[z]))` plus `g_lp` at the chosen token, then `∂L/∂h += ∂L/∂z
 /// W[chunk] · inv_t` and `∂L/∂W[chunk] = (∂L/∂z)ᵀ h · inv_t`.
-fn head_grads<B: Backend + FusedAmx + HeadPasses>(
+fn head_grads<B: Backend + FusedAmx>(
     st: &Saved<B>,
     grad: FloatTensor<B>,
     with_w: bool,
@@ -297,15 +190,12 @@ fn head_grads<B: Backend + FusedAmx + HeadPasses>(
     let g_ent = B::float_slice(grad, &[Slice::from(0..rows), Slice::from(1..2)]);
     let mut dh: Option<FloatTensor<B>> = None;
     let mut dw_parts = Vec::new();
-    let rs = RowStats {
-        lse: st.lse.clone(),
-        ez: st.ez.clone(),
-        g_lp: g_lp.clone(),
-        g_ent,
-    };
     for c in chunks(vocab, st.sc.chunk) {
-        let zp = products::<B>(&st.h, &st.w, c.clone(), st.sc);
-        let dz = B::head_chunk_grad(zp, st.sc.inv_t, rs.clone());
+        let z = logits::<B>(&st.h, &st.w, c.clone(), st.sc);
+        let p = B::float_exp(B::float_sub(z.clone(), st.lse.clone()));
+        let centred = B::float_mul(B::float_sub(z, st.ez.clone()), g_ent.clone());
+        let dz = B::float_neg(B::float_mul(p, B::float_add(centred, g_lp.clone())));
+        let dz = B::float_mul_scalar(dz, st.sc.inv_t.into());
         let wc = B::float_slice(st.w.clone(), &[Slice::from(c), Slice::from(0..d)]);
         let part = product::<B>(dz.clone(), wc, st.sc.bf16);
         dh = Some(match dh {

@@ -35,8 +35,6 @@ mod cpu_attention;
 #[cfg(feature = "flex")]
 mod cpu_gemv;
 #[cfg(feature = "flex")]
-mod cpu_head;
-#[cfg(feature = "flex")]
 mod cpu_quant;
 mod gemv;
 mod head;
@@ -51,7 +49,7 @@ use burn::backend::Dispatch;
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::{Device, Int, Tensor};
 pub use gemv::FusedGemv;
-pub use head::{FusedHead, HeadPasses, RowStats, Running};
+pub use head::FusedHead;
 pub use quant::{FusedQuantLinear, QuantError, QuantKind, QuantMatrix};
 pub use rms_norm::FusedRmsNorm;
 pub use swiglu::FusedSwiglu;

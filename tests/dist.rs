@@ -28,6 +28,10 @@ const SETS: &[&str] = &[
     "train.lr=3e-3",
     "--set",
     "train.recompute_old_log_probs=true",
+    // Two mini-batches: the second's ratio moves off 1, so its spread (`actor/ratio_max`,
+    // `_min`, `_std`) must be the whole batch's however the rows are split over ranks.
+    "--set",
+    "train.mini_batches=2",
 ];
 
 fn steps(n: usize) -> [String; 2] {

@@ -191,6 +191,7 @@ fn code_lines(text: &str) -> impl Iterator<Item = &str> {
 /// layer, so Cargo's arrows all point down (ARCHITECTURE.md). A new member must be placed here.
 const LAYERS: &[(&str, u8)] = &[
     ("ember-amx", 0),
+    ("ember-hub", 0),
     ("ember-engine", 1),
     ("ember-kernels", 1),
     ("ember-dist", 1),
@@ -626,4 +627,111 @@ fn only_the_device_module_names_a_backend_device() {
         "use crate::common::device::device(name) (or take a &Device) instead:\n{}",
         offenders.join("\n")
     );
+}
+
+/// The paragraphs and table cells of a markdown text outside code fences: a paragraph is a run
+/// of non-blank lines that are not table rows or headings, a list item starting a new one, as
+/// its lines joined by spaces; a cell is the text between two `|` of a table row.
+fn markdown_blocks(text: &str) -> (Vec<String>, Vec<String>) {
+    let (mut paragraphs, mut cells) = (Vec::new(), Vec::new());
+    let mut current: Vec<&str> = Vec::new();
+    let mut fenced = false;
+    let flush = |current: &mut Vec<&str>, out: &mut Vec<String>| {
+        if !current.is_empty() {
+            out.push(current.join(" ").trim().to_string());
+            current.clear();
+        }
+    };
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("```") {
+            fenced = !fenced;
+            flush(&mut current, &mut paragraphs);
+            continue;
+        }
+        let item = t.starts_with("- ")
+            || t.starts_with("* ")
+            || t.split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if fenced || t.is_empty() || t.starts_with('|') || t.starts_with('#') || item {
+            flush(&mut current, &mut paragraphs);
+        }
+        if t.starts_with('|') && !fenced {
+            cells.extend(t.trim_matches('|').split('|').map(|c| c.trim().to_string()));
+        } else if !(fenced || t.is_empty() || t.starts_with('#')) {
+            current.push(t);
+        }
+    }
+    flush(&mut current, &mut paragraphs);
+    (paragraphs, cells)
+}
+
+/// The texts a newcomer reads first stay a front door, a map and an index, not a notebook:
+/// README.md and ARCHITECTURE.md under a length, benches/README.md under a line count, and in
+/// each no paragraph over 600 characters and no table cell over 300 (the dated history of
+/// results lives in docs/src/results.md and benches/log/).
+#[test]
+fn front_door_texts_stay_short() {
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    let limits = [("README.md", 12_000), ("ARCHITECTURE.md", 15_000)];
+    for (file, most) in limits {
+        let n = read(file).chars().count();
+        assert!(n <= most, "{file} has {n} characters (at most {most})");
+    }
+    let lines = read("benches/README.md").lines().count();
+    assert!(lines <= 200, "benches/README.md has {lines} lines (at most 200)");
+    for file in ["README.md", "ARCHITECTURE.md", "benches/README.md"] {
+        let (paragraphs, cells) = markdown_blocks(&read(file));
+        for p in paragraphs {
+            let n = p.chars().count();
+            assert!(n <= 600, "{file}: a paragraph of {n} characters (at most 600): {p}");
+        }
+        for c in cells {
+            let n = c.chars().count();
+            assert!(n <= 300, "{file}: a table cell of {n} characters (at most 300): {c}");
+        }
+    }
+}
+
+/// Every crate's `lib.rs` (and the root package's `recipes/lib.rs`) names each module it
+/// declares in its `//!` doc, where rustdoc shows the module map beside the code.
+#[test]
+fn every_lib_names_its_modules() {
+    let mut libs: Vec<PathBuf> = manifests(&root().join("crates"))
+        .into_iter()
+        .chain(manifests(&root().join("models")))
+        .map(|m| m.parent().unwrap().join("src").join("lib.rs"))
+        .collect();
+    libs.push(root().join("recipes").join("lib.rs"));
+    let mut missing = Vec::new();
+    for lib in libs {
+        let text = std::fs::read_to_string(&lib).unwrap();
+        let doc: String = text
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for line in code_lines(&text) {
+            let decl = line
+                .strip_prefix("pub mod ")
+                .or_else(|| line.strip_prefix("pub(crate) mod "))
+                .or_else(|| line.strip_prefix("mod "));
+            let Some(name) = decl.and_then(|d| d.strip_suffix(';')) else {
+                continue;
+            };
+            if name != "tests" && !doc.contains(&format!("`{name}")) {
+                let rel = lib.strip_prefix(root()).unwrap().display().to_string();
+                missing.push(format!("{rel}: `{name}`"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "modules a lib.rs doc does not name: {missing:#?}");
+}
+
+#[test]
+fn markdown_blocks_split_paragraphs_items_and_cells() {
+    let text = "# T\none\ntwo\n\n- a\n  b\n1. c\n| x | y |\n```\nlong code\n```\nend\n";
+    let (p, c) = markdown_blocks(text);
+    assert_eq!(p, ["one two", "- a b", "1. c", "end"]);
+    assert_eq!(c, ["x", "y"]);
 }

@@ -64,7 +64,7 @@ pub struct ExportArgs {
 
 /// `ember generate`.
 pub fn generate_cmd(o: GenerateArgs) -> Result<()> {
-    let model_path = ember_llm::hub::resolve(&o.model)?;
+    let model_path = ember_hub::resolve(&o.model)?;
     let prompt = o.prompt.as_str();
     let device = ember::common::device::device(&o.device)?;
     let tok = Tokenizer::for_checkpoint(&model_path)?;
@@ -114,7 +114,7 @@ pub fn generate_cmd(o: GenerateArgs) -> Result<()> {
 
 /// `ember export`: a checkpoint (plus an optional adapter, merged) to Hugging Face safetensors.
 pub fn export_cmd(o: ExportArgs) -> Result<()> {
-    let (model_path, out) = (ember_llm::hub::resolve(&o.model)?, o.out);
+    let (model_path, out) = (ember_hub::resolve(&o.model)?, o.out);
     let device = burn::tensor::Device::default();
     let mut loaded = load(&model_path, &device)?;
     if let Some(a) = &o.adapter {

@@ -35,8 +35,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a recipe: an LLM recipe, an image recipe (kind = "flow"), a multi-turn recipe
-    /// (kind = "agent") or a continuous-control recipe (kind = "control"). The first Ctrl-C stops
-    /// after the current step with a checkpoint (exit 130); a second quits at once.
+    /// (kind = "agent"), a continuous-control recipe (kind = "control"), program synthesis
+    /// (kind = "programs") or unlearning (kind = "unlearning"). The first Ctrl-C stops after the
+    /// current step with a checkpoint (exit 130); a second quits at once.
     Train(TrainArgs),
     /// Run every shape of an LLM recipe's job (generation, rescoring, training, evaluation) N
     /// times and time each pass: compiles GPU kernels into the kernel cache ahead of a run.

@@ -51,8 +51,8 @@ impl Teacher {
     pub fn new(spec: &TeacherSpec, device: &Device, student: &Policy, probe: &str) -> Result<Self> {
         let source = match (&spec.path, &spec.base_url, &spec.model) {
             (Some(path), _, _) => {
-                let path = ember_llm::hub::resolve(&ember_tasks::expand_path(path)?)
-                    .context("teacher.path")?;
+                let path =
+                    ember_hub::resolve(&ember_tasks::expand_path(path)?).context("teacher.path")?;
                 let what = || format!("teacher.path {}", path.display());
                 let loaded = ember_llm::load(&path, device).with_context(what)?;
                 let tok = Tokenizer::for_checkpoint(&path).with_context(what)?;

@@ -62,7 +62,7 @@ impl Backend {
                 src.retries,
             )?),
             (_, _, Some(path)) => {
-                let path = ember_llm::hub::resolve(&ember_tasks::expand_path(path)?)
+                let path = ember_hub::resolve(&ember_tasks::expand_path(path)?)
                     .with_context(|| format!("{}.path", src.table))?;
                 let what = || format!("{}.path {}", src.table, path.display());
                 let loaded = ember_llm::load(&path, device).with_context(what)?;

@@ -332,7 +332,7 @@ pub fn policy_from_specs(
         });
     }
     let p = pretrained.context("the recipe has no policy ([model] or [pretrained])")?;
-    let path = ember_llm::hub::resolve(&expand_path(&p.path)?).context("pretrained.path")?;
+    let path = ember_hub::resolve(&expand_path(&p.path)?).context("pretrained.path")?;
     let mut tok = ember_llm::Tokenizer::for_checkpoint(&path)?;
     tok.template_kwargs = p.chat_template_kwargs.clone();
     let loaded = ember_llm::load(&path, device)

@@ -40,7 +40,7 @@ fn is_chars(v: &chartok::Vocab) -> bool {
 pub struct PretrainedSpec {
     /// Checkpoint path (`~` and `$VAR` are expanded), or a Hub id (`ORG/NAME[@REVISION]`, a
     /// file inside it as `ORG/NAME/FILE`) found in the local Hugging Face cache
-    /// (`ember_llm::hub`).
+    /// (`ember_hub`).
     pub path: String,
     /// Wrap the prompt in the tokenizer's chat template.
     #[serde(default = "yes")]

@@ -192,7 +192,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .unwrap_or_else(|| a.model.display().to_string());
     // A Hub id (`ORG/NAME`) is served from its snapshot in the Hugging Face cache, under the id.
     let a = ServeArgs {
-        model: ember_llm::hub::resolve(&a.model).context("--model")?,
+        model: ember_hub::resolve(&a.model).context("--model")?,
         ..a
     };
     let tok = Arc::new(

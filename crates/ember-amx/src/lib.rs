@@ -15,6 +15,12 @@
 //! 0–15, then 16–31) in the pair-interleaved layout `TDPBF16PS` reads: tile row `p`, column `j`,
 //! element `e` is `B[2p + e][j]`. Rows, columns and steps past the matrix are zeros. A `B` that
 //! many products share (a frozen weight) can be packed once ([`PackedB`], [`matmul_packed`]).
+//!
+//! Here: the strided views (`Matrix`: a transpose is a view), the packing in vectorised passes
+//! (pulp's run-time dispatch), the output split over rayon's pool by blocks of rows (of columns
+//! for few rows), and `available` (the CPU's AMX-BF16 and Linux's grant of the tile state).
+//! `tiles` holds `cpuid`, `arch_prctl` and the micro-kernel; `gemm` the f32 product. The tests
+//! compare every layout with an f64 product of the rounded (for `matmul_f32`, unrounded) inputs.
 
 mod gemm;
 mod tiles;

@@ -11,6 +11,10 @@
 //!   gradients summed in buckets, a flag agreed by every rank.
 //! - [`rendezvous`]: the TCP exchange that gives every rank NCCL's unique id (torchrun's agent
 //!   holds `MASTER_PORT` for its own store, so Ember's rendezvous listens on a port of its own).
+//! - `error`: `DistError`, naming the variable, launcher or rank at fault (launchers that
+//!   disagree, variables that are not numbers, impossible worlds).
+//!
+//! Depends on nothing of Ember's: `ember-collectives` holds the engines.
 
 mod error;
 mod launch;

@@ -1,9 +1,33 @@
 //! Ember's policy-gradient engine.
 //!
 //! Everything works on `[batch, steps]` tensors plus a float mask: the engine knows nothing of
-//! tokens, images or routers. A [`RolloutBatch`] goes through [`filter`]s, then
+//! tokens, images or routers. A [`RolloutBatch`] goes through the group filters (`filter`), then
 //! [`compute_advantages`], then [`actor_loss`] (a [`policy_loss`] with KL, entropy,
 //! mismatch correction and [`aggregate`]).
+//!
+//! Every module is private; each public name has one path, the crate root.
+//! - `batch`: `RolloutBatch` and the one valid-reward rule (`is_valid_reward`, `REWARD_LIMIT`).
+//! - `advantage`: the estimators' config (`AdvantageConfig`, `AdvantageKind`) and shared functions;
+//!   `estimator`: `compute_advantages`, one function per estimator over one `AdvCtx`, then the
+//!   options every estimator shares.
+//! - `pg`: the policy losses (`PolicyLossKind`), one function per loss over one `LossCtx`;
+//!   `loss`: the actor objective (policy loss + KL + entropy + correction + aggregation).
+//! - `agg`: aggregation, with the whole optimizer step's normalisers (`AggNorm`).
+//! - `kl`: KL estimators and the coefficient controllers.
+//! - `correction`: rollout/trainer mismatch correction (truncated or masked importance weights).
+//! - `filter`: group filters and reward shaping (overlong penalty, dynamic sampling).
+//! - `ops`: masked and group reductions and scans, all on the device.
+//! - `preset`: the algorithm presets, each an estimator, a loss, an aggregation and filters.
+//! - `sequential`: SeeUPO's per-turn masks and update order.
+//! - `adaptive`: Reinforce-Ada's rounds and down-sampling rules (host-side).
+//! - `critic`: PPO's clipped value loss, PACT's weights and the explained variance.
+//! - `basis`: BASIS's batchwise kernel baseline over prompt features.
+//! - `replay`: the replay buffer of hard groups (ReRULE-style).
+//! - `preference`: the pairwise preference objectives (DPO, IPO, RPO, …).
+//! - `metrics`: named metrics kept on the device until `Metrics::to_host`.
+//! - `rng`: `SplitMix64`, the seeded RNG of every host-side draw, implementing rand_core's
+//!   `TryRng` and `SeedableRng` so that rand's algorithms take it.
+//! - `error`: typed errors (`EngineError`), each naming the input that was wrong.
 
 mod adaptive;
 mod advantage;

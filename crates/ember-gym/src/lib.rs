@@ -13,6 +13,20 @@
 //!
 //! Evaluations run on worker threads (`pool.rs`) through an [`Executor`]: [`Local`] runs each in
 //! processes of its own; the `ember gym serve` client sends them to other machines.
+//!
+//! The other modules:
+//! - `task`: the suite, each task's C reference, signature, shapes, tolerance and the library
+//!   routines a candidate may call.
+//! - `eval`: one evaluation (`evaluate`); `report`: what it takes and gives (`EvalConfig`,
+//!   `Job`, `Report`); `outcome`: the harness run's lines read back (hidden shapes, verdicts,
+//!   timing, coverage).
+//! - `verdict`: the named outcomes, and which of them are hacking.
+//! - `reward`: the reward (eq. 1 with eq. 8's profiling-based term) and the profiling-based
+//!   rejection (eq. 9).
+//! - `extract`: the C code of a model's answer; `prompt`: the task prompt and the feedback.
+//! - `error`: `GymError`, what stops an evaluation from being made at all.
+//!
+//! Depends on nothing of Ember's.
 
 mod checks;
 mod error;

@@ -1,27 +1,37 @@
-//! Ember's own kernels, added to burn through its backend extension (`#[backend_extension]`):
-//! each keeps its decomposed burn-op reference beside it and a test comparing values and
-//! gradients with it.
+//! Ember's own kernels, added to burn through its backend extension (`#[backend_extension]`,
+//! routed to the CPU backend with the `flex` feature and to autodiff with a hand-written
+//! `Backward`): each keeps its decomposed burn-op reference beside it and a test comparing values
+//! and gradients with it.
 //!
-//! - [`head_log_probs`]: the LM head's chosen-token log-probability and entropy, the
-//!   `[rows, vocab]` logits never held whole, forward or backward (`head.rs`).
+//! - [`head_log_probs`]: the LM head's chosen-token log-probability and entropy by an online
+//!   log-sum-exp over vocabulary chunks, the `[rows, vocab]` logits never held whole, forward or
+//!   backward (`head.rs`).
 //! - [`attention()`]: grouped-query attention with masks whose backward pass keeps no
-//!   `[t, keys]` score matrix (`attention.rs`).
+//!   `[t, keys]` score matrix (`attention.rs`); a decoding step's few queries in one pass per
+//!   sequence and key/value head (`cpu_attention.rs`).
 //! - [`rms_norm`] and [`swiglu`]: RMSNorm and SwiGLU's gate, each one vectorised pass over the
 //!   cores forward and one backward, keeping only what the backward pass reads (`rms_norm.rs`,
-//!   `swiglu.rs`, the CPU loops in `cpu.rs`).
+//!   `swiglu.rs`; the CPU loops over f32 slices, with a branch-free `exp`, in `cpu.rs`).
 //! - [`quant_linear`]: a product with weights held in GGUF's `Q4_1` or `Q8_0` blocks
 //!   ([`QuantMatrix`]), decoded in registers instead of dequantized to f32 (`quant.rs`,
-//!   `cpu_quant.rs`): decoding steps read 5 to 9 bits a weight instead of 32; or as `BF16`,
-//!   packed once for Intel AMX tiles (`ember_amx::PackedB`), where bf16 products were chosen.
+//!   `cpu_quant.rs`: AVX-512 or AVX2 through pulp, portable loops elsewhere): decoding steps read
+//!   5 to 9 bits a weight instead of 32; or as `BF16`, packed once for Intel AMX tiles
+//!   (`ember_amx::PackedB`), where bf16 products were chosen.
 //! - [`gemv`]: the product of a few rows with an f32 weight, the weight streamed over the cores
-//!   (`gemv.rs`, `cpu_gemv.rs`): decoding steps on f32 weights.
-//!
+//!   by blocks of its rows (`gemv.rs`, `cpu_gemv.rs`): decoding steps on f32 weights.
 //! - [`amx_matmul`]: a many-row product with both inputs rounded to bf16 and f32 sums, on Intel
 //!   AMX tiles (`amx.rs`, the `ember-amx` crate): chosen by name only, since it changes the
-//!   products' precision.
+//!   products' precision. `f32_matmul`: the many-row f32 product without burn flex's copy of each
+//!   output (`ember_amx::matmul_f32`: burn's values bit for bit). Both backward passes are two
+//!   products of the same kind, through the matrix-product backward `gemv` shares (`product.rs`).
+//! - `on_workers`: a closure run on a worker of the CPU backend's rayon pool, so that its
+//!   parallel products split their work with the other workers instead of waiting on them.
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
-//! says whether a device has them, and callers take the reference elsewhere.
+//! says whether a device has them, and callers take the reference elsewhere. `Kernel` is the
+//! process-wide choice (`--kernels ember|burn|head,attention,…`, `ember,amx`, `EMBER_KERNELS`;
+//! `Kernel::DEFAULT` leaves `amx` out). The tests: `tests.rs`, `amx_tests.rs`, `gemv_tests.rs`,
+//! `quant_tests.rs` (against ggml's bytes in `fixtures/quant_blocks.json`) and `tests/amx_head.rs`.
 
 // Without a backend selected, the generated dispatch takes the arguments without using them.
 #![cfg_attr(not(feature = "flex"), allow(unused_variables))]

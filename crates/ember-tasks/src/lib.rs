@@ -1,7 +1,26 @@
-//! The world an Ember policy acts in, below every recipe: tasks with hash-defined held-out
-//! splits and JSONL datasets (`task`), verifiable and external rewards and the Python adapter
-//! that runs TRL-signature functions (`reward`), batched multi-turn environments (`env`), and
-//! the JSON-lines helper-program plumbing external rewards and environments share (`process`).
+//! The world an Ember policy acts in, below every recipe. Depends on the engine and the kernel
+//! gym only.
+//!
+//! - `task`: tasks with hash-defined held-out splits: arithmetic and countdown, and datasets read
+//!   as rows of one shape (`jsonl.rs` with chosen keys, chat `messages` and extra columns;
+//!   `parquet.rs`, a Parquet file or a Hub dataset directory's `train` shards; `arrow.rs`, a
+//!   `datasets` `save_to_disk` folder), each opened within its limits (`file.rs`, `DataError`),
+//!   and the `Example` a task yields (`example.rs`).
+//! - `reward`: verifiable rewards (answer extraction, exact match, countdown expressions, a
+//!   format reward) and external ones (`reward/external.rs`: a JSON-lines reward process, and the
+//!   Python adapter `python/ember_reward.py` that runs TRL-signature functions).
+//! - `env`: batched multi-turn environments: the `Environment` trait and a turn's `Feedback`, the
+//!   built-in `Calculator` and `GuessNumber`, `ExternalEnv` and `serve` (the protocol's other
+//!   side), and the kernel gym as an environment with per-turn rewards (`kernel.rs`).
+//! - `facts`: a corpus of fictitious facts for unlearning studies, split into forget and retain
+//!   sets by person, and Carlini et al.'s exposure.
+//! - `program`: program synthesis against a generated knowledge base (`kb.rs`), Neural Symbolic
+//!   Machines' Lisp computer that names the words keeping a program valid (`lisp.rs`), the
+//!   questions, their split, the incremental mask and the task as a single-turn environment.
+//! - `process`: the JSON-lines process plumbing external rewards and environments share (writer
+//!   thread, timeout, end of output noticed at once, the registry a second stop signal kills).
+//!
+//! And `expand_path`: `~`, `$VAR` and `${VAR:-default}` in recipe paths.
 
 pub mod env;
 pub mod facts;

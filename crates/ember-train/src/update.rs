@@ -200,6 +200,7 @@ impl Steps<'_> {
         let [rows, _] = self.mask.dims();
         let device = self.mask.device();
         let mut sums = Means::default();
+        let mut ratio = RatioSpread::default();
         let mut stats = UpdateStats::default();
         let mini = self.schedule.mini_batches.clamp(1, rows.max(1));
         let group = optim.data_parallel().cloned();
@@ -243,7 +244,7 @@ impl Steps<'_> {
                         let chunk = chunk.as_slice();
                         let (l, metrics) = loss(replica, k, chunk, &index(chunk, &device), norm)?;
                         acc.accumulate(replica, GradientsParams::from_grads(l.backward(), replica));
-                        host.extend(metrics.to_host());
+                        host.push(metrics.to_host().into_iter().collect());
                     }
                     Ok::<_, EngineError>((acc.grads(), host))
                 };
@@ -259,7 +260,7 @@ impl Steps<'_> {
                     Some(w) => gather_metrics(w, hosts)?,
                     None => hosts,
                 };
-                let finite = self.merge(hosts, &mut sums);
+                let finite = self.merge(hosts, &mut sums, &mut ratio);
                 let grads = match &group {
                     Some(dp) => dp.sum(&model, grads),
                     None => grads.pop().unwrap_or_default(),
@@ -293,6 +294,7 @@ impl Steps<'_> {
             }
         }
         stats.metrics = sums.finish();
+        stats.metrics.extend(ratio.finish());
         stats.metrics.insert(
             format!("{}/skipped_steps", self.area),
             stats.skipped_steps as f64,
@@ -303,12 +305,13 @@ impl Steps<'_> {
     /// Adds a mini-batch's shares' host metrics (each micro-batch's list, on every rank) to
     /// `sums` and returns whether the loss was finite in all of them. Loss terms are divided by
     /// the whole mini-batch's normaliser, so a micro-batch's (or a share's) value is a part of
-    /// the mini-batch's: those add up within the mini-batch, the other metrics (fractions,
-    /// means) are averaged.
-    fn merge(&self, hosts: HostMetrics, sums: &mut Means) -> bool {
+    /// the mini-batch's: those add up within the mini-batch; the ratio's spread is pooled over
+    /// the steps of every share (`ratio`); the other metrics (fractions, means) are averaged.
+    fn merge(&self, hosts: HostMetrics, sums: &mut Means, ratio: &mut RatioSpread) -> bool {
         let mut finite = true;
         let mut parts: BTreeMap<String, f64> = BTreeMap::new();
-        for (k, v) in hosts.into_iter().flatten() {
+        let rest = hosts.into_iter().flat_map(|share| ratio.take(share));
+        for (k, v) in rest {
             if k == self.loss_key && !v.is_finite() {
                 finite = false;
             }
@@ -325,23 +328,103 @@ impl Steps<'_> {
     }
 }
 
-/// A mini-batch's metrics as its shares read them: one list per micro-batch share.
+/// A mini-batch's metrics as its shares read them: one list per micro-batch, on every rank.
 type HostMetrics = Vec<Vec<(String, f64)>>;
 
-/// The shards' gradients and their host metrics, or the first error.
+/// The shards' gradients and their micro-batches' host metrics, or the first error.
 fn split(results: Vec<ShardResult>) -> Result<(Vec<GradientsParams>, HostMetrics), EngineError> {
     let mut grads = Vec::with_capacity(results.len());
     let mut hosts = Vec::with_capacity(results.len());
     for r in results {
         let (g, h) = r?;
         grads.push(g);
-        hosts.push(h);
+        hosts.extend(h);
     }
     Ok((grads, hosts))
 }
 
-/// A shard's accumulated gradients and host metrics.
-type ShardResult = Result<(GradientsParams, Vec<(String, f64)>), EngineError>;
+/// A shard's accumulated gradients and its micro-batches' host metrics.
+type ShardResult = Result<(GradientsParams, HostMetrics), EngineError>;
+
+/// The ratio's spread as the loss reports it for one micro-batch (`ember_engine`'s
+/// `ratio_spread`): its valid steps, extremes, mean and standard deviation.
+const RATIO_KEYS: [&str; 5] = [
+    RATIO_COUNT,
+    "actor/ratio_max",
+    "actor/ratio_min",
+    "actor/ratio_mean",
+    "actor/ratio_std",
+];
+
+/// The number of valid steps behind a micro-batch's ratio metrics; it weighs the pooling and is
+/// not logged.
+const RATIO_COUNT: &str = "actor/ratio_count";
+
+/// The ratio's spread over every micro-batch of an update, on every rank, as one spread over
+/// all their valid steps: the extremes of the shares that have steps, the mean weighed by
+/// steps, the pooled deviation `σ² = Σ nᵢ (σᵢ² + (μᵢ − μ)²) / Σ nᵢ` (the law of total variance).
+/// So `actor/ratio_max` is the batch's maximum however its rows are split over ranks.
+#[derive(Default)]
+pub(crate) struct RatioSpread {
+    /// Per share with valid steps: (steps, max, min, mean, std).
+    shares: Vec<[f64; 5]>,
+    seen: bool,
+}
+
+impl RatioSpread {
+    /// Takes a share's ratio metrics out of its list and returns the rest.
+    fn take(&mut self, share: Vec<(String, f64)>) -> std::vec::IntoIter<(String, f64)> {
+        let (mine, rest): (Vec<_>, Vec<_>) = share
+            .into_iter()
+            .partition(|(k, _)| RATIO_KEYS.contains(&k.as_str()));
+        if let Some(v) = RATIO_KEYS
+            .map(|k| mine.iter().find(|(m, _)| m == k).map(|e| e.1))
+            .into_iter()
+            .collect::<Option<Vec<f64>>>()
+        {
+            self.seen = true;
+            if v[0] > 0.0 {
+                self.shares.push([v[0], v[1], v[2], v[3], v[4]]);
+            }
+        }
+        rest.into_iter()
+    }
+
+    /// The pooled metrics (none when no share reported them; ρ ≡ 1 when none had a step).
+    fn finish(self) -> Vec<(String, f64)> {
+        if !self.seen {
+            return Vec::new();
+        }
+        let n: f64 = self.shares.iter().map(|s| s[0]).sum();
+        let (max, min, mean, std) = if n > 0.0 {
+            let mean = self.shares.iter().map(|s| s[0] * s[3]).sum::<f64>() / n;
+            let var = self
+                .shares
+                .iter()
+                .map(|s| s[0] * (s[4] * s[4] + (s[3] - mean).powi(2)))
+                .sum::<f64>()
+                / n;
+            let max = self
+                .shares
+                .iter()
+                .map(|s| s[1])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let min = self
+                .shares
+                .iter()
+                .map(|s| s[2])
+                .fold(f64::INFINITY, f64::min);
+            (max, min, mean, var.sqrt())
+        } else {
+            (1.0, 1.0, 1.0, 0.0)
+        };
+        [max, min, mean, std]
+            .into_iter()
+            .zip(&RATIO_KEYS[1..])
+            .map(|(v, k)| (k.to_string(), v))
+            .collect()
+    }
+}
 
 /// Runs `shard` on each replica's rows of `part`: one thread per device with a data-parallel
 /// group, in this thread without one. Each runs on a worker of the CPU backend's pool
@@ -379,26 +462,48 @@ fn run_shards<M: Module + Clone + Send>(
     })
 }
 
-/// Means of host metrics over the micro-batches (or updates) that report them; non-finite
-/// values are left out, and a key with none is NaN.
+/// Means of host metrics over the micro-batches (or updates) that report them, but the
+/// extremes of a key named `…_max` or `…_min` (a maximum over shares is the maximum of theirs);
+/// non-finite values are left out, and a key with none is NaN.
 #[derive(Default)]
 pub(crate) struct Means(BTreeMap<String, (f64, usize)>);
+
+/// The reduction a key's name asks for, when it is an extreme.
+fn extreme(key: &str) -> Option<fn(f64, f64) -> f64> {
+    match key {
+        k if k.ends_with("_max") => Some(f64::max),
+        k if k.ends_with("_min") => Some(f64::min),
+        _ => None,
+    }
+}
 
 impl Means {
     /// Adds one value of `key`.
     pub(crate) fn add(&mut self, key: String, v: f64) {
+        let pick = extreme(&key);
         let e = self.0.entry(key).or_insert((0.0, 0));
         if v.is_finite() {
-            e.0 += v;
+            e.0 = match (e.1, pick) {
+                (0, _) => v,
+                (_, Some(f)) => f(e.0, v),
+                (_, None) => e.0 + v,
+            };
             e.1 += 1;
         }
     }
 
-    /// The means.
+    /// The means (and extremes).
     pub(crate) fn finish(self) -> BTreeMap<String, f64> {
         self.0
             .into_iter()
-            .map(|(k, (s, n))| (k, if n > 0 { s / n as f64 } else { f64::NAN }))
+            .map(|(k, (s, n))| {
+                let v = match (n, extreme(&k)) {
+                    (0, _) => f64::NAN,
+                    (_, Some(_)) => s,
+                    _ => s / n as f64,
+                };
+                (k, v)
+            })
             .collect()
     }
 }
@@ -432,4 +537,66 @@ pub fn accumulated_step<M: Module + Clone>(
     }
     let (model, report) = optim.step(lr, model, acc.grads());
     (model, total, report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Means, RatioSpread};
+
+    /// A micro-batch's ratio metrics: (steps, max, min, mean, std).
+    fn share(v: [f64; 5]) -> Vec<(String, f64)> {
+        let mut out: Vec<(String, f64)> = super::RATIO_KEYS
+            .iter()
+            .zip(v)
+            .map(|(k, x)| (k.to_string(), x))
+            .collect();
+        out.push(("actor/clipfrac".into(), 0.5));
+        out
+    }
+
+    /// Two shares of a batch's steps, ρ = [1.0, 1.2] and [0.9, 1.0, 1.1], and one share with
+    /// no step, pool to the spread of the five values worked by hand: mean 5.2 / 5 = 1.04,
+    /// variance 5.46 / 5 − 1.04² = 0.0104, maximum 1.2, minimum 0.9.
+    #[test]
+    fn the_ratio_spread_pools_shares_as_one_batch() {
+        let mut pool = RatioSpread::default();
+        let a = share([2.0, 1.2, 1.0, 1.1, 0.1]);
+        let b = share([3.0, 1.1, 0.9, 1.0, (0.02f64 / 3.0).sqrt()]);
+        let empty = share([0.0, 1.0, 1.0, 1.0, 0.0]);
+        let rest: Vec<(String, f64)> = [a, b, empty]
+            .into_iter()
+            .flat_map(|s| pool.take(s))
+            .collect();
+        assert_eq!(rest.len(), 3, "the other metrics pass through: {rest:?}");
+        let got: std::collections::BTreeMap<String, f64> = pool.finish().into_iter().collect();
+        assert!(!got.contains_key("actor/ratio_count"), "{got:?}");
+        let want = [
+            ("actor/ratio_max", 1.2),
+            ("actor/ratio_min", 0.9),
+            ("actor/ratio_mean", 1.04),
+            ("actor/ratio_std", 0.0104f64.sqrt()),
+        ];
+        for (k, v) in want {
+            assert!((got[k] - v).abs() < 1e-12, "{k}: {} vs {v}", got[k]);
+        }
+        let mut none = RatioSpread::default();
+        let _ = none.take(share([0.0, 1.0, 1.0, 1.0, 0.0])).count();
+        assert_eq!(none.finish()[0], ("actor/ratio_max".to_string(), 1.0));
+        assert!(RatioSpread::default().finish().is_empty());
+    }
+
+    /// Keys named as extremes keep the extreme over the shares; others are means.
+    #[test]
+    fn means_keep_extremes_where_the_name_says() {
+        let mut m = Means::default();
+        for v in [1.5, 3.0, f64::NEG_INFINITY, 2.0] {
+            m.add("mismatch/is_ratio_max".into(), v);
+            m.add("mismatch/is_weight_mean".into(), v);
+            m.add("x_min".into(), v);
+        }
+        let got = m.finish();
+        assert_eq!(got["mismatch/is_ratio_max"], 3.0);
+        assert_eq!(got["x_min"], 1.5);
+        assert!((got["mismatch/is_weight_mean"] - 6.5 / 3.0).abs() < 1e-12);
+    }
 }

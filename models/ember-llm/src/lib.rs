@@ -1,5 +1,34 @@
-//! Ember's LLM policy: Llama/Mistral/Qwen2/Qwen3 decoders loaded from Hugging Face or GGUF checkpoints,
-//! batched KV-cache sampling with the log-probs RL needs, LoRA with PEFT I/O, and export.
+//! Ember's LLM policy: Llama/Mistral/Qwen2/Qwen3 decoders loaded from Hugging Face or GGUF
+//! checkpoints, batched KV-cache sampling with the log-probs RL needs, LoRA with PEFT I/O, and
+//! export.
+//!
+//! The model:
+//! - `config`: the Hugging Face `config.json` read into `LlamaConfig`; `model`: the decoder
+//!   (`Llama`); `rope`: rotary embeddings with Llama 3, linear and YaRN scaling; `cache`: the
+//!   preallocated KV cache.
+//! - `load`: Hugging Face safetensors and GGUF in, Hugging Face export out; `hf`: the Hugging Face
+//!   tensor layout stated once; `gguf`: the GGUF reader and its dequantization.
+//! - `blocks`: a GGUF file's quantized blocks kept beside the f32 weights for decoding steps
+//!   (`BLOCK_ROWS`: when a product reads them); `quantize`: `load_with_blocks` and
+//!   `Llama::quantized`.
+//! - `tokenizer`: tokenizers and chat templates (`Tokenizer::for_checkpoint`); `chartok`: the
+//!   tiny policy's vocabularies (characters, or bytes for any text) and their tokenizer files.
+//!
+//! Generation:
+//! - `sample`: batched seeded sampling (temperature, top-k, top-p, min-p, stop tokens);
+//!   `temperature`: the one temperature rule of every surface.
+//! - `constrain`: constrained decoding: a `TokenConstraint` names each row's allowed tokens before
+//!   each step; `ConstrainedLlama` scores the same distribution in the update.
+//! - `running`: continuous batching (rows join a decode batch at any step and leave as they end);
+//!   `shrink`: the decode batch without its finished rows.
+//!
+//! Training:
+//! - `actor`: the `Actor` impl (each micro-batch's unused padding columns dropped); `shared`:
+//!   shared-prefix scoring (rows with the same prompt run it once).
+//! - `lora`: LoRA and PEFT I/O; `mixture`: MoLoRA attached to the projections; `plop`: PLoP's
+//!   feature norms for LoRA placement.
+//! - `value`: PPO's value model, the policy's transformer with a scalar head.
+//! - `error`: `LlmError`, each naming the file, key or value at fault.
 
 pub mod actor;
 mod blocks;
@@ -10,7 +39,6 @@ mod constrain;
 mod error;
 pub mod gguf;
 pub(crate) mod hf;
-pub mod hub;
 mod load;
 mod lora;
 mod mixture;

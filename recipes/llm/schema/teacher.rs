@@ -26,7 +26,7 @@ pub enum TeacherRole {
 pub struct TeacherSpec {
     /// A teacher loaded in process: a Hugging Face directory (a tiny run's `final/`; `ember
     /// export` writes one from a checkpoint) or a GGUF file (`~` and `$VAR` expand), or a Hub
-    /// id in the Hugging Face cache (`ember_llm::hub`).
+    /// id in the Hugging Face cache (`ember_hub`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// Or an endpoint (`http://host:port`, with or without `/v1`) that echoes prompt log-probs.

@@ -30,7 +30,7 @@ pub struct JudgeSpec {
     pub model: Option<String>,
     /// A judge loaded in process instead, frozen, on the run's device: a Hugging Face
     /// directory or a GGUF file (`~` and `$VAR` expand), or a Hub id in the Hugging Face cache
-    /// (`ember_llm::hub`).
+    /// (`ember_hub`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// The judge prompt; `{prompt}`, `{completion}` and `{answer}` are replaced.

@@ -6,13 +6,20 @@
 //! A model not in the cache is downloaded into it (`download.rs`, the `hub-download` feature)
 //! unless `HF_HUB_OFFLINE` is set; otherwise the error names every place searched and the
 //! `huggingface-cli download` command that fetches the model into the same cache.
+//!
+//! Modules: `id` (a Hub id told from a path by its shape), `index` (the shards a sharded
+//! checkpoint's index names), `download` (the download into the cache, bounded by the announced
+//! size, a read timeout and an overall deadline, checked by size and SHA-256), `error`
+//! (`HubError`). The crate depends on nothing of Ember's and on no tensor library: the models
+//! (`ember-llm`), the server and the CLI call `resolve`.
 
-#[cfg(feature = "hub-download")]
+#[cfg(feature = "download")]
 mod download;
+mod error;
 mod id;
 mod index;
 
-use crate::error::{LlmError, Result};
+pub use error::{HubError, Result};
 use id::{HubId, hub_id};
 use std::path::{Path, PathBuf};
 
@@ -56,7 +63,7 @@ pub fn resolve_with(
             "1" | "true" | "yes" | "on"
         )
     });
-    let download = cfg!(feature = "hub-download") && !offline && !dirs.is_empty();
+    let download = cfg!(feature = "download") && !offline && !dirs.is_empty();
     let id = (!spec.exists())
         .then(|| spec.to_str().and_then(hub_id))
         .flatten();
@@ -78,7 +85,7 @@ pub fn resolve_with(
         .iter()
         .map(|d| d.join(repo_folder(&id)).display().to_string())
         .collect();
-    #[cfg(feature = "hub-download")]
+    #[cfg(feature = "download")]
     if let (true, Some(dir)) = (download, dirs.first()) {
         let fetched = download::Hub::from_env(var).fetch(&id, dir);
         if let Err(e) = fetched {
@@ -89,7 +96,7 @@ pub fn resolve_with(
             return Ok(found);
         }
     }
-    let why = match (offline, cfg!(feature = "hub-download")) {
+    let why = match (offline, cfg!(feature = "download")) {
         (true, _) => "HF_HUB_OFFLINE is set, so nothing is downloaded",
         (false, true) => "no cache folder to download into",
         (false, false) => "downloading is not built in (the `hub-download` feature)",
@@ -157,7 +164,7 @@ fn lookup(
 
 /// A Hub id that is in none of the cache folders: the places searched, why nothing was
 /// downloaded, and the command that downloads it.
-fn not_in_cache(spec: &Path, id: &HubId, searched: &[String], why: &str) -> LlmError {
+fn not_in_cache(spec: &Path, id: &HubId, searched: &[String], why: &str) -> HubError {
     let rev = match id.revision.as_str() {
         "main" => String::new(),
         r => format!(" --revision {r}"),
@@ -226,7 +233,7 @@ fn snapshot(repo: &Path, id: &HubId) -> Result<Option<PathBuf>> {
     let files: Vec<PathBuf> = match &id.file {
         Some(_) => vec![found.clone()],
         None => std::fs::read_dir(&snap)
-            .map_err(|e| LlmError::io(&snap, e))?
+            .map_err(|e| HubError::io(&snap, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect(),
     };
@@ -245,8 +252,8 @@ fn snapshot(repo: &Path, id: &HubId) -> Result<Option<PathBuf>> {
 }
 
 /// `path: why` (one message: an I/O error's source would repeat it in an error chain).
-fn missing(path: &Path, why: &str) -> LlmError {
-    LlmError::Input(format!("{}: {why}", path.display()))
+fn missing(path: &Path, why: &str) -> HubError {
+    HubError::Missing(format!("{}: {why}", path.display()))
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@
 //! storage host a large file redirects to. `HF_ENDPOINT` names another Hub (a mirror, a test
 //! server).
 
-use super::id::HubId;
-use super::index::shards;
-use crate::error::{LlmError, Result};
+use crate::error::{HubError, Result};
+use crate::id::HubId;
+use crate::index::shards;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -28,6 +28,38 @@ pub struct Hub {
     /// Follows redirects (without the token) to the storage host.
     get: ureq::Agent,
     progress: bool,
+    limits: Limits,
+}
+
+/// What one file's download may take, so that a broken or hostile Hub (`HF_ENDPOINT`) cannot
+/// fill the disk or hold the process: the body stops at the size announced for it, a size
+/// above `max_file` is refused before anything is written, a file whose size is not announced
+/// stops at `unannounced`, and the bytes still to come must arrive within `grace` plus their
+/// count at `min_rate` bytes a second (the partial file is kept: the next run continues it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub min_rate: u64,
+    pub grace: Duration,
+    pub unannounced: u64,
+    pub max_file: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            min_rate: 128 << 10,
+            grace: Duration::from_secs(120),
+            unannounced: 1 << 30,
+            max_file: 512 << 30,
+        }
+    }
+}
+
+impl Limits {
+    /// The time `bytes` more may take.
+    fn deadline(&self, bytes: u64) -> Duration {
+        self.grace + Duration::from_secs(bytes / self.min_rate.max(1))
+    }
 }
 
 /// A file's blob as the Hub announces it.
@@ -69,7 +101,14 @@ impl Hub {
             head: agent(0),
             get: agent(10),
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            limits: Limits::default(),
         }
+    }
+
+    /// The same Hub with other download limits.
+    #[cfg(test)]
+    pub(crate) fn with_limits(self, limits: Limits) -> Self {
+        Self { limits, ..self }
     }
 
     /// Downloads `id` into the cache folder `cache` (its one file, or the files Ember reads from
@@ -110,9 +149,9 @@ impl Hub {
         }
         if id.revision != commit {
             let refs = dir.join("refs");
-            std::fs::create_dir_all(&refs).map_err(|e| LlmError::io(&refs, e))?;
-            ember_train::io::write_atomic(&refs.join(&id.revision), commit.as_bytes())
-                .map_err(|e| LlmError::io(refs.join(&id.revision), e))?;
+            std::fs::create_dir_all(&refs).map_err(|e| HubError::io(&refs, e))?;
+            write_atomic(&refs.join(&id.revision), commit.as_bytes())
+                .map_err(|e| HubError::io(refs.join(&id.revision), e))?;
         }
         Ok(())
     }
@@ -127,7 +166,16 @@ impl Hub {
             .call()
             .map_err(|e| fail(repo, &format!("{url}: no answer ({e})")))?;
         let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        // ureq stops a body read to a string at 10 MiB: a listing may announce no more.
+        let text = match (status, resp.body_mut().read_to_string()) {
+            (200, Err(e)) => {
+                return Err(fail(
+                    repo,
+                    &format!("{url}: an answer over 10 MiB or cut ({e})"),
+                ));
+            }
+            (_, read) => read.unwrap_or_default(),
+        };
         match status {
             200 => serde_json::from_str(&text)
                 .map_err(|e| fail(repo, &format!("{url} answered malformed JSON ({e})"))),
@@ -162,7 +210,7 @@ impl Hub {
         );
         let blob = self.metadata(&url, repo, file)?;
         let blobs = dir.join("blobs");
-        std::fs::create_dir_all(&blobs).map_err(|e| LlmError::io(&blobs, e))?;
+        std::fs::create_dir_all(&blobs).map_err(|e| HubError::io(&blobs, e))?;
         let path = blobs.join(&blob.etag);
         if !path.exists() {
             // One process downloads a blob at a time: the lock huggingface_hub takes,
@@ -172,11 +220,11 @@ impl Hub {
                 .unwrap_or(dir)
                 .join(".locks")
                 .join(dir.file_name().unwrap_or_default());
-            std::fs::create_dir_all(&locks).map_err(|e| LlmError::io(&locks, e))?;
+            std::fs::create_dir_all(&locks).map_err(|e| HubError::io(&locks, e))?;
             let lock_path = locks.join(format!("{}.lock", blob.etag));
             let lock =
-                std::fs::File::create(&lock_path).map_err(|e| LlmError::io(&lock_path, e))?;
-            lock.lock().map_err(|e| LlmError::io(&lock_path, e))?;
+                std::fs::File::create(&lock_path).map_err(|e| HubError::io(&lock_path, e))?;
+            lock.lock().map_err(|e| HubError::io(&lock_path, e))?;
             if !path.exists() {
                 self.blob(&url, &blob, &path, &format!("{repo}/{file}"))?;
             }
@@ -227,9 +275,17 @@ impl Hub {
                     !e.is_empty() && e.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
                 })
                 .ok_or_else(|| fail(repo, &format!("{url}: no ETag to name the file's blob")))?;
-            let size = header("x-linked-size")
+            let size: Option<u64> = header("x-linked-size")
                 .or_else(|| header("content-length").filter(|_| status < 300))
                 .and_then(|s| s.parse().ok());
+            if let Some(s) = size.filter(|s| *s > self.limits.max_file) {
+                let why = format!(
+                    "{url} announces {} for {file}, above the {} a file may have",
+                    mib(s),
+                    mib(self.limits.max_file)
+                );
+                return Err(fail(repo, &why));
+            }
             return Ok(Blob { etag, size });
         }
         Err(fail(repo, &format!("{url}: too many redirects")))
@@ -280,27 +336,36 @@ impl Hub {
             .write(true)
             .truncate(!append)
             .open(&part)
-            .map_err(|e| LlmError::io(&part, e))?;
+            .map_err(|e| HubError::io(&part, e))?;
         let done = if append { have } else { 0 };
         if status != 416 {
             let body = resp.into_body().into_reader();
-            self.copy(body, &mut out, &part, done, blob.size, name)?;
+            let to = Span {
+                done,
+                size: blob.size,
+                name,
+            };
+            self.copy(body, &mut out, &part, to)?;
         }
         drop(out);
         check(&part, blob, name)?;
-        std::fs::rename(&part, path).map_err(|e| LlmError::io(path, e))
+        std::fs::rename(&part, path).map_err(|e| HubError::io(path, e))
     }
 
-    /// Copies the body into the file, with a progress line on a terminal.
+    /// Copies the body into the file, with a progress line on a terminal, within the limits:
+    /// a body longer than the announced size (or the cap for an unannounced one) is an error
+    /// that removes the partial file; one slower than the deadline an error that keeps it.
     fn copy(
         &self,
         mut body: impl Read,
         out: &mut std::fs::File,
         part: &Path,
-        mut done: u64,
-        size: Option<u64>,
-        name: &str,
+        to: Span,
     ) -> Result<()> {
+        let (mut done, size, name) = (to.done, to.size, to.name);
+        let limit = size.unwrap_or(self.limits.unannounced);
+        let allowed = self.limits.deadline(limit.saturating_sub(done));
+        let start = Instant::now();
         let mut buf = vec![0u8; 1 << 20];
         let mut shown = Instant::now();
         eprintln!(
@@ -317,9 +382,32 @@ impl Hub {
             if n == 0 {
                 break;
             }
+            if done.saturating_add(n as u64) > limit {
+                let _ = std::fs::remove_file(part);
+                let what = match size {
+                    Some(s) => format!("the {s} bytes the Hub announced"),
+                    None => format!("{limit} bytes, the most a file of unannounced size may have"),
+                };
+                return Err(fail(
+                    name,
+                    &format!("the body runs past {what}; the partial file is removed"),
+                ));
+            }
             out.write_all(&buf[..n])
-                .map_err(|e| LlmError::io(part, e))?;
+                .map_err(|e| HubError::io(part, e))?;
             done += n as u64;
+            if start.elapsed() > allowed {
+                let why = format!(
+                    "{} of {} in {} s, past the deadline for its size (at least {} KiB/s after \
+                     {} s); run again to continue it",
+                    mib(done),
+                    mib(limit),
+                    allowed.as_secs(),
+                    self.limits.min_rate >> 10,
+                    self.limits.grace.as_secs()
+                );
+                return Err(fail(name, &why));
+            }
             if self.progress && shown.elapsed() > Duration::from_millis(500) {
                 shown = Instant::now();
                 eprint!(
@@ -332,8 +420,16 @@ impl Hub {
         if self.progress {
             eprintln!("\r  {}\x1b[K", mib(done));
         }
-        out.flush().map_err(|e| LlmError::io(part, e))
+        out.flush().map_err(|e| HubError::io(part, e))
     }
+}
+
+/// Where a download stands: the bytes already in the partial file, the announced size, the
+/// name errors give.
+struct Span<'a> {
+    done: u64,
+    size: Option<u64>,
+    name: &'a str,
 }
 
 /// A file name of the Hub's listing that is safe as a path under the snapshot: parts that are
@@ -405,7 +501,7 @@ fn wanted(id: &HubId, listed: &[&str]) -> std::result::Result<Vec<String>, Strin
 /// SHA-256; a mismatch removes them.
 fn check(part: &Path, blob: &Blob, name: &str) -> Result<()> {
     let len = std::fs::metadata(part)
-        .map_err(|e| LlmError::io(part, e))?
+        .map_err(|e| HubError::io(part, e))?
         .len();
     let bad = |why: String| {
         let _ = std::fs::remove_file(part);
@@ -419,9 +515,9 @@ fn check(part: &Path, blob: &Blob, name: &str) -> Result<()> {
     }
     let lfs = blob.etag.len() == 64 && blob.etag.chars().all(|c| c.is_ascii_hexdigit());
     if lfs {
-        let mut f = std::fs::File::open(part).map_err(|e| LlmError::io(part, e))?;
+        let mut f = std::fs::File::open(part).map_err(|e| HubError::io(part, e))?;
         let mut hash = Sha256::new();
-        std::io::copy(&mut f, &mut hash).map_err(|e| LlmError::io(part, e))?;
+        std::io::copy(&mut f, &mut hash).map_err(|e| HubError::io(part, e))?;
         let got: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
         if !got.eq_ignore_ascii_case(&blob.etag) {
             return bad(format!(
@@ -437,7 +533,7 @@ fn check(part: &Path, blob: &Blob, name: &str) -> Result<()> {
 /// `file`); a copy where links cannot be made.
 fn link_blob(link: &Path, blob: &Path, file: &str) -> Result<()> {
     let parent = link.parent().unwrap_or(link);
-    std::fs::create_dir_all(parent).map_err(|e| LlmError::io(parent, e))?;
+    std::fs::create_dir_all(parent).map_err(|e| HubError::io(parent, e))?;
     let up = "../".repeat(2 + file.matches('/').count());
     let etag = blob
         .file_name()
@@ -446,7 +542,7 @@ fn link_blob(link: &Path, blob: &Path, file: &str) -> Result<()> {
     let target = PathBuf::from(format!("{up}blobs/{etag}"));
     // A link left by an earlier download whose blob is gone is replaced.
     if link.symlink_metadata().is_ok() {
-        std::fs::remove_file(link).map_err(|e| LlmError::io(link, e))?;
+        std::fs::remove_file(link).map_err(|e| HubError::io(link, e))?;
     }
     #[cfg(unix)]
     let made = match std::os::unix::fs::symlink(&target, link) {
@@ -456,22 +552,37 @@ fn link_blob(link: &Path, blob: &Path, file: &str) -> Result<()> {
     };
     #[cfg(not(unix))]
     let made = std::fs::copy(blob, link).map(|_| ());
-    made.map_err(|e| LlmError::io(link, e))
+    made.map_err(|e| HubError::io(link, e))
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder, synced and renamed
+/// over it: a reader sees the old ref or the new, never a part.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    let res = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
 }
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-fn fail(what: &str, why: &str) -> LlmError {
-    LlmError::Input(format!(
+fn fail(what: &str, why: &str) -> HubError {
+    HubError::Missing(format!(
         "downloading {what} from the Hugging Face Hub: {why}"
     ))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::resolve_with;
+    use crate::resolve_with;
     use std::io::{BufRead, BufReader, Write};
     use std::net::TcpListener;
     use std::path::{Path, PathBuf};
@@ -786,5 +897,148 @@ mod tests {
             .to_string();
         assert!(e.contains("has no file absent.gguf"), "{e}");
         std::fs::remove_dir_all(&cache).ok();
+    }
+
+    /// How a hostile Hub sends a file's body.
+    #[derive(Clone, Copy)]
+    enum Body {
+        /// Without a length, until the client hangs up (at most 256 MiB).
+        Endless,
+        /// Its announced length, one byte every 20 ms.
+        Trickle,
+    }
+
+    /// A Hub on loopback whose `org/evil` holds one LFS file announced (or not) at `announce`
+    /// bytes, sent as `body` says.
+    fn hostile_hub(announce: Option<u64>, body: Body) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                }
+                let mut stream = stream;
+                let sized = |n: usize| format!("Content-Length: {n}\r\n");
+                if line.contains("/api/models/") {
+                    let listing = format!(
+                        "{{\"sha\":\"{COMMIT}\",\"siblings\":[{{\"rfilename\":\"w.gguf\"}}]}}"
+                    );
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\n{}Connection: close\r\n\r\n",
+                        sized(listing.len())
+                    );
+                    let _ = stream.write_all(format!("{head}{listing}").as_bytes());
+                } else if line.starts_with("HEAD") {
+                    let size =
+                        announce.map_or(String::new(), |n| format!("X-Linked-Size: {n}\r\n"));
+                    let etag = "e".repeat(64);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nX-Linked-Etag: \"{etag}\"\r\n{size}Connection: close\r\n\r\n"
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                } else {
+                    serve_body(&mut stream, announce, body);
+                }
+            }
+        });
+        base
+    }
+
+    fn serve_body(stream: &mut std::net::TcpStream, announce: Option<u64>, body: Body) {
+        match body {
+            Body::Endless => {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+                let chunk = vec![7u8; 1 << 16];
+                for _ in 0..4096 {
+                    if stream.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            }
+            Body::Trickle => {
+                let n = announce.unwrap_or(0);
+                let head =
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n");
+                let _ = stream.write_all(head.as_bytes());
+                for _ in 0..n {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    if stream.write_all(b"x").is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Downloads `org/evil/w.gguf` from `base` within `limits`; the error and the names left
+    /// in the blobs folder.
+    fn fetch_evil(base: &str, limits: super::Limits, tag: &str) -> (String, Vec<String>) {
+        let cache = tmp(tag);
+        let hub = super::Hub::from_env(&env(base, false)).with_limits(limits);
+        let id = crate::id::hub_id("org/evil/w.gguf").unwrap();
+        let e = hub.fetch(&id, &cache).unwrap_err().to_string();
+        let left = std::fs::read_dir(cache.join("models--org--evil/blobs"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        std::fs::remove_dir_all(&cache).ok();
+        (e, left)
+    }
+
+    /// A Hub that announces 100 bytes and then sends an endless body: the download stops at
+    /// the announced size and removes what it wrote; an unannounced size stops at the cap.
+    #[test]
+    fn a_body_longer_than_announced_stops_and_is_removed() {
+        let limits = super::Limits::default();
+        let (e, left) = fetch_evil(&hostile_hub(Some(100), Body::Endless), limits, "endless");
+        assert!(
+            e.contains("runs past the 100 bytes the Hub announced"),
+            "{e}"
+        );
+        assert!(left.iter().all(|n| !n.contains("incomplete")), "{left:?}");
+        let capped = super::Limits {
+            unannounced: 1 << 20,
+            ..limits
+        };
+        let (e, left) = fetch_evil(&hostile_hub(None, Body::Endless), capped, "unannounced");
+        assert!(
+            e.contains("1048576 bytes, the most a file of unannounced size"),
+            "{e}"
+        );
+        assert!(left.iter().all(|n| !n.contains("incomplete")), "{left:?}");
+        let small = super::Limits {
+            max_file: 50,
+            ..limits
+        };
+        let (e, left) = fetch_evil(&hostile_hub(Some(100), Body::Endless), small, "huge");
+        assert!(e.contains("above the"), "{e}");
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// A body that trickles stops at the deadline for its size, and the partial file stays for
+    /// the next run to continue.
+    #[test]
+    fn a_trickling_body_stops_at_its_deadline_and_keeps_what_came() {
+        let limits = super::Limits {
+            min_rate: u64::MAX,
+            grace: std::time::Duration::from_millis(200),
+            ..super::Limits::default()
+        };
+        let (e, left) = fetch_evil(&hostile_hub(Some(5_000), Body::Trickle), limits, "trickle");
+        assert!(
+            e.contains("past the deadline") && e.contains("run again"),
+            "{e}"
+        );
+        assert!(left.iter().any(|n| n.ends_with(".incomplete")), "{left:?}");
     }
 }

@@ -679,16 +679,25 @@ fn front_door_texts_stay_short() {
         assert!(n <= most, "{file} has {n} characters (at most {most})");
     }
     let lines = read("benches/README.md").lines().count();
-    assert!(lines <= 200, "benches/README.md has {lines} lines (at most 200)");
+    assert!(
+        lines <= 200,
+        "benches/README.md has {lines} lines (at most 200)"
+    );
     for file in ["README.md", "ARCHITECTURE.md", "benches/README.md"] {
         let (paragraphs, cells) = markdown_blocks(&read(file));
         for p in paragraphs {
             let n = p.chars().count();
-            assert!(n <= 600, "{file}: a paragraph of {n} characters (at most 600): {p}");
+            assert!(
+                n <= 600,
+                "{file}: a paragraph of {n} characters (at most 600): {p}"
+            );
         }
         for c in cells {
             let n = c.chars().count();
-            assert!(n <= 300, "{file}: a table cell of {n} characters (at most 300): {c}");
+            assert!(
+                n <= 300,
+                "{file}: a table cell of {n} characters (at most 300): {c}"
+            );
         }
     }
 }
@@ -725,7 +734,10 @@ fn every_lib_names_its_modules() {
             }
         }
     }
-    assert!(missing.is_empty(), "modules a lib.rs doc does not name: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "modules a lib.rs doc does not name: {missing:#?}"
+    );
 }
 
 #[test]

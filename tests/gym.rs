@@ -91,8 +91,14 @@ fn the_worker_speaks_the_environment_protocol() {
 
 /// `ember gym serve` on a free port; returns the child and its address.
 fn serve(key: Option<&str>) -> (Child, String) {
+    serve_with(key, &[])
+}
+
+/// [`serve`] with more flags.
+fn serve_with(key: Option<&str>, flags: &[&str]) -> (Child, String) {
     let mut c = Command::new(EMBER);
-    c.args(["gym", "serve", "--listen", "127.0.0.1:0", "--workers", "2"]);
+    c.args(["gym", "serve", "--listen", "127.0.0.1:0", "--workers", "2"])
+        .args(flags);
     if let Some(k) = key {
         c.args(["--api-key-env", "GYM_TEST_KEY"])
             .env("GYM_TEST_KEY", k);
@@ -188,4 +194,65 @@ fn hostile_kernels_gain_nothing() {
             None => assert_eq!(ember_gym::RewardConfig::default().reward(&r), 0.0, "{file}"),
         }
     }
+}
+
+/// `ember gym serve` bounds bodies as `ember serve` does, with the same flags: clients that
+/// dribble their bodies over every connection slot are answered 408 after
+/// --body-read-timeout and `/health` is answered then (it used to wait for as long as they
+/// liked), and a declared body past --max-body-bytes is answered 413 before it is read.
+#[test]
+fn gym_serve_cuts_slow_and_large_bodies() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+    let flags = [
+        "--body-read-timeout",
+        "2",
+        "--max-body-bytes",
+        "1000",
+        "--max-connections",
+        "4",
+    ];
+    let (mut child, url) = serve_with(None, &flags);
+    let addr = url.trim_start_matches("http://").to_string();
+    let head = |len: usize| {
+        format!(
+            "POST /v1/evaluate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+        )
+    };
+    let answer = |s: &mut TcpStream| -> String {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).to_string()
+    };
+    let mut slow: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(head(100).as_bytes()).unwrap();
+            s.write_all(b"{").unwrap();
+            s
+        })
+        .collect();
+    let mut health = TcpStream::connect(&addr).unwrap();
+    health
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    for s in &mut slow {
+        let text = answer(s);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text:?}");
+        assert!(text.contains("--body-read-timeout 2 s"), "{text}");
+    }
+    let text = answer(&mut health);
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.ends_with("ok"),
+        "{text:?}"
+    );
+    let mut big = TcpStream::connect(&addr).unwrap();
+    big.write_all(head(1_000_000).as_bytes()).unwrap();
+    let text = answer(&mut big);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text:?}");
+    assert!(text.contains("--max-body-bytes 1000"), "{text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -471,6 +471,14 @@ fn unused_or_useless_numbers_are_refused() {
         ),
         // Every reward term at weight 0: every reward is 0 and nothing trains.
         ("reward.correct=0", "every term has weight 0"),
+        (
+            "warmup.until_accuracy=1.5",
+            "warmup.until_accuracy = 1.5 must be in (0, 1]",
+        ),
+        (
+            "warmup.check_every=0",
+            "warmup.check_every = 0 must be in 1..=",
+        ),
     ] {
         let e = ember::kinds::parse_any(&recipe_text(), &[set.to_string()])
             .map(|_| ())

@@ -55,6 +55,9 @@ enum GymCommand {
         /// An environment variable holding the key every route but `/health` needs.
         #[arg(long)]
         api_key_env: Option<String>,
+        /// Body, header and connection bounds, as `ember serve` takes them.
+        #[command(flatten)]
+        http: ember::serve::listen::HttpLimits,
     },
     /// Serve the gym over the JSON-lines environment protocol on standard input and output.
     Worker {
@@ -102,6 +105,7 @@ pub fn gym(a: GymArgs) -> Result<()> {
             workers,
             max_cpu_s,
             api_key_env,
+            http,
         } => {
             let key = match api_key_env {
                 Some(var) => Some(
@@ -115,6 +119,7 @@ pub fn gym(a: GymArgs) -> Result<()> {
                 workers,
                 max_cpu_s,
                 key,
+                http,
             };
             ember::gym::server::serve(&s)
         }

@@ -2,22 +2,21 @@
 //! [`EvaluateRequest`] and answers the gym's report (400 for an unknown task or a setting past
 //! the server's bounds, 503 when the gym itself fails); `GET /v1/tasks` lists the suite;
 //! `GET /health` answers `ok`. At most `--workers` evaluations run at once (the rest wait), each
-//! in processes of its own; bodies past six times the source limit (any source, escaped) are
-//! refused (413); with
-//! `--api-key-env` every route but `/health` needs the key. The first SIGINT or SIGTERM stops
-//! accepting and lets the evaluations taken finish.
+//! in processes of its own. Bodies, heads and connections are bounded as in `ember serve`, with
+//! the same flags (`HttpLimits`: 413 past `--max-body-bytes`, 408 past `--body-read-timeout`);
+//! with `--api-key-env` every route but `/health` needs the key. The first SIGINT or SIGTERM
+//! stops accepting and lets the evaluations taken finish.
 
 use super::EvaluateRequest;
 use crate::serve::access::{bearer, same};
 use anyhow::{Context, Result};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ember_gym::EvalConfig;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// The server's settings.
@@ -31,6 +30,8 @@ pub struct GymServer {
     pub max_cpu_s: u64,
     /// The key every route but `/health` needs.
     pub key: Option<String>,
+    /// Body, header and connection bounds.
+    pub http: crate::serve::listen::HttpLimits,
 }
 
 struct Shared {
@@ -41,6 +42,7 @@ struct Shared {
 
 /// Serves until the first signal.
 pub fn serve(s: &GymServer) -> Result<()> {
+    s.http.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -56,12 +58,9 @@ pub fn serve(s: &GymServer) -> Result<()> {
             .await
             .with_context(|| format!("listening on {}", s.listen))?;
         eprintln!("ember gym serve: listening on {}", listener.local_addr()?);
-        let limits = crate::serve::listen::Limits {
-            header_read_timeout: Duration::from_secs(30),
-            max_connections: 256,
-        };
         let stop = crate::serve::shutdown_signal();
-        crate::serve::listen::serve(listener, router(shared), limits, stop).await
+        let app = s.http.guard(router(shared));
+        crate::serve::listen::serve(listener, app, s.http.connections(), stop).await
     })
 }
 
@@ -71,8 +70,6 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/health", get(|| async { "ok" }))
         .route("/v1/tasks", get(tasks))
         .route("/v1/evaluate", post(evaluate))
-        // A source at the limit, every byte escaped in JSON (`\u00XX`), plus the other fields.
-        .layer(DefaultBodyLimit::max(6 * ember_gym::MAX_SOURCE + 4096))
         .with_state(shared)
 }
 

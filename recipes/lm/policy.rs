@@ -155,31 +155,59 @@ fn eval_prompts(policy: &Policy, eval: &[Example], max_new: usize) -> Result<Vec
 
 /// Greedy held-out accuracy (the verifiable reward alone).
 pub fn evaluate(policy: &Policy, eval: &[Example], max_new: usize, device: &Device) -> Result<f64> {
-    let model = policy.model.valid();
     let prompts = eval_prompts(policy, eval, max_new)?;
-    let cfg = SamplingConfig {
-        temperature: 0.0,
-        max_new_tokens: max_new,
-        stop_tokens: policy.stop.clone(),
-        ..SamplingConfig::default()
-    };
-    let mut correct = 0f32;
     // Chunks bound the memory of large models; the tiny policy takes the set at once.
     let chunk = if policy.lora.is_some() {
         32
     } else {
         eval.len().max(1)
     };
-    for (ps, es) in prompts.chunks(chunk).zip(eval.chunks(chunk)) {
-        let g = generate(&model, ps, &cfg, device)?;
-        correct += g
-            .response_ids()
-            .iter()
-            .zip(es)
-            .map(|(r, e)| check(&e.check, &policy.decode(r), &e.answer))
-            .sum::<f32>();
+    let greedy = Greedy {
+        max_new,
+        stop: &policy.stop,
+        chunk,
+        decode: &|ids| policy.decode(ids),
+    };
+    greedy.accuracy(&policy.model, &prompts, eval, device)
+}
+
+/// Greedy decoding as the accuracy reads it.
+struct Greedy<'a> {
+    max_new: usize,
+    stop: &'a [u32],
+    /// Prompts generated at once.
+    chunk: usize,
+    decode: &'a dyn Fn(&[u32]) -> String,
+}
+
+impl Greedy<'_> {
+    /// The share of `eval` whose greedy answer to its prompt (`prompts`, in order) checks.
+    fn accuracy(
+        &self,
+        model: &Llama,
+        prompts: &[Vec<u32>],
+        eval: &[Example],
+        device: &Device,
+    ) -> Result<f64> {
+        let model = model.valid();
+        let cfg = SamplingConfig {
+            temperature: 0.0,
+            max_new_tokens: self.max_new,
+            stop_tokens: self.stop.to_vec(),
+            ..SamplingConfig::default()
+        };
+        let mut correct = 0f32;
+        for (ps, es) in prompts.chunks(self.chunk).zip(eval.chunks(self.chunk)) {
+            let g = generate(&model, ps, &cfg, device)?;
+            correct += g
+                .response_ids()
+                .iter()
+                .zip(es)
+                .map(|(r, e)| check(&e.check, &(self.decode)(r), &e.answer))
+                .sum::<f32>();
+        }
+        Ok(f64::from(correct) / eval.len().max(1) as f64)
     }
-    Ok(f64::from(correct) / eval.len() as f64)
 }
 
 /// pass@k of a problem with `c` correct among `n` samples, unbiased (Chen et al. 2021, "Evaluating
@@ -299,8 +327,24 @@ pub fn warm_up(
     device: &Device,
 ) -> Result<Llama> {
     let mut optim = OptimizerConfig::default().init();
+    // The stopping rule's problems: drawn once, from a stream of their own, so the batches are
+    // those of a warm-up without the rule.
+    let probe = w
+        .until_accuracy
+        .map(|_| task.train(&mut SplitMix64(rng.0 ^ 0x5741_524d_5550), 200));
     for step in 0..w.steps {
         ember_run::check_stop("the warm-up", step, w.steps)?;
+        if let (Some(goal), Some(probe)) = (w.until_accuracy, &probe)
+            && step > 0
+            && step % w.check_every == 0
+        {
+            let a = greedy_accuracy(&model, vocab, probe, device)?;
+            log::debug!("warm-up step {step}: training accuracy {a:.3}");
+            if a >= goal {
+                log::info!("warm-up: training accuracy {a:.3} ≥ {goal} after {step} steps");
+                break;
+            }
+        }
         let batch = task.train(rng, w.batch);
         let (toks, mask, lm) = demonstrations(vocab, &batch, device)?;
         let (lp, _) = model.token_log_probs(toks, mask, 1.0, false, true);
@@ -309,6 +353,36 @@ pub fn warm_up(
         model = optim.step(w.lr, model, grads).0;
     }
     Ok(model)
+}
+
+/// A tiny policy's greedy accuracy on `problems`, each answer given its length and an end token.
+fn greedy_accuracy(
+    model: &Llama,
+    vocab: chartok::Vocab,
+    problems: &[Example],
+    device: &Device,
+) -> Result<f64> {
+    let prompts: Vec<Vec<u32>> = problems
+        .iter()
+        .map(|e| {
+            let ids = vocab
+                .encode(&e.prompt)
+                .map_err(|m| anyhow!("prompt {:?}: {m}", e.prompt))?;
+            Ok([vec![chartok::BOS], ids].concat())
+        })
+        .collect::<Result<_>>()?;
+    let greedy = Greedy {
+        max_new: problems
+            .iter()
+            .map(|e| e.answer.chars().count())
+            .max()
+            .unwrap_or(0)
+            + 1,
+        stop: &[chartok::EOS],
+        chunk: problems.len().max(1),
+        decode: &|ids| vocab.decode(ids),
+    };
+    greedy.accuracy(model, &prompts, problems, device)
 }
 
 /// The policy of a `[model]` (the tiny policy, initialised from `seed`) or `[pretrained]` table

@@ -284,12 +284,45 @@ fn question() -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Warmup {
-    /// Optimizer steps.
+    /// Optimizer steps (the most, with `until_accuracy`).
     pub steps: usize,
     /// Examples per step.
     pub batch: usize,
     /// Learning rate.
     pub lr: f64,
+    /// Stop once the greedy accuracy on a fixed sample of training problems (never the held-out
+    /// split) reaches this: RL then starts from the same point whatever the summation order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_accuracy: Option<f64>,
+    /// Steps between two checks of `until_accuracy`.
+    #[serde(default = "check_every")]
+    pub check_every: usize,
+}
+
+fn check_every() -> usize {
+    25
+}
+
+impl Warmup {
+    /// The stopping rule's values, checked.
+    ///
+    /// # Errors
+    /// `until_accuracy` outside (0, 1], or `check_every` 0 or above `steps`.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(a) = self.until_accuracy
+            && !(a > 0.0 && a <= 1.0)
+        {
+            anyhow::bail!("warmup.until_accuracy = {a} must be in (0, 1]");
+        }
+        if self.check_every == 0 || self.check_every > self.steps.max(1) {
+            anyhow::bail!(
+                "warmup.check_every = {} must be in 1..=warmup.steps ({})",
+                self.check_every,
+                self.steps
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Sampled evaluation: `samples` responses per held-out problem at `temperature` give

@@ -12,8 +12,8 @@ use super::stream::{self, Ask, Kind};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::Request;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -22,9 +22,9 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-/// The routes, with request bodies read within `body`'s bounds before any handler.
-pub fn router(state: Arc<AppState>, body: super::body::BodyLimits) -> Router {
-    Router::new()
+/// The routes, with request bodies read within `http`'s bounds before any handler.
+pub fn router(state: Arc<AppState>, http: &super::listen::HttpLimits) -> Router {
+    let routes = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(super::metrics::metrics))
         .route("/v1/models", get(models))
@@ -45,12 +45,8 @@ pub fn router(state: Arc<AppState>, body: super::body::BodyLimits) -> Router {
                 "invalid_request_error",
                 "method not allowed on this route",
             )
-        })
-        .layer(DefaultBodyLimit::max(body.max_bytes))
-        .layer(middleware::from_fn_with_state(
-            body,
-            super::body::bounded_body,
-        ))
+        });
+    http.guard(routes)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             super::fair::per_client,

@@ -4,7 +4,9 @@
 //! in the kernel's backlog, holding no file descriptor of ours). `axum::serve` sets no timer,
 //! which leaves hyper's 30 s header timeout inert: slow clients could hold every descriptor.
 
-use anyhow::Result;
+use super::body::{BodyLimits, bounded_body};
+use anyhow::{Result, bail};
+use axum::extract::DefaultBodyLimit;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -13,6 +15,74 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+
+/// The HTTP bounds every server of Ember shares (`ember serve`, `ember gym serve`): the same
+/// flags, checked once, applied by the same layers and the same accept loop.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HttpLimits {
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds a client may take to send a request's head (and may idle between requests on a
+    /// kept-alive connection) before its connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub header_read_timeout: u64,
+    /// Seconds a client may take to send a request's body once its head has arrived; a slower
+    /// one gets 408 and its connection is closed.
+    #[arg(long, default_value_t = 30)]
+    pub body_read_timeout: u64,
+    /// Connections served at once; more wait in the kernel's backlog until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+}
+
+impl HttpLimits {
+    /// The flags' values, checked.
+    ///
+    /// # Errors
+    /// A size of 0, a timeout outside 1..=86400 s, more connections than tokio can count.
+    pub fn check(&self) -> Result<()> {
+        if self.max_body_bytes == 0 || self.max_connections == 0 {
+            bail!("--max-body-bytes and --max-connections must be >= 1");
+        }
+        for (flag, s) in [
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--body-read-timeout", self.body_read_timeout),
+        ] {
+            if !(1..=86_400).contains(&s) {
+                bail!("{flag} {s} must be in 1..=86400 seconds");
+            }
+        }
+        // tokio's semaphore holds at most usize::MAX >> 3 permits.
+        if self.max_connections > Semaphore::MAX_PERMITS {
+            bail!("--max-connections {} is too large", self.max_connections);
+        }
+        Ok(())
+    }
+
+    /// `router` with every request's body read within the bounds before any handler (413 past
+    /// the size, 408 past the time, the connection closed).
+    pub fn guard<S: Clone + Send + Sync + 'static>(
+        &self,
+        router: axum::Router<S>,
+    ) -> axum::Router<S> {
+        let body = BodyLimits {
+            max_bytes: self.max_body_bytes,
+            read_timeout: Duration::from_secs(self.body_read_timeout),
+        };
+        router
+            .layer(DefaultBodyLimit::max(body.max_bytes))
+            .layer(axum::middleware::from_fn_with_state(body, bounded_body))
+    }
+
+    /// The accept loop's bounds.
+    pub fn connections(&self) -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(self.header_read_timeout),
+            max_connections: self.max_connections,
+        }
+    }
+}
 
 /// The bounds on connections.
 #[derive(Debug, Clone, Copy)]

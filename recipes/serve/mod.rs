@@ -35,7 +35,7 @@ mod echo;
 pub mod engine;
 mod fair;
 pub mod http;
-pub(crate) mod listen;
+pub mod listen;
 mod metrics;
 pub mod state;
 mod stream;
@@ -85,20 +85,9 @@ pub struct ServeArgs {
     /// one client cannot fill the queue the others wait in.
     #[arg(long, default_value_t = 64)]
     pub max_requests_per_client: usize,
-    /// Largest request body in bytes; larger gets 413.
-    #[arg(long, default_value_t = 4 << 20)]
-    pub max_body_bytes: usize,
-    /// Seconds a client may take to send a request's head (and may idle between requests on a
-    /// kept-alive connection) before its connection is closed.
-    #[arg(long, default_value_t = 30)]
-    pub header_read_timeout: u64,
-    /// Seconds a client may take to send a request's body once its head has arrived; a slower
-    /// one gets 408 and its connection is closed.
-    #[arg(long, default_value_t = 30)]
-    pub body_read_timeout: u64,
-    /// Connections served at once; more wait in the kernel's backlog until one closes.
-    #[arg(long, default_value_t = 512)]
-    pub max_connections: usize,
+    /// Body, header and connection bounds, as every server of Ember takes them.
+    #[command(flatten)]
+    pub http: listen::HttpLimits,
     /// `continuous`: a request joins the running decode batch at the next step and each row
     /// leaves it when it ends; `static`: the requests waiting when the engine is free run as
     /// one batch to its longest row.
@@ -140,31 +129,18 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if [
         a.max_batch,
         a.max_queue,
-        a.max_body_bytes,
         a.max_batch_tokens,
-        a.max_connections,
         a.prefill_chunk_tokens,
         a.max_requests_per_client,
     ]
     .contains(&0)
     {
         bail!(
-            "--max-batch, --max-batch-tokens, --max-queue, --max-body-bytes, \
-             --max-connections, --prefill-chunk-tokens and --max-requests-per-client must be >= 1"
+            "--max-batch, --max-batch-tokens, --max-queue, --prefill-chunk-tokens and \
+             --max-requests-per-client must be >= 1"
         );
     }
-    for (flag, s) in [
-        ("--header-read-timeout", a.header_read_timeout),
-        ("--body-read-timeout", a.body_read_timeout),
-    ] {
-        if !(1..=86_400).contains(&s) {
-            bail!("{flag} {s} must be in 1..=86400 seconds");
-        }
-    }
-    // tokio's semaphore holds at most usize::MAX >> 3 permits.
-    if a.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
-        bail!("--max-connections {} is too large", a.max_connections);
-    }
+    a.http.check()?;
     let mut adapters = Vec::new();
     for spec in &a.adapters {
         let Some((name, dir)) = spec.split_once('=') else {
@@ -308,11 +284,7 @@ async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
         .await
         .with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr()?;
-    let body = body::BodyLimits {
-        max_bytes: a.max_body_bytes,
-        read_timeout: std::time::Duration::from_secs(a.body_read_timeout),
-    };
-    let app = http::router(state.clone(), body);
+    let app = http::router(state.clone(), &a.http);
     // Printed on stdout, flushed: scripts and tests wait for this line.
     println!(
         "ember serve: listening on http://{local} (model `{}`)",
@@ -321,11 +293,7 @@ async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
     use std::io::Write;
     std::io::stdout().flush().ok();
     let st = state.clone();
-    let limits = listen::Limits {
-        header_read_timeout: std::time::Duration::from_secs(a.header_read_timeout),
-        max_connections: a.max_connections,
-    };
-    listen::serve(listener, app, limits, async move {
+    listen::serve(listener, app, a.http.connections(), async move {
         shutdown_signal().await;
         st.begin_shutdown();
         eprintln!(

@@ -206,26 +206,14 @@ pub fn object(
         return Err(Verdict::MissingEntry(entry.to_string()));
     }
     // Data the linker makes read-only after relocation (a table of function pointers) is not
-    // state; any other non-empty data section is.
-    let writable = sections.lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let (Some(name), Some(size)) = (f.get(1), f.get(2)) else {
-            return false;
-        };
-        let data = [".data", ".bss", ".tdata", ".tbss"]
-            .iter()
-            .any(|p| name.starts_with(p));
-        let nonempty = u64::from_str_radix(size, 16).is_ok_and(|n| n > 0);
-        data && nonempty && !name.starts_with(".data.rel.ro")
-    });
+    // state; any other non-empty data section is, whatever its name.
+    let headers = section_headers(sections);
+    let writable = headers.iter().any(|h| h.writable_data());
     for s in symbols {
         symbol(s, entry, library, writable)?;
     }
-    for line in sections.lines() {
-        let mut it = line.split_whitespace();
-        if let (Some(_), Some(name), Some(size)) = (it.next(), it.next(), it.next()) {
-            section(name, u64::from_str_radix(size, 16).is_ok_and(|n| n > 0))?;
-        }
+    for h in &headers {
+        section(h)?;
     }
     for line in disassembly.lines() {
         // `objdump -d`: address, bytes and the instruction, separated by tabs.
@@ -284,15 +272,69 @@ fn symbol(s: &Symbol, entry: &str, library: &[&str], writable: bool) -> Result<(
     Ok(())
 }
 
+/// A section header of `objdump -h`: its name, whether it holds bytes, and its flags (the line
+/// under it: `CONTENTS, ALLOC, LOAD, DATA`; empty where the listing has none).
+struct Header<'a> {
+    name: &'a str,
+    nonempty: bool,
+    flags: &'a str,
+}
+
+impl Header<'_> {
+    /// Non-empty data the kernel can write: a section named as data (`.data`, `.bss`, `.tdata`,
+    /// `.tbss`, not `.data.rel.ro`), or one of any other name allocated without `READONLY` or
+    /// `CODE` (`__attribute__((section("cnt")))`).
+    fn writable_data(&self) -> bool {
+        let named = [".data", ".bss", ".tdata", ".tbss"]
+            .iter()
+            .any(|p| self.name.starts_with(p));
+        let relro = self.name.starts_with(".data.rel.ro");
+        let flagged = !self.name.starts_with('.')
+            && (self.flags.is_empty()
+                || (self.flags.contains("ALLOC")
+                    && !self.flags.contains("READONLY")
+                    && !self.flags.contains("CODE")));
+        self.nonempty && !relro && (named || flagged)
+    }
+}
+
+/// The section headers of an `objdump -h` listing, each with the flags line under it.
+fn section_headers(listing: &str) -> Vec<Header<'_>> {
+    let mut out: Vec<Header<'_>> = Vec::new();
+    for line in listing.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let header = f.first().is_some_and(|i| i.parse::<u32>().is_ok()) && f.len() >= 3;
+        match (header, out.last_mut()) {
+            (true, _) => out.push(Header {
+                name: f[1],
+                nonempty: u64::from_str_radix(f[2], 16).is_ok_and(|n| n > 0),
+                flags: "",
+            }),
+            (false, Some(last)) if last.flags.is_empty() && flags_line(line) => {
+                last.flags = line.trim();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A line of section flags: capitals, underscores, commas and spaces (`CONTENTS, ALLOC, LOAD`).
+fn flags_line(line: &str) -> bool {
+    let t = line.trim();
+    !t.is_empty()
+        && t.chars()
+            .all(|c| c.is_ascii_uppercase() || matches!(c, ',' | ' ' | '_'))
+}
+
 /// One section: no load-time code, no non-empty writable data, no section of its own.
-fn section(name: &str, nonempty: bool) -> Result<(), Verdict> {
+fn section(h: &Header<'_>) -> Result<(), Verdict> {
+    let name = h.name;
     let at_load = [".init", ".fini", ".ctors", ".dtors", ".preinit_array"];
     if at_load.iter().any(|s| name.starts_with(s)) {
         return Err(Verdict::RunsAtLoad(name.to_string()));
     }
-    let writable = [".data", ".bss", ".tdata", ".tbss"];
-    let relro = name.starts_with(".data.rel.ro");
-    if nonempty && !relro && writable.iter().any(|s| name.starts_with(s)) {
+    if h.writable_data() {
         return Err(Verdict::KeepsState(name.to_string()));
     }
     let known = SECTIONS
@@ -443,6 +485,20 @@ mod tests {
         }
         let lib = nm("f T 0 1\nlib_matmul U\n");
         assert_eq!(object(&lib, "", "", "f", &["lib_matmul"]), Ok(()));
+        // State in a section whose name lacks the leading dot is state all the same, named as
+        // such; a read-only one of that kind is a section of its own.
+        let custom = "Idx Name Size VMA LMA File off Algn\n  0 .text 00000013 0 0 40 2**4\n                  CONTENTS, ALLOC, LOAD, READONLY, CODE\n  1 cnt 00000004 0 0 54 2**2\n                  CONTENTS, ALLOC, LOAD, DATA\n";
+        assert_eq!(
+            object(&ok, custom, "", "vec_add", &[]),
+            Err(Verdict::KeepsState("cnt".into()))
+        );
+        let counter = nm("vec_add T 0 10\ncalls d 0 4\n");
+        assert_eq!(
+            object(&counter, custom, "", "vec_add", &[]),
+            Err(Verdict::KeepsState("calls".into()))
+        );
+        let constant = "  0 tbl 00000004 0 0 54 2**2\n                  CONTENTS, ALLOC, LOAD, READONLY, DATA\n";
+        assert_eq!(object(&ok, constant, "", "vec_add", &[]), Ok(()));
         let sections = "  1 .init_array 00000008 0 0 0 2**3\n";
         assert_eq!(
             object(&ok, sections, "", "vec_add", &[]),

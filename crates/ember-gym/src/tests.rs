@@ -93,6 +93,15 @@ for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
 }",
     ),
     (
+        "keeps_state",
+        "vec_add",
+        "__attribute__((section(\"cnt\"))) int calls = 1;
+void vec_add(const float *a, const float *b, float *out, int n) {
+calls++;
+for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
+}",
+    ),
+    (
         "interposes",
         "vec_add",
         "#include <stdint.h>

@@ -289,6 +289,7 @@ impl Recipe {
         check_range("train.kl_coef", t.run.kl_coef.into(), 0.0, 1e6)?;
         if let Some(w) = &self.warmup {
             check_lr("warmup.lr", w.lr)?;
+            w.check()?;
         }
         Ok(())
     }

@@ -117,8 +117,13 @@ impl<'a> Job<'a> {
                 let (task, ad) = (&self.task, &self.ad);
                 self.policy.model = warm_up(model, vocab, w, task, &mut self.rng, ad)?;
                 let secs = t0.elapsed().as_secs_f64();
+                let most = if w.until_accuracy.is_some() {
+                    "at most "
+                } else {
+                    ""
+                };
                 self.run
-                    .say(&format!("warm-up: {} steps in {secs:.1} s", w.steps));
+                    .say(&format!("warm-up: {most}{} steps in {secs:.1} s", w.steps));
             }
             let writer = self.world.as_ref().is_none_or(World::is_writer);
             if r.own_kl_reference() && self.policy.lora.is_none() && writer {

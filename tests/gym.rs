@@ -173,6 +173,7 @@ fn hostile_kernels_gain_nothing() {
         ("stack_cache.c", "matmul", None),
         ("timing_arrays.c", "vec_add", None),
         ("coverage_patch.c", "matmul_bias_relu", None),
+        ("lib_fd_redirect.c", "matmul_bias_relu", None),
     ] {
         let mut code = std::fs::read_to_string(dir.join(file)).unwrap();
         if code.contains("libc_sym(") {

@@ -11,43 +11,52 @@ fn recipe_text() -> String {
     .unwrap()
 }
 
-#[test]
-fn cpu_recipe_lifts_held_out_accuracy() {
-    // The README's main job through the `ember` binary itself, at the recipe's own budget,
-    // evaluating only before and after RL. RL climbs over ~300 steps, so fewer would not show it.
-    // The warm-up's end point depends on float summation order (see the recipe): seed 0 on an
-    // AMD EPYC with AVX-512 gives 0.27 -> 0.78 with every fused kernel (the default; 2026-12-06),
-    // 0.065 -> 0.09 with the head and attention alone, 0.735 -> 0.90 with the head alone and
-    // 0.24 -> 0.575 with `--kernels burn` (2026-12-05), so the bound asks for a lift and a
-    // useful end point.
-    let out = std::env::temp_dir().join(format!("ember-e2e-{}", std::process::id()));
+/// One run of the README's main job through the `ember` binary itself, at the recipe's own
+/// budget, evaluating only before and after RL: its summary's accuracies and seconds.
+fn main_job(seed: u64, out: &Path) -> (f64, f64, f64) {
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/arithmetic-cpu.toml");
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args([
-            "train",
-            recipe.to_str().unwrap(),
-            "--set",
-            "train.eval_every=1000",
-            "--quiet",
-            "--out",
-        ])
-        .arg(&out)
+        .args(["train", recipe.to_str().unwrap(), "--set"])
+        .arg(format!("seed={seed}"))
+        .args(["--set", "train.eval_every=1000", "--quiet", "--out"])
+        .arg(out)
         .status()
         .unwrap();
     assert!(status.success(), "ember train failed: {status}");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    let before = summary["accuracy_before"].as_f64().unwrap();
-    let after = summary["accuracy_after"].as_f64().unwrap();
-    eprintln!(
-        "held-out accuracy {before:.3} -> {after:.3} in {:.0} s",
-        summary["seconds"].as_f64().unwrap()
-    );
-    assert!(before > 0.05, "the warm-up should give RL a non-zero start");
-    assert!(
-        after - before >= 0.10 && after >= 0.5,
-        "RL took held-out accuracy from {before:.3} to only {after:.3}"
-    );
+    let get = |k: &str| summary[k].as_f64().unwrap();
+    (
+        get("accuracy_before"),
+        get("accuracy_after"),
+        get("seconds"),
+    )
+}
+
+#[test]
+fn cpu_recipe_lifts_held_out_accuracy() {
+    // The warm-up stops at a training accuracy of 0.5 (see the recipe), so RL starts from about
+    // the same point on every seed and kernel setting; seeds 0-4 on an AMD EPYC with AVX-512,
+    // with the default kernels and with `--kernels burn`, are in benches/log/2026-12-07-main-job.md.
+    // RL climbs over ~300 steps, so fewer would not show it.
+    for seed in [0, 1] {
+        let out = std::env::temp_dir().join(format!("ember-e2e-{seed}-{}", std::process::id()));
+        let (before, after, secs) = main_job(seed, &out);
+        eprintln!("seed {seed}: held-out accuracy {before:.3} -> {after:.3} in {secs:.0} s");
+        assert!(before > 0.05, "the warm-up should give RL a non-zero start");
+        assert!(
+            after - before >= 0.10 && after >= 0.70,
+            "seed {seed}: RL took held-out accuracy from {before:.3} to only {after:.3}"
+        );
+        if seed == 0 {
+            check_run_directory(&out);
+        }
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
+
+/// What a run of the main job leaves: every metric row, the files, the checkpoints.
+fn check_run_directory(out: &Path) {
     let lines = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 301);
     let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
@@ -77,7 +86,6 @@ fn cpu_recipe_lifts_held_out_accuracy() {
     ] {
         assert!(out.join(f).exists(), "{f} missing");
     }
-    std::fs::remove_dir_all(&out).ok();
 }
 
 #[test]
@@ -464,9 +472,9 @@ fn unused_or_useless_numbers_are_refused() {
             "reward.format = -9.223372036854776e18 must be",
         ),
         ("rollout.temperature=1e300", "temperature in (0, 100]"),
-        // lr 1e-3 × 2000: every step multiplied the weights by −1, growing until they overflowed.
+        // lr 5e-4 × 4000: every step multiplied the weights by −1, growing until they overflowed.
         (
-            "train.weight_decay=2000",
+            "train.weight_decay=4000",
             "train.lr × train.weight_decay = 2 must be at most 1",
         ),
         // Every reward term at weight 0: every reward is 0 and nothing trains.

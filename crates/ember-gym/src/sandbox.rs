@@ -11,6 +11,9 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// Files a sandboxed process may hold open (`prlimit --nofile`).
+pub(crate) const MAX_FILES: u32 = 64;
+
 /// Bytes of a process's output kept (the rest is read and dropped): enough for `objdump -d` of
 /// the largest source the screen accepts.
 pub const OUTPUT_CAP: usize = 8 << 20;
@@ -98,7 +101,7 @@ pub fn run(
         format!("--cpu={}", limits.cpu_s),
         format!("--as={}", limits.memory),
         format!("--fsize={}", limits.file_size),
-        "--nofile=64".into(),
+        format!("--nofile={MAX_FILES}"),
         "--core=0".into(),
         "--".into(),
         program.into(),

@@ -306,25 +306,63 @@ impl Steps<'_> {
     /// `sums` and returns whether the loss was finite in all of them. Loss terms are divided by
     /// the whole mini-batch's normaliser, so a micro-batch's (or a share's) value is a part of
     /// the mini-batch's: those add up within the mini-batch; the ratio's spread is pooled over
-    /// the steps of every share (`ratio`); the other metrics (fractions, means) are averaged.
+    /// the steps of every share (`ratio`); extremes keep the extreme; the other metrics
+    /// (fractions, means) are averaged, weighed by each share's valid steps.
     fn merge(&self, hosts: HostMetrics, sums: &mut Means, ratio: &mut RatioSpread) -> bool {
         let mut finite = true;
         let mut parts: BTreeMap<String, f64> = BTreeMap::new();
-        let rest = hosts.into_iter().flat_map(|share| ratio.take(share));
-        for (k, v) in rest {
-            if k == self.loss_key && !v.is_finite() {
-                finite = false;
-            }
-            if PARTIAL.contains(&k.as_str()) {
-                *parts.entry(k).or_insert(0.0) += v;
-            } else {
-                sums.add(k, v);
+        let mut means = ShareMeans::default();
+        for share in hosts {
+            // A share's means weigh by its valid steps (the loss reports them beside the
+            // ratio's spread), so a mini-batch split over ranks or micro-batches averages as
+            // the whole mini-batch does.
+            let steps = share.iter().find(|(k, _)| k == RATIO_COUNT).map(|e| e.1);
+            for (k, v) in ratio.take(share) {
+                if k == self.loss_key && !v.is_finite() {
+                    finite = false;
+                }
+                if PARTIAL.contains(&k.as_str()) {
+                    *parts.entry(k).or_insert(0.0) += v;
+                } else if extreme(&k).is_some() {
+                    sums.add(k, v);
+                } else {
+                    means.add(k, v, steps);
+                }
             }
         }
-        for (k, v) in parts {
+        for (k, v) in parts.into_iter().chain(means.finish()) {
             sums.add(k, v);
         }
         finite
+    }
+}
+
+/// A mini-batch's means over its shares: weighed by each share's valid steps where the shares
+/// report them, a plain mean where they do not (or where none has a step); non-finite values
+/// left out, as [`Means`] does.
+#[derive(Default)]
+struct ShareMeans(BTreeMap<String, [f64; 4]>);
+
+impl ShareMeans {
+    fn add(&mut self, key: String, v: f64, steps: Option<f64>) {
+        if !v.is_finite() {
+            self.0.entry(key).or_default();
+            return;
+        }
+        let w = steps.unwrap_or(1.0);
+        let e = self.0.entry(key).or_default();
+        *e = [e[0] + w * v, e[1] + w, e[2] + v, e[3] + 1.0];
+    }
+
+    fn finish(self) -> impl Iterator<Item = (String, f64)> {
+        self.0.into_iter().map(|(k, [wv, w, v, n])| {
+            let mean = match (w > 0.0, n > 0.0) {
+                (true, _) => wv / w,
+                (false, true) => v / n,
+                (false, false) => f64::NAN,
+            };
+            (k, mean)
+        })
     }
 }
 

@@ -485,7 +485,7 @@ fn unused_or_useless_numbers_are_refused() {
         ),
         (
             "warmup.check_every=0",
-            "warmup.check_every = 0 must be in 1..=",
+            "warmup.check_every = 0 must be at least 1",
         ),
     ] {
         let e = ember::kinds::parse_any(&recipe_text(), &[set.to_string()])

@@ -238,7 +238,7 @@ pub fn policy_at_start(
         (Some(dir), _) => policy = load_checkpoint(policy, dir)?,
         (None, Some(w)) if policy.lora.is_none() => {
             let vocab = policy.vocab();
-            policy.model = warm_up(policy.model, vocab, w, task, rng, device)?;
+            policy.model = warm_up(policy.model, vocab, w, task, rng, device)?.0;
         }
         _ => {}
     }

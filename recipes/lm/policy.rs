@@ -318,6 +318,8 @@ pub fn demonstrations(
 }
 
 /// Supervised steps on demonstrations `prompt answer <eos>`: −mean log π of the answer tokens.
+/// Returns the model and the steps it took (fewer than `w.steps` where `until_accuracy` stopped
+/// it).
 pub fn warm_up(
     mut model: Llama,
     vocab: chartok::Vocab,
@@ -325,7 +327,7 @@ pub fn warm_up(
     task: &TaskSet,
     rng: &mut SplitMix64,
     device: &Device,
-) -> Result<Llama> {
+) -> Result<(Llama, usize)> {
     let mut optim = OptimizerConfig::default().init();
     // The stopping rule's problems: drawn once, from a stream of their own, so the batches are
     // those of a warm-up without the rule.
@@ -341,8 +343,7 @@ pub fn warm_up(
             let a = greedy_accuracy(&model, vocab, probe, device)?;
             log::debug!("warm-up step {step}: training accuracy {a:.3}");
             if a >= goal {
-                log::info!("warm-up: training accuracy {a:.3} ≥ {goal} after {step} steps");
-                break;
+                return Ok((model, step));
             }
         }
         let batch = task.train(rng, w.batch);
@@ -352,7 +353,7 @@ pub fn warm_up(
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(w.lr, model, grads).0;
     }
-    Ok(model)
+    Ok((model, w.steps))
 }
 
 /// A tiny policy's greedy accuracy on `problems`, each answer given its length and an end token.

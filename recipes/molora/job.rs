@@ -81,7 +81,7 @@ pub fn run(r: &MoloraRecipe, out: &Path, quiet: bool) -> Result<Vec<ArmResult>> 
     let t0 = Instant::now();
     let task = TaskSet::Arithmetic(arithmetic(&r.warmup_task));
     let chars = chartok::Vocab::Chars;
-    let warm = warm_up(cfg.init(&ad), chars, &r.warmup, &task, &mut rng, &ad)?;
+    let (warm, _) = warm_up(cfg.init(&ad), chars, &r.warmup, &task, &mut rng, &ad)?;
     let secs = t0.elapsed().as_secs_f64();
     say(format!(
         "[{}] warm-up on {}: {secs:.1} s",

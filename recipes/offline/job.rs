@@ -355,7 +355,7 @@ fn fresh_start(
 ) -> Result<Policy> {
     if let (Some(w), None) = (&r.warmup, &policy.lora) {
         let vocab = policy.vocab();
-        policy.model = warm_up(policy.model, vocab, w, task, rng, ad)?;
+        policy.model = warm_up(policy.model, vocab, w, task, rng, ad)?.0;
     }
     if policy.lora.is_none() {
         let record = policy.model.clone().into_record();

@@ -427,8 +427,8 @@ fn ratio_spread(c: &LossCtx, m: &mut Metrics) {
     let off = mask.clone().neg().add_scalar(1.0);
     // ρ > 0: masked steps become 0 for the maximum and 10³⁰ for the minimum; a micro-batch
     // without a valid step reports ρ = 1 throughout (`none` is 1 there, else 0).
-    let none = mask.clone().sum().clamp_max(1.0).neg().add_scalar(1.0);
     let count = mask.clone().sum();
+    let none = count.clone().clamp_max(1.0).neg().add_scalar(1.0);
     let max = (ratio.clone() * mask.clone()).max() + none.clone();
     let min = (ratio * mask + off * 1e30).min() * none.clone().neg().add_scalar(1.0);
     // The steps behind these: ember-train pools micro-batches and ranks by them.

@@ -115,15 +115,15 @@ impl<'a> Job<'a> {
                 let vocab = self.policy.vocab();
                 let model = self.policy.model;
                 let (task, ad) = (&self.task, &self.ad);
-                self.policy.model = warm_up(model, vocab, w, task, &mut self.rng, ad)?;
+                let (model, steps) = warm_up(model, vocab, w, task, &mut self.rng, ad)?;
+                self.policy.model = model;
                 let secs = t0.elapsed().as_secs_f64();
-                let most = if w.until_accuracy.is_some() {
-                    "at most "
-                } else {
-                    ""
+                let why = match w.until_accuracy {
+                    Some(a) if steps < w.steps => format!(" (training accuracy reached {a})"),
+                    _ => String::new(),
                 };
                 self.run
-                    .say(&format!("warm-up: {most}{} steps in {secs:.1} s", w.steps));
+                    .say(&format!("warm-up: {steps} steps{why} in {secs:.1} s"));
             }
             let writer = self.world.as_ref().is_none_or(World::is_writer);
             if r.own_kl_reference() && self.policy.lora.is_none() && writer {

@@ -174,6 +174,7 @@ fn hostile_kernels_gain_nothing() {
         ("timing_arrays.c", "vec_add", None),
         ("coverage_patch.c", "matmul_bias_relu", None),
         ("lib_fd_redirect.c", "matmul_bias_relu", None),
+        ("slow_reference.c", "vec_add", Some("inconsistent_runs")),
     ] {
         let mut code = std::fs::read_to_string(dir.join(file)).unwrap();
         if code.contains("libc_sym(") {

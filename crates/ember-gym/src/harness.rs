@@ -9,12 +9,14 @@
 //! - `check d…`: reference and candidate on fresh inputs; the candidate's outputs start as NaN
 //!   so untouched elements show, every buffer is followed by canaries, inputs are compared with
 //!   their copies;
-//! - `time d…`: the reference timed here, the candidate's round trip timed from here less the
-//!   least round trip of an empty request; alternating which runs first, on fresh inputs every
-//!   repetition (a cache of earlier results is useless), its outputs reset and checked after
-//!   every repetition; medians, the interquartile range, the library's share (which the
-//!   library routines measure inside the kernel's process and report on a descriptor it cannot
-//!   move) and the overhead subtracted.
+//! - `time d…`: both in CPU time, which the scheduler keeps and waiting for a core does not
+//!   lengthen: the reference on the harness's thread clock less one empty reading, the
+//!   candidate on the kernel's process's clock over its round trip less the least of an empty
+//!   request; alternating which runs first, on fresh inputs every repetition (a cache of
+//!   earlier results is useless), its outputs reset and checked after every repetition;
+//!   medians, the interquartile range, the library's share (which the library routines measure
+//!   inside the kernel's process and report on a descriptor it cannot move) and the overhead
+//!   subtracted.
 //!
 //! Every line it prints is flushed at once.
 
@@ -230,17 +232,18 @@ static int probe(void) {
     return 0;
 }
 static pid_t child;
+static clockid_t child_clock;
+/* A CPU-time clock in ns (-1 when it cannot be read). The scheduler keeps these: a process can
+   neither forge its own nor lengthen another's, and time spent waiting for a core counts in
+   neither, so a loaded machine slows the reference and the candidate alike. */
+static double cpu_ns(clockid_t id) {
+    struct timespec t;
+    if (clock_gettime(id, &t)) return -1;
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
 /* The kernel's process's time on a CPU so far, in ns (-1 when the kernel does not say). */
 static double runtime_ns(void) {
-    char path[64], buf[128];
-    snprintf(path, sizeof path, "/proc/%d/schedstat", (int)child);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return -1;
-    ssize_t k = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (k <= 0) return -1;
-    buf[k] = 0;
-    return strtod(buf, 0);
+    return cpu_ns(child_clock);
 }
 static void setup(const int *d) {
     lengths(d);
@@ -314,6 +317,7 @@ static void spawn(const int *d) {
     child = fork();
     if (child < 0) fail("fork");
     if (child == 0) serve(d);
+    if (clock_getcpuclockid(child, &child_clock)) fail("cpu-clock");
     close(cmd_fd[0]); close(rep_fd[1]); close(lib_fd[1]);
 }
 /* Why the kernel's process ended ("exit N" or "signal N"). */
@@ -350,13 +354,15 @@ static double broke(const char *what, char *why, size_t n) {
     return -1;
 }
 /* One request: its round trip in ns, the library's ns (`lib[0]`, from the library's pipe,
-   drained while waiting so it never fills) and the call's as the kernel's process measured it
-   (`lib[1]`), or -1 when the process is gone (`why` says how) or broke the protocol. */
+   drained while waiting so it never fills), the call's as the kernel's process measured it
+   (`lib[1]`) and the kernel's process's CPU time over the round trip (`lib[2]`), or -1 when
+   the process is gone (`why` says how) or broke the protocol. */
 static double request(char c, double *lib, char *why, size_t n) {
     if (c == 'c') load();
     double sum = 0.0;
     int bad = 0;
     lib_got = 0;
+    double c0 = runtime_ns();
     double t0 = now_ns();
     if (write(cmd_fd[1], &c, 1) != 1) { ended(why, n); return -1; }
     char msg[9];
@@ -371,6 +377,8 @@ static double request(char c, double *lib, char *why, size_t n) {
         got += (size_t)k;
     }
     double t = now_ns() - t0;
+    lib[2] = runtime_ns() - c0;
+    if (c0 < 0 || !(lib[2] >= 0.0)) return broke("ended after answering", why, n);
     if (c == 'c' && probe() != 0) return broke("answered before it finished", why, n);
     if (drain(&sum) < 0 || lib_got) bad = 1;
     if (msg[0] != 'd' || bad) return broke("answered out of turn", why, n);
@@ -420,7 +428,7 @@ static int cmp_double(const void *a, const void *b) {
 /* The kernel's process is forked before the reference runs, so it never holds a result. */
 static void check(const int *d, int s) {
     char why[64];
-    double lib[2];
+    double lib[3];
     setup(d);
     spawn(d);
     run_ref(d);
@@ -432,11 +440,22 @@ static void check(const int *d, int s) {
     fflush(stdout);
     release();
 }
-/* The candidate timed from this process: each repetition on fresh inputs, its outputs reset
-   and checked, its round trip less the least round trip of an empty request. */
+/* The least of 21 CPU-time readings of nothing: what one reading of `id` adds. */
+static double clock_cost(clockid_t id) {
+    double least = 1e30;
+    for (int i = 0; i < 21; i++) {
+        double a = cpu_ns(id), b = cpu_ns(id);
+        if (b - a < least) least = b - a;
+    }
+    return least;
+}
+/* The reference timed here and the candidate from here, both in CPU time (the harness's thread
+   for the reference, the kernel's process over its round trip for the candidate), each less
+   its least empty measure; each repetition on fresh inputs, the candidate's outputs reset and
+   checked, the order alternating. */
 static void timing(const int *d, int s) {
     char why[64];
-    double lib[2] = {0.0, 0.0}, lib_total = 0.0, own = 0.0, overhead = 1e30;
+    double lib[3] = {0.0, 0.0, 0.0}, lib_total = 0.0, own = 0.0, overhead = 1e30;
     setup(d);
     spawn(d);
     /* The kernel's process holds a copy of the generator: later inputs it cannot predict. */
@@ -445,12 +464,13 @@ static void timing(const int *d, int s) {
     for (int i = 0; i < 21; i++) {
         double t = request('n', lib, why, sizeof why);
         if (t < 0) { printf("timed %d died %s\n", s, why); fflush(stdout); release(); return; }
-        if (t < overhead) overhead = t;
+        if (lib[2] < overhead) overhead = lib[2];
     }
+    double ref_cost = clock_cost(CLOCK_THREAD_CPUTIME_ID);
     run_ref(d);
-    double t0 = now_ns();
+    double t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
     run_ref(d);
-    double est = now_ns() - t0;
+    double est = cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0;
     int reps = est > 0 ? (int)(TARGET_NS / est) : 301;
     if (reps < 5) reps = 5;
     if (reps > 301) reps = 301;
@@ -462,13 +482,16 @@ static void timing(const int *d, int s) {
             if ((side == 0) == (r % 2 == 0)) {
                 double t = request('c', lib, why, sizeof why);
                 if (t < 0) { printf("timed %d died %s\n", s, why); fflush(stdout); release(); return; }
-                tc[r] = t - overhead > 1.0 ? t - overhead : 1.0;
+                tc[r] = lib[2] - overhead > 1.0 ? lib[2] - overhead : 1.0;
                 lib_total += lib[0];
                 /* The call's own measure, unless it claims more than the round trip. */
-                own += lib[1] > 0.0 && lib[1] < tc[r] ? lib[1] : tc[r];
+                own += lib[1] > 0.0 && lib[1] < t ? lib[1] : t;
             } else {
                 double before = runtime_ns();
-                t0 = now_ns(); run_ref(d); tr[r] = now_ns() - t0;
+                t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+                run_ref(d);
+                double t = cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0 - ref_cost;
+                tr[r] = t > 1.0 ? t : 1.0;
                 double after = runtime_ns();
                 if (before >= 0 && after - before > 20000.0 + 0.25 * tr[r]) {
                     printf("timed %d died worked outside its call\n", s);

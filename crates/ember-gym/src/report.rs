@@ -62,9 +62,9 @@ pub struct Report {
     /// The outcome.
     #[serde(flatten)]
     pub verdict: Verdict,
-    /// The reference's median time at the timed shape, nanoseconds.
+    /// The reference's median CPU time at the timed shape, nanoseconds.
     pub ref_ns: Option<f64>,
-    /// The candidate's median time there.
+    /// The candidate's median CPU time there.
     pub kernel_ns: Option<f64>,
     /// `ref_ns / kernel_ns`.
     pub speedup: Option<f64>,
@@ -75,8 +75,8 @@ pub struct Report {
     pub noise: Option<f64>,
     /// Timed repetitions of each.
     pub reps: Option<u32>,
-    /// The round trip of an empty request to the kernel's process, subtracted from each of its
-    /// timed calls (the least of 21, measured before the candidate ever ran).
+    /// The kernel's process's CPU time over an empty request, subtracted from each of its timed
+    /// calls (the least of 21, measured before the candidate ever ran).
     #[serde(default)]
     pub overhead_ns: Option<f64>,
     /// The shapes checked, visible first.

@@ -52,10 +52,8 @@ enum GymCommand {
         /// The largest CPU limit, in seconds, a request may ask for.
         #[arg(long, default_value_t = 60)]
         max_cpu_s: u64,
-        /// An environment variable holding the key every route but `/health` needs.
-        #[arg(long)]
-        api_key_env: Option<String>,
-        /// Body, header and connection bounds, as `ember serve` takes them.
+        /// Body, header, connection and per-client bounds and the API key, as `ember serve`
+        /// takes them.
         #[command(flatten)]
         http: ember::serve::listen::HttpLimits,
     },
@@ -104,21 +102,12 @@ pub fn gym(a: GymArgs) -> Result<()> {
             listen,
             workers,
             max_cpu_s,
-            api_key_env,
             http,
         } => {
-            let key = match api_key_env {
-                Some(var) => Some(
-                    std::env::var(&var)
-                        .with_context(|| format!("--api-key-env: ${var} is not set"))?,
-                ),
-                None => None,
-            };
             let s = ember::gym::server::GymServer {
                 listen,
                 workers,
                 max_cpu_s,
-                key,
                 http,
             };
             ember::gym::server::serve(&s)

@@ -2,16 +2,18 @@
 //! [`EvaluateRequest`] and answers the gym's report (400 for an unknown task or a setting past
 //! the server's bounds, 503 when the gym itself fails); `GET /v1/tasks` lists the suite;
 //! `GET /health` answers `ok`. At most `--workers` evaluations run at once (the rest wait), each
-//! in processes of its own. Bodies, heads and connections are bounded as in `ember serve`, with
-//! the same flags (`HttpLimits`: 413 past `--max-body-bytes`, 408 past `--body-read-timeout`);
-//! with `--api-key-env` every route but `/health` needs the key. The first SIGINT or SIGTERM
-//! stops accepting and lets the evaluations taken finish.
+//! in processes of its own. The HTTP layer is `ember serve`'s, with the same flags
+//! (`HttpLimits`): 413 past `--max-body-bytes`, 408 past `--body-read-timeout`, 429 past
+//! `--max-requests-per-client`, 401 without the key of `--api-key`, `--api-key-env` or
+//! `EMBER_API_KEY` on every route but `/health`; the first SIGINT or SIGTERM stops accepting and
+//! lets the evaluations taken finish, a second exits at once.
 
 use super::EvaluateRequest;
-use crate::serve::access::{bearer, same};
+use crate::serve::access::{Access, AccessArgs};
+use crate::serve::listen;
 use anyhow::{Context, Result};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -28,21 +30,28 @@ pub struct GymServer {
     pub workers: usize,
     /// The largest CPU limit a request may ask for.
     pub max_cpu_s: u64,
-    /// The key every route but `/health` needs.
-    pub key: Option<String>,
-    /// Body, header and connection bounds.
-    pub http: crate::serve::listen::HttpLimits,
+    /// Body, header, connection and per-client bounds and the key.
+    pub http: listen::HttpLimits,
 }
 
 struct Shared {
     permits: Arc<Semaphore>,
     max_cpu_s: u64,
-    key: Option<String>,
 }
 
 /// Serves until the first signal.
 pub fn serve(s: &GymServer) -> Result<()> {
     s.http.check()?;
+    let access = Access::new(AccessArgs {
+        api_key: s.http.api_key()?,
+        enable_admin: false,
+        admin_key: None,
+        allowed_paths: &[],
+    })?;
+    let host = s.listen.rsplit_once(':').map_or(&s.listen[..], |(h, _)| h);
+    if let Some(w) = access.open_warning(host.trim_matches(['[', ']'])) {
+        eprintln!("ember gym serve: {w}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -51,16 +60,20 @@ pub fn serve(s: &GymServer) -> Result<()> {
     let shared = Arc::new(Shared {
         permits: Arc::new(Semaphore::new(s.workers.max(1))),
         max_cpu_s: s.max_cpu_s,
-        key: s.key.clone(),
     });
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&s.listen)
             .await
             .with_context(|| format!("listening on {}", s.listen))?;
-        eprintln!("ember gym serve: listening on {}", listener.local_addr()?);
-        let stop = crate::serve::shutdown_signal();
-        let app = s.http.guard(router(shared));
-        crate::serve::listen::serve(listener, app, s.http.connections(), stop).await
+        // Printed on stdout, flushed, as `ember serve` does: scripts and tests wait for it.
+        println!(
+            "ember gym serve: listening on http://{}",
+            listener.local_addr()?
+        );
+        std::io::Write::flush(&mut std::io::stdout()).ok();
+        let stop = listen::first_signal("ember gym serve");
+        let app = s.http.guard(router(shared), Arc::new(access));
+        listen::serve(listener, app, s.http.connections(), stop).await
     })
 }
 
@@ -78,34 +91,15 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// `None` when the request may go on, else the 401 to answer.
-fn refused(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
-    match (&shared.key, bearer(headers)) {
-        (None, _) => None,
-        (Some(k), Some(t)) if same(k.as_bytes(), t.as_bytes()) => None,
-        _ => Some(error(
-            StatusCode::UNAUTHORIZED,
-            "send `Authorization: Bearer <key>`",
-        )),
-    }
-}
-
-async fn tasks(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Some(r) = refused(&shared, &headers) {
-        return r;
-    }
+async fn tasks() -> Response {
     let names: Vec<&str> = ember_gym::suite().iter().map(|t| t.name).collect();
     Json(serde_json::json!({ "tasks": names })).into_response()
 }
 
 async fn evaluate(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
     body: Result<Json<EvaluateRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    if let Some(r) = refused(&shared, &headers) {
-        return r;
-    }
     let req = match body {
         Ok(Json(r)) => r,
         Err(e) => return error(e.status(), e.body_text()),

@@ -6,8 +6,12 @@
 
 use super::api::ApiError;
 use anyhow::{Context, Result, bail};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The routes that load files or change the weights.
 pub const ADMIN_ROUTES: [&str; 3] = [
@@ -86,8 +90,8 @@ impl Access {
                 .is_ok_and(|ip| ip.is_loopback());
         (!loopback && self.api_key.is_none()).then(|| {
             format!(
-                "ember serve: listening on {host} without an API key: anyone who reaches the \
-                 port may use it (give --api-key or EMBER_API_KEY)"
+                "listening on {host} without an API key: anyone who reaches the port may use \
+                 it (give --api-key, --api-key-env or EMBER_API_KEY)"
             )
         })
     }
@@ -140,6 +144,15 @@ impl Access {
                 "{param} `{path}` is outside the allowed directories (--allowed-path)"
             )))
         }
+    }
+}
+
+/// The key and the admin switch, checked before a request's body is read (every server's
+/// outermost layer, `HttpLimits::guard`).
+pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Next) -> Response {
+    match access.check(req.uri().path(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
     }
 }
 

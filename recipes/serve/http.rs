@@ -11,11 +11,10 @@ use super::state::{AppState, control};
 use super::stream::{self, Ask, Kind};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::Request;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -46,25 +45,12 @@ pub fn router(state: Arc<AppState>, http: &super::listen::HttpLimits) -> Router 
                 "method not allowed on this route",
             )
         });
-    http.guard(routes)
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            super::fair::per_client,
-        ))
+    http.guard(routes, state.access.clone())
         .layer(middleware::from_fn_with_state(
             state.clone(),
             super::metrics::track,
         ))
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
-}
-
-/// The API key and the admin switch, checked before a request's body is read.
-async fn authorize(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    match st.access.check(req.uri().path(), req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
-    }
 }
 
 /// 200 while the engine thread takes requests, 503 once it has ended or shutdown began.

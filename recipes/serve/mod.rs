@@ -11,7 +11,9 @@
 //! - `state.rs`: what the handlers share;
 //! - `access.rs`: the API key, the admin routes (off unless enabled) and the directories they
 //!   may load from;
-//! - `listen.rs`: the accept loop (a header-read timeout and a bound on open connections);
+//! - `listen.rs`: the HTTP layer every server of Ember shares (`HttpLimits`: the flags, the
+//!   layers, the accept loop with a header-read timeout and a bound on open connections, the
+//!   signals);
 //! - `fair.rs`: at most `--max-requests-per-client` requests of one client in flight (429 past
 //!   it), so that one client cannot fill the queue;
 //! - `body.rs`: a request's body read within `--max-body-bytes` (413 at once past a declared
@@ -81,11 +83,8 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine; more get 429.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
-    /// Requests one client (an IP address) may have in flight at once; more get 429, so that
-    /// one client cannot fill the queue the others wait in.
-    #[arg(long, default_value_t = 64)]
-    pub max_requests_per_client: usize,
-    /// Body, header and connection bounds, as every server of Ember takes them.
+    /// Body, header, connection and per-client bounds and the API key, as every server of
+    /// Ember takes them.
     #[command(flatten)]
     pub http: listen::HttpLimits,
     /// `continuous`: a request joins the running decode batch at the next step and each row
@@ -105,11 +104,6 @@ pub struct ServeArgs {
     /// Context length to serve (default: the model's); prompt + max_tokens must fit.
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// The key every request but `/health` must send as `Authorization: Bearer <key>`
-    /// (default: the EMBER_API_KEY environment variable, which keeps it out of `ps`; neither:
-    /// no key is asked for).
-    #[arg(long)]
-    pub api_key: Option<String>,
     /// Turn on the admin routes, which load files and change the weights
     /// (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`, `/update_weights_from_disk`); off,
     /// they answer 403.
@@ -131,13 +125,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         a.max_queue,
         a.max_batch_tokens,
         a.prefill_chunk_tokens,
-        a.max_requests_per_client,
     ]
     .contains(&0)
     {
         bail!(
-            "--max-batch, --max-batch-tokens, --max-queue, --prefill-chunk-tokens and \
-             --max-requests-per-client must be >= 1"
+            "--max-batch, --max-batch-tokens, --max-queue and --prefill-chunk-tokens must be >= 1"
         );
     }
     a.http.check()?;
@@ -154,13 +146,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     let env = |name: &str| std::env::var(name).ok().filter(|k| !k.is_empty());
     let access = access::Access::new(access::AccessArgs {
-        api_key: a.api_key.clone().or_else(|| env("EMBER_API_KEY")),
+        api_key: a.http.api_key()?,
         enable_admin: a.enable_admin,
         admin_key: a.admin_key.clone().or_else(|| env("EMBER_ADMIN_KEY")),
         allowed_paths: &a.allowed_paths,
     })?;
     if let Some(w) = access.open_warning(&a.host) {
-        eprintln!("{w}");
+        eprintln!("ember serve: {w}");
     }
     let base_name = a
         .served_model_name
@@ -207,10 +199,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let state = Arc::new(
-        state::AppState::new(info, tok, names, tx, budget(&a), access)
-            .with_max_per_client(a.max_requests_per_client),
-    );
+    let state = Arc::new(state::AppState::new(
+        info,
+        tok,
+        names,
+        tx,
+        budget(&a),
+        Arc::new(access),
+    ));
     let result = rt.block_on(serve_http(&a, state));
     // With the queue's senders gone the engine answers what is left and returns.
     rt.shutdown_background();
@@ -294,80 +290,13 @@ async fn serve_http(a: &ServeArgs, state: Arc<state::AppState>) -> Result<()> {
     std::io::stdout().flush().ok();
     let st = state.clone();
     listen::serve(listener, app, a.http.connections(), async move {
-        shutdown_signal().await;
+        listen::first_signal("ember serve").await;
         st.begin_shutdown();
-        eprintln!(
-            "ember serve: shutting down; answering the requests already taken (a second \
-             signal exits at once)"
-        );
-        exit_on_second_signal();
     })
     .await
     .context("serving HTTP")?;
     state.close_queue();
     Ok(())
-}
-
-/// From the first signal on, a second SIGINT or SIGTERM exits at once (128 + its number), in
-/// every phase of the shutdown: a thread of its own, since the HTTP runtime ends before the
-/// engine has answered the work it took.
-fn exit_on_second_signal() {
-    #[cfg(unix)]
-    {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
-            Ok(mut signals) => {
-                let spawned = std::thread::Builder::new()
-                    .name("ember-serve-second-signal".into())
-                    .spawn(move || {
-                        if let Some(sig) = signals.forever().next() {
-                            eprintln!("ember serve: second signal, exiting now");
-                            std::process::exit(128 + sig);
-                        }
-                    });
-                if let Err(e) = spawned {
-                    log::warn!("no thread for a second signal ({e}): it will not exit at once");
-                }
-            }
-            Err(e) => log::warn!("a second signal will not exit at once: {e}"),
-        }
-    }
-    #[cfg(not(unix))]
-    std::thread::spawn(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build();
-        if let Ok(rt) = rt {
-            rt.block_on(shutdown_signal());
-            std::process::exit(130);
-        }
-    });
-}
-
-/// The first SIGINT or SIGTERM (Ctrl-C elsewhere).
-pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(mut int), Ok(mut term)) => {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// The batch budget the flags give.

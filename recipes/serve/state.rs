@@ -6,8 +6,7 @@ use super::api::ApiError;
 use super::engine::{Budget, Msg, Names};
 use axum::http::StatusCode;
 use ember_llm::Tokenizer;
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -38,13 +37,9 @@ pub struct AppState {
     /// `update_weights_from_disk`), and their `weight_version` label if one was given.
     weights: RwLock<(String, Option<String>)>,
     /// Who may call what.
-    pub(crate) access: Access,
+    pub(crate) access: Arc<Access>,
     /// The requests in flight and the answers given (`/metrics`).
     pub(crate) load: Load,
-    /// Requests in flight per client address (`fair.rs`).
-    pub(crate) clients: Mutex<HashMap<IpAddr, usize>>,
-    /// `--max-requests-per-client`.
-    pub(crate) max_per_client: usize,
 }
 
 impl AppState {
@@ -55,7 +50,7 @@ impl AppState {
         names: Names,
         tx: mpsc::Sender<Msg>,
         budget: Budget,
-        access: Access,
+        access: Arc<Access>,
     ) -> Self {
         let Budget {
             max_rows,
@@ -75,8 +70,6 @@ impl AppState {
             weights: RwLock::new((info_root, None)),
             access,
             load: Load::default(),
-            clients: Mutex::new(HashMap::new()),
-            max_per_client: usize::MAX,
         }
     }
 
@@ -89,14 +82,6 @@ impl AppState {
     pub fn close_queue(&self) {
         if let Ok(mut tx) = self.tx.lock() {
             *tx = None;
-        }
-    }
-
-    /// At most `n` requests of one client in flight at once (`--max-requests-per-client`).
-    pub fn with_max_per_client(self, n: usize) -> Self {
-        Self {
-            max_per_client: n,
-            ..self
         }
     }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod assets;
+pub mod http;
 
 /// A micro budget of the digits recipe (`recipes/digits-flow.toml`): every stage runs in
 /// seconds; not a learning run.

@@ -517,6 +517,8 @@ static void timing(const int *d, int s) {
 /* argv: seed atol rtol, then `check d…` / `time d…` groups of NDIMS numbers each. */
 int main(int argc, char **argv) {
     if (argc < 4) return 2;
+    /* Killed with the process that started it (a server that exits at a second signal). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     signal(SIGPIPE, SIG_IGN);
     /* One core for the harness and every kernel's process (which inherit it): the reference and
        the candidate find their inputs in the same caches, and a request wakes the same core. */

@@ -30,8 +30,8 @@
 //!   parsing and the header, renamed keys, the run directory's set-up, the GPU kernel cache, and
 //!   the root package's two audited `unsafe` calls (glibc's heap settings, subnormals flushed).
 //! - `kinds`: the one parse of a recipe of any kind (`parse_any`, `AnyRecipe`).
-//! - `serve`: `ember serve`, the OpenAI-compatible HTTP server (axum on tokio).
-//! - `gym`: the kernel gym over HTTP: `ember gym serve` and the remote executor.
+//! - `gym`: the kernel gym's remote executor, the client of `ember gym serve` (the servers
+//!   themselves are `crates/ember-serve`).
 //!
 //! The crates below hold the engine (`ember_engine`), the update (`ember_train`), the run kit
 //! (`ember_run`), tasks, rewards and environments (`ember_tasks`), the models (`ember_llm`,
@@ -56,5 +56,4 @@ pub mod lm;
 pub mod molora;
 pub mod offline;
 pub mod programs;
-pub mod serve;
 pub mod unlearning;

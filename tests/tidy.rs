@@ -107,6 +107,7 @@ fn library_crates_enable_no_backend_and_engine_knows_no_model() {
     let mut libs = manifests(&root().join("crates"));
     let engine_libs = libs.clone();
     libs.extend(manifests(&root().join("models")));
+    libs.extend(manifests(&root().join("servers")));
     assert!(!libs.is_empty(), "no member crates found");
     for path in &libs {
         let m = read(path);
@@ -204,7 +205,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("ember-llm", 3),
     ("ember-flow", 3),
     ("ember-control", 3),
-    ("ember", 4),
+    ("ember-serve", 4),
+    ("ember", 5),
 ];
 
 fn layer(name: &str) -> Option<u8> {
@@ -215,6 +217,7 @@ fn layer(name: &str) -> Option<u8> {
 fn crate_dependencies_point_down() {
     let mut members = manifests(&root().join("crates"));
     members.extend(manifests(&root().join("models")));
+    members.extend(manifests(&root().join("servers")));
     members.push(root().join("Cargo.toml"));
     for path in &members {
         let m = read(path);
@@ -374,7 +377,7 @@ fn no_job_imports_another() {
 #[test]
 fn functions_read_on_one_screen() {
     let mut long = Vec::new();
-    for dir in ["crates", "models", "recipes"] {
+    for dir in ["crates", "models", "servers", "recipes"] {
         for f in rust_files(&root().join(dir)) {
             let text = std::fs::read_to_string(&f).unwrap();
             let rel = f.strip_prefix(root()).unwrap().display().to_string();
@@ -395,7 +398,7 @@ fn functions_read_on_one_screen() {
 #[test]
 fn few_parameters_destructure_anonymous_tuples() {
     let mut found = Vec::new();
-    for dir in ["crates", "models", "recipes"] {
+    for dir in ["crates", "models", "servers", "recipes"] {
         for f in rust_files(&root().join(dir)) {
             let text = std::fs::read_to_string(&f).unwrap();
             let code = text.split("#[cfg(test)]").next().unwrap_or("");
@@ -488,7 +491,7 @@ fn root_package_files_stay_short() {
 fn architecture_names_every_crate_and_folder() {
     let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
     let mut missing = Vec::new();
-    for top in ["crates", "models", "recipes"] {
+    for top in ["crates", "models", "servers", "recipes"] {
         for e in std::fs::read_dir(root().join(top))
             .unwrap()
             .filter_map(|e| e.ok())
@@ -513,6 +516,7 @@ fn architecture_names_every_crate_and_folder() {
 fn one_path_per_public_name() {
     let mut members = manifests(&root().join("crates"));
     members.extend(manifests(&root().join("models")));
+    members.extend(manifests(&root().join("servers")));
     for m in members {
         let lib = m.parent().unwrap().join("src").join("lib.rs");
         let text = std::fs::read_to_string(&lib).unwrap();
@@ -601,7 +605,7 @@ fn non_test_part(text: &str) -> &str {
 fn only_the_device_module_names_a_backend_device() {
     let root = root();
     let mut offenders = Vec::new();
-    for dir in ["recipes", "crates", "models", "benches"] {
+    for dir in ["recipes", "crates", "models", "servers", "benches"] {
         for f in rust_files(&root.join(dir)) {
             let rel = f
                 .strip_prefix(&root)
@@ -709,6 +713,7 @@ fn every_lib_names_its_modules() {
     let mut libs: Vec<PathBuf> = manifests(&root().join("crates"))
         .into_iter()
         .chain(manifests(&root().join("models")))
+        .chain(manifests(&root().join("servers")))
         .map(|m| m.parent().unwrap().join("src").join("lib.rs"))
         .collect();
     libs.push(root().join("recipes").join("lib.rs"));

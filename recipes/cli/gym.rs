@@ -55,7 +55,7 @@ enum GymCommand {
         /// Body, header, connection and per-client bounds and the API key, as `ember serve`
         /// takes them.
         #[command(flatten)]
-        http: ember::serve::listen::HttpLimits,
+        http: ember_serve::listen::HttpLimits,
     },
     /// Serve the gym over the JSON-lines environment protocol on standard input and output.
     Worker {
@@ -104,13 +104,13 @@ pub fn gym(a: GymArgs) -> Result<()> {
             max_cpu_s,
             http,
         } => {
-            let s = ember::gym::server::GymServer {
+            let s = ember_serve::gym::GymServer {
                 listen,
                 workers,
                 max_cpu_s,
                 http,
             };
-            ember::gym::server::serve(&s)
+            ember_serve::gym::serve(&s)
         }
         GymCommand::Worker { spec, max_turns } => {
             let spec: KernelGymSpec = serde_json::from_str(&spec)

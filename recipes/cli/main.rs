@@ -53,7 +53,7 @@ enum Command {
     /// An OpenAI-compatible HTTP server (completions, chat completions, vLLM's LoRA endpoints)
     /// for a Hugging Face directory or GGUF file and its PEFT adapters; SIGINT/SIGTERM stop it
     /// after the requests already taken are answered.
-    Serve(ember::serve::ServeArgs),
+    Serve(ember_serve::ServeArgs),
     /// Write a checkpoint (plus an optional adapter, merged) as Hugging Face safetensors +
     /// config.json.
     Export(generate::ExportArgs),
@@ -274,7 +274,10 @@ fn run(cli: Cli) -> Result<()> {
     ember::common::kernel_cache::configure(&cache)?;
     match cli.command {
         Command::Train(a) => train(a),
-        Command::Serve(a) => ember::serve::serve(a),
+        Command::Serve(a) => {
+            let device = ember::common::device::device(&a.device)?;
+            ember_serve::serve(a, device)
+        }
         Command::Warmup(a) => warmup(a),
         Command::Molora(a) => molora(a),
         Command::Eval(a) if is_flow_run(&a.run) => {

@@ -3,8 +3,7 @@
 //! followed by the next, for three rounds, so a gym machine that goes down costs its share a
 //! retry, not the run.
 
-use super::EvaluateRequest;
-use ember_gym::{EvalConfig, Executor, GymError, Job, Report};
+use ember_gym::{EvalConfig, EvaluateRequest, Executor, GymError, Job, Report};
 use std::time::Duration;
 
 /// Evaluations on `ember gym serve` machines.

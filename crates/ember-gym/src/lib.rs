@@ -18,7 +18,7 @@
 //! - `task`: the suite, each task's C reference, signature, shapes, tolerance and the library
 //!   routines a candidate may call.
 //! - `eval`: one evaluation (`evaluate`); `report`: what it takes and gives (`EvalConfig`,
-//!   `Job`, `Report`); `outcome`: the harness run's lines read back (hidden shapes, verdicts,
+//!   `Job`, `Report`, and `EvaluateRequest`, a server's request); `outcome`: the harness run's lines read back (hidden shapes, verdicts,
 //!   timing, coverage).
 //! - `verdict`: the named outcomes, and which of them are hacking.
 //! - `reward`: the reward (eq. 1 with eq. 8's profiling-based term) and the profiling-based
@@ -49,7 +49,7 @@ pub use extract::code as extract_code;
 pub use outcome::shapes;
 pub use pool::{Executor, Local, evaluate_all};
 pub use prompt::{feedback, task_prompt};
-pub use report::{EvalConfig, Job, Report};
+pub use report::{EvalConfig, EvaluateRequest, Job, Report};
 pub use reward::{RejectionConfig, RewardConfig};
 pub use sandbox::{Isolation, Limits, isolation};
 pub use task::{Buffer, Library, Task, suite, task};

@@ -16,6 +16,22 @@ pub struct Job<'a> {
     pub seed: u64,
 }
 
+/// One evaluation asked of a gym server over HTTP (`ember gym serve`'s `POST /v1/evaluate`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateRequest {
+    /// The task's name.
+    pub task: String,
+    /// The kernel's C source.
+    pub code: String,
+    /// Draws the hidden shapes and inputs.
+    pub seed: u64,
+    /// Hidden shapes checked beside the prompt's.
+    pub hidden_shapes: usize,
+    /// CPU seconds the harness run may take (at most the server's `--max-cpu-s`).
+    pub cpu_s: u64,
+}
+
 /// How the gym evaluates.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EvalConfig {

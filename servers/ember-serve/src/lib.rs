@@ -1,8 +1,14 @@
-//! `ember serve`: an OpenAI-compatible HTTP server for a Llama/Qwen2 model (a Hugging Face
-//! directory or a GGUF file) and its LoRA adapters, so that a trained policy answers the tools
-//! people evaluate with (OpenAI clients, lm-eval-harness's `local-completions`) and a trainer can
-//! take rollouts from it.
+//! Ember's HTTP servers, on one HTTP layer (`listen.rs`, `body.rs`, `fair.rs`, `access.rs`):
+//! `ember serve` (this file and the modules below), an OpenAI-compatible HTTP server for a
+//! Llama/Qwen2 model (a Hugging Face directory or a GGUF file) and its LoRA adapters, so that a
+//! trained policy answers the tools people evaluate with (OpenAI clients, lm-eval-harness's
+//! `local-completions`) and a trainer can take rollouts from it; and `ember gym serve` (`gym.rs`),
+//! the kernel gym's evaluations for other machines. The binary resolves `--device` (the
+//! backends are its choice) and passes the device in.
 //!
+//! - `answer.rs`: what the completion routes share: a batch submitted to the engine, length
+//!   checks, stop strings, token text and offsets, the finish reason, the envelope;
+//! - `stream.rs`: `stream: true`, the answer as Server-Sent Events token by token;
 //! - `api.rs`: the request and response shapes, their checks, OpenAI-style JSON errors;
 //! - `engine.rs`: the thread that owns the model and adapters and batches queued requests into
 //!   the KV-cache sampler;
@@ -22,6 +28,7 @@
 //!   log-likelihood tasks);
 //! - `tokenize.rs`: vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info` (lm-eval-harness's
 //!   remote tokenizer);
+//! - `gym.rs`: `ember gym serve`, `POST /v1/evaluate` for the gym's remote executor;
 //! - `metrics.rs`: `/metrics` in the Prometheus text format (requests in flight, waiting, the
 //!   age of the oldest, answers by status class).
 //!
@@ -36,6 +43,7 @@ mod body;
 mod echo;
 pub mod engine;
 mod fair;
+pub mod gym;
 pub mod http;
 pub mod listen;
 mod metrics;
@@ -44,6 +52,7 @@ mod stream;
 mod tokenize;
 
 use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
 use engine::{Engine, Msg, Names};
 use state::ModelInfo;
 use std::path::PathBuf;
@@ -118,8 +127,10 @@ pub struct ServeArgs {
     pub allowed_paths: Vec<PathBuf>,
 }
 
-/// Runs the server until SIGINT/SIGTERM; returns once the requests in flight are answered.
-pub fn serve(a: ServeArgs) -> Result<()> {
+/// Runs the server on `device` (the one `--device` names, which the caller resolves: the
+/// backends are the binary's choice) until SIGINT/SIGTERM; returns once the requests in flight
+/// are answered.
+pub fn serve(a: ServeArgs, device: Device) -> Result<()> {
     if [
         a.max_batch,
         a.max_queue,
@@ -178,7 +189,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         std::thread::Builder::new()
             .name("ember-serve-engine".into())
             .spawn(
-                move || match start_engine(&a, base_name, names, &tok, &adapters) {
+                move || match start_engine(&a, &device, base_name, names, &tok, &adapters) {
                     Ok((engine, info)) => {
                         ready_tx.send(Ok(info)).ok();
                         engine.run(rx)
@@ -219,13 +230,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
 /// Loads the model on the engine's device, with its stop ids, context and startup adapters.
 fn start_engine(
     a: &ServeArgs,
+    device: &Device,
     base_name: String,
     names: Names,
     tok: &ember_llm::Tokenizer,
     adapters: &[api::LoadLora],
 ) -> Result<(Engine, ModelInfo)> {
-    let device = crate::common::device::device(&a.device)?;
-    let loaded = ember_llm::load_with_blocks(&a.model, &device)
+    let loaded = ember_llm::load_with_blocks(&a.model, device)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let blocks = loaded.model.block_bytes();
     if blocks > 0 && ember_kernels::enabled(ember_kernels::Kernel::Quant) {
@@ -261,10 +272,18 @@ fn start_engine(
     }
     let budget = budget(a);
     let (model, config) = (loaded.model, loaded.config);
-    let mut engine = Engine::new(base_name, model, config, stop, device, budget, names)
-        .with_max_loras(a.max_loras)
-        .with_chunk_tokens(a.prefill_chunk_tokens)
-        .with_continuous_batching(a.batching == "continuous");
+    let mut engine = Engine::new(
+        base_name,
+        model,
+        config,
+        stop,
+        device.clone(),
+        budget,
+        names,
+    )
+    .with_max_loras(a.max_loras)
+    .with_chunk_tokens(a.prefill_chunk_tokens)
+    .with_continuous_batching(a.batching == "continuous");
     for req in adapters {
         engine
             .load(req)

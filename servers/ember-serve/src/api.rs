@@ -155,7 +155,7 @@ pub struct Sampling {
     /// string or `stop_token_ids`); load tests use it for answers of a known length.
     #[serde(default)]
     pub ignore_eos: bool,
-    /// Send the answer as Server-Sent Events, token by token (`recipes/serve/stream.rs`).
+    /// Send the answer as Server-Sent Events, token by token (`stream.rs`).
     #[serde(default)]
     pub stream: bool,
     /// `{"include_usage": true}`: a last event with the usage and no choices.

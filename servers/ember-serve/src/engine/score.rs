@@ -7,7 +7,7 @@
 //! in one forward pass, minutes on a CPU, after its client had left).
 
 use super::{Engine, ScoreJob, ScoreReply, Scores};
-use crate::serve::api::ApiError;
+use crate::api::ApiError;
 use axum::http::StatusCode;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -227,9 +227,9 @@ mod tests {
     /// it keep theirs.
     #[test]
     fn chunks_through_the_cache_score_as_one_pass() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_llama");
-        let device = crate::common::device::device("cpu").unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/llm/tiny_llama");
+        let device = burn::tensor::Device::flex();
         let model = ember_llm::load(&dir, &device).unwrap().model;
         let vocab = model.vocab_size() as u32;
         let seq = |n: u32, k: u32| -> Vec<u32> { (0..n).map(|i| (i * k + 3) % vocab).collect() };

@@ -2,7 +2,7 @@
 //! and replacing the base weights, each between batches on the engine's thread.
 
 use super::Engine;
-use crate::serve::api::{ApiError, LoadLora};
+use crate::api::{ApiError, LoadLora};
 use axum::http::StatusCode;
 use ember_llm::load_peft;
 use std::panic::{AssertUnwindSafe, catch_unwind};

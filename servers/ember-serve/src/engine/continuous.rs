@@ -19,7 +19,7 @@
 //!   taken before them is answered with the old weights and every one after with the new.
 
 use super::{Choice, Engine, Job, Msg};
-use crate::serve::api::ApiError;
+use crate::api::ApiError;
 use axum::http::StatusCode;
 use ember_llm::running::{Drawn, Finish, Limits, Prefill, RowSampling, RowSpec, Running};
 use std::collections::{BTreeMap, VecDeque};

@@ -8,16 +8,15 @@
 //! `EMBER_API_KEY` on every route but `/health`; the first SIGINT or SIGTERM stops accepting and
 //! lets the evaluations taken finish, a second exits at once.
 
-use super::EvaluateRequest;
-use crate::serve::access::{Access, AccessArgs};
-use crate::serve::listen;
+use crate::access::{Access, AccessArgs};
+use crate::listen;
 use anyhow::{Context, Result};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ember_gym::EvalConfig;
+use ember_gym::{EvalConfig, EvaluateRequest};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 

@@ -752,3 +752,40 @@ fn markdown_blocks_split_paragraphs_items_and_cells() {
     assert_eq!(p, ["one two", "- a b", "1. c", "end"]);
     assert_eq!(c, ["x", "y"]);
 }
+
+/// A metric key that several places write or read is spelled once, as a constant of
+/// `ember_engine::keys`: no library, model, server or recipe code (tests aside) writes its
+/// literal; and every phase time goes through `ember_run::Timings`, the one place that writes
+/// the `timing_s/` prefix.
+#[test]
+fn shared_metric_keys_are_spelled_once() {
+    let keys_rs = root().join("crates/ember-engine/src/keys.rs");
+    let text = std::fs::read_to_string(&keys_rs).unwrap();
+    let literals: Vec<&str> = code_lines(&text)
+        .filter_map(|l| l.split_once("= \"")?.1.strip_suffix("\";"))
+        .collect();
+    assert!(literals.len() >= 10, "keys.rs: {literals:?}");
+    let mut found = Vec::new();
+    for dir in ["crates", "models", "servers", "recipes"] {
+        for f in rust_files(&root().join(dir)) {
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            if f == keys_rs || rel.contains("/tests") || rel.ends_with("tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            for k in &literals {
+                if code.contains(&format!("\"{k}\"")) {
+                    found.push(format!("{rel}: \"{k}\""));
+                }
+            }
+            if !rel.starts_with("crates/ember-run/") && code.contains("\"timing_s/") {
+                found.push(format!("{rel}: a `timing_s/` key outside Timings"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "spell these as ember_engine::keys constants: {found:#?}"
+    );
+}

@@ -15,7 +15,7 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, SamplingConfig};
-use ember_run::{Row, Run, RunOptions, checkpoint, fmt_metric};
+use ember_run::{Row, Run, RunOptions, Timings, checkpoint, fmt_metric};
 use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::kernel::KernelGym;
@@ -137,7 +137,7 @@ impl<'a> AgentJob<'a> {
     /// The run directory, environment and policy (warmed up and evaluated, or resumed), the
     /// optimizer.
     fn new(r: &'a AgentRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
-        let curves = ("rollout/reward_mean", "eval/success");
+        let curves = (keys::ROLLOUT_REWARD_MEAN, keys::EVAL_SUCCESS);
         let mut run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
         let parts = r.algorithm_parts();
         let base = crate::common::device::device(&r.header.device)?;
@@ -171,7 +171,7 @@ impl<'a> AgentJob<'a> {
                 }
                 let (s, mut row) = evaluate(&policy, env.as_mut(), r, &base)?;
                 row.insert("step".to_string(), 0.0);
-                row.insert("eval/success".to_string(), s);
+                row.insert(keys::EVAL_SUCCESS.to_string(), s);
                 run.log(row)?;
                 (s, s)
             }
@@ -267,7 +267,7 @@ impl<'a> AgentJob<'a> {
     ) -> Result<Self> {
         let (r, ad) = (self.r, &self.ad);
         let lr = r.train.schedule.schedule(r.train.run.steps).at(step);
-        row.insert("actor/lr".into(), lr);
+        row.insert(keys::ACTOR_LR.into(), lr);
         let exp = LlmExperience {
             tokens: x.tokens.clone().to_device(ad),
             mask: x.attention.clone().to_device(ad),
@@ -333,8 +333,8 @@ impl<'a> AgentJob<'a> {
             let (after, numbers) = evaluate(&self.policy, self.env.as_mut(), r, &self.base)?;
             self.after = after;
             row.extend(numbers);
-            row.insert("eval/success".into(), self.after);
-            row.insert("timing_s/eval".into(), t_eval.elapsed().as_secs_f64());
+            row.insert(keys::EVAL_SUCCESS.into(), self.after);
+            Timings::record(&mut row, "eval", t_eval.elapsed().as_secs_f64());
         }
         self.steps_done = step + 1;
         let state = self
@@ -343,12 +343,14 @@ impl<'a> AgentJob<'a> {
         let stats = format!(
             "reward {} success {} turns {:.1} {:.0} tok/s",
             fmt_metric(
-                row.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+                row.get(keys::ROLLOUT_REWARD_MEAN)
+                    .copied()
+                    .unwrap_or(f64::NAN),
                 3
             ),
             fmt_metric(self.after, 3),
             row.get("rollout/turns_mean").copied().unwrap_or(0.0),
-            row.get("perf/tokens_per_s").copied().unwrap_or(0.0),
+            row.get(keys::PERF_TOKENS_PER_S).copied().unwrap_or(0.0),
         );
         let shown = shown(t, r.train.run.log_samples);
         self.run.samples(step + 1, &shown, evaluated)?;
@@ -373,7 +375,7 @@ fn trajectory_metrics(row: &mut BTreeMap<String, f64>, step: usize, t: &Trajecto
     let rewards = t.rewards();
     let n = rewards.len().max(1) as f64;
     row.insert("step".into(), (step + 1) as f64);
-    row.insert("rollout/reward_mean".into(), mean(&rewards));
+    row.insert(keys::ROLLOUT_REWARD_MEAN.into(), mean(&rewards));
     row.insert(
         "rollout/turns_mean".into(),
         t.turns().iter().sum::<usize>() as f64 / n,
@@ -436,14 +438,11 @@ impl ember_run::Job for AgentJob<'_> {
         let _ = self.ad.sync();
         let secs = t_step.elapsed().as_secs_f64();
         let tokens: f64 = policy_tokens(&t);
-        row.insert("timing_s/gen".into(), t_gen - t.env_seconds);
-        row.insert("timing_s/env".into(), t.env_seconds);
-        row.insert(
-            "timing_s/update_actor".into(),
-            t_update.elapsed().as_secs_f64(),
-        );
-        row.insert("perf/step_s".into(), secs);
-        row.insert("perf/tokens_per_s".into(), tokens / secs);
+        Timings::record(&mut row, "gen", t_gen - t.env_seconds);
+        Timings::record(&mut row, "env", t.env_seconds);
+        Timings::record(&mut row, "update_actor", t_update.elapsed().as_secs_f64());
+        row.insert(keys::PERF_STEP_S.into(), secs);
+        row.insert(keys::PERF_TOKENS_PER_S.into(), tokens / secs);
         row.insert("perf/env_share".into(), t.env_seconds / secs);
         let stop = self.end_step(step, row, &t)?;
         Ok((self, stop))

@@ -227,10 +227,10 @@ impl ControlJob<'_> {
         }
         let stats = format!(
             "return {} eval {} std {} ({:.2} s)",
-            fmt_metric(row["rollout/return_mean"], 1),
+            fmt_metric(row[keys::ROLLOUT_RETURN_MEAN], 1),
             fmt_metric(self.after, 1),
             fmt_metric(row["policy/std"], 3),
-            row["perf/step_s"],
+            row[keys::PERF_STEP_S],
         );
         let ts = self.run.state(done, self.rng.0, self.before, self.after);
         let (p, a) = (&self.protagonist, self.adversary.as_ref());
@@ -251,7 +251,7 @@ fn log_rollout(ro: &Rollout, policy: &ember_control::GaussianPolicy, row: &mut R
     );
     let v: Vec<f32> = host.into_data().try_to_vec().unwrap_or_default();
     if let [ret, len, std] = v[..] {
-        row.insert("rollout/return_mean".into(), f64::from(ret));
+        row.insert(keys::ROLLOUT_RETURN_MEAN.into(), f64::from(ret));
         row.insert("rollout/length_mean".into(), f64::from(len));
         row.insert("policy/std".into(), f64::from(std));
     }
@@ -267,7 +267,7 @@ fn update_player(
     row: &mut Row,
 ) -> Result<()> {
     row.extend(e.adv.metrics.to_host());
-    row.insert("actor/lr".into(), lr);
+    row.insert(keys::ACTOR_LR.into(), lr);
     let cfg = UpdateConfig {
         schedule: r.ppo.update,
         loss: ActorLossConfig {
@@ -353,7 +353,7 @@ impl ember_run::Job for ControlJob<'_> {
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        row.insert(keys::PERF_STEP_S.into(), t.elapsed().as_secs_f64());
         let stop = self.end_step(done, row)?;
         Ok((self, stop))
     }

@@ -10,6 +10,7 @@ use ember_control::{
     DdcgConfig, GaussianPolicy, GradientSamples, PathwiseSamples, blend, ddcg_weight, ivw_h,
     pathwise_samples, policy_surrogate, trace_variance,
 };
+use ember_engine::keys;
 use ember_engine::{PolicyLossInput, PolicyLossKind, policy_loss};
 use ember_run::{Row, Timings};
 use ember_train::accumulated_step;
@@ -110,7 +111,7 @@ impl ControlJob<'_> {
         );
         let v: Vec<f32> = stats.into_data().try_to_vec().unwrap_or_default();
         let names = [
-            "rollout/return_mean",
+            keys::ROLLOUT_RETURN_MEAN,
             "gradient/first_weight",
             "gradient/first_variance",
             "gradient/zeroth_variance",
@@ -122,8 +123,8 @@ impl ControlJob<'_> {
                 .map(|(k, v)| (k.to_string(), f64::from(v))),
         );
         row.insert("policy/std".into(), f64::from(g.sigma));
-        row.insert("actor/lr".into(), lr);
-        row.insert("actor/grad_norm".into(), report.grad_norm);
+        row.insert(keys::ACTOR_LR.into(), lr);
+        row.insert(keys::ACTOR_GRAD_NORM.into(), report.grad_norm);
         Ok(())
     }
 }

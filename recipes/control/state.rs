@@ -11,6 +11,7 @@ use ember_control::{
     Adversary, Env, GaussianPolicy, GaussianPolicyConfig, Side, ValueNet, ValueNetConfig, rollout,
 };
 use ember_engine::SplitMix64;
+use ember_engine::keys;
 use ember_run::{Run, RunOptions, checkpoint};
 use ember_train::{LrSchedule, Optimizer};
 use std::collections::BTreeMap;
@@ -130,7 +131,7 @@ impl Setup {
             checkpoint_every: p.checkpoint_every,
             keep_checkpoints: p.keep_checkpoints,
         };
-        let curves = ("rollout/return_mean", "eval/return_mean");
+        let curves = (keys::ROLLOUT_RETURN_MEAN, "eval/return_mean");
         let run = open_run(out, opts, &r.header.name, r, run_loop, curves)?;
         let base = crate::common::device::device(&r.header.device)?;
         let ad = base.clone().autodiff();

@@ -226,10 +226,7 @@ pub fn update_with_critic(
     )?;
     critic.model = next;
     let _ = ad.sync();
-    row.insert(
-        "timing_s/update_critic".into(),
-        t_critic.elapsed().as_secs_f64(),
-    );
+    ember_run::Timings::record(row, "update_critic", t_critic.elapsed().as_secs_f64());
     row.extend(stats.metrics);
     row.insert("critic/lr".into(), critic.lr);
     Ok((model, shown_adv))

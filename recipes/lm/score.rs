@@ -296,7 +296,7 @@ fn add_judged(
     let (verdicts, hits) = judge.judge(&asked)?;
     row.insert("reward/judge_mean".into(), valid_mean(&verdicts).0);
     row.insert("judge/cache_hits".into(), hits as f64);
-    row.insert("timing_s/judge".into(), t.elapsed().as_secs_f64());
+    ember_run::Timings::record(row, "judge", t.elapsed().as_secs_f64());
     if weight != 0.0 {
         for (r, x) in rewards.iter_mut().zip(&verdicts) {
             *r += weight * x;

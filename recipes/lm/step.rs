@@ -389,7 +389,7 @@ pub fn rollout_metrics(
 ) {
     row.insert("step".to_string(), (step + 1) as f64);
     let (mean, valid) = valid_mean(rewards);
-    row.insert("rollout/reward_mean".to_string(), mean);
+    row.insert(keys::ROLLOUT_REWARD_MEAN.to_string(), mean);
     row.insert(
         "rollout/invalid_rewards".to_string(),
         (rewards.len() - valid) as f64,
@@ -418,7 +418,7 @@ pub fn rollout_metrics(
 /// loss has one (`actor/kl_loss`), else the old-vs-new policy KL (`actor/approx_kl`), and
 /// throughput.
 pub fn stats_line(row: &BTreeMap<String, f64>, acc: f64) -> String {
-    let kl = match row.get("actor/kl_loss") {
+    let kl = match row.get(keys::ACTOR_KL_LOSS) {
         Some(k) => format!("kl(ref) {}", fmt_metric(*k, 4)),
         None => format!(
             "kl(old) {}",
@@ -428,10 +428,12 @@ pub fn stats_line(row: &BTreeMap<String, f64>, acc: f64) -> String {
     format!(
         "reward {} acc {} {kl} {:.0} tok/s",
         fmt_metric(
-            row.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+            row.get(keys::ROLLOUT_REWARD_MEAN)
+                .copied()
+                .unwrap_or(f64::NAN),
             3
         ),
         fmt_metric(acc, 3),
-        row.get("perf/tokens_per_s").copied().unwrap_or(0.0),
+        row.get(keys::PERF_TOKENS_PER_S).copied().unwrap_or(0.0),
     )
 }

@@ -27,6 +27,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_engine::SplitMix64;
+use ember_engine::keys;
 use ember_llm::Llama;
 use ember_llm::actor::LlmExperience;
 use ember_run::{Row, Run, RunOptions, checkpoint};
@@ -53,7 +54,7 @@ pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
         .as_ref()
         .context("the recipe has no [offline] table")?;
     let start = Instant::now();
-    let curves = ("offline/loss", "eval/accuracy");
+    let curves = ("offline/loss", keys::EVAL_ACCURACY);
     let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
     let task = r.task.build()?;
     let base = crate::common::device::device(&r.header.device)?;
@@ -128,7 +129,7 @@ impl<'a> OfflineJob<'a> {
                 let a = evaluate(&policy, &eval, r.rollout.max_new_tokens, &base)?;
                 run.log(Row::from([
                     ("step".to_string(), 0.0),
-                    ("eval/accuracy".to_string(), a),
+                    (keys::EVAL_ACCURACY.to_string(), a),
                 ]))?;
                 (policy, rng, a, a)
             }
@@ -217,7 +218,7 @@ impl ember_run::Job for OfflineJob<'_> {
             .collect();
         let mut row = Row::from([
             ("step".to_string(), (step + 1) as f64),
-            ("actor/lr".to_string(), lr),
+            (keys::ACTOR_LR.to_string(), lr),
         ]);
         let refm = Scorer {
             ref_lp: &self.ref_lp,
@@ -230,7 +231,7 @@ impl ember_run::Job for OfflineJob<'_> {
         let (m, loss) = objective_step(&refm, &self.groups, &picked, spec, &mut self.optim, lr)?;
         self.policy.model = m;
         row.extend(loss);
-        row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
+        row.insert(keys::PERF_STEP_S.into(), t_step.elapsed().as_secs_f64());
 
         let end = self.run.step_end(step + 1);
         let evaluated =
@@ -238,7 +239,7 @@ impl ember_run::Job for OfflineJob<'_> {
         if evaluated {
             let max_new = r.rollout.max_new_tokens;
             self.accuracy_after = evaluate(&self.policy, &self.eval, max_new, &self.base)?;
-            row.insert("eval/accuracy".into(), self.accuracy_after);
+            row.insert(keys::EVAL_ACCURACY.into(), self.accuracy_after);
         }
         self.steps_done = step + 1;
         let (before, after) = (self.accuracy_before, self.accuracy_after);

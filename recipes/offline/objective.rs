@@ -134,7 +134,7 @@ fn pair_step(
     let mut out = metrics.to_host();
     let grads = GradientsParams::from_grads(loss.backward(), &model);
     let (model, report) = optim.step(lr, model, grads);
-    out.insert("actor/grad_norm".into(), report.grad_norm);
+    out.insert(keys::ACTOR_GRAD_NORM.into(), report.grad_norm);
     out.insert(
         "offline/loss".into(),
         out.get("preference/loss").copied().unwrap_or(f64::NAN),
@@ -199,7 +199,7 @@ fn group_step(
     out.extend(stats.metrics);
     out.insert(
         "offline/loss".into(),
-        out.get("actor/loss").copied().unwrap_or(f64::NAN),
+        out.get(keys::ACTOR_LOSS).copied().unwrap_or(f64::NAN),
     );
     Ok((model, out))
 }

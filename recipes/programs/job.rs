@@ -102,7 +102,7 @@ impl ProgramsJob<'_> {
         }
         let mean = rewards.iter().sum::<f32>() / rewards.len().max(1) as f32;
         let solved = rewards.chunks(k).filter(|g| g.contains(&1.0)).count();
-        row.insert("rollout/reward_mean".into(), f64::from(mean));
+        row.insert(keys::ROLLOUT_REWARD_MEAN.into(), f64::from(mean));
         row.insert("rollout/solved".into(), solved as f64 / qs.len() as f64);
         row.insert("memory/questions".into(), self.memory.len() as f64);
         let best = |q: &usize| {
@@ -194,7 +194,7 @@ impl ProgramsJob<'_> {
             &mut order,
         )?;
         self.model = model;
-        row.insert("actor/lr".into(), lr);
+        row.insert(keys::ACTOR_LR.into(), lr);
         row.extend(stats.metrics);
         Ok(())
     }
@@ -211,9 +211,9 @@ impl ProgramsJob<'_> {
         }
         let stats = format!(
             "reward {} held-out {} ({:.2} s)",
-            fmt_metric(row["rollout/reward_mean"], 3),
+            fmt_metric(row[keys::ROLLOUT_REWARD_MEAN], 3),
             fmt_metric(self.after, 3),
-            row["perf/step_s"],
+            row[keys::PERF_STEP_S],
         );
         let ts = self.run.state(done, self.rng.0, self.before, self.after);
         let (model, optim, memory) = (&self.model, &self.optim, &self.memory);
@@ -349,7 +349,7 @@ impl ember_run::Job for ProgramsJob<'_> {
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        row.insert(keys::PERF_STEP_S.into(), t.elapsed().as_secs_f64());
         let stop = self.end_step(done, row)?;
         Ok((self, stop))
     }

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use burn::module::Module;
 use burn::tensor::Device;
 use ember_engine::SplitMix64;
+use ember_engine::keys;
 use ember_llm::{ConstrainedLlama, Family, LlamaConfig};
 use ember_run::{Row, Run, RunOptions, checkpoint};
 use ember_tasks::program::ProgramTask;
@@ -51,7 +52,7 @@ impl Setup {
     ) -> Result<ProgramsJob<'a>> {
         let task = ProgramTask::new(&r.kb, r.max_exprs).map_err(anyhow::Error::msg)?;
         let t = &r.train.run;
-        let curves = ("rollout/reward_mean", "eval/accuracy");
+        let curves = (keys::ROLLOUT_REWARD_MEAN, keys::EVAL_ACCURACY);
         let run = open_run(
             out,
             opts,
@@ -187,7 +188,7 @@ fn load_memory(p: &Path, task: &ProgramTask) -> Result<Memory> {
 pub(super) fn eval_row(step: usize, accuracy: f64, f1: f64) -> Row {
     Row::from([
         ("step".to_string(), step as f64),
-        ("eval/accuracy".to_string(), accuracy),
+        (keys::EVAL_ACCURACY.to_string(), accuracy),
         ("eval/f1".to_string(), f1),
     ])
 }

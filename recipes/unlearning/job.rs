@@ -223,7 +223,7 @@ impl UnlearningJob<'_> {
             .collect();
         let rewards = self.rule_rewards(&prompts, &tokens, n);
         row.insert(
-            "rollout/reward_mean".into(),
+            keys::ROLLOUT_REWARD_MEAN.into(),
             f64::from(rewards.iter().sum::<f32>() / rewards.len() as f32),
         );
         let groups: Vec<usize> = (0..tokens.len()).map(|j| j / n).collect();
@@ -304,7 +304,7 @@ impl UnlearningJob<'_> {
             "forget acc {} retain acc {} ({:.2} s)",
             fmt_metric(self.latest["forget/accuracy"], 3),
             fmt_metric(self.latest["retain/accuracy"], 3),
-            row["perf/step_s"],
+            row[keys::PERF_STEP_S],
         );
         // The run kit's two accuracies: the latest forget and retain accuracy (the whole
         // metrics are in `unlearning.json`).
@@ -382,7 +382,7 @@ impl ember_run::Job for UnlearningJob<'_> {
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t.elapsed().as_secs_f64());
+        row.insert(keys::PERF_STEP_S.into(), t.elapsed().as_secs_f64());
         let stop = self.end_step(done, row)?;
         Ok((self, stop))
     }

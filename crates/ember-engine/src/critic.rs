@@ -8,6 +8,7 @@
 //! `returns`, the critic's regression targets.
 
 use crate::error::{Result, check_config, check_shape};
+use crate::keys;
 use crate::ops::{discounted_suffix_sum, masked_mean, masked_var};
 use crate::{AggNorm, LossAgg, Metrics, aggregate};
 use burn::tensor::Tensor;
@@ -152,7 +153,7 @@ pub fn value_loss(
         None => per_step,
     };
     let loss = aggregate(per_step, mask.clone(), cfg.agg, norm) * 0.5;
-    metrics.push("critic/vf_loss", loss.clone());
+    metrics.push(keys::CRITIC_VF_LOSS, loss.clone());
     metrics.push("critic/vpred_mean", masked_mean(input.vpreds.clone(), mask));
     Ok((loss, metrics))
 }

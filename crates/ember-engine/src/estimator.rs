@@ -8,6 +8,7 @@ use crate::advantage::{
 use crate::basis::basis_values;
 use crate::batch::RolloutBatch;
 use crate::error::{EngineError, Result};
+use crate::keys;
 use crate::kl::{KlEstimator, kl_penalty};
 use crate::metrics::Metrics;
 use crate::ops::{masked_mean, masked_whiten, reverse_affine_scan, shift_left};
@@ -75,7 +76,7 @@ pub fn compute_advantages(
     let returns = est.returns.unwrap_or_else(|| adv.clone());
     let invalid = c.valid.clone().neg().add_scalar(1.0).sum();
     m.push(
-        "rollout/reward_mean",
+        keys::ROLLOUT_REWARD_MEAN,
         masked_mean(c.rewards.clone(), c.valid.clone()),
     );
     m.push("rollout/invalid_rewards", invalid);

@@ -5,7 +5,8 @@
 //! [`compute_advantages`], then [`actor_loss`] (a [`policy_loss`] with KL, entropy,
 //! mismatch correction and [`aggregate`]).
 //!
-//! Every module is private; each public name has one path, the crate root.
+//! Every module but `keys` is private; each public name has one path, the crate root (and
+//! `keys::*`: the metric keys several crates share, as constants).
 //! - `batch`: `RolloutBatch` and the one valid-reward rule (`is_valid_reward`, `REWARD_LIMIT`).
 //! - `advantage`: the estimators' config (`AdvantageConfig`, `AdvantageKind`) and shared functions;
 //!   `estimator`: `compute_advantages`, one function per estimator over one `AdvCtx`, then the
@@ -24,7 +25,8 @@
 //! - `basis`: BASIS's batchwise kernel baseline over prompt features.
 //! - `replay`: the replay buffer of hard groups (ReRULE-style).
 //! - `preference`: the pairwise preference objectives (DPO, IPO, RPO, …).
-//! - `metrics`: named metrics kept on the device until `Metrics::to_host`.
+//! - `metrics`: named metrics kept on the device until `Metrics::to_host`; `keys`: the metric
+//!   keys more than one place writes or reads.
 //! - `rng`: `SplitMix64`, the seeded RNG of every host-side draw, implementing rand_core's
 //!   `TryRng` and `SeedableRng` so that rand's algorithms take it.
 //! - `error`: typed errors (`EngineError`), each naming the input that was wrong.
@@ -39,6 +41,7 @@ mod critic;
 mod error;
 mod estimator;
 mod filter;
+pub mod keys;
 mod kl;
 mod loss;
 mod metrics;

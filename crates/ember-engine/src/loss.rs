@@ -7,6 +7,7 @@
 use crate::agg::{AggNorm, LossAgg, aggregate};
 use crate::correction::MismatchCorrection;
 use crate::error::{EngineError, Result, check_shape};
+use crate::keys;
 use crate::kl::{KlEstimator, kl_penalty};
 use crate::metrics::Metrics;
 use crate::pg::{PolicyLossInput, PolicyLossKind, policy_loss};
@@ -116,7 +117,7 @@ pub fn actor_loss(
         metrics.extend(w.metrics);
     }
     let pg_loss = aggregate(per_step, mask.clone(), config.agg, norm);
-    metrics.push("actor/pg_loss", pg_loss.clone());
+    metrics.push(keys::ACTOR_PG_LOSS, pg_loss.clone());
     let mut loss = pg_loss;
     if let Some(kl) = &config.kl {
         let k = match &input.kl {
@@ -138,7 +139,7 @@ pub fn actor_loss(
             }
         };
         let kl_loss = aggregate(k, mask.clone(), config.agg, norm);
-        metrics.push("actor/kl_loss", kl_loss.clone());
+        metrics.push(keys::ACTOR_KL_LOSS, kl_loss.clone());
         metrics.push_f32("actor/kl_coef", kl.coef, &kl_loss.device());
         loss = loss + kl_loss * kl.coef;
     }
@@ -155,6 +156,6 @@ pub fn actor_loss(
             input: "entropy",
         });
     }
-    metrics.push("actor/loss", loss.clone());
+    metrics.push(keys::ACTOR_LOSS, loss.clone());
     Ok((loss, metrics))
 }

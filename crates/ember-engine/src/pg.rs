@@ -4,6 +4,7 @@
 //! aggregate with.
 
 use crate::error::{EngineError, Result, check_config, check_shape};
+use crate::keys;
 use crate::metrics::Metrics;
 use crate::ops::masked_mean;
 use burn::tensor::{Bool, Tensor};
@@ -432,11 +433,11 @@ fn ratio_spread(c: &LossCtx, m: &mut Metrics) {
     let max = (ratio.clone() * mask.clone()).max() + none.clone();
     let min = (ratio * mask + off * 1e30).min() * none.clone().neg().add_scalar(1.0);
     // The steps behind these: ember-train pools micro-batches and ranks by them.
-    m.push("actor/ratio_count", count);
-    m.push("actor/ratio_max", max);
-    m.push("actor/ratio_min", min + none.clone());
-    m.push("actor/ratio_mean", mean + none);
-    m.push("actor/ratio_std", var.sqrt());
+    m.push(keys::ACTOR_RATIO_COUNT, count);
+    m.push(keys::ACTOR_RATIO_MAX, max);
+    m.push(keys::ACTOR_RATIO_MIN, min + none.clone());
+    m.push(keys::ACTOR_RATIO_MEAN, mean + none);
+    m.push(keys::ACTOR_RATIO_STD, var.sqrt());
 }
 
 /// A loss that may drop samples: its per-step values and the mask to aggregate with.
@@ -455,7 +456,7 @@ pub(crate) fn ppo(c: &LossCtx, lo: f32, hi: f32, dual: Option<f32>, m: &mut Metr
     let l1 = adv.clone().neg() * ratio.clone();
     let l2 = adv.clone().neg() * ratio.clamp(1.0 - lo, 1.0 + hi);
     let clipped = l1.clone().max_pair(l2.clone());
-    m.push("actor/clipfrac", c.frac(l2.greater(l1)));
+    m.push(keys::ACTOR_CLIPFRAC, c.frac(l2.greater(l1)));
     let Some(dual) = dual else {
         return clipped;
     };
@@ -481,7 +482,7 @@ pub(crate) fn gspo(c: &LossCtx, (lo, hi): (f32, f32), m: &mut Metrics) -> Tensor
     let s = log_s.exp();
     let l1 = c.adv.clone().neg() * s.clone();
     let l2 = c.adv.clone().neg() * s.clamp(1.0 - lo, 1.0 + hi);
-    m.push("actor/clipfrac", c.frac(l2.clone().greater(l1.clone())));
+    m.push(keys::ACTOR_CLIPFRAC, c.frac(l2.clone().greater(l1.clone())));
     l1.max_pair(l2)
 }
 
@@ -490,7 +491,7 @@ pub(crate) fn gspo(c: &LossCtx, (lo, hi): (f32, f32), m: &mut Metrics) -> Tensor
 pub(crate) fn cispo(c: &LossCtx, (lo, hi): (f32, f32), m: &mut Metrics) -> Tensor<2> {
     let ratio = c.neg_lr.clone().exp().detach();
     let w = ratio.clone().clamp((1.0 - lo).max(0.0), 1.0 + hi);
-    m.push("actor/clipfrac", c.frac(w.clone().not_equal(ratio)));
+    m.push(keys::ACTOR_CLIPFRAC, c.frac(w.clone().not_equal(ratio)));
     (w * c.adv.clone()).neg() * c.log_probs.clone()
 }
 
@@ -510,7 +511,7 @@ pub(crate) fn dispo(c: &LossCtx, band: [f32; 4], m: &mut Metrics) -> Tensor<2> {
         .float()
         .mask_where(positive, within(pos_down, pos_up).float());
     m.push(
-        "actor/clipfrac",
+        keys::ACTOR_CLIPFRAC,
         masked_mean(keep.clone().neg().add_scalar(1.0), c.mask.clone()),
     );
     (ratio * keep * c.adv.clone()).neg() * c.log_probs.clone()
@@ -527,7 +528,7 @@ pub(crate) fn topr(c: &LossCtx, level: RatioLevel, m: &mut Metrics) -> Tensor<2>
     let adv = c.adv.clone();
     let alpha = truncated.mask_where(adv.clone().greater_equal_elem(0.0), adv.ones_like());
     m.push(
-        "actor/is_weight_mean",
+        keys::ACTOR_IS_WEIGHT_MEAN,
         masked_mean(alpha.clone(), c.mask.clone()),
     );
     // The steps TOPR's taper touches: negatives whose weight fell below 1 by more than the
@@ -571,7 +572,7 @@ pub(crate) fn rec(c: &LossCtx, kind: &PolicyLossKind, m: &mut Metrics) -> Tensor
     }
     .float();
     m.push(
-        "actor/clipfrac",
+        keys::ACTOR_CLIPFRAC,
         masked_mean(keep.clone().neg().add_scalar(1.0), c.mask.clone()),
     );
     let weight = if importance_sampling {
@@ -614,7 +615,10 @@ pub(crate) fn alol(c: &LossCtx, clip: f32, m: &mut Metrics) -> Result<Dropping> 
         .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
     let w = lr.exp().clamp(1.0 - clip, 1.0 + clip).detach();
     let mask = c.mask.clone() * positive.clone();
-    m.push("actor/is_weight_mean", masked_mean(w.clone(), mask.clone()));
+    m.push(
+        keys::ACTOR_IS_WEIGHT_MEAN,
+        masked_mean(w.clone(), mask.clone()),
+    );
     let per_step = (w * c.adv.clone() * positive).neg() * c.log_probs.clone();
     Ok((per_step, Some(mask)))
 }
@@ -626,7 +630,10 @@ pub(crate) fn alol_seq(c: &LossCtx, clip: f32, m: &mut Metrics) -> Result<Droppi
     let mask = c.mask.clone() * positive.clone();
     let lr = (c.log_probs.clone() - reference).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP);
     let w = lr.detach().exp().clamp(1.0 - clip, 1.0 + clip);
-    m.push("actor/is_weight_mean", masked_mean(w.clone(), mask.clone()));
+    m.push(
+        keys::ACTOR_IS_WEIGHT_MEAN,
+        masked_mean(w.clone(), mask.clone()),
+    );
     let per_step = (w * c.adv.clone() * positive).neg() * c.log_probs.clone();
     Ok((per_step, Some(mask)))
 }

@@ -67,12 +67,16 @@ impl Timings {
         }
     }
 
-    /// Writes every phase into `row` as `timing_s/<phase>`.
+    /// Writes every phase into `row` as `timing_s/<phase>` (added to a time the row holds).
     pub fn log(self, row: &mut Row) {
-        row.extend(
-            self.0
-                .into_iter()
-                .map(|(n, s)| (format!("timing_s/{n}"), s)),
-        );
+        for (name, seconds) in self.0 {
+            Self::record(row, name, seconds);
+        }
+    }
+
+    /// Adds `seconds` to phase `name` of `row` (`timing_s/<name>`): for a phase timed where
+    /// only the row travels.
+    pub fn record(row: &mut Row, name: &str, seconds: f64) {
+        *row.entry(format!("timing_s/{name}")).or_insert(0.0) += seconds;
     }
 }

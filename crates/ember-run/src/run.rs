@@ -13,6 +13,7 @@ use crate::stop::stop_requested;
 use crate::write::write_atomic;
 use anyhow::{Context, Result, bail};
 use ember_dist::World;
+use ember_engine::keys;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -413,7 +414,7 @@ impl Run {
     ) -> Result<bool> {
         let end = self.agree(end)?;
         self.progress(end.done, stats, &row);
-        let skipped = row.get("actor/skipped_steps").is_some_and(|s| *s > 0.0);
+        let skipped = row.get(keys::ACTOR_SKIPPED_STEPS).is_some_and(|s| *s > 0.0);
         self.nonfinite_steps = if skipped { self.nonfinite_steps + 1 } else { 0 };
         self.report.push(&row);
         if let Some(log) = &mut self.log {

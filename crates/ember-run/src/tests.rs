@@ -241,7 +241,8 @@ fn the_job_loop_stops_and_resumes_at_the_checkpoint() {
     std::fs::remove_dir_all(&d).ok();
 }
 
-/// Phases are logged as `timing_s/<phase>`, a repeated phase adding up.
+/// Phases are logged as `timing_s/<phase>`, a repeated phase adding up, and `record` adds to
+/// a row as `log` does.
 #[test]
 fn timings_log_each_phase_once() {
     let mut t = Timings::default();
@@ -253,4 +254,9 @@ fn timings_log_each_phase_once() {
     assert_eq!(row.len(), 2);
     assert_eq!(row["timing_s/update_actor"], 2.5);
     assert!(row["timing_s/gen"] >= 0.0);
+    // A phase timed where only the row travels adds to the same key.
+    Timings::record(&mut row, "update_actor", 1.0);
+    Timings::record(&mut row, "sync", 0.25);
+    assert_eq!(row["timing_s/update_actor"], 3.5);
+    assert_eq!(row["timing_s/sync"], 0.25);
 }

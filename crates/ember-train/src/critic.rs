@@ -7,6 +7,7 @@ use crate::parallel::{Copies, Replicate};
 use crate::update::{Steps, UpdateSchedule, UpdateStats, select2};
 use burn::module::Module;
 use burn::tensor::Tensor;
+use ember_engine::keys;
 use ember_engine::{CriticConfig, EngineError, ValueLossInput, value_loss};
 
 /// A value model over the steps of an experience batch.
@@ -51,7 +52,7 @@ pub fn critic_update<C: Critic>(
         tokens: None,
         groups: None,
         area: "critic",
-        loss_key: "critic/vf_loss",
+        loss_key: keys::CRITIC_VF_LOSS,
         lr,
         only: None,
     };

@@ -7,6 +7,7 @@ use crate::optim::Optimizer;
 use crate::parallel::{Copies, Replicate};
 use crate::update::{Actor, PARTIAL, Steps, UpdateConfig, UpdateStats, select2};
 use burn::tensor::Tensor;
+use ember_engine::keys;
 use ember_engine::{
     ActorInput, Advantages, EngineError, PolicyLossInput, PolicyLossKind, RolloutBatch, actor_loss,
     kl_penalty,
@@ -117,8 +118,8 @@ fn merge_passes(parts: Vec<UpdateStats>) -> UpdateStats {
         .into_iter()
         .map(|(k, (sum, n, lo, hi))| {
             let v = match k.as_str() {
-                "actor/ratio_max" => hi,
-                "actor/ratio_min" => lo,
+                keys::ACTOR_RATIO_MAX => hi,
+                keys::ACTOR_RATIO_MIN => lo,
                 k if k.ends_with("/skipped_steps") || PARTIAL.contains(&k) => sum,
                 _ => sum / n,
             };
@@ -169,7 +170,7 @@ impl<E: Replicate> Pass<'_, E> {
                 .flatten(),
             groups: actor.shares_groups().then(|| batch.groups.ids()),
             area: "actor",
-            loss_key: "actor/loss",
+            loss_key: keys::ACTOR_LOSS,
             lr,
             only: self.tokens.as_ref(),
         };

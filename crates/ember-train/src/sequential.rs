@@ -9,6 +9,7 @@ use crate::optim::Optimizer;
 use crate::pass::update;
 use crate::update::{Actor, Means, UpdateConfig, UpdateStats};
 use burn::tensor::Tensor;
+use ember_engine::keys;
 use ember_engine::{
     Advantages, EngineError, Metrics, RolloutBatch, TurnUpdates, turn_count, turn_mask,
 };
@@ -95,7 +96,7 @@ pub fn sequential_update<A: Actor>(
     total.metrics = sums.finish();
     total
         .metrics
-        .insert("actor/skipped_steps".into(), total.skipped_steps as f64);
+        .insert(keys::ACTOR_SKIPPED_STEPS.into(), total.skipped_steps as f64);
     total
         .metrics
         .insert("seeupo/turn_updates".into(), schedule.len() as f64);

@@ -10,6 +10,7 @@ use crate::world::{gather_metrics, sum_gradients};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_engine::keys;
 use ember_engine::{ActorLossConfig, AggNorm, EngineError, Metrics};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -134,11 +135,11 @@ pub(crate) fn select2(t: &Tensor<2>, idx: &Tensor<1, Int>) -> Tensor<2> {
 /// The metrics that are sums over the steps of a micro-batch divided by the mini-batch's
 /// normaliser ([`AggNorm`]): parts of the mini-batch's value.
 pub(crate) const PARTIAL: [&str; 5] = [
-    "actor/pg_loss",
-    "actor/kl_loss",
+    keys::ACTOR_PG_LOSS,
+    keys::ACTOR_KL_LOSS,
     "actor/entropy",
-    "actor/loss",
-    "critic/vf_loss",
+    keys::ACTOR_LOSS,
+    keys::CRITIC_VF_LOSS,
 ];
 
 /// Epochs × mini-batches × micro-batches of one model's update (the actor's or the critic's):
@@ -388,15 +389,15 @@ type ShardResult = Result<(GradientsParams, HostMetrics), EngineError>;
 /// `ratio_spread`): its valid steps, extremes, mean and standard deviation.
 const RATIO_KEYS: [&str; 5] = [
     RATIO_COUNT,
-    "actor/ratio_max",
-    "actor/ratio_min",
-    "actor/ratio_mean",
-    "actor/ratio_std",
+    keys::ACTOR_RATIO_MAX,
+    keys::ACTOR_RATIO_MIN,
+    keys::ACTOR_RATIO_MEAN,
+    keys::ACTOR_RATIO_STD,
 ];
 
 /// The number of valid steps behind a micro-batch's ratio metrics; it weighs the pooling and is
 /// not logged.
-const RATIO_COUNT: &str = "actor/ratio_count";
+const RATIO_COUNT: &str = keys::ACTOR_RATIO_COUNT;
 
 /// The ratio's spread over every micro-batch of an update, on every rank, as one spread over
 /// all their valid steps: the extremes of the shares that have steps, the mean weighed by

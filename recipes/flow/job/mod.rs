@@ -128,7 +128,7 @@ impl FlowJob<'_> {
         // RAM with `ram_ema`: the average, which is v_old, draws the clean samples.
         let sampler = self.ema.as_ref().unwrap_or(&self.model).valid();
         let lr = self.schedule.at(step);
-        row.insert("actor/lr".into(), lr);
+        row.insert(keys::ACTOR_LR.into(), lr);
         let sde = r.algorithm != FlowAlgorithm::Ram;
         let traj = ember_flow::sample(
             &sampler,
@@ -290,10 +290,10 @@ impl FlowJob<'_> {
         let decay = r.rl.run.ram_ema.min(0.01 * (step + 1) as f32);
         self.ema = self.ema.map(|e| ema_update(e, &self.model, decay));
         row.insert("actor/ram_loss".into(), loss);
-        row.insert("actor/grad_norm".into(), report.grad_norm);
+        row.insert(keys::ACTOR_GRAD_NORM.into(), report.grad_norm);
         // `accumulated_step` skipped a non-finite step, as `update` counts its own.
         let skipped = if report.applied { 0.0 } else { 1.0 };
-        row.insert("actor/skipped_steps".into(), skipped);
+        row.insert(keys::ACTOR_SKIPPED_STEPS.into(), skipped);
         Ok(self)
     }
 
@@ -315,13 +315,15 @@ impl FlowJob<'_> {
         let stats = format!(
             "reward {} p(class) {} acc(rollout) {} eval {} ({:.1} s)",
             fmt_metric(
-                row.get("rollout/reward_mean").copied().unwrap_or(f64::NAN),
+                row.get(keys::ROLLOUT_REWARD_MEAN)
+                    .copied()
+                    .unwrap_or(f64::NAN),
                 3
             ),
             fmt_metric(row["reward/class_prob"], 3),
             fmt_metric(row["reward/accuracy"], 3),
             fmt_metric(self.state.after.accuracy, 3),
-            row["perf/step_s"],
+            row[keys::PERF_STEP_S],
         );
         let (before, after) = (self.state.before.accuracy, self.state.after.accuracy);
         let ts = self.run.state(done, self.rng.0, before, after);
@@ -377,7 +379,7 @@ impl ember_run::Job for FlowJob<'_> {
         let done = step + 1;
         self.steps_done = done;
         row.insert("step".into(), done as f64);
-        row.insert("perf/step_s".into(), t_step.elapsed().as_secs_f64());
+        row.insert(keys::PERF_STEP_S.into(), t_step.elapsed().as_secs_f64());
         let stop = self.end_step(done, row)?;
         Ok((self, stop))
     }

@@ -25,7 +25,7 @@ impl<'a> FlowJob<'a> {
             checkpoint_every: r.rl.run.checkpoint_every,
             keep_checkpoints: r.rl.run.keep_checkpoints,
         };
-        let curves = ("reward/class_prob", "eval/accuracy");
+        let curves = ("reward/class_prob", keys::EVAL_ACCURACY);
         let run = open_run(out, opts, &r.header.name, r, run_loop, curves)?;
         let digits = Digits::load(&expand_path(&r.data.digits)?)?;
         let base = crate::common::device::device(&r.header.device)?;

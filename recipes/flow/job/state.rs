@@ -6,6 +6,7 @@ use crate::flow::schema::FlowRecipe;
 use anyhow::{Result, anyhow};
 use burn::module::{Lora, Module, ParamGroup};
 use burn::store::ModuleRecord;
+use ember_engine::keys;
 use ember_flow::FlowDit;
 use ember_run::checkpoint;
 use serde::{Deserialize, Serialize};
@@ -16,7 +17,7 @@ use std::path::Path;
 pub(super) fn eval_row(step: usize, e: &EvalResult) -> BTreeMap<String, f64> {
     BTreeMap::from([
         ("step".to_string(), step as f64),
-        ("eval/accuracy".to_string(), e.accuracy),
+        (keys::EVAL_ACCURACY.to_string(), e.accuracy),
         ("eval/class_prob".to_string(), e.class_prob),
         ("eval/diversity".to_string(), e.diversity),
         ("eval/entropy".to_string(), e.entropy),

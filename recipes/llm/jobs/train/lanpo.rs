@@ -208,7 +208,7 @@ impl Job<'_> {
         row.insert("lanpo/lessons_written".into(), f64::from(written));
         row.insert("lanpo/pool_lessons".into(), pool.sizes().1 as f64);
         lanpo.pool = pool;
-        row.insert("timing_s/lanpo_lessons".into(), t.elapsed().as_secs_f64());
+        ember_run::Timings::record(row, "lanpo_lessons", t.elapsed().as_secs_f64());
         Ok(())
     }
 }

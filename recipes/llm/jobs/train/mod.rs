@@ -59,7 +59,7 @@ pub struct Summary {
 /// filters → advantages and update → log, evaluation and checkpoint, then the end.
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
     let start = Instant::now();
-    let curves = ("rollout/reward_mean", "eval/accuracy");
+    let curves = (keys::ROLLOUT_REWARD_MEAN, keys::EVAL_ACCURACY);
     // What several ranks cannot run yet is refused before the run directory is touched.
     if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
         ranks::supported(r, w)?;
@@ -239,8 +239,8 @@ impl Job<'_> {
         let stale = (step - draw.version) as f64;
         row.insert("staleness/mean".into(), stale);
         row.insert("staleness/max".into(), stale);
-        row.insert("timing_s/wait_rollout".into(), waited);
-        row.insert("timing_s/generator_idle".into(), p.idle_s);
+        Timings::record(row, "wait_rollout", waited);
+        Timings::record(row, "generator_idle", p.idle_s);
         if let Some((up, resent)) = p.health {
             row.insert("rollout/servers_healthy".into(), up as f64);
             row.insert("rollout/resent_rows".into(), resent as f64);
@@ -273,7 +273,7 @@ impl Job<'_> {
                     rm.lock()
                         .map_err(|_| anyhow::anyhow!("the servers' client is broken"))?
                         .sync(&self.policy, step)?;
-                    row.insert("timing_s/sync".into(), t_sync.elapsed().as_secs_f64());
+                    Timings::record(row, "sync", t_sync.elapsed().as_secs_f64());
                     Generator::Remote(rm.clone())
                 }
                 None => Generator::Local(Box::new(self.policy.model.valid())),
@@ -480,7 +480,7 @@ impl Job<'_> {
             let t_eval = Instant::now();
             let max_new = r.rollout.max_new_tokens;
             self.accuracy_after = evaluate(&self.policy, &self.eval, max_new, &self.base)?;
-            row.insert("eval/accuracy".to_string(), self.accuracy_after);
+            row.insert(keys::EVAL_ACCURACY.to_string(), self.accuracy_after);
             if r.eval.samples > 0 {
                 // Seeded by the step, apart from the training RNG: evaluating changes nothing
                 // of the run.
@@ -489,7 +489,7 @@ impl Job<'_> {
                 let sampled = evaluate_sampled(policy, eval, max_new, &r.eval, seed, &self.base);
                 row.extend(sampled?);
             }
-            row.insert("timing_s/eval".to_string(), t_eval.elapsed().as_secs_f64());
+            Timings::record(&mut row, "eval", t_eval.elapsed().as_secs_f64());
         }
         self.steps_done = step + 1;
         if let Some(w) = &self.world {
@@ -544,7 +544,7 @@ impl ember_run::Job for Job<'_> {
             Ok(p) => p,
             Err(e) => return Err(self.fail(e, rng_at_start, replay_at_start)),
         };
-        row.insert("actor/lr".to_string(), self.lr_at(step));
+        row.insert(keys::ACTOR_LR.to_string(), self.lr_at(step));
         let Prepared {
             batch,
             exp,
@@ -562,8 +562,8 @@ impl ember_run::Job for Job<'_> {
         }
         let secs = t_step.elapsed().as_secs_f64();
         let tokens: usize = responses.iter().map(Vec::len).sum();
-        row.insert("perf/step_s".to_string(), secs);
-        row.insert("perf/tokens_per_s".to_string(), tokens as f64 / secs);
+        row.insert(keys::PERF_STEP_S.to_string(), secs);
+        row.insert(keys::PERF_TOKENS_PER_S.to_string(), tokens as f64 / secs);
         timing.log(&mut row);
         let stop = self.end_step(step, row, &shown)?;
         Ok((self, stop))

@@ -24,6 +24,7 @@ use burn::tensor::Device;
 use ember_dist::World;
 use ember_engine::ReplayBuffer;
 use ember_engine::SplitMix64;
+use ember_engine::keys;
 use ember_run::{Run, checkpoint};
 use ember_tasks::task::TaskSet;
 use ember_train::{DataParallel, broadcast_trained};
@@ -141,7 +142,7 @@ impl<'a> Job<'a> {
             )?;
             self.run.log(BTreeMap::from([
                 ("step".to_string(), 0.0),
-                ("eval/accuracy".to_string(), a),
+                (keys::EVAL_ACCURACY.to_string(), a),
             ]))?;
             (self.accuracy_before, self.accuracy_after) = (a, a);
         }

@@ -789,3 +789,28 @@ fn shared_metric_keys_are_spelled_once() {
         "spell these as ember_engine::keys constants: {found:#?}"
     );
 }
+
+/// One place chooses a kernel (`ember_kernels::op`): the models call one function per op and
+/// ask nothing of the kernels' switches, devices or CPU features themselves.
+#[test]
+fn models_hold_no_kernel_dispatch() {
+    let asks = [
+        "ember_kernels::enabled",
+        "ember_kernels::fused_on",
+        "ember_kernels::bf16_products",
+        "ember_kernels::amx_available",
+        "Kernel::",
+    ];
+    let mut found = Vec::new();
+    for f in rust_files(&root().join("models")) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        for line in code_lines(code) {
+            if let Some(a) = asks.iter().find(|a| line.contains(*a)) {
+                found.push(format!("{rel}: {a}"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "kernel dispatch in a model: {found:#?}");
+}

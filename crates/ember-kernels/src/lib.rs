@@ -28,9 +28,11 @@
 //!   parallel products split their work with the other workers instead of waiting on them.
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
-//! says whether a device has them, and callers take the reference elsewhere. `Kernel` is the
+//! says whether a device has them. `op` (public) has one function per op, the one place that
+//! chooses between a kernel and its reference by the device, the dtype and `--kernels`: models
+//! call those. `Kernel` is the
 //! process-wide choice (`--kernels ember|burn|head,attention,…`, `ember,amx`, `EMBER_KERNELS`;
-//! `Kernel::DEFAULT` leaves `amx` out). The tests: `tests.rs`, `amx_tests.rs`, `gemv_tests.rs`,
+//! `Kernel::DEFAULT` leaves `amx` out). The tests: `tests.rs`, `op_tests.rs`, `amx_tests.rs`, `gemv_tests.rs`,
 //! `quant_tests.rs` (against ggml's bytes in `fixtures/quant_blocks.json`) and `tests/amx_head.rs`.
 
 // Without a backend selected, the generated dispatch takes the arguments without using them.
@@ -48,6 +50,7 @@ mod cpu_gemv;
 mod cpu_quant;
 mod gemv;
 mod head;
+pub mod op;
 mod product;
 mod quant;
 mod rms_norm;
@@ -540,6 +543,8 @@ pub fn gemv_reference(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
 mod amx_tests;
 #[cfg(test)]
 mod gemv_tests;
+#[cfg(test)]
+mod op_tests;
 #[cfg(test)]
 mod quant_tests;
 #[cfg(test)]

@@ -10,10 +10,8 @@ pub(crate) use crate::rope::apply_rope;
 use crate::rope::rope_tables;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::activation::{silu, softmax};
-use burn::tensor::module::linear as linear_op;
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor};
-use ember_kernels::QuantMatrix;
+use ember_kernels::{QuantMatrix, op};
 use ember_molora::{MoLora, RouteCtx};
 
 use ember_train::Precision;
@@ -27,20 +25,10 @@ pub(crate) fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
     }
 }
 
-/// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`): f32 passes
-/// on the CPU take Ember's one-pass kernel (`ember_kernels::rms_norm`) unless the kernels are
-/// switched off, the rest burn's `RmsNorm`.
+/// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`;
+/// `ember_kernels::op::rms_norm` chooses the kernel).
 pub(crate) fn rms_norm<const D: usize>(n: &RmsNorm, x: Tensor<D>) -> Tensor<D> {
-    let dt = x.dtype();
-    if dt == DType::F32 && kernel_on(ember_kernels::Kernel::RmsNorm, &x) {
-        return ember_kernels::rms_norm(x, n.gamma.val(), n.epsilon);
-    }
-    like(n.forward(like(x, DType::F32)), dt)
-}
-
-/// Whether `kernel` is on and runs on `x`'s device.
-fn kernel_on<const D: usize>(kernel: ember_kernels::Kernel, x: &Tensor<D>) -> bool {
-    ember_kernels::enabled(kernel) && ember_kernels::fused_on(&x.device())
+    op::rms_norm(x, n.gamma.val(), n.epsilon)
 }
 
 /// Qwen3's per-head RMSNorm over the last axis of `[b, t, heads, hd]`, in f32 (HF
@@ -159,7 +147,7 @@ pub struct Llama {
 /// and x.
 ///
 /// `blocks`, the frozen base weight as quantized blocks, serves the base product of decoding
-/// steps (`crate::blocks::decodes`).
+/// steps (`ember_kernels::op::reads_blocks`).
 fn lin<const D: usize>(
     l: &Linear,
     blocks: Option<&QuantMatrix>,
@@ -173,7 +161,7 @@ fn lin<const D: usize>(
         .as_ref()
         .map(|b| like(if adapters { b.val() } else { b.base() }, dt));
     // Without an adapter, `base()` is the weight itself (trainable or not).
-    let y = match blocks.filter(|q| crate::blocks::decodes(&x, q)) {
+    let y = match blocks.filter(|q| op::reads_blocks(&x, q)) {
         Some(q) => crate::blocks::blocks_linear(x.clone(), q, bias),
         None => rows_linear(x.clone(), like(l.weight.base(), dt), bias),
     };
@@ -187,31 +175,17 @@ fn lin<const D: usize>(
 }
 
 /// `x·w (+ bias)` with x's leading dims folded into rows: one 2-D product `[rows, d_in]·[d_in,
-/// d_out]`, so that under autodiff w's gradient is one `[d_in, rows]·[rows, d_out]` product.
-/// burn's `linear` keeps the batched form when each batch's rows fill its tiles (e.g. 16 or
-/// 128 positions); w is then broadcast to `[batch, d_in, d_out]` and its gradient is computed
-/// as `batch` separate products, materialised at that size and summed over the batch.
+/// d_out]` (`ember_kernels::op::linear` chooses the kernel), so that under autodiff w's
+/// gradient is one `[d_in, rows]·[rows, d_out]` product. burn's `linear` keeps the batched form
+/// when each batch's rows fill its tiles (e.g. 16 or 128 positions); w is then broadcast to
+/// `[batch, d_in, d_out]` and its gradient is computed as `batch` separate products,
+/// materialised at that size and summed over the batch.
 fn rows_linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
     let mut dims = x.dims();
     let d_in = dims[D - 1];
     let rows = dims[..D - 1].iter().product::<usize>();
     dims[D - 1] = w.dims()[1];
-    let x = x.reshape([rows, d_in]);
-    let product = if crate::blocks::few_rows(&x) {
-        ember_kernels::gemv
-    } else if crate::blocks::many_rows_bf16(&x) {
-        ember_kernels::amx_matmul
-    } else if crate::blocks::rows_f32(&x) && w.dtype() == DType::F32 {
-        ember_kernels::f32_matmul
-    } else {
-        return linear_op(x, w, bias).reshape(dims);
-    };
-    let y = product(x, w);
-    match bias {
-        Some(b) => y + b.unsqueeze(),
-        None => y,
-    }
-    .reshape(dims)
+    op::linear(x.reshape([rows, d_in]), w, bias).reshape(dims)
 }
 
 /// A projection (`blocks`: its weight as quantized blocks, if kept) plus its Mixture-of-LoRA,
@@ -356,10 +330,9 @@ impl Attention {
         )
     }
 
-    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend)). Passes in
-    /// f32 on the CPU take Ember's fused attention (`ember_kernels::attention`, which keeps no
-    /// score matrix for backward, and runs a decoding step's query without matrix products)
-    /// unless the kernels are switched off.
+    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend));
+    /// `ember_kernels::op::attention` chooses the kernel (`fused`: burn's fused attention where
+    /// Ember's does not run).
     pub(crate) fn heads(
         &self,
         q: Tensor<4>,
@@ -369,55 +342,7 @@ impl Attention {
         fused: bool,
     ) -> Tensor<3> {
         let [b, h, t, hd] = q.dims();
-        let [_, kv, keys, _] = k.dims();
-        let groups = h / kv;
-        let dt = q.dtype();
-        if t > 0
-            && dt == DType::F32
-            && bias.dims() == [b, 1, t, keys]
-            && kernel_on(ember_kernels::Kernel::Attention, &q)
-        {
-            return ember_kernels::attention(q, k, v, bias)
-                .swap_dims(1, 2)
-                .reshape([b, t, h * hd]);
-        }
-        if fused {
-            let repeat = |x: Tensor<4>| {
-                if groups == 1 {
-                    x
-                } else {
-                    x.reshape([b, kv, 1, keys, hd])
-                        .expand([b, kv, groups, keys, hd])
-                        .reshape([b, h, keys, hd])
-                }
-            };
-            let bias = like(bias, dt).expand([b, h, t, keys]);
-            return burn::tensor::module::attention(
-                q,
-                repeat(k),
-                repeat(v),
-                None,
-                Some(bias),
-                Default::default(),
-            )
-            .swap_dims(1, 2)
-            .reshape([b, t, h * hd]);
-        }
-        // Query head `kv·groups + g` reads key/value head `kv` (HF `repeat_kv`): the `groups`
-        // query heads of one KV head become the rows of one product, so K and V are never
-        // copied `groups` times. Scores, mask and softmax in f32; the products in the
-        // activations' dtype.
-        let scores = like(
-            q.reshape([b, kv, groups * t, hd]).matmul(k.swap_dims(2, 3)),
-            DType::F32,
-        )
-        .reshape([b, kv, groups, t, keys])
-            * (1.0 / (hd as f32).sqrt())
-            + bias.reshape([b, 1, 1, t, keys]);
-        let probs = like(softmax(scores, 4), dt).reshape([b, kv, groups * t, keys]);
-        probs
-            .matmul(v)
-            .reshape([b, h, t, hd])
+        op::attention(q, k, v, bias, fused)
             .swap_dims(1, 2)
             .reshape([b, t, h * hd])
     }
@@ -444,11 +369,7 @@ impl Mlp {
             c,
         );
         let up = proj(&self.up_proj, &self.blocks[1], &self.up_mix, x, c);
-        let act =
-            match gate.dtype() == DType::F32 && kernel_on(ember_kernels::Kernel::Swiglu, &gate) {
-                true => ember_kernels::swiglu(gate, up),
-                false => silu(gate) * up,
-            };
+        let act = op::swiglu(gate, up);
         if let Some(f) = visit.as_mut() {
             f(layer, 6, &self.down_proj, &act);
         }
@@ -544,31 +465,27 @@ impl Llama {
     }
 
     /// The head's weight for the fused head (`ember_kernels::head_log_probs`), or None where the
-    /// decomposed head runs: the kernels are off (`--kernels burn`), the device has no fused
-    /// kernels, the activations are not f32, or the head carries an adapter.
+    /// decomposed head runs: `ember_kernels::op::head_runs` says it does not run here, or the
+    /// head carries an adapter.
     fn fused_head_weight(&self, h: &Tensor<3>, adapters: bool) -> Option<Tensor<2>> {
         // A linear head stores `[d_model, vocab]`, the tied embeddings `[vocab, d_model]`.
         let (weight, linear) = match &self.lm_head {
             Some(head) => (&head.weight, true),
             None => (&self.embed_tokens.weight, false),
         };
-        let usable = ember_kernels::enabled(ember_kernels::Kernel::Head)
-            && ember_kernels::fused_on(&h.device())
-            && h.dtype() == DType::F32
-            && !(adapters && weight.adapter().is_some());
         let w = weight.base();
-        let w = if linear { w.transpose() } else { w };
-        (usable && w.dtype() == DType::F32).then_some(w)
+        let usable = op::head_runs(h, w.dtype()) && !(adapters && weight.adapter().is_some());
+        usable.then(|| if linear { w.transpose() } else { w })
     }
 
     /// The tied head's quantized blocks where a decoding step reads them: kept, not under an
-    /// embedding adapter, and [`crate::blocks::decodes`] says so.
+    /// embedding adapter, and `ember_kernels::op::reads_blocks` says so.
     fn tied_blocks(&self, h: &Tensor<3>, ad: bool) -> Option<&QuantMatrix> {
         let adapter = ad && self.embed_tokens.weight.adapter().is_some();
         let tied = self.lm_head.is_none() && !adapter;
         self.head_blocks
             .as_ref()
-            .filter(|q| tied && crate::blocks::decodes(h, q))
+            .filter(|q| tied && op::reads_blocks(h, q))
     }
 
     /// Final norm and output head; the logits are always f32.
@@ -587,11 +504,7 @@ impl Llama {
                 let v = w.dims()[0];
                 let w = like(w, h.dtype());
                 let h = h.reshape([b * t, d]);
-                match crate::blocks::many_rows_bf16(&h) {
-                    true => ember_kernels::amx_matmul(h, w.transpose()),
-                    false => h.matmul(w.transpose()),
-                }
-                .reshape([b, t, v])
+                op::logits(h, w).reshape([b, t, v])
             }
         };
         like(logits, DType::F32)

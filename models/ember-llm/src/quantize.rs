@@ -169,7 +169,7 @@ fn read_blocks(file: &GgufFile, hf: &str, heads: Option<usize>) -> Result<Option
         .tensor_info(&name)
         .ok()
         .and_then(|t| QuantKind::from_ggml(t.ggml_type))
-        .filter(|k| *k != QuantKind::Bf16 || ember_kernels::bf16_products())
+        .filter(|k| ember_kernels::op::reads_kind(*k))
     else {
         return Ok(None);
     };

@@ -12,14 +12,11 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// A running `ember serve` and its port.
-struct Server {
-    child: Child,
-    port: u16,
-}
+// A running `ember serve` and its port (killed when dropped).
+use common::http::Running as Server;
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
@@ -27,8 +24,8 @@ impl Server {
     }
 
     fn named(model: &Path, name: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(["serve", "--model"])
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
+        c.args(["serve", "--model"])
             .arg(model)
             .args([
                 "--served-model-name",
@@ -39,37 +36,8 @@ impl Server {
                 "cpu",
             ])
             .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            .stderr(Stdio::inherit());
+        Server::spawn(c)
     }
 }
 
@@ -1575,21 +1543,7 @@ fn closed_by_default(base: &Path, other: &Path, admin_port: u16) {
     assert_eq!(get_with_key(c.port, "/v1/models", "k").0, 200);
     std::fs::remove_dir_all(&elsewhere).ok();
     let tiny = other.join("final");
-    let start = |flags: &[&str]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_ember"));
-        c.args(["serve", "--model"])
-            .arg(&tiny)
-            .args([
-                "--served-model-name",
-                "share",
-                "--port",
-                "0",
-                "--device",
-                "cpu",
-            ])
-            .args(flags);
-        common::http::Running::spawn(c)
-    };
+    let start = |flags: &[&str]| Server::named(&tiny, "share", flags);
     common::http::every_promise(&common::http::Target {
         start: &start,
         get: "/v1/models",

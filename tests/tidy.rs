@@ -759,29 +759,23 @@ fn markdown_blocks_split_paragraphs_items_and_cells() {
 /// the `timing_s/` prefix.
 #[test]
 fn shared_metric_keys_are_spelled_once() {
-    let keys_rs = root().join("crates/ember-engine/src/keys.rs");
-    let text = std::fs::read_to_string(&keys_rs).unwrap();
+    let text = std::fs::read_to_string(root().join("crates/ember-engine/src/keys.rs")).unwrap();
     let literals: Vec<&str> = code_lines(&text)
         .filter_map(|l| l.split_once("= \"")?.1.strip_suffix("\";"))
         .collect();
     assert!(literals.len() >= 10, "keys.rs: {literals:?}");
     let mut found = Vec::new();
-    for dir in ["crates", "models", "servers", "recipes"] {
-        for f in rust_files(&root().join(dir)) {
-            let rel = f.strip_prefix(root()).unwrap().display().to_string();
-            if f == keys_rs || rel.contains("/tests") || rel.ends_with("tests.rs") {
-                continue;
+    for (rel, code) in library_code(&["crates", "models", "servers", "recipes"]) {
+        if rel.ends_with("ember-engine/src/keys.rs") {
+            continue;
+        }
+        for k in &literals {
+            if code.contains(&format!("\"{k}\"")) {
+                found.push(format!("{rel}: \"{k}\""));
             }
-            let text = std::fs::read_to_string(&f).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or("");
-            for k in &literals {
-                if code.contains(&format!("\"{k}\"")) {
-                    found.push(format!("{rel}: \"{k}\""));
-                }
-            }
-            if !rel.starts_with("crates/ember-run/") && code.contains("\"timing_s/") {
-                found.push(format!("{rel}: a `timing_s/` key outside Timings"));
-            }
+        }
+        if !rel.starts_with("crates/ember-run/") && code.contains("\"timing_s/") {
+            found.push(format!("{rel}: a `timing_s/` key outside Timings"));
         }
     }
     assert!(
@@ -802,15 +796,30 @@ fn models_hold_no_kernel_dispatch() {
         "Kernel::",
     ];
     let mut found = Vec::new();
-    for f in rust_files(&root().join("models")) {
-        let text = std::fs::read_to_string(&f).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        let rel = f.strip_prefix(root()).unwrap().display().to_string();
-        for line in code_lines(code) {
+    for (rel, code) in library_code(&["models"]) {
+        for line in code_lines(&code) {
             if let Some(a) = asks.iter().find(|a| line.contains(*a)) {
                 found.push(format!("{rel}: {a}"));
             }
         }
     }
     assert!(found.is_empty(), "kernel dispatch in a model: {found:#?}");
+}
+
+/// Each Rust file below `dirs` that is not a test (no `tests` folder, no `tests.rs`), as its
+/// path from the root and its code before `#[cfg(test)]`.
+fn library_code(dirs: &[&str]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        for f in rust_files(&root().join(dir)) {
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            if rel.contains("/tests") || rel.ends_with("tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
+            out.push((rel, code));
+        }
+    }
+    out
 }

@@ -267,7 +267,11 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
         let (m, _) = ember_train::update(
             policy.model,
             &mut optim,
-            (&exp, &batch, &a),
+            ember_train::UpdateData {
+                experience: &exp,
+                batch: &batch,
+                adv: &a,
+            },
             &upd,
             3e-3,
             &mut |n| (0..n).collect(),

@@ -119,7 +119,11 @@ fn run(c: &Case, group: Option<Arc<DataParallel>>, cfg: &UpdateConfig) -> (Toy, 
     update(
         c.toy.clone(),
         &mut optim,
-        (&c.x, &c.batch, &c.adv),
+        ember_train::UpdateData {
+            experience: &c.x,
+            batch: &c.batch,
+            adv: &c.adv,
+        },
         cfg,
         0.05,
         &mut order,

@@ -473,7 +473,11 @@ fn a_non_finite_loss_skips_the_step() {
         let (m, stats) = ember_train::update(
             model,
             &mut optim,
-            (&actions, &b, &adv),
+            ember_train::UpdateData {
+                experience: &actions,
+                batch: &b,
+                adv: &adv,
+            },
             &cfg,
             0.1,
             &mut |n| (0..n).collect(),

@@ -379,7 +379,11 @@ fn flow_update_over_two_replicas_equals_one_device() {
         let (m, _) = ember_train::update(
             model.clone(),
             &mut optim,
-            (&exp, &batch, &adv),
+            ember_train::UpdateData {
+                experience: &exp,
+                batch: &batch,
+                adv: &adv,
+            },
             &cfg,
             1e-2,
             &mut |n| (0..n).rev().collect(),

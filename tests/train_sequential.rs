@@ -11,7 +11,9 @@ use ember_engine::{
     AdvantageConfig, AdvantageKind, Advantages, Metrics, RolloutBatch, TurnOrder, TurnUpdates,
     compute_advantages, turn_mask,
 };
-use ember_train::{Actor, OptimizerConfig, Scored, UpdateConfig, sequential_update, update};
+use ember_train::{
+    Actor, OptimizerConfig, Scored, UpdateConfig, UpdateData, sequential_update, update,
+};
 
 #[derive(Module, Debug)]
 struct Toy {
@@ -108,7 +110,11 @@ fn seq(
     sequential_update(
         c.toy.clone(),
         &mut optimizer(),
-        (&c.offsets, batch, &c.adv),
+        UpdateData {
+            experience: &c.offsets,
+            batch,
+            adv: &c.adv,
+        },
         (&UpdateConfig::default(), turns),
         0.1,
         &mut |n| (0..n).collect(),
@@ -150,11 +156,11 @@ fn reverse_order_matches_the_loop_written_out() {
     let (after1, _) = update(
         c.toy.clone(),
         &mut opt,
-        (
-            &c.offsets,
-            &b1,
-            &adv_of(c.adv.advantages.clone(), m1.clone()),
-        ),
+        UpdateData {
+            experience: &c.offsets,
+            batch: &b1,
+            adv: &adv_of(c.adv.advantages.clone(), m1.clone()),
+        },
         &cfg,
         0.1,
         ident,
@@ -175,7 +181,11 @@ fn reverse_order_matches_the_loop_written_out() {
     let (want, _) = update(
         after1,
         &mut opt,
-        (&c.offsets, &b0, &adv_of(weighted, m0)),
+        UpdateData {
+            experience: &c.offsets,
+            batch: &b0,
+            adv: &adv_of(weighted, m0),
+        },
         &cfg,
         0.1,
         ident,
@@ -216,7 +226,11 @@ fn one_turn_is_the_plain_update() {
     let (want, _) = update(
         c.toy.clone(),
         &mut optimizer(),
-        (&c.offsets, &c.batch, &c.adv),
+        UpdateData {
+            experience: &c.offsets,
+            batch: &c.batch,
+            adv: &c.adv,
+        },
         &cfg,
         0.1,
         &mut |n| (0..n).collect(),
@@ -256,9 +270,18 @@ fn lopti_updates_low_probability_tokens_first() {
     // One update of the case's toy on `adv` from `toy` with `opt`, identity row order.
     let step =
         |toy: Toy, opt: &mut ember_train::Optimizer, adv: &Advantages, cfg: &UpdateConfig| {
-            update(toy, opt, (&c.offsets, &c.batch, adv), cfg, 0.1, &mut |n| {
-                (0..n).collect()
-            })
+            update(
+                toy,
+                opt,
+                UpdateData {
+                    experience: &c.offsets,
+                    batch: &c.batch,
+                    adv,
+                },
+                cfg,
+                0.1,
+                &mut |n| (0..n).collect(),
+            )
             .unwrap()
         };
     let (got, stats) = step(c.toy.clone(), &mut optimizer(), &c.adv, &lopti(0.5));
@@ -306,7 +329,11 @@ fn lopti_updates_low_probability_tokens_first() {
     let (_, stats) = update(
         c.toy.clone(),
         &mut optimizer(),
-        (&c.offsets, &c.batch, &c.adv),
+        UpdateData {
+            experience: &c.offsets,
+            batch: &c.batch,
+            adv: &c.adv,
+        },
         &two,
         0.1,
         &mut |_| vec![1, 3, 0, 2],

@@ -20,7 +20,7 @@ use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::kernel::KernelGym;
 use ember_tasks::env::{Environment, EpisodeSource};
-use ember_train::{Optimizer, UpdateConfig, sequential_update};
+use ember_train::{Optimizer, UpdateConfig, UpdateData, sequential_update};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -304,7 +304,11 @@ impl<'a> AgentJob<'a> {
                 let (model, stats) = sequential_update(
                     self.policy.model,
                     &mut self.optim,
-                    (&exp, batch, &adv),
+                    UpdateData {
+                        experience: &exp,
+                        batch,
+                        adv: &adv,
+                    },
                     (upd, turns),
                     lr,
                     &mut order,

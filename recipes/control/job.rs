@@ -16,7 +16,7 @@ use burn::tensor::Tensor;
 use ember_control::{Adversary, ControlExperience, Rollout, Side, rollout};
 use ember_engine::*;
 use ember_run::{Row, RunOptions, Timings, fmt_metric};
-use ember_train::{CriticBatch, UpdateConfig, critic_update, update};
+use ember_train::{CriticBatch, UpdateConfig, UpdateData, critic_update, update};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -284,7 +284,11 @@ fn update_player(
     };
     let mut order_rng = SplitMix64(seed);
     let mut order = |k| order_rng.permutation(k);
-    let batch = (&e.exp, &e.batch, &e.adv);
+    let batch = UpdateData {
+        experience: &e.exp,
+        batch: &e.batch,
+        adv: &e.adv,
+    };
     let (p, stats) = update(
         player.policy.clone(),
         &mut player.optim,

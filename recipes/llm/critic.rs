@@ -13,7 +13,7 @@ use burn::tensor::Device;
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, ValueModel};
-use ember_train::{CriticBatch, Optimizer, critic_update, update};
+use ember_train::{CriticBatch, Optimizer, UpdateData, critic_update, update};
 use std::path::Path;
 
 /// The critic's record in a checkpoint (the whole model, or a LoRA critic's adapters and head).
@@ -186,7 +186,18 @@ pub fn update_with_critic(
 
     // The actor first (after the critic-only warm-up steps).
     let model = if step >= critic.warmup_steps {
-        let (model, stats) = update(model, optim, (exp, &batch, &adv), upd, lr, order)?;
+        let (model, stats) = update(
+            model,
+            optim,
+            UpdateData {
+                experience: exp,
+                batch: &batch,
+                adv: &adv,
+            },
+            upd,
+            lr,
+            order,
+        )?;
         row.extend(stats.metrics);
         model
     } else {

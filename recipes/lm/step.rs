@@ -14,7 +14,7 @@ use ember_llm::generate;
 use ember_llm::{Generation, Llama, SamplingConfig};
 use ember_run::fmt_metric;
 use ember_tasks::task::Example;
-use ember_train::{Actor, Optimizer, UpdateConfig, update};
+use ember_train::{Actor, Optimizer, UpdateConfig, UpdateData, update};
 use std::collections::BTreeMap;
 
 /// ReMax's greedy pass (Li et al. 2024): the rollout sampler at temperature 0, one response per
@@ -178,7 +178,18 @@ pub fn update_policy(
     let adv = compute_advantages(adv_cfg, batch, step)?;
     row.extend(adv.metrics.to_host());
     let shown_adv = row_means(&adv.advantages, &adv.mask, shown);
-    let (model, stats) = update(model, optim, (exp, batch, &adv), upd, lr, order)?;
+    let (model, stats) = update(
+        model,
+        optim,
+        UpdateData {
+            experience: exp,
+            batch,
+            adv: &adv,
+        },
+        upd,
+        lr,
+        order,
+    )?;
     row.extend(stats.metrics);
     Ok((model, shown_adv))
 }

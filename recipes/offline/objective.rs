@@ -13,7 +13,7 @@ use burn::tensor::{Device, Tensor};
 use ember_engine::*;
 use ember_llm::Llama;
 use ember_llm::actor::LlmExperience;
-use ember_train::{Actor, UpdateConfig, UpdateSchedule, update};
+use ember_train::{Actor, UpdateConfig, UpdateData, UpdateSchedule, update};
 use std::collections::BTreeMap;
 
 /// One optimizer step of the objective on the drawn units: pairwise or group.
@@ -191,7 +191,11 @@ fn group_step(
     let (model, stats) = update(
         s.policy.model.clone(),
         optim,
-        (&exp, &batch, &adv),
+        UpdateData {
+            experience: &exp,
+            batch: &batch,
+            adv: &adv,
+        },
         &cfg,
         lr,
         &mut |m| (0..m).collect(),

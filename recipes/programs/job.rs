@@ -14,7 +14,7 @@ use ember_engine::*;
 use ember_llm::{ConstrainedExperience, ConstrainedLlama, SamplingConfig, TokenConstraint};
 use ember_run::{Row, RunOptions, Timings, fmt_metric};
 use ember_tasks::program::{EOS, ProgramTask, Writing};
-use ember_train::{Actor, Replicate, UpdateConfig, UpdateSchedule, update};
+use ember_train::{Actor, Replicate, UpdateConfig, UpdateData, UpdateSchedule, update};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -188,7 +188,11 @@ impl ProgramsJob<'_> {
         let (model, stats) = update(
             self.model.clone(),
             &mut self.optim,
-            (&exp, &batch, &adv),
+            UpdateData {
+                experience: &exp,
+                batch: &batch,
+                adv: &adv,
+            },
             &cfg,
             lr,
             &mut order,

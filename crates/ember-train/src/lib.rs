@@ -46,7 +46,7 @@ pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
 pub use parallel::{DataParallel, ParallelError, Reduce, Replicate};
-pub use pass::update;
+pub use pass::{UpdateData, update};
 pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
 pub use sequential::sequential_update;

@@ -26,12 +26,13 @@ use std::collections::BTreeMap;
 pub fn update<A: Actor>(
     actor: A,
     optim: &mut Optimizer,
-    (experience, batch, adv): (&A::Experience, &RolloutBatch, &Advantages),
+    data: UpdateData<'_, A::Experience>,
     cfg: &UpdateConfig,
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
 ) -> Result<(A, UpdateStats), EngineError> {
-    let old = batch
+    let old = data
+        .batch
         .behaviour_log_probs()
         .cloned()
         .ok_or(EngineError::MissingInput {
@@ -39,9 +40,7 @@ pub fn update<A: Actor>(
             input: "old_log_probs",
         })?;
     let pass = Pass {
-        experience,
-        batch,
-        adv,
+        data,
         old,
         tokens: None,
     };
@@ -73,7 +72,7 @@ fn lopti<A: Actor>(
             reason: "OPMD's k2 term does not scale with the advantage, so both passes would apply it to every step; set k2_coef = 0 or drop Lopti",
         });
     }
-    let mask = &pass.adv.mask;
+    let mask = &pass.data.adv.mask;
     let low = pass.old.clone().exp().lower_elem(eta).float() * mask.clone();
     let high = mask.clone() - low.clone();
     let count = |t: &Tensor<2>| f64::from(t.clone().sum().into_scalar::<f32>());
@@ -129,13 +128,30 @@ fn merge_passes(parts: Vec<UpdateStats>) -> UpdateStats {
     out
 }
 
-/// One pass of the update over `experience`: all valid steps, or only `tokens` (`[rows,
-/// steps]`, 0/1) whose advantages, KL and entropy terms alone count while the loss keeps the
-/// whole batch's normaliser (Lopti's passes).
+/// What one update trains on: the actor's inputs for the batch's rows (`experience`), the
+/// rollout batch and the estimator's advantages for it.
+pub struct UpdateData<'a, E> {
+    /// The actor's inputs (tokens, latents, states) for the batch's rows.
+    pub experience: &'a E,
+    /// The rollout batch, with its old (or the sampler's) log-probs.
+    pub batch: &'a RolloutBatch,
+    /// The estimator's output for `batch`.
+    pub adv: &'a Advantages,
+}
+
+impl<E> Clone for UpdateData<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for UpdateData<'_, E> {}
+
+/// One pass of the update over `data`: all valid steps, or only `tokens` (`[rows, steps]`,
+/// 0/1) whose advantages, KL and entropy terms alone count while the loss keeps the whole
+/// batch's normaliser (Lopti's passes).
 struct Pass<'a, E> {
-    experience: &'a E,
-    batch: &'a RolloutBatch,
-    adv: &'a Advantages,
+    data: UpdateData<'a, E>,
     /// π_old (or the sampler's log-probs), `[rows, steps]`.
     old: Tensor<2>,
     tokens: Option<Tensor<2>>,
@@ -144,9 +160,9 @@ struct Pass<'a, E> {
 impl<E> Clone for Pass<'_, E> {
     fn clone(&self) -> Self {
         Self {
+            data: self.data,
             old: self.old.clone(),
             tokens: self.tokens.clone(),
-            ..*self
         }
     }
 }
@@ -160,7 +176,11 @@ impl<E: Replicate> Pass<'_, E> {
         lr: f64,
         order: &mut dyn FnMut(usize) -> Vec<usize>,
     ) -> Result<(A, UpdateStats), EngineError> {
-        let (experience, batch, adv) = (self.experience, self.batch, self.adv);
+        let UpdateData {
+            experience,
+            batch,
+            adv,
+        } = self.data;
         let with_entropy = cfg.loss.entropy_coef != 0.0;
         let steps = Steps {
             schedule: &cfg.schedule,

@@ -6,13 +6,11 @@
 //! turn's update.
 
 use crate::optim::Optimizer;
-use crate::pass::update;
+use crate::pass::{UpdateData, update};
 use crate::update::{Actor, Means, UpdateConfig, UpdateStats};
 use burn::tensor::Tensor;
 use ember_engine::keys;
-use ember_engine::{
-    Advantages, EngineError, Metrics, RolloutBatch, TurnUpdates, turn_count, turn_mask,
-};
+use ember_engine::{Advantages, EngineError, Metrics, TurnUpdates, turn_count, turn_mask};
 
 /// Runs SeeUPO's turn-by-turn updates and returns the new actor.
 ///
@@ -28,13 +26,18 @@ use ember_engine::{
 pub fn sequential_update<A: Actor>(
     mut actor: A,
     optim: &mut Optimizer,
-    (experience, batch, adv): (&A::Experience, &RolloutBatch, &Advantages),
+    data: UpdateData<'_, A::Experience>,
     (cfg, turns): (&UpdateConfig, &TurnUpdates),
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
     rescore: &mut dyn FnMut(&A) -> Tensor<2>,
 ) -> Result<(A, UpdateStats), EngineError> {
     turns.validate()?;
+    let UpdateData {
+        experience,
+        batch,
+        adv,
+    } = data;
     let missing = |input| EngineError::MissingInput {
         what: "sequential (SeeUPO) update",
         input,
@@ -76,7 +79,11 @@ pub fn sequential_update<A: Actor>(
         let (next, stats) = update(
             actor,
             optim,
-            (experience, &turn_batch, &turn_adv),
+            UpdateData {
+                experience,
+                batch: &turn_batch,
+                adv: &turn_adv,
+            },
             cfg,
             lr,
             order,

@@ -29,7 +29,7 @@ use ember_flow::{
     DigitClassifier, FlowDit, FlowExperience, SdeCoef, Trajectory, ema_update, ram_loss,
 };
 use ember_run::{Row, Run, RunOptions, Timings, fmt_metric};
-use ember_train::{LrSchedule, Optimizer, UpdateConfig, accumulated_step, update};
+use ember_train::{LrSchedule, Optimizer, UpdateConfig, UpdateData, accumulated_step, update};
 use serde::Serialize;
 use state::{FlowState, eval_row, save_state};
 use std::path::Path;
@@ -246,7 +246,11 @@ impl FlowJob<'_> {
         let (m, stats) = update(
             self.model,
             &mut self.optim,
-            (&exp, &batch, &ro.adv),
+            UpdateData {
+                experience: &exp,
+                batch: &batch,
+                adv: &ro.adv,
+            },
             upd,
             lr,
             &mut order,

@@ -576,25 +576,6 @@ fn a_second_signal_exits_at_once_in_every_phase() {
     let Some(model) = common::assets::smollm2() else {
         return;
     };
-    let exits_at_once = |server: &mut Server| {
-        server.signal("-TERM");
-        std::thread::sleep(Duration::from_millis(1500));
-        let alive = server.child.try_wait().unwrap();
-        assert!(
-            alive.is_none(),
-            "the work ended before the second signal: {alive:?}"
-        );
-        let t = std::time::Instant::now();
-        server.signal("-TERM");
-        while t.elapsed() < Duration::from_secs(5) {
-            if let Some(status) = server.child.try_wait().unwrap() {
-                assert_eq!(status.code(), Some(143), "{status:?}");
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("still running 5 s after the second signal");
-    };
     // Draining: a long generation whose client waits.
     let mut server = Server::start(&model, &[]);
     let port = server.port;
@@ -608,7 +589,7 @@ fn a_second_signal_exits_at_once_in_every_phase() {
     };
     waiting.write_all(request(long).as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    exits_at_once(&mut server);
+    server.exits_at_once_on_a_second_signal();
     drop(waiting);
     // The engine alone: a long scoring whose client has left, so that the connections are all
     // closed (in one unit of 6000 positions: the engine only notices the departure between
@@ -622,7 +603,7 @@ fn a_second_signal_exits_at_once_in_every_phase() {
     gone.write_all(request(&score).as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     drop(gone);
-    exits_at_once(&mut server);
+    server.exits_at_once_on_a_second_signal();
 }
 
 /// A long prompt, scored (`echo`) or prefilled for generation, takes turns with the other

@@ -233,21 +233,29 @@ pub fn a_second_signal_exits_at_once(t: &Target, busy: &str) {
         .write_all(format!("{}{busy}", head(t.post, busy.len(), true)).as_bytes())
         .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
-    e.signal("-TERM");
-    std::thread::sleep(Duration::from_millis(1500));
-    let alive = e.child.try_wait().unwrap();
-    assert!(
-        alive.is_none(),
-        "the work ended before the second signal: {alive:?}"
-    );
-    let t0 = Instant::now();
-    e.signal("-TERM");
-    while t0.elapsed() < Duration::from_secs(5) {
-        if let Some(status) = e.child.try_wait().unwrap() {
-            assert_eq!(status.code(), Some(143), "{status:?}");
-            return;
+    e.exits_at_once_on_a_second_signal();
+}
+
+impl Running {
+    /// A first SIGTERM leaves the server working (1.5 s later it still runs), and a second one
+    /// ends it within 5 s with status 143.
+    pub fn exits_at_once_on_a_second_signal(&mut self) {
+        self.signal("-TERM");
+        std::thread::sleep(Duration::from_millis(1500));
+        let alive = self.child.try_wait().unwrap();
+        assert!(
+            alive.is_none(),
+            "the work ended before the second signal: {alive:?}"
+        );
+        let t0 = Instant::now();
+        self.signal("-TERM");
+        while t0.elapsed() < Duration::from_secs(5) {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert_eq!(status.code(), Some(143), "{status:?}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
+        panic!("still running 5 s after the second signal");
     }
-    panic!("still running 5 s after the second signal");
 }

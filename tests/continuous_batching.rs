@@ -198,7 +198,8 @@ fn a_sampled_row_does_not_depend_on_its_neighbours() {
     assert_eq!(beside.len(), 5);
 }
 
-/// Limits are kept and bad rows are errors, not panics; a cancelled row frees its slot.
+/// Limits are kept and bad rows (the temperature by the samplers' one rule) are errors, not
+/// panics; a cancelled row frees its slot.
 #[test]
 fn limits_bad_rows_and_cancel() {
     let model = model();
@@ -227,6 +228,14 @@ fn limits_bad_rows_and_cancel() {
     let mut huge = row(0, "1+1=", 4, greedy());
     huge.sampling.top_p = 0.0;
     assert!(batch.admit(&model, vec![huge]).is_err());
+    // The one temperature rule of every sampler (`ember_llm`'s `temperature_ok`): above 100 is
+    // refused here as by `SamplingConfig` (this batcher used to take any finite value).
+    for t in [100.5, f32::NAN, -1.0] {
+        let mut hot = row(0, "1+1=", 4, greedy());
+        hot.sampling.temperature = t;
+        let e = batch.admit(&model, vec![hot]).unwrap_err().to_string();
+        assert!(e.contains("bad sampling settings"), "{t}: {e}");
+    }
     assert!(
         batch
             .admit(&model, vec![row(0, "1+1=", 70, greedy())])

@@ -39,11 +39,7 @@ pub struct RowSampling {
 
 impl RowSampling {
     fn scoring_temperature(&self) -> f32 {
-        if self.temperature > 0.0 {
-            self.temperature
-        } else {
-            1.0
-        }
+        crate::temperature::scoring_temperature(self.temperature)
     }
 
     fn truncation(&self) -> (usize, u32, u32) {
@@ -381,8 +377,7 @@ impl Running {
                     r.tag, self.vocab
                 )));
             }
-            let ok = s.temperature >= 0.0
-                && s.temperature.is_finite()
+            let ok = crate::temperature::temperature_ok(s.temperature.into(), true)
                 && s.top_p > 0.0
                 && s.top_p <= 1.0
                 && (0.0..1.0).contains(&s.min_p);

@@ -103,11 +103,7 @@ impl SamplingConfig {
     /// agree with them: the sampling temperature, or 1 for greedy decoding (temperature 0, where
     /// the argmax is taken and its log-prob reported under the model's own distribution).
     pub fn scoring_temperature(&self) -> f32 {
-        if self.temperature > 0.0 {
-            self.temperature
-        } else {
-            1.0
-        }
+        crate::temperature::scoring_temperature(self.temperature)
     }
 
     /// Checks every value.

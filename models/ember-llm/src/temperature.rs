@@ -1,5 +1,6 @@
-//! The one validity rule of a sampling temperature, shared by the sampler, the loaders of
-//! `generation_config.json`, the recipes and `ember serve`.
+//! The one validity rule of a sampling temperature, shared by both samplers (`sample.rs`,
+//! `running.rs`), the loaders of `generation_config.json`, the recipes and `ember serve`, and
+//! the one temperature their log-probs use.
 
 /// The highest sampling temperature that any of Ember's surfaces takes: a recipe's rollouts,
 /// `ember serve`'s requests (vLLM's rule: no cap at OpenAI's 2), `generation_config.json` and
@@ -12,6 +13,13 @@ pub const MAX_TEMPERATURE: f64 = 100.0;
 /// at 0 every sample of a prompt is the same answer).
 pub fn temperature_ok(t: f64, greedy_allowed: bool) -> bool {
     t.is_finite() && t <= MAX_TEMPERATURE && (t > 0.0 || (greedy_allowed && t == 0.0))
+}
+
+/// The temperature the log-probs of a draw at `t` use, and that a trainer must rescore at to
+/// agree with them: `t`, or 1 for greedy decoding (`t` = 0, where the distribution itself is
+/// not scaled).
+pub fn scoring_temperature(t: f32) -> f32 {
+    if t > 0.0 { t } else { 1.0 }
 }
 
 #[cfg(test)]

@@ -22,8 +22,9 @@ pub fn runs(kernel: Kernel, device: &Device) -> bool {
     enabled(kernel) && fused_on(device)
 }
 
-/// `x` in dtype `dt` (no-op when it already is).
-fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
+/// `x` in dtype `dt` (no-op when it already is): how every op, and the models around them,
+/// move between the activations' dtype and f32.
+pub fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
     if x.dtype() == dt {
         x
     } else {

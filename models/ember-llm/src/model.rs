@@ -10,20 +10,13 @@ pub(crate) use crate::rope::apply_rope;
 use crate::rope::rope_tables;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::{DType, Device, FloatDType, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use ember_kernels::{QuantMatrix, op};
 use ember_molora::{MoLora, RouteCtx};
 
 use ember_train::Precision;
 
-/// `x` in dtype `dt` (no-op when it already is).
-pub(crate) fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {
-    if x.dtype() == dt {
-        x
-    } else {
-        x.cast(FloatDType::from(dt))
-    }
-}
+pub(crate) use ember_kernels::op::like;
 
 /// RMSNorm computed in f32 and returned in the input's dtype (HF `LlamaRMSNorm`;
 /// `ember_kernels::op::rms_norm` chooses the kernel).

@@ -6,7 +6,7 @@
 mod common;
 
 use burn::module::Module;
-use ember::agent::rollout::rollout;
+use ember::agent::rollout::{Plays, rollout};
 use ember::lm::{Policy, Tok};
 use ember_engine::SplitMix64;
 use ember_engine::{AdvantageConfig, AdvantageKind, RolloutBatch, StdKind};
@@ -81,9 +81,7 @@ fn trajectories_have_holes_and_rescore_like_the_sampler() {
         &policy,
         &policy.model,
         &mut env,
-        &seeds,
-        (2, 3),
-        &sc,
+        plays(&seeds, 2, 3, &sc),
         &device,
     )
     .unwrap();
@@ -224,9 +222,7 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
             policy,
             &sampler,
             env,
-            &eval_seeds,
-            (1, 3),
-            &sampling(seed, 3),
+            plays(&eval_seeds, 1, 3, &sampling(seed, 3)),
             &device,
         )
         .unwrap();
@@ -245,7 +241,14 @@ fn grpo_over_trajectories_learns_the_guessing_game() {
         let seeds = EpisodeSource::train(&mut rng, 16);
         let sampler = policy.model.valid();
         let sc = sampling(rng.next_u64(), 3);
-        let t = rollout(&policy, &sampler, &mut env, &seeds, (8, 3), &sc, &device).unwrap();
+        let t = rollout(
+            &policy,
+            &sampler,
+            &mut env,
+            plays(&seeds, 8, 3, &sc),
+            &device,
+        )
+        .unwrap();
         let x = t.tensors(&device).unwrap();
         let rewards = t.rewards();
         let batch = RolloutBatch::new(
@@ -343,9 +346,7 @@ fn chat_template_episodes_are_conversations() {
         &policy,
         &policy.model,
         &mut env,
-        &seeds,
-        (2, 2),
-        &sc,
+        plays(&seeds, 2, 2, &sc),
         &device,
     )
     .unwrap();
@@ -355,4 +356,19 @@ fn chat_template_episodes_are_conversations() {
         t.segments.iter().any(|s| s.len() > 1),
         "some episode took a second turn"
     );
+}
+
+/// The episodes of a rollout: `samples` per seed, at most `max_turns` turns, sampled by `sc`.
+fn plays<'a>(
+    seeds: &'a [u64],
+    samples: usize,
+    max_turns: usize,
+    sc: &'a SamplingConfig,
+) -> Plays<'a> {
+    Plays {
+        seeds,
+        samples,
+        max_turns,
+        sc,
+    }
 }

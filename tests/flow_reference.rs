@@ -10,7 +10,7 @@ use burn::tensor::{Device, Distribution, Int, Tensor};
 use common::*;
 use ember::flow::images::{global_std_stats, jpeg_kb, varied_groups};
 use ember_engine::*;
-use ember_flow::{FlowDitConfig, FlowExperience, flow_matching_loss, sde_coefs, sigmas};
+use ember_flow::{FlowDitConfig, FlowExperience, Guidance, flow_matching_loss, sde_coefs, sigmas};
 use ember_train::Actor;
 use std::path::Path;
 use std::process::Command;
@@ -150,7 +150,13 @@ fn unconditional_branch_detached() {
     let y = Tensor::<1, Int>::from_ints([2, 5, 8], &device);
     let null = Tensor::<1, Int>::full([3], m.null_class() as i64, &device);
     let w = 3.0f32;
-    let guided = |detach: bool| m.guided_with(x.clone(), t.clone(), y.clone(), w, true, detach);
+    let guided = |detach_uncond: bool| {
+        let g = Guidance {
+            scale: w,
+            detach_uncond,
+        };
+        m.guided_with(x.clone(), t.clone(), y.clone(), g, true)
+    };
     assert_eq!(vals(guided(true)), vals(guided(false)));
     let g_det = adapter_grads(&m, guided(true).sum());
     let g_all = adapter_grads(&m, guided(false).sum());

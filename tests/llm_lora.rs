@@ -8,7 +8,7 @@ use burn::optim::{AdamConfig, GradientsParams};
 use common::*;
 use ember_llm::left_pad;
 use ember_llm::{LoraSettings, apply_lora, load, load_peft, merge, save_peft};
-use ember_llm::{adapter_param_count, target_paths};
+use ember_llm::{Scoring, adapter_param_count, target_paths};
 use std::path::Path;
 
 fn tiny() -> std::path::PathBuf {
@@ -434,9 +434,11 @@ fn shared_prefix_scoring_equals_the_unshared_pass() {
         reference.tokens.clone().select(0, idx(&[1, 3])),
         reference.mask.clone().select(0, idx(&[1, 3])),
         5,
-        0.8,
-        false,
-        false,
+        Scoring {
+            temperature: 0.8,
+            entropy: false,
+            adapters: false,
+        },
     );
     let used = [1., 1., 1., 1., 0., 1., 1., 1., 1., 0.];
     let trimmed = vals(m.score(&reference, &[1, 3], false).log_probs);

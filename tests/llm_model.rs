@@ -7,7 +7,7 @@ mod common;
 use burn::tensor::{Int, Tensor, TensorData};
 use common::*;
 use ember_llm::left_pad;
-use ember_llm::{SamplingConfig, generate, load};
+use ember_llm::{SamplingConfig, Scoring, generate, load};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -607,7 +607,16 @@ fn last_log_probs_equal_the_tail_of_token_log_probs() {
         .model;
     let (toks, mask) = left_pad(&[vec![5, 17, 33, 61, 7, 2], vec![3, 9, 12]], &dev());
     let (all, all_h) = model.token_log_probs(toks.clone(), mask.clone(), 0.8, true, true);
-    let (tail, tail_h) = model.last_log_probs(toks, mask, 2, 0.8, true, true);
+    let (tail, tail_h) = model.last_log_probs(
+        toks,
+        mask,
+        2,
+        Scoring {
+            temperature: 0.8,
+            entropy: true,
+            adapters: true,
+        },
+    );
     let cut = |t: burn::tensor::Tensor<2>| vals(t.slice([0..2, 3..5]));
     let exp: Vec<f64> = cut(all).iter().map(|x| f64::from(*x)).collect();
     assert_close(&vals(tail), &exp, 1e-5);

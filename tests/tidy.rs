@@ -326,9 +326,22 @@ fn recipe_folders_form_no_circle() {
     }
 }
 
+/// The kinds with a job of their own: the folders of `recipes/` holding `job.rs` or `job/`.
+fn job_kinds() -> Vec<String> {
+    let leaf = root().join("recipes");
+    let mut kinds: Vec<String> = std::fs::read_dir(&leaf)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("job.rs").is_file() || e.path().join("job").is_dir())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
 /// A path that names a job module: `<kind>::job` or `llm::jobs`.
-fn names_a_job(line: &str) -> bool {
-    ["agent", "offline", "flow", "molora"]
+fn names_a_job(line: &str, kinds: &[String]) -> bool {
+    kinds
         .iter()
         .any(|k| line.contains(&format!("{k}::job::")) || line.contains(&format!("{k}::job;")))
         || line.contains("llm::jobs")
@@ -341,6 +354,8 @@ fn names_a_job(line: &str) -> bool {
 fn no_job_imports_another() {
     let leaf = root().join("recipes");
     let llm_jobs = leaf.join("llm").join("jobs");
+    let kinds = job_kinds();
+    assert!(kinds.len() >= 7, "kinds with a job: {kinds:?}");
     let files = rust_files(&leaf);
     let jobs = files
         .iter()
@@ -365,11 +380,33 @@ fn no_job_imports_another() {
             let sibling = (in_jobs && line.contains("super::"))
                 || (f.starts_with(&llm_jobs) && line.contains("super::super"));
             assert!(
-                !(names_a_job(line) || sibling),
+                !(names_a_job(line, &kinds) || sibling),
                 "{rel}: only the CLI imports jobs, and no job imports another: `{line}`"
             );
         }
     }
+}
+
+/// Every training job runs through the one job loop: each job's public `train` is
+/// `ember_run::train` over its `Job` (set-up, start, steps, end), never a loop of its own.
+#[test]
+fn every_job_runs_through_the_job_loop() {
+    let leaf = root().join("recipes");
+    let mut trains = 0;
+    for f in rust_files(&leaf) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let Some((_, body)) = text.split_once("\npub fn train(") else {
+            continue;
+        };
+        let body = body.split("\n}\n").next().unwrap_or("");
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        assert!(
+            body.contains("ember_run::train::<"),
+            "{rel}: `train` runs its job through `ember_run::train`"
+        );
+        trains += 1;
+    }
+    assert!(trains >= 7, "found {trains} jobs' `train`");
 }
 
 /// Every function of the libraries, the models and the leaf (tests aside) reads on one screen:

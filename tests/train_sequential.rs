@@ -12,7 +12,7 @@ use ember_engine::{
     compute_advantages, turn_mask,
 };
 use ember_train::{
-    Actor, OptimizerConfig, Scored, UpdateConfig, UpdateData, sequential_update, update,
+    Actor, OptimizerConfig, Scored, Turns, UpdateConfig, UpdateData, sequential_update, update,
 };
 
 #[derive(Module, Debug)]
@@ -115,10 +115,13 @@ fn seq(
             batch,
             adv: &c.adv,
         },
-        (&UpdateConfig::default(), turns),
+        Turns {
+            cfg: &UpdateConfig::default(),
+            turns,
+            rescore,
+        },
         0.1,
         &mut |n| (0..n).collect(),
-        rescore,
     )
 }
 

@@ -4,7 +4,7 @@
 //! the run kit's logs, checkpoints and resume. Held-out success is the greedy policy's mean
 //! reward on episodes fixed by a hash of their seeds.
 
-use crate::agent::rollout::{Trajectories, TrajectoryTensors, rollout, warm_up};
+use crate::agent::rollout::{Plays, Trajectories, TrajectoryTensors, rollout, warm_up};
 use crate::agent::schema::{AgentRecipe, EnvSpec};
 use crate::common::run::open_run;
 use crate::lm::step::{UpdateCtx, update_policy};
@@ -20,7 +20,7 @@ use ember_tasks::env::builtin::{Calculator, GuessNumber};
 use ember_tasks::env::external::ExternalEnv;
 use ember_tasks::env::kernel::KernelGym;
 use ember_tasks::env::{Environment, EpisodeSource};
-use ember_train::{Optimizer, UpdateConfig, UpdateData, sequential_update};
+use ember_train::{Optimizer, Turns, UpdateConfig, UpdateData, sequential_update};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
@@ -76,15 +76,13 @@ fn evaluate(
         ..sampling(r, &policy.stop, 0)
     };
     let sampler = policy.model.valid();
-    let t = rollout(
-        policy,
-        &sampler,
-        env,
-        &seeds,
-        (1, r.rollout.max_turns),
-        &sc,
-        device,
-    )?;
+    let plays = Plays {
+        seeds: &seeds,
+        samples: 1,
+        max_turns: r.rollout.max_turns,
+        sc: &sc,
+    };
+    let t = rollout(policy, &sampler, env, plays, device)?;
     Ok((mean(&t.rewards()), t.turn_metrics("eval/")))
 }
 
@@ -110,8 +108,7 @@ fn mean(v: &[f32]) -> f64 {
 /// Trains `r` into `out`: set-up, then per step episodes → advantages → update (whole
 /// trajectories or turn by turn) → log, evaluation and checkpoint, then the summary.
 pub fn train(r: &AgentRecipe, out: &Path, opts: &RunOptions) -> Result<AgentSummary> {
-    let job = AgentJob::new(r, out, opts)?;
-    ember_run::drive(job, Instant::now())
+    ember_run::train::<AgentJob>(r, out, opts)
 }
 
 /// The run between steps: what every step uses and what a checkpoint holds.
@@ -207,15 +204,13 @@ impl<'a> AgentJob<'a> {
         let seeds = EpisodeSource::train(&mut self.rng, r.rollout.episodes_per_step);
         let sampler = self.policy.model.valid();
         let sc = sampling(r, &self.policy.stop, self.rng.next_u64());
-        let t = rollout(
-            &self.policy,
-            &sampler,
-            self.env.as_mut(),
-            &seeds,
-            (r.rollout.samples_per_prompt, r.rollout.max_turns),
-            &sc,
-            &self.base,
-        )?;
+        let plays = Plays {
+            seeds: &seeds,
+            samples: r.rollout.samples_per_prompt,
+            max_turns: r.rollout.max_turns,
+            sc: &sc,
+        };
+        let t = rollout(&self.policy, &sampler, self.env.as_mut(), plays, &self.base)?;
         let x = t.tensors(&self.base)?;
         let valid = |x: f32| is_valid_reward(x.into());
         let outcome: Vec<f32> = t
@@ -309,14 +304,17 @@ impl<'a> AgentJob<'a> {
                         batch,
                         adv: &adv,
                     },
-                    (upd, turns),
+                    Turns {
+                        cfg: upd,
+                        turns,
+                        rescore: &mut |m: &Llama| {
+                            host_exp
+                                .score_all_chunked(&m.valid(), upd.schedule.micro_batch_rows)
+                                .to_device(ad)
+                        },
+                    },
                     lr,
                     &mut order,
-                    &mut |m: &Llama| {
-                        host_exp
-                            .score_all_chunked(&m.valid(), upd.schedule.micro_batch_rows)
-                            .to_device(ad)
-                    },
                 )?;
                 row.extend(stats.metrics);
                 model
@@ -410,8 +408,13 @@ fn shown(t: &Trajectories, n: usize) -> Vec<serde_json::Map<String, serde_json::
         .collect()
 }
 
-impl ember_run::Job for AgentJob<'_> {
+impl<'a> ember_run::Job<'a> for AgentJob<'a> {
+    type Recipe = AgentRecipe;
     type Summary = AgentSummary;
+
+    fn setup(r: &'a AgentRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        Self::new(r, out, opts)
+    }
 
     fn run(&self) -> &ember_run::Run {
         &self.run

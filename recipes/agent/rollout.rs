@@ -312,23 +312,33 @@ impl Policy {
     }
 }
 
-/// Plays `n` episodes of each seed (`samples` per seed, rows grouped by seed) to their end, or
-/// to `max_turns` policy turns, or until a context would exceed the model's; `sc` samples each
-/// turn (`n` is ignored: one response per running episode per turn).
+/// Which episodes a rollout plays and how it samples their turns.
+pub struct Plays<'a> {
+    /// The environment's seeds.
+    pub seeds: &'a [u64],
+    /// Episodes per seed (rows grouped by seed).
+    pub samples: usize,
+    /// Policy turns at most per episode.
+    pub max_turns: usize,
+    /// Each turn's sampling (its `n` is ignored: one response per running episode per turn).
+    pub sc: &'a SamplingConfig,
+}
+
+/// Plays the episodes of `plays` to their end, or to `max_turns` policy turns, or until a
+/// context would exceed the model's.
 pub fn rollout(
     policy: &Policy,
     sampler: &Llama,
     env: &mut dyn Environment,
-    seeds: &[u64],
-    (samples, max_turns): (usize, usize),
-    sc: &SamplingConfig,
+    plays: Plays<'_>,
     device: &Device,
 ) -> Result<Trajectories> {
-    let rows = seeds.len() * samples.max(1);
+    let (seeds, samples, sc) = (plays.seeds, plays.samples.max(1), plays.sc);
+    let rows = seeds.len() * samples;
     let episodes: Vec<Episode> = (0..rows)
         .map(|id| Episode {
             id,
-            seed: seeds[id / samples.max(1)],
+            seed: seeds[id / samples],
         })
         .collect();
     let t0 = std::time::Instant::now();
@@ -346,14 +356,14 @@ pub fn rollout(
         turn_rewards: vec![Vec::new(); rows],
         turn_kept: vec![Vec::new(); rows],
         turn_info: vec![Vec::new(); rows],
-        group_ids: (0..rows).map(|i| i / samples.max(1)).collect(),
+        group_ids: (0..rows).map(|i| i / samples).collect(),
         texts: first.iter().map(|o| vec![o.clone()]).collect(),
         unfinished: vec![true; rows],
         env_seconds: 0.0,
     };
     let ctx = policy.config.max_position_embeddings;
     let mut running: Vec<usize> = (0..rows).collect();
-    for turn in 0..max_turns {
+    for turn in 0..plays.max_turns {
         // Episodes whose context has no room for another full turn stop here (unfinished).
         running.retain(|&i| context_len(&t, i) + sc.max_new_tokens <= ctx);
         if running.is_empty() {
@@ -410,7 +420,7 @@ pub fn rollout(
             }
             // An observation that no further turn reads (the turn budget is spent, or it and
             // another turn would not fit the context) ends the episode unfinished, unappended.
-            if turn + 1 >= max_turns {
+            if turn + 1 >= plays.max_turns {
                 continue;
             }
             let turn_ids = t.segments[i].last().map_or(&[][..], |s| s.ids.as_slice());

@@ -7,16 +7,16 @@
 //! fixed protagonist.
 
 use crate::control::schema::ControlRecipe;
-use crate::control::state::{
-    ControlJob, Player, Setup, eval_row, evaluate, robustness, save_state,
-};
+use crate::control::state::{ControlJob, Player, eval_row, evaluate, robustness, save_state};
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::Tensor;
 use ember_control::{Adversary, ControlExperience, Rollout, Side, rollout};
 use ember_engine::*;
 use ember_run::{Row, RunOptions, Timings, fmt_metric};
-use ember_train::{CriticBatch, UpdateConfig, UpdateData, critic_update, update};
+use ember_train::{
+    CriticBatch, CriticData, CriticStep, UpdateConfig, UpdateData, critic_update, update,
+};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
@@ -45,8 +45,7 @@ pub struct ControlSummary {
 
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &ControlRecipe, out: &Path, opts: &RunOptions) -> Result<ControlSummary> {
-    let job = ControlJob::new(r, out, opts)?;
-    ember_run::drive(job, Instant::now())
+    ember_run::train::<ControlJob>(r, out, opts)
 }
 
 /// A round's experience, on the training device: `[rows, steps]` each, rows being the
@@ -59,10 +58,6 @@ struct Experience {
 }
 
 impl ControlJob<'_> {
-    fn new<'a>(r: &'a ControlRecipe, out: &'a Path, opts: &RunOptions) -> Result<ControlJob<'a>> {
-        Setup::new(r, out, opts)?.start()
-    }
-
     /// One rollout of both players and the update of `learner` (its metrics prefixed
     /// `adversary/` for the adversary; the last round's are logged), each phase's seconds
     /// added to `timing`.
@@ -313,13 +308,20 @@ fn update_player(
         value_clip: r.ppo.run.value_clip,
         ..CriticConfig::default()
     };
+    let how = CriticStep {
+        cfg: &ccfg,
+        schedule: &r.ppo.update,
+        lr: critic_lr,
+    };
+    let data = CriticData {
+        experience: &e.exp,
+        batch: &cb,
+    };
     let (c, stats) = critic_update(
         player.critic.clone(),
         &mut player.critic_optim,
-        (&e.exp, &cb),
-        &ccfg,
-        &r.ppo.update,
-        critic_lr,
+        data,
+        how,
         &mut order,
     )?;
     player.critic = c;
@@ -327,8 +329,17 @@ fn update_player(
     Ok(())
 }
 
-impl ember_run::Job for ControlJob<'_> {
+impl<'a> ember_run::Job<'a> for ControlJob<'a> {
+    type Recipe = ControlRecipe;
     type Summary = ControlSummary;
+
+    fn setup(r: &'a ControlRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        ControlJob::open(r, out, opts)
+    }
+
+    fn start(self) -> Result<Self> {
+        self.begin()
+    }
 
     fn run(&self) -> &ember_run::Run {
         &self.run

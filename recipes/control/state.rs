@@ -3,7 +3,7 @@
 //! kit's records (the critics, the adversary and their optimizers), and the evaluations.
 
 use crate::common::run::{RunLoop, load_pair, load_records, open_run, save_pair};
-use crate::control::schema::ControlRecipe;
+use crate::control::schema::{ControlRecipe, PolicySpec};
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::Device;
@@ -44,22 +44,20 @@ pub(super) struct ControlJob<'a> {
 }
 
 impl Player {
-    /// A fresh player acting with `act` dimensions on `ad` (draws from its RNG).
+    /// A fresh player of shape `spec` acting with `act` dimensions on `ad` (draws from its RNG).
     fn new(
         r: &ControlRecipe,
         obs: usize,
         act: usize,
-        hidden: &[usize],
-        critic_hidden: &[usize],
-        log_std: f32,
+        spec: PolicySpec,
         ad: &Device,
     ) -> Result<Self> {
         let policy = GaussianPolicyConfig::new(obs, act)
-            .with_hidden(hidden.to_vec())
-            .with_log_std_init(log_std)
+            .with_hidden(spec.hidden)
+            .with_log_std_init(spec.log_std_init)
             .init(ad)?;
         let critic = ValueNetConfig::new(obs)
-            .with_hidden(critic_hidden.to_vec())
+            .with_hidden(spec.critic_hidden)
             .init(ad)?;
         Ok(Self {
             policy,
@@ -114,13 +112,9 @@ fn critic_stem(side: Side) -> String {
     }
 }
 
-/// Builds a job: [`Setup::new`], then [`ControlJob::start`].
-pub(super) struct Setup;
-
-impl Setup {
+impl ControlJob<'_> {
     /// Opens the run directory and builds fresh players (seeded).
-    #[allow(clippy::new_ret_no_self)]
-    pub(super) fn new<'a>(
+    pub(super) fn open<'a>(
         r: &'a ControlRecipe,
         out: &'a Path,
         opts: &RunOptions,
@@ -141,17 +135,20 @@ impl Setup {
         let (obs, act) = (env.obs_dim(), env.act_dim());
         // Under `[gradient]` the std is σ's, fixed.
         let log_std = r.gradient.map_or(pol.log_std_init, |g| g.sigma.ln());
-        let protagonist = Player::new(r, obs, act, &pol.hidden, &pol.critic_hidden, log_std, &ad)?;
+        let spec = PolicySpec {
+            log_std_init: log_std,
+            ..pol.clone()
+        };
+        let protagonist = Player::new(r, obs, act, spec, &ad)?;
         let adversary = match r.adversary() {
-            Some(a) => Some(Player::new(
-                r,
-                env.obs_dim(),
-                env.force_dim(),
-                &a.hidden,
-                &a.hidden,
-                a.log_std_init,
-                &ad,
-            )?),
+            Some(a) => {
+                let spec = PolicySpec {
+                    hidden: a.hidden.clone(),
+                    critic_hidden: a.hidden.clone(),
+                    log_std_init: a.log_std_init,
+                };
+                Some(Player::new(r, obs, env.force_dim(), spec, &ad)?)
+            }
             None => None,
         };
         Ok(ControlJob {
@@ -174,7 +171,7 @@ impl Setup {
 
 impl ControlJob<'_> {
     /// A resumed run's players, RNG and evaluations; a fresh run's first evaluation.
-    pub(super) fn start(mut self) -> Result<Self> {
+    pub(super) fn begin(mut self) -> Result<Self> {
         let resumed = self
             .run
             .resumed()

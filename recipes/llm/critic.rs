@@ -13,7 +13,9 @@ use burn::tensor::Device;
 use ember_engine::*;
 use ember_llm::actor::LlmExperience;
 use ember_llm::{Llama, ValueModel};
-use ember_train::{CriticBatch, Optimizer, UpdateData, critic_update, update};
+use ember_train::{
+    CriticBatch, CriticData, CriticStep, Optimizer, UpdateData, critic_update, update,
+};
 use std::path::Path;
 
 /// The critic's record in a checkpoint (the whole model, or a LoRA critic's adapters and head).
@@ -226,15 +228,16 @@ pub fn update_with_critic(
     };
     let t_critic = std::time::Instant::now();
     let model_c = critic.model.clone();
-    let (next, stats) = critic_update(
-        model_c,
-        &mut critic.optim,
-        (exp, &data),
-        &critic.cfg,
-        &upd.schedule,
-        critic.lr,
-        order,
-    )?;
+    let how = CriticStep {
+        cfg: &critic.cfg,
+        schedule: &upd.schedule,
+        lr: critic.lr,
+    };
+    let data = CriticData {
+        experience: exp,
+        batch: &data,
+    };
+    let (next, stats) = critic_update(model_c, &mut critic.optim, data, how, order)?;
     critic.model = next;
     let _ = ad.sync();
     ember_run::Timings::record(row, "update_critic", t_critic.elapsed().as_secs_f64());

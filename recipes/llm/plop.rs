@@ -18,6 +18,7 @@ use ember_llm::plop::{NfnScores, nfn_scores};
 use ember_run::Run;
 use ember_tasks::task::TaskSet;
 use serde::{Deserialize, Serialize};
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -159,9 +160,43 @@ pub fn resolve(
     Ok((with_choice(r, &choice), Some(choice)))
 }
 
+/// A recipe and, once its run is open, the same with its LoRA targets placed: a job borrows
+/// the placed one for the whole run.
+pub struct Placing<'a> {
+    given: &'a Recipe,
+    placed: OnceCell<Recipe>,
+}
+
+impl<'a> Placing<'a> {
+    /// `given` before placement.
+    pub fn new(given: &'a Recipe) -> Self {
+        Self {
+            given,
+            placed: OnceCell::new(),
+        }
+    }
+
+    /// The recipe as written.
+    pub fn given(&self) -> &'a Recipe {
+        self.given
+    }
+
+    /// The recipe with its targets placed for `run` ([`place`]), kept for the run (once).
+    pub fn place(&self, task: &TaskSet, run: &Run, device: &Device) -> Result<&Recipe> {
+        if self
+            .placed
+            .set(place(self.given, task, run, device)?)
+            .is_err()
+        {
+            bail!("a run's LoRA targets are placed once");
+        }
+        self.placed.get().context("the placed recipe")
+    }
+}
+
 /// [`resolve`] at the start of a run (`ember train`, the offline job): the choice is read back
 /// when the run resumes, else made and written to the run directory, and its table is said.
-pub fn place(r: &Recipe, task: &TaskSet, run: &Run, device: &Device) -> Result<Recipe> {
+fn place(r: &Recipe, task: &TaskSet, run: &Run, device: &Device) -> Result<Recipe> {
     let (placed, choice) = resolve(r, task, Some(run.out()), run.resumed().is_some(), device)?;
     if let Some(c) = &choice {
         run.say(c.table().trim_end());

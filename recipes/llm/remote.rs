@@ -23,7 +23,7 @@
 //!   once it has loaded them (and, for full weights, names them in `/v1/models`).
 //!   `rollout/servers_healthy` and `rollout/resent_rows` are logged.
 
-use crate::llm::schema::ServerKeys;
+use crate::llm::schema::{RolloutSpec, ServerKeys};
 use crate::lm::endpoint::call;
 use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -76,19 +76,24 @@ struct Choice {
     truncated: bool,
 }
 
+/// What every request of a rollout asks for: the model (base or adapter), the sampling, and
+/// the vocabulary the answers' tokens must lie in.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    model: &'a str,
+    sc: &'a SamplingConfig,
+    vocab: usize,
+}
+
 impl Remote {
-    /// The backend of a recipe with `backend = "openai"`; adapters are written under
-    /// `adapters_dir`; `run_tag` names them on the servers. Checks every server lists the base
-    /// model.
-    pub fn connect(
-        urls: &[String],
-        base_model: &str,
-        timeout_s: f64,
-        retries: u32,
-        run_tag: &str,
-        adapters_dir: &Path,
-        keys: ServerKeys,
-    ) -> Result<Self> {
+    /// The backend of a recipe's `[rollout]` with `backend = "openai"` (its servers, model,
+    /// timeout, retries and keys); adapters are written under `adapters_dir`; `run_tag` names
+    /// them on the servers. Checks every server lists the base model.
+    pub fn connect(ro: &RolloutSpec, run_tag: &str, adapters_dir: &Path) -> Result<Self> {
+        let (urls, base_model) = (&ro.base_urls, ro.model.as_deref().unwrap_or_default());
+        let timeout_s = ro.request_timeout_s.unwrap_or(600.0);
+        let retries = ro.request_retries.unwrap_or(3);
+        let keys = ro.server_keys()?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs_f64(timeout_s)))
             .http_status_as_error(false)
@@ -259,7 +264,12 @@ impl Remote {
         let mut errors = Vec::new();
         self.resent_rows = 0;
         while !pending.is_empty() {
-            let results = self.send(&model, &chunks, &pending, &target, sc, vocab);
+            let ask = Ask {
+                model: &model,
+                sc,
+                vocab,
+            };
+            let results = self.send(ask, &chunks, &pending, &target);
             let mut failed = Vec::new();
             for (&j, r) in pending.iter().zip(results) {
                 match r {
@@ -333,16 +343,15 @@ impl Remote {
     }
 
     /// Sends chunks `pending` (chunk `j` to server `target[j]`, with seed `sc.seed + j`) at
-    /// once; their parsed answers in `pending`'s order.
+    /// once, each asking for `ask`; their parsed answers in `pending`'s order.
     fn send(
         &self,
-        model: &str,
+        ask: Ask<'_>,
         chunks: &[&[Vec<u32>]],
         pending: &[usize],
         target: &[usize],
-        sc: &SamplingConfig,
-        vocab: usize,
     ) -> Vec<Result<Vec<Choice>>> {
+        let Ask { model, sc, vocab } = ask;
         std::thread::scope(|s| {
             let hs: Vec<_> = pending
                 .iter()

@@ -137,19 +137,21 @@ impl Replay {
         Ok(Self { buffer, ..self })
     }
 
-    /// Step `step` (0-based) of `steps`: the training generation and rewards, that is `g`
+    /// Step `step` (0-based) of `steps`: the training generation and rewards, that is `fresh`'s `g`
     /// (padded fresh rows, groups 0..prompts) followed by the groups replayed at this step
     /// (new group ids after the fresh ones); then the step's hard groups are admitted. Logs
     /// `replay/*` into `row`. `None` when nothing is replayed (train on `g` as it is).
     pub fn mix(
         &mut self,
-        step: usize,
-        steps: usize,
-        prompts: &[Vec<u32>],
-        g: &Generation,
-        rewards: &[f32],
+        [step, steps]: [usize; 2],
+        fresh: Fresh<'_>,
         row: &mut BTreeMap<String, f64>,
     ) -> Result<Option<(Generation, Vec<f32>)>> {
+        let Fresh {
+            prompts,
+            g,
+            rewards,
+        } = fresh;
         let k = self.cfg.replays_at(step, steps, prompts.len());
         let drawn = self.buffer.draw(&self.cfg, k);
         let mut admitted = 0;
@@ -225,6 +227,16 @@ impl Replay {
         }
         Ok(out)
     }
+}
+
+/// A step's fresh rollout: its prompts, their generation and its rewards.
+pub struct Fresh<'a> {
+    /// The prompts, one per group.
+    pub prompts: &'a [Vec<u32>],
+    /// The generation (rows grouped by prompt).
+    pub g: &'a Generation,
+    /// Each row's reward.
+    pub rewards: &'a [f32],
 }
 
 /// The stored groups as a generation (prompts left-padded, responses right-padded with masked

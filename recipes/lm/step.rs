@@ -74,19 +74,33 @@ pub enum Reference<'a> {
     AdaptersOff,
 }
 
-/// Rescores `exp` (on the sampler's device) without gradients: the old policy's log-probs with
-/// `sampler` when `recompute_old`, the reference's when `reference` is given; both moved onto
-/// `ad`, the training device. With a multi-process `world`, each rank scores its share of the
-/// rows and the shares are gathered.
+/// Which log-probs a rescoring writes: the old policy's (the sampler's) when `recompute_old`,
+/// the reference's when `reference` is given.
+#[derive(Clone, Copy)]
+pub struct Rescoring<'a> {
+    /// The model that sampled the rollout (its adapters off: the `AdaptersOff` reference).
+    pub sampler: &'a Llama,
+    /// Recompute the old policy's log-probs with `sampler`.
+    pub recompute_old: bool,
+    /// The KL reference, if any.
+    pub reference: Option<Reference<'a>>,
+}
+
+/// Rescores `exp` (on the sampler's device) without gradients, as `how` says; the log-probs are
+/// moved onto `ad`, the training device. With a multi-process `world`, each rank scores its
+/// share of the rows and the shares are gathered.
 pub fn rescore(
     mut batch: RolloutBatch,
     exp: &LlmExperience,
     world: Option<&World>,
-    sampler: &Llama,
-    recompute_old: bool,
-    reference: Option<Reference>,
+    how: Rescoring<'_>,
     ad: &Device,
 ) -> Result<RolloutBatch> {
+    let Rescoring {
+        sampler,
+        recompute_old,
+        reference,
+    } = how;
     if recompute_old {
         batch = batch.with_old_log_probs(score_rows(exp, sampler, world)?.to_device(ad))?;
     }

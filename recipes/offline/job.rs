@@ -14,6 +14,7 @@
 
 use crate::common::run::open_run;
 use crate::llm::build_policy;
+use crate::llm::plop::Placing;
 use crate::llm::read_reference;
 use crate::llm::schema::Recipe;
 use crate::llm::schema::{AlolValue, OfflineSpec, Pairs, Pool};
@@ -49,24 +50,7 @@ pub struct Summary {
 
 /// Runs the recipe's offline training into `out`.
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
-    let spec: &OfflineSpec = r
-        .offline
-        .as_ref()
-        .context("the recipe has no [offline] table")?;
-    let start = Instant::now();
-    let curves = ("offline/loss", keys::EVAL_ACCURACY);
-    let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
-    let task = r.task.build()?;
-    let base = crate::common::device::device(&r.header.device)?;
-    // `targets = "plop"`: chosen now, or read back when resuming.
-    let placed = crate::llm::plop::place(r, &task, &run, &base)?;
-    let at = Place {
-        r: &placed,
-        spec,
-        out,
-    };
-    let job = OfflineJob::new(at, run, &task, base)?;
-    ember_run::drive(job, start)
+    ember_run::train::<OfflineJob>(&Placing::new(r), out, opts)
 }
 
 /// What an offline run is of: the recipe (its LoRA targets placed), its `[offline]` table, and
@@ -199,8 +183,24 @@ impl<'a> OfflineJob<'a> {
     }
 }
 
-impl ember_run::Job for OfflineJob<'_> {
+impl<'a> ember_run::Job<'a> for OfflineJob<'a> {
+    type Recipe = Placing<'a>;
     type Summary = Summary;
+
+    /// The run directory, the task and the device, the LoRA targets placed, then the job.
+    fn setup(p: &'a Placing<'a>, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        let r = p.given();
+        let spec: &OfflineSpec = r
+            .offline
+            .as_ref()
+            .context("the recipe has no [offline] table")?;
+        let curves = ("offline/loss", keys::EVAL_ACCURACY);
+        let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
+        let task = r.task.build()?;
+        let base = crate::common::device::device(&r.header.device)?;
+        let r = p.place(&task, &run, &base)?;
+        OfflineJob::new(Place { r, spec, out }, run, &task, base)
+    }
 
     fn run(&self) -> &Run {
         &self.run

@@ -26,7 +26,7 @@ pub(super) fn objective_step(
     lr: f64,
 ) -> Result<(Llama, BTreeMap<String, f64>)> {
     match (spec.objective.pairwise(), spec.objective.group()) {
-        (Some(kind), _) => pair_step(refm, groups, picked, &kind, spec, optim, lr),
+        (Some(_), _) => pair_step(refm, groups, picked, spec, optim, lr),
         (None, Some(_)) => group_step(refm, groups, picked, spec, optim, lr),
         (None, None) => bail!("objective {:?} has no loss", spec.objective.name()),
     }
@@ -79,17 +79,19 @@ impl Scorer<'_> {
     }
 }
 
-/// One pairwise step: chosen rows then rejected rows, sequence sums, the objective, one
+/// One pairwise step (`spec`'s objective): chosen rows then rejected rows, sequence sums, the objective, one
 /// optimizer step.
 fn pair_step(
     s: &Scorer,
     groups: &[TokGroup],
     picked: &[Unit],
-    kind: &PreferenceLoss,
     spec: &OfflineSpec,
     optim: &mut ember_train::Optimizer,
     lr: f64,
 ) -> Result<(Llama, BTreeMap<String, f64>)> {
+    let Some(kind) = spec.objective.pairwise() else {
+        bail!("objective {:?} is not pairwise", spec.objective.name());
+    };
     let b = picked.len();
     let mut rows = Vec::with_capacity(2 * b);
     let mut rewards = Vec::with_capacity(2 * b);
@@ -130,7 +132,7 @@ fn pair_step(
         chosen_reward: half(&r, 0),
         rejected_reward: half(&r, 1),
     };
-    let (loss, metrics) = preference_loss(kind, &input, spec.average_log_probs)?;
+    let (loss, metrics) = preference_loss(&kind, &input, spec.average_log_probs)?;
     let mut out = metrics.to_host();
     let grads = GradientsParams::from_grads(loss.backward(), &model);
     let (model, report) = optim.step(lr, model, grads);

@@ -6,7 +6,7 @@
 
 use super::methods::{self, Group};
 use super::schema::{Method, ProgramsRecipe};
-use super::state::{ProgramsJob, Setup, eval_row, save_state};
+use super::state::{ProgramsJob, eval_row, save_state};
 use anyhow::Result;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -44,8 +44,7 @@ pub struct ProgramsSummary {
 
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &ProgramsRecipe, out: &Path, opts: &RunOptions) -> Result<ProgramsSummary> {
-    let job = Setup::new(r, out, opts)?.start()?;
-    ember_run::drive(job, Instant::now())
+    ember_run::train::<ProgramsJob>(r, out, opts)
 }
 
 /// The task's mask for the sampler: row r writes the program of `questions[r]`.
@@ -316,8 +315,17 @@ pub(super) fn experience(
     }
 }
 
-impl ember_run::Job for ProgramsJob<'_> {
+impl<'a> ember_run::Job<'a> for ProgramsJob<'a> {
+    type Recipe = ProgramsRecipe;
     type Summary = ProgramsSummary;
+
+    fn setup(r: &'a ProgramsRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        ProgramsJob::open(r, out, opts)
+    }
+
+    fn start(self) -> Result<Self> {
+        self.begin()
+    }
 
     fn run(&self) -> &ember_run::Run {
         &self.run

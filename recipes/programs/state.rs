@@ -21,8 +21,6 @@ use std::path::Path;
 const MEMORY: &str = "programs_memory.json";
 
 /// Builds a job: [`Setup::new`], then [`ProgramsJob::start`].
-pub(super) struct Setup;
-
 /// The run between steps.
 pub(super) struct ProgramsJob<'a> {
     pub(super) r: &'a ProgramsRecipe,
@@ -42,10 +40,9 @@ pub(super) struct ProgramsJob<'a> {
     pub(super) steps_done: usize,
 }
 
-impl Setup {
+impl ProgramsJob<'_> {
     /// Opens the run directory, builds the task and a fresh programmer (seeded).
-    #[allow(clippy::new_ret_no_self)]
-    pub(super) fn new<'a>(
+    pub(super) fn open<'a>(
         r: &'a ProgramsRecipe,
         out: &'a Path,
         opts: &RunOptions,
@@ -113,7 +110,7 @@ pub(super) fn fresh(
 
 impl ProgramsJob<'_> {
     /// A resumed run's programmer, optimizer, memory and RNG; a fresh run's first evaluation.
-    pub(super) fn start(mut self) -> Result<Self> {
+    pub(super) fn begin(mut self) -> Result<Self> {
         let resumed = self
             .run
             .resumed()

@@ -6,8 +6,8 @@
 
 use super::eval::{answer_log_probs, evaluate, host};
 use super::schema::{Method, UnlearningRecipe};
-use super::state::{Learner, Setup, UnlearningJob, save_state};
-use super::targets::{HardGroup, admit_hard, loo_target, reinforce_targets, replay_target};
+use super::state::{Learner, UnlearningJob, save_state};
+use super::targets::{Groups, HardGroup, admit_hard, loo_target, reinforce_targets, replay_target};
 use anyhow::Result;
 use burn::module::Module;
 use burn::optim::GradientsParams;
@@ -42,8 +42,7 @@ pub struct UnlearningSummary {
 
 /// Runs the recipe, writing into `out`.
 pub fn train(r: &UnlearningRecipe, out: &Path, opts: &RunOptions) -> Result<UnlearningSummary> {
-    let job = Setup::new(r, out, opts)?.start()?;
-    ember_run::drive(job, Instant::now())
+    ember_run::train::<UnlearningJob>(r, out, opts)
 }
 
 impl UnlearningJob<'_> {
@@ -251,8 +250,15 @@ impl UnlearningJob<'_> {
                 }
                 rows.extend(facts);
             }
-            let hard = &mut self.hard;
-            admit_hard(hard, &prompts, &tokens, &lp_host, &rewards, &a, n);
+            let groups = Groups {
+                prompts: &prompts,
+                tokens: &tokens,
+                lp: &lp_host,
+                rewards: &rewards,
+                adv: &a,
+                n,
+            };
+            admit_hard(&mut self.hard, groups);
         }
         let loss = soft_step(
             &mut self.learner,
@@ -353,8 +359,17 @@ fn soft_step(
     value
 }
 
-impl ember_run::Job for UnlearningJob<'_> {
+impl<'a> ember_run::Job<'a> for UnlearningJob<'a> {
+    type Recipe = UnlearningRecipe;
     type Summary = UnlearningSummary;
+
+    fn setup(r: &'a UnlearningRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        UnlearningJob::open(r, out, opts)
+    }
+
+    fn start(self) -> Result<Self> {
+        self.begin()
+    }
 
     fn run(&self) -> &ember_run::Run {
         &self.run

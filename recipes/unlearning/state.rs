@@ -31,8 +31,6 @@ struct Extra {
 }
 
 /// Builds a job: [`Setup::new`], then [`UnlearningJob::start`].
-pub(super) struct Setup;
-
 /// A fresh model (seeded by the run's seed and `which`: 0 the model, k + 1 teacher k).
 fn fresh(r: &UnlearningRecipe, vocab: usize, ad: &Device, which: u64) -> Learner {
     ad.seed(r.header.seed ^ 0x554e_4c00 ^ (which << 40));
@@ -80,10 +78,9 @@ pub(super) struct UnlearningJob<'a> {
     pub(super) steps_done: usize,
 }
 
-impl Setup {
+impl UnlearningJob<'_> {
     /// Opens the run directory, builds the corpus and fresh models (seeded).
-    #[allow(clippy::new_ret_no_self)]
-    pub(super) fn new<'a>(
+    pub(super) fn open<'a>(
         r: &'a UnlearningRecipe,
         out: &'a Path,
         opts: &RunOptions,
@@ -132,7 +129,7 @@ impl Setup {
 impl UnlearningJob<'_> {
     /// A resumed run's models, optimizers, hard prompts and RNG; a fresh run's first
     /// evaluation.
-    pub(super) fn start(mut self) -> Result<Self> {
+    pub(super) fn begin(mut self) -> Result<Self> {
         let resumed = self
             .run
             .resumed()

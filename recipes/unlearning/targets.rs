@@ -34,17 +34,32 @@ pub fn replay_target(g: &HardGroup, now: &[f32]) -> Vec<f32> {
     q
 }
 
+/// A step's groups: `n` sampled answers to each prompted fact, with the sampler's
+/// log-distribution over the vocabulary per fact, each answer's reward and advantage.
+pub(super) struct Groups<'a> {
+    /// The facts prompted, one per group.
+    pub(super) prompts: &'a [usize],
+    /// The answers, `n` per group.
+    pub(super) tokens: &'a [u32],
+    /// `[groups, vocab]` log-probs of the sampler.
+    pub(super) lp: &'a [f32],
+    pub(super) rewards: &'a [f32],
+    pub(super) adv: &'a [f32],
+    /// Answers per group.
+    pub(super) n: usize,
+}
+
 /// Stores this step's hard groups (mean reward below ½ with some non-zero advantage: an
 /// all-wrong group has none to learn from), keeping the newest 64.
-pub(super) fn admit_hard(
-    hard: &mut Vec<HardGroup>,
-    prompts: &[usize],
-    tokens: &[u32],
-    lp: &[f32],
-    rewards: &[f32],
-    adv: &[f32],
-    n: usize,
-) {
+pub(super) fn admit_hard(hard: &mut Vec<HardGroup>, groups: Groups<'_>) {
+    let Groups {
+        prompts,
+        tokens,
+        lp,
+        rewards,
+        adv,
+        n,
+    } = groups;
     let v = lp.len() / prompts.len().max(1);
     for (g, fact) in prompts.iter().enumerate() {
         let part = g * n..(g + 1) * n;

@@ -121,7 +121,15 @@ pub fn matmul(a: Matrix<'_>, b: Matrix<'_>) -> Result<Vec<f32>, AmxError> {
     if !c.is_empty() && a.cols > 0 {
         let steps = a.cols.div_ceil(32);
         let (pa, pb) = rayon::join(|| pack_a(&a, steps), || pack_b(&b, steps));
-        multiply(&pa, &pb, steps, [a.rows, b.cols], &mut c);
+        multiply(
+            Panels {
+                a: &pa,
+                b: &pb,
+                steps,
+            },
+            [a.rows, b.cols],
+            &mut c,
+        );
     }
     Ok(c)
 }
@@ -182,16 +190,24 @@ fn output(a: &Matrix<'_>, k: usize, n: usize) -> Result<Vec<f32>, AmxError> {
     Ok(c)
 }
 
-/// `c` (`m × n`, zeroed) = the product of the packed panels `pa` and `pb`: by blocks of rows
-/// over the cores where there are enough rows, else by blocks of columns.
-fn multiply(pa: &[u16], pb: &[u32], steps: usize, [m, n]: [usize; 2], c: &mut [f32]) {
+/// `A` and `B` packed into panels of 32 (the crate's layouts), `steps` tile pairs per panel.
+#[derive(Clone, Copy)]
+struct Panels<'a> {
+    a: &'a [u16],
+    b: &'a [u32],
+    steps: usize,
+}
+
+/// `c` (`m × n`, zeroed) = the product of the packed `panels`: by blocks of rows over the cores
+/// where there are enough rows, else by blocks of columns.
+fn multiply(panels: Panels<'_>, [m, n]: [usize; 2], c: &mut [f32]) {
     let row_tasks = m.div_ceil(TASK_ROWS);
     if row_tasks >= rayon::current_num_threads() {
         c.par_chunks_mut(TASK_ROWS * n)
             .enumerate()
-            .for_each(|(t, rows)| products(pa, pb, steps, t * TASK_ROWS, n, rows, 0..n));
+            .for_each(|(t, rows)| products(panels, t * TASK_ROWS, n, rows, 0..n));
     } else {
-        columns_split(pa, pb, steps, [m, n], c);
+        columns_split(panels, [m, n], c);
     }
 }
 
@@ -292,24 +308,32 @@ pub fn matmul_packed(a: Matrix<'_>, b: &PackedB) -> Result<Vec<f32>, AmxError> {
     let mut c = output(&a, b.rows, b.cols)?;
     if !c.is_empty() && a.cols > 0 {
         let steps = a.cols.div_ceil(32);
-        multiply(&pack_a(&a, steps), &b.data, steps, [a.rows, b.cols], &mut c);
+        let pa = pack_a(&a, steps);
+        let panels = Panels {
+            a: &pa,
+            b: &b.data,
+            steps,
+        };
+        multiply(panels, [a.rows, b.cols], &mut c);
     }
     Ok(c)
 }
 
 /// `A·B` for few rows: the columns split over the cores, each task writing its own block, then
 /// copied into `c` (`m · n` copies, small beside the `m · n · k` multiply-adds).
-fn columns_split(pa: &[u16], pb: &[u32], steps: usize, [m, n]: [usize; 2], c: &mut [f32]) {
-    let panels = n.div_ceil(32);
-    let per = panels.div_ceil(rayon::current_num_threads().max(1)).max(1);
-    let parts: Vec<(usize, Vec<f32>)> = (0..panels.div_ceil(per))
+fn columns_split(panels: Panels<'_>, [m, n]: [usize; 2], c: &mut [f32]) {
+    let column_panels = n.div_ceil(32);
+    let per = column_panels
+        .div_ceil(rayon::current_num_threads().max(1))
+        .max(1);
+    let parts: Vec<(usize, Vec<f32>)> = (0..column_panels.div_ceil(per))
         .into_par_iter()
         .map(|t| {
             let cols = t * per * 32..((t + 1) * per * 32).min(n);
             let mut out = vec![0f32; m * cols.len()];
             for r0 in (0..m).step_by(TASK_ROWS) {
                 let rows = &mut out[r0 * cols.len()..(r0 + TASK_ROWS).min(m) * cols.len()];
-                products(pa, pb, steps, r0, cols.len(), rows, cols.clone());
+                products(panels, r0, cols.len(), rows, cols.clone());
             }
             (cols.start, out)
         })
@@ -326,9 +350,11 @@ fn columns_split(pa: &[u16], pb: &[u32], steps: usize, [m, n]: [usize; 2], c: &m
 /// which `out`'s rows hold from their first element: `B`'s panels in the outer loop, so each
 /// stays in the first-level cache while the task's row panels pass under it.
 fn products(
-    pa: &[u16],
-    pb: &[u32],
-    steps: usize,
+    Panels {
+        a: pa,
+        b: pb,
+        steps,
+    }: Panels<'_>,
     r0: usize,
     width: usize,
     out: &mut [f32],

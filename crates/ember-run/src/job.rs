@@ -1,21 +1,34 @@
 //! The one loop every job runs (burn-train's `Learner`, verl's `RayPPOTrainer.fit`): a job
-//! supplies its step and its ending; [`drive`] owns the stepping from the first step to run
-//! (0, or the step after the resumed checkpoint), the stop, and the training clock. A step
-//! ends through [`Run::end_step`] (the row logged, the checkpoint, the stop), and its phases
-//! are timed with [`Timings`] (verl's `timing_s/<phase>`).
+//! supplies its set-up, its start, its step and its ending; [`train`] sets it up and starts it,
+//! then owns the stepping from the first step to run (0, or the step after the resumed
+//! checkpoint), the stop, and the clock. A step ends through [`Run::end_step`] (the row logged,
+//! the checkpoint, the stop), and its phases are timed with [`Timings`] (verl's
+//! `timing_s/<phase>`).
 
-use crate::run::Run;
+use crate::run::{Run, RunOptions};
 use anyhow::Result;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Instant;
 
 /// One step's metrics, `area/name` → value: the row that [`Run::end_step`] logs.
 pub type Row = BTreeMap<String, f64>;
 
-/// A training job the run loop drives.
-pub trait Job: Sized {
+/// A training job the run loop drives; `'r` is the recipe's lifetime (a job may borrow it).
+pub trait Job<'r>: Sized {
+    /// The recipe a run of this job reads.
+    type Recipe: ?Sized + 'r;
     /// What the run returns (and writes as `summary.json` through [`Run::finish`]).
     type Summary;
+
+    /// Opens the run directory `out` and builds what the steps use (model, data, optimizer),
+    /// resuming from its last checkpoint when `opts` asks.
+    fn setup(recipe: &'r Self::Recipe, out: &'r Path, opts: &RunOptions) -> Result<Self>;
+
+    /// What runs once before the first step (a warm-up, the first evaluation); none by default.
+    fn start(self) -> Result<Self> {
+        Ok(self)
+    }
 
     /// The job's open run directory.
     fn run(&self) -> &Run;
@@ -24,14 +37,20 @@ pub trait Job: Sized {
     /// whether the run stops after it (a stop signal or `--stop-after`, checkpoint written).
     fn step(self, step: usize) -> Result<(Self, bool)>;
 
-    /// Ends the run after `seconds` of training: the final evaluation and the summary;
+    /// Ends the run after `seconds` (set-up included): the final evaluation and the summary;
     /// `interrupted` when a step asked the loop to stop.
     fn finish(self, interrupted: bool, seconds: f64) -> Result<Self::Summary>;
 }
 
-/// Runs `job` from its run's first step to its last, then [`Job::finish`]es it with the
-/// seconds since `started` (the caller's clock: a job may count its set-up in).
-pub fn drive<J: Job>(mut job: J, started: Instant) -> Result<J::Summary> {
+/// Runs a job of type `J` on `recipe` into `out`: [`Job::setup`], [`Job::start`], each step from
+/// the run's first to its last, then [`Job::finish`] with the seconds since the set-up began.
+pub fn train<'r, J: Job<'r>>(
+    recipe: &'r J::Recipe,
+    out: &'r Path,
+    opts: &RunOptions,
+) -> Result<J::Summary> {
+    let started = Instant::now();
+    let mut job = J::setup(recipe, out, opts)?.start()?;
     let (first, steps) = (job.run().first_step(), job.run().steps());
     let mut interrupted = false;
     for step in first..steps {

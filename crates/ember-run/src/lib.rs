@@ -14,8 +14,8 @@
 //! Modules (errors are `anyhow` context chains: every caller is a job at the binary's edge):
 //! - `run`: `Run`, an open run directory: no clobbering without `--resume`/`--overwrite`, the
 //!   recipe compared on resume, an exclusive `flock`, the progress line, the end of a step.
-//! - `job`: the one job loop: the `Job` trait (a step and an end), `drive` stepping it from the
-//!   first step to run to the last, a step's metrics `Row`, and `Timings` (verl's
+//! - `job`: the one job loop: the `Job` trait (a set-up, a start, a step and an end), `train`
+//!   setting it up and stepping it from the first step to run to the last, a step's metrics `Row`, and `Timings` (verl's
 //!   `timing_s/<phase>`).
 //! - `metrics`: `metrics.jsonl`, `samples.jsonl`, `metrics.csv` and `curves.png`, the same scalars
 //!   in TensorBoard's event file (`tensorboard`: a hand-written TFRecord writer); `plot`: the
@@ -51,7 +51,7 @@ mod write;
 
 #[cfg(feature = "dashboard")]
 pub use dashboard::{on_forced_exit, restore_terminal};
-pub use job::{Job, Row, Timings, drive};
+pub use job::{Job, Row, Timings, train};
 pub use live::{LogSink, fmt_metric, notice, say};
 pub use metrics::MetricsLog;
 pub use report::{Counts, End, ReportTo, Reporter, Tracker};

@@ -128,18 +128,18 @@ fn label(v: f64) -> String {
 /// A series: points and colour.
 type Series<'a> = (&'a [(f64, f64)], [u8; 3]);
 
-/// One panel: `series` of (x, y) points with colours, in the box `x0..x0+w`, the y axis over
-/// `y_axis`.
+/// One panel: `series` of (x, y) points with colours, in the box over the canvas's columns
+/// `columns`, the y axis over `y_axis`.
 fn panel(
     cv: &mut Canvas,
-    x0: i64,
-    w: i64,
+    columns: std::ops::Range<i64>,
     title: &str,
     x_max: f64,
     y_axis: std::ops::RangeInclusive<f64>,
     series: &[Series],
 ) {
     let (lo, hi) = y_axis.into_inner();
+    let (x0, w) = (columns.start, columns.end - columns.start);
     let (left, right, top, bottom) = (x0 + 60, x0 + w - 15, 40i64, H as i64 - 40);
     let grey = [220, 220, 220];
     let ink = [60, 60, 60];
@@ -211,8 +211,7 @@ pub fn curves(path: &Path, rewards: &[(f64, f64)], accuracy: &[(f64, f64)]) -> R
     let hi = finite.fold(1.0, f64::max);
     panel(
         &mut cv,
-        0,
-        (W / 2) as i64,
+        0..(W / 2) as i64,
         "REWARD MEAN",
         x_max,
         lo..=hi,
@@ -220,8 +219,7 @@ pub fn curves(path: &Path, rewards: &[(f64, f64)], accuracy: &[(f64, f64)]) -> R
     );
     panel(
         &mut cv,
-        (W / 2) as i64,
-        (W / 2) as i64,
+        (W / 2) as i64..W as i64,
         "HELD-OUT ACCURACY",
         x_max,
         0.0..=1.0,

@@ -180,14 +180,26 @@ fn no_negative_zero() {
     assert_eq!(fmt_metric(f64::NAN, 3), "NaN");
 }
 
-/// A job that records the steps it ran, checkpointing through the run's end-of-step protocol.
+/// A job that records its start and the steps it ran, checkpointing through the run's
+/// end-of-step protocol; its recipe is its number of steps.
 struct Counter {
     run: Run,
     ran: Vec<usize>,
 }
 
-impl Job for Counter {
+impl<'r> Job<'r> for Counter {
+    type Recipe = usize;
     type Summary = (Vec<usize>, bool);
+
+    fn setup(steps: &'r usize, out: &'r Path, opts: &RunOptions) -> Result<Self> {
+        let run = Run::open(out, opts, &spec(*steps))?;
+        Ok(Counter { run, ran: vec![] })
+    }
+
+    fn start(mut self) -> Result<Self> {
+        self.ran.push(usize::MAX);
+        Ok(self)
+    }
 
     fn run(&self) -> &Run {
         &self.run
@@ -212,30 +224,25 @@ impl Job for Counter {
     }
 }
 
-/// The job loop runs steps 0..steps, ends at a stop (interrupted), and a resumed run starts at
+/// The job loop starts the job once, runs steps 0..steps, ends at a stop (interrupted), and a resumed run starts at
 /// the step after the checkpoint and runs to the last.
 #[test]
 fn the_job_loop_stops_and_resumes_at_the_checkpoint() {
-    let d = tmpdir("drive");
+    let d = tmpdir("job-loop");
     let opts = RunOptions {
         quiet: true,
         stop_after: Some(2),
         ..RunOptions::default()
     };
-    let run = Run::open(&d, &opts, &spec(5)).unwrap();
-    assert_eq!(run.steps(), 5);
-    let job = Counter { run, ran: vec![] };
-    let (ran, interrupted) = drive(job, std::time::Instant::now()).unwrap();
-    assert_eq!((ran, interrupted), (vec![0, 1], true));
+    let (ran, interrupted) = train::<Counter>(&5, &d, &opts).unwrap();
+    assert_eq!((ran, interrupted), (vec![usize::MAX, 0, 1], true));
     let opts = RunOptions {
         quiet: true,
         resume: true,
         ..RunOptions::default()
     };
-    let run = Run::open(&d, &opts, &spec(5)).unwrap();
-    let job = Counter { run, ran: vec![] };
-    let (ran, interrupted) = drive(job, std::time::Instant::now()).unwrap();
-    assert_eq!((ran, interrupted), (vec![2, 3, 4], false));
+    let (ran, interrupted) = train::<Counter>(&5, &d, &opts).unwrap();
+    assert_eq!((ran, interrupted), (vec![usize::MAX, 2, 3, 4], false));
     let rows = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
     assert_eq!(rows.lines().count(), 5, "{rows}");
     std::fs::remove_dir_all(&d).ok();

@@ -32,6 +32,26 @@ pub struct CriticBatch {
     pub weights: Option<Tensor<2>>,
 }
 
+/// What one critic update regresses: the critic's inputs for the batch's rows and their
+/// values, returns and mask.
+pub struct CriticData<'a, E> {
+    /// The critic's inputs (the actor's experience) for the batch's rows.
+    pub experience: &'a E,
+    /// The rows' values, returns, mask and weights.
+    pub batch: &'a CriticBatch,
+}
+
+/// How one step's critic update runs: its loss, its passes and its learning rate.
+#[derive(Debug, Clone, Copy)]
+pub struct CriticStep<'a> {
+    /// The value loss.
+    pub cfg: &'a CriticConfig,
+    /// Epochs × mini-batches × micro-batches (the actor's).
+    pub schedule: &'a UpdateSchedule,
+    /// The critic's learning rate this step.
+    pub lr: f64,
+}
+
 /// Runs the critic's update and returns the new critic and its `critic/*` metrics.
 ///
 /// # Errors
@@ -39,12 +59,12 @@ pub struct CriticBatch {
 pub fn critic_update<C: Critic>(
     critic: C,
     optim: &mut Optimizer,
-    (experience, batch): (&C::Experience, &CriticBatch),
-    cfg: &CriticConfig,
-    schedule: &UpdateSchedule,
-    lr: f64,
+    data: CriticData<'_, C::Experience>,
+    how: CriticStep<'_>,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
 ) -> Result<(C, UpdateStats), EngineError> {
+    let CriticStep { cfg, schedule, lr } = how;
+    let CriticData { experience, batch } = data;
     cfg.validate()?;
     let steps = Steps {
         schedule,

@@ -41,7 +41,7 @@ mod update;
 mod world;
 pub use world::{broadcast_trained, check_identical};
 
-pub use critic::{Critic, CriticBatch, critic_update};
+pub use critic::{Critic, CriticBatch, CriticData, CriticStep, critic_update};
 pub use optim::{
     ClipMode, Optimizer, OptimizerConfig, StepReport, clip_coefficient, global_grad_norm,
 };
@@ -49,5 +49,5 @@ pub use parallel::{DataParallel, ParallelError, Reduce, Replicate};
 pub use pass::{UpdateData, update};
 pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
-pub use sequential::sequential_update;
+pub use sequential::{Turns, sequential_update};
 pub use update::{Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step};

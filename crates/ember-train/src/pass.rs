@@ -46,11 +46,12 @@ pub fn update<A: Actor>(
     };
     match cfg.schedule.lopti_threshold {
         None => pass.run(actor, optim, cfg, lr, order),
-        Some(eta) => lopti(actor, optim, pass, cfg, lr, eta, order),
+        Some(_) => lopti(actor, optim, pass, cfg, lr, order),
     }
 }
 
-/// Lopti (Yang et al. 2025, §4.2; AR-Lopti `ray_trainer.py`): the steps whose π_old < η take a
+/// Lopti (Yang et al. 2025, §4.2; AR-Lopti `ray_trainer.py`): the steps whose π_old < η
+/// (`cfg.schedule.lopti_threshold`; without one, a plain pass) take a
 /// whole update first, then the others take one, against the same π_old; a set without steps
 /// takes none. Metrics are the two passes' means (`actor/skipped_steps` their sum), plus
 /// `actor/lopti_low_frac`, the share of valid steps in the first set.
@@ -60,9 +61,11 @@ fn lopti<A: Actor>(
     pass: Pass<'_, A::Experience>,
     cfg: &UpdateConfig,
     lr: f64,
-    eta: f32,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
 ) -> Result<(A, UpdateStats), EngineError> {
+    let Some(eta) = cfg.schedule.lopti_threshold else {
+        return pass.run(actor, optim, cfg, lr, order);
+    };
     if let PolicyLossKind::Opmd { k2_coef, .. } = cfg.loss.policy
         && k2_coef != 0.0
     {

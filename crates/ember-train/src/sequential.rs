@@ -12,6 +12,17 @@ use burn::tensor::Tensor;
 use ember_engine::keys;
 use ember_engine::{Advantages, EngineError, Metrics, TurnUpdates, turn_count, turn_mask};
 
+/// How a turn-by-turn update runs: each turn's update, the turns' order, and the actor's
+/// log-probs between two turns.
+pub struct Turns<'a, A> {
+    /// Each turn's update.
+    pub cfg: &'a UpdateConfig,
+    /// The turns and their order.
+    pub turns: &'a TurnUpdates,
+    /// The current actor's `[batch, steps]` log-probs, without gradient.
+    pub rescore: &'a mut dyn FnMut(&A) -> Tensor<2>,
+}
+
 /// Runs SeeUPO's turn-by-turn updates and returns the new actor.
 ///
 /// `batch` must carry `turn_ids` and old (or rollout) log-probs; `adv` is the estimator's output
@@ -27,11 +38,15 @@ pub fn sequential_update<A: Actor>(
     mut actor: A,
     optim: &mut Optimizer,
     data: UpdateData<'_, A::Experience>,
-    (cfg, turns): (&UpdateConfig, &TurnUpdates),
+    how: Turns<'_, A>,
     lr: f64,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
-    rescore: &mut dyn FnMut(&A) -> Tensor<2>,
 ) -> Result<(A, UpdateStats), EngineError> {
+    let Turns {
+        cfg,
+        turns,
+        rescore,
+    } = how;
     turns.validate()?;
     let UpdateData {
         experience,

@@ -3,7 +3,7 @@
 //! Gaussian log-likelihood under the current weights (Flow-GRPO eq. 9; DDPO, Black et al. 2023,
 //! eq. 4), so the engine's ratios, clipping, KL and aggregation apply unchanged.
 
-use crate::dit::FlowDit;
+use crate::dit::{FlowDit, Guidance};
 use crate::sde::{SdeCoef, gaussian_log_prob};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_train::{Actor, Replicate, Scored};
@@ -132,14 +132,11 @@ impl FlowExperience {
             .unsqueeze_dim::<2>(1)
             .repeat_dim(1, k)
             .reshape([r * k]);
-        let v = model.guided_with(
-            x.clone(),
-            t,
-            labels,
-            self.guidance,
-            adapters,
-            self.detach_uncond,
-        );
+        let guidance = Guidance {
+            scale: self.guidance,
+            detach_uncond: self.detach_uncond,
+        };
+        let v = model.guided_with(x.clone(), t, labels, guidance, adapters);
         let mean = x * per_row(|c| c.a_x) + v * per_row(|c| c.a_v);
         (mean, next, per_row)
     }

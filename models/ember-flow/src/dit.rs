@@ -248,6 +248,15 @@ impl DitBlock {
     }
 }
 
+/// Classifier-free guidance's weight w and whether its unconditional branch is detached.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Guidance {
+    /// w of v_u + w·(v_c − v_u); 1 is the conditional model alone.
+    pub scale: f32,
+    /// Stop the gradient through v_u (sg[v_u]).
+    pub detach_uncond: bool,
+}
+
 impl FlowDit {
     /// This model with its products in `precision` (parameters stay f32).
     pub fn with_precision(mut self, precision: Precision) -> Self {
@@ -355,7 +364,11 @@ impl FlowDit {
         guidance: f32,
         adapters: bool,
     ) -> Tensor<2> {
-        self.guided_with(x, t, labels, guidance, adapters, false)
+        let guidance = Guidance {
+            scale: guidance,
+            detach_uncond: false,
+        };
+        self.guided_with(x, t, labels, guidance, adapters)
     }
 
     /// [`guided`](Self::guided), with the unconditional branch v_u optionally detached: the
@@ -366,10 +379,13 @@ impl FlowDit {
         x: Tensor<2>,
         t: Tensor<1>,
         labels: Tensor<1, Int>,
-        guidance: f32,
+        guidance: Guidance,
         adapters: bool,
-        detach_uncond: bool,
     ) -> Tensor<2> {
+        let Guidance {
+            scale: guidance,
+            detach_uncond,
+        } = guidance;
         if guidance == 1.0 {
             return self.forward_with(x, t, labels, adapters);
         }

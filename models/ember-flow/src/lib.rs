@@ -24,7 +24,7 @@ mod sde;
 
 pub use actor::FlowExperience;
 pub use classifier::DigitClassifier;
-pub use dit::{FlowDit, FlowDitConfig, LORA_TARGETS};
+pub use dit::{FlowDit, FlowDitConfig, Guidance, LORA_TARGETS};
 pub use ema::ema_update;
 pub use error::{FlowError, Result};
 pub use loss::{flow_matching_loss, ram_loss};

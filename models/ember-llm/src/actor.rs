@@ -1,6 +1,6 @@
 //! The LLM as an [`Actor`] of the trainer: its steps are response tokens.
 
-use crate::model::Llama;
+use crate::model::{Llama, Scoring};
 use crate::shared::SharedRows;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use ember_train::{Actor, Replicate, Scored};
@@ -143,9 +143,11 @@ impl Actor for Llama {
                 c.tokens.clone(),
                 c.mask.clone(),
                 c.response_len,
-                exp.temperature,
-                with_entropy,
-                exp.adapters,
+                Scoring {
+                    temperature: exp.temperature,
+                    entropy: with_entropy,
+                    adapters: exp.adapters,
+                },
             ),
         };
         let (log_probs, entropy) = (c.pad(log_probs), entropy.map(|e| c.pad(e)));

@@ -69,7 +69,7 @@ pub use lora::{
     save_peft, target_paths,
 };
 pub use mixture::{apply_mixture, mixtures};
-pub use model::{Llama, chosen_log_probs};
+pub use model::{Llama, Scoring, chosen_log_probs};
 pub use quantize::load_with_blocks;
 pub use rope::RopeScaling;
 pub use sample::{

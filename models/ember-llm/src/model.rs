@@ -301,31 +301,16 @@ impl Attention {
         (apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
     }
 
-    /// softmax(q kᵀ/√d + bias) v over `k`, `v` `[b, kv_heads, keys, hd]`; bias `[b, 1, t, keys]`.
-    /// `fused` runs burn's `attention` op (a fused kernel where the backend has one; the same
-    /// formula decomposed elsewhere and under autodiff); otherwise explicit products and softmax,
-    /// which every backend runs for every shape, one query token included.
-    fn attend(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        v: Tensor<4>,
-        bias: Tensor<4>,
-        c: &RouteCtx,
-        fused: bool,
-    ) -> Tensor<3> {
-        proj(
-            &self.o_proj,
-            &self.blocks[3],
-            &self.o_mix,
-            self.heads(q, k, v, bias, fused),
-            c,
-        )
+    /// W_o over the heads' outputs `[b, t, heads·hd]` ([`heads`](Self::heads)).
+    fn output(&self, heads: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
+        proj(&self.o_proj, &self.blocks[3], &self.o_mix, heads, c)
     }
 
-    /// The heads' outputs `[b, t, heads·hd]` before W_o (see [`attend`](Self::attend));
-    /// `ember_kernels::op::attention` chooses the kernel (`fused`: burn's fused attention where
-    /// Ember's does not run).
+    /// softmax(q kᵀ/√d + bias) v over `k`, `v` `[b, kv_heads, keys, hd]`, bias `[b, 1, t, keys]`:
+    /// the heads' outputs `[b, t, heads·hd]` before W_o. `ember_kernels::op::attention` chooses
+    /// the kernel; `fused` runs burn's `attention` op where Ember's does not run (a fused kernel
+    /// where the backend has one; the same formula decomposed elsewhere and under autodiff),
+    /// otherwise explicit products and softmax, which every backend runs for every shape.
     pub(crate) fn heads(
         &self,
         q: Tensor<4>,
@@ -695,14 +680,11 @@ impl Llama {
             let x = rms_norm(&layer.input_layernorm, h.clone());
             let (q, k, v) = layer.self_attn.project(x, &rope, ctx);
             let (k_all, v_all) = cache.write(i, start, k, v);
-            h = h + layer.self_attn.attend(
-                q,
-                prefix(k_all),
-                prefix(v_all),
-                bias.clone(),
-                ctx,
-                self.fused_attention && t > 1,
-            );
+            let fused = self.fused_attention && t > 1;
+            let heads = layer
+                .self_attn
+                .heads(q, prefix(k_all), prefix(v_all), bias.clone(), fused);
+            h = h + layer.self_attn.output(heads, ctx);
             let x = rms_norm(&layer.post_attention_layernorm, h.clone());
             h = h + layer.mlp.forward(x, ctx, i, &mut None);
         }
@@ -725,7 +707,12 @@ impl Llama {
         adapters: bool,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
         let t = tokens.dims()[1];
-        self.last_log_probs(tokens, mask, t - 1, temperature, with_entropy, adapters)
+        let how = Scoring {
+            temperature,
+            entropy: with_entropy,
+            adapters,
+        };
+        self.last_log_probs(tokens, mask, t - 1, how)
     }
 
     /// [`token_log_probs`](Self::token_log_probs) of the last `n` tokens only (a response after
@@ -740,10 +727,13 @@ impl Llama {
         tokens: Tensor<2, Int>,
         mask: Tensor<2>,
         n: usize,
-        temperature: f32,
-        with_entropy: bool,
-        adapters: bool,
+        how: Scoring,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let Scoring {
+            temperature,
+            entropy: with_entropy,
+            adapters,
+        } = how;
         let [b, t] = tokens.dims();
         assert!(
             n >= 1 && n < t,
@@ -835,6 +825,18 @@ impl Llama {
 /// Logit elements per chunk of [`Llama::last_log_probs`] (16 MiB of f32, under glibc's largest
 /// mmap threshold of 32 MiB).
 const LOGITS_CHUNK: usize = 1 << 22;
+
+/// How tokens are scored: the softmax's temperature, whether the entropy is returned beside
+/// the log-probs, and whether the LoRA adapters are on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scoring {
+    /// The softmax's temperature (the sampler's).
+    pub temperature: f32,
+    /// Return each position's entropy too.
+    pub entropy: bool,
+    /// The LoRA adapters on (off: the base model).
+    pub adapters: bool,
+}
 
 /// log softmax(z/T)_y = (z_y − m)/T − log Σ_v exp((z_v − m)/T) with m = max z (detached: the
 /// shift cancels in value and gradient), and the entropy H = log S − Σ_v e_v·s_v / S with

@@ -65,8 +65,7 @@ pub struct FlowSummary {
 /// Runs the recipe, writing into `out`: set-up, then per step rollout → reward → advantages →
 /// update → log, evaluation and checkpoint, then the final samples and summary.
 pub fn train(r: &FlowRecipe, out: &Path, opts: &RunOptions) -> Result<FlowSummary> {
-    let job = FlowJob::new(r, out, opts)?;
-    ember_run::drive(job, Instant::now())
+    ember_run::train::<FlowJob>(r, out, opts)
 }
 
 /// The run between steps: what every step uses and what a checkpoint holds.
@@ -338,8 +337,13 @@ impl FlowJob<'_> {
     }
 }
 
-impl ember_run::Job for FlowJob<'_> {
+impl<'a> ember_run::Job<'a> for FlowJob<'a> {
+    type Recipe = FlowRecipe;
     type Summary = FlowSummary;
+
+    fn setup(r: &'a FlowRecipe, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        Self::new(r, out, opts)
+    }
 
     fn run(&self) -> &ember_run::Run {
         &self.run

@@ -13,7 +13,9 @@ use crate::llm::build_policy;
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::schema::Recipe;
 use crate::llm::setup::{optimizer, rollout_sampling, update_config};
-use crate::lm::step::{Reference, UpdateCtx, experience, features_at, greedy_sampling, rescore};
+use crate::lm::step::{
+    Reference, Rescoring, UpdateCtx, experience, features_at, greedy_sampling, rescore,
+};
 use crate::lm::{Policy, evaluate};
 use anyhow::{Context, Result, bail};
 use burn::module::Module;
@@ -330,9 +332,12 @@ impl Plan<'_> {
         .with_rollout_log_probs(Tensor::<2>::zeros([rows, nw], ad))?;
         // The job's rescoring (the tiny policy's separate reference model has the policy's
         // shapes, so the adapters-off pass stands in for it).
-        let recompute = r.train.run.recompute_old_log_probs;
-        let kl_reference = (r.train.run.kl_coef > 0.0).then_some(Reference::AdaptersOff);
-        batch = rescore(batch, &exp, None, sampler, recompute, kl_reference, ad)?;
+        let how = Rescoring {
+            sampler,
+            recompute_old: r.train.run.recompute_old_log_probs,
+            reference: (r.train.run.kl_coef > 0.0).then_some(Reference::AdaptersOff),
+        };
+        batch = rescore(batch, &exp, None, how, ad)?;
         if self.parts.advantage.kind.needs_greedy_baseline() {
             batch = batch.with_baseline_rewards(Tensor::<1>::zeros([rows], ad))?;
         }

@@ -6,6 +6,7 @@ use super::yes_probability;
 use crate::lm::participant::Loaded;
 use anyhow::Result;
 use burn::tensor::{Int, Tensor, TensorData};
+use ember_llm::Scoring;
 
 impl Loaded {
     /// P(yes) against P(no) for each prompt: from one batched forward pass when each word is
@@ -86,9 +87,16 @@ impl Loaded {
         }
         let n = ks.iter().copied().max().unwrap_or(1);
         let (tokens, mask) = ember_llm::left_pad(&rows, &self.device);
-        let (lps, _) = self
-            .model
-            .last_log_probs(tokens, mask, n, 1.0, false, false);
+        let (lps, _) = self.model.last_log_probs(
+            tokens,
+            mask,
+            n,
+            Scoring {
+                temperature: 1.0,
+                entropy: false,
+                adapters: false,
+            },
+        );
         let data = lps
             .into_data()
             .try_to_vec::<f32>()

@@ -216,8 +216,7 @@ pub(crate) fn envelope(
     object: &str,
     model: &str,
     choices: Vec<Value>,
-    prompt_tokens: usize,
-    completion_tokens: usize,
+    usage: Usage,
 ) -> Value {
     json!({
         "id": st.next_id(prefix),
@@ -225,10 +224,6 @@ pub(crate) fn envelope(
         "created": now(),
         "model": model,
         "choices": choices,
-        "usage": Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-        },
+        "usage": usage,
     })
 }

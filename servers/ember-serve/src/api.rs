@@ -444,6 +444,17 @@ pub struct Usage {
     pub total_tokens: usize,
 }
 
+impl Usage {
+    /// The usage of `prompt_tokens` read and `completion_tokens` generated.
+    pub fn of(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
 /// The JSON body as `T`, or the error a client can act on (413 past the limit, 400 naming
 /// the JSON problem).
 pub(crate) fn parse<T: DeserializeOwned>(

@@ -13,7 +13,7 @@
 use super::answer::{
     check_budget, check_lengths, cut, enqueue, envelope, finish, submit, text_offsets, token_text,
 };
-use super::api::{ApiError, CompletionRequest, Params};
+use super::api::{ApiError, CompletionRequest, Params, Usage};
 use super::engine::{Choice, Msg};
 use super::state::{AppState, shutting_down};
 use serde_json::{Value, json};
@@ -127,7 +127,6 @@ pub(crate) async fn completions(
         "text_completion",
         &req.model,
         out,
-        prompt_tokens,
-        completion_tokens,
+        Usage::of(prompt_tokens, completion_tokens),
     ))
 }

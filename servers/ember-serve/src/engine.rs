@@ -161,18 +161,29 @@ pub struct Budget {
     pub max_cells: usize,
 }
 
+/// The base model an engine serves: its name, weights and config, and the tokens that end a
+/// row.
+pub struct Base {
+    /// The name requests give it.
+    pub name: String,
+    /// The weights.
+    pub model: Llama,
+    /// Its configuration.
+    pub config: LlamaConfig,
+    /// The tokens that end a row.
+    pub stop_tokens: Vec<u32>,
+}
+
 impl Engine {
-    /// An engine over `base` (served as `base_name`), stopping on `stop_tokens`, batching within
-    /// `budget` per call.
-    pub fn new(
-        base_name: String,
-        base: Llama,
-        config: LlamaConfig,
-        stop_tokens: Vec<u32>,
-        device: Device,
-        budget: Budget,
-        names: Names,
-    ) -> Self {
+    /// An engine over `base` on `device`, batching within `budget` per call; `names` lists the
+    /// models it serves.
+    pub fn new(base: Base, device: Device, budget: Budget, names: Names) -> Self {
+        let Base {
+            name: base_name,
+            model: base,
+            config,
+            stop_tokens,
+        } = base;
         let Budget {
             max_rows,
             max_cells,

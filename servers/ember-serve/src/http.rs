@@ -4,7 +4,7 @@
 use super::answer::{check_lengths, cut, envelope, finish, submit, text_offsets, token_text};
 use super::api::{
     ApiError, ChatRequest, CompletionRequest, LoadLora, Prompt, Stop, UnloadLora, UpdateWeights,
-    chat_messages, parse,
+    Usage, chat_messages, parse,
 };
 use super::engine::Msg;
 use super::state::{AppState, control};
@@ -266,8 +266,7 @@ async fn completions_inner(
         "text_completion",
         &req.model,
         out,
-        prompt_tokens,
-        completion_tokens,
+        Usage::of(prompt_tokens, completion_tokens),
     );
     Ok(axum::Json(v).into_response())
 }
@@ -378,8 +377,7 @@ async fn chat_inner(
         "chat.completion",
         &req.model,
         out,
-        prompts[0].len(),
-        completion_tokens,
+        Usage::of(prompts[0].len(), completion_tokens),
     );
     if with_ids {
         v["prompt_token_ids"] = json!(&prompts[0]);

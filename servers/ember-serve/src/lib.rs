@@ -53,7 +53,7 @@ mod tokenize;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
-use engine::{Engine, Msg, Names};
+use engine::{Base, Engine, Msg, Names};
 use state::ModelInfo;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -271,19 +271,16 @@ fn start_engine(
         );
     }
     let budget = budget(a);
-    let (model, config) = (loaded.model, loaded.config);
-    let mut engine = Engine::new(
-        base_name,
-        model,
-        config,
-        stop,
-        device.clone(),
-        budget,
-        names,
-    )
-    .with_max_loras(a.max_loras)
-    .with_chunk_tokens(a.prefill_chunk_tokens)
-    .with_continuous_batching(a.batching == "continuous");
+    let base = Base {
+        name: base_name,
+        model: loaded.model,
+        config: loaded.config,
+        stop_tokens: stop,
+    };
+    let mut engine = Engine::new(base, device.clone(), budget, names)
+        .with_max_loras(a.max_loras)
+        .with_chunk_tokens(a.prefill_chunk_tokens)
+        .with_continuous_batching(a.batching == "continuous");
     for req in adapters {
         engine
             .load(req)

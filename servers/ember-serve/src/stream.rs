@@ -246,11 +246,7 @@ impl Events {
         if self.usage {
             let mut v = self.head.clone();
             v["choices"] = json!([]);
-            v["usage"] = json!(Usage {
-                prompt_tokens: self.prompt_tokens,
-                completion_tokens,
-                total_tokens: self.prompt_tokens + completion_tokens,
-            });
+            v["usage"] = json!(Usage::of(self.prompt_tokens, completion_tokens));
             out.extend_from_slice(&event(&v));
         }
         Bytes::from(out)

@@ -33,6 +33,13 @@ fn embeddings(model: &Llama, prompts: &[Vec<u32>], device: &Device) -> Result<Ve
     Ok(flat.chunks(d.max(1)).map(<[f32]>::to_vec).collect())
 }
 
+/// A step's samples as scored: each row's example, completion text and reward.
+pub(super) struct Scored<'a> {
+    pub(super) examples: &'a [ember_tasks::task::Example],
+    pub(super) texts: &'a [String],
+    pub(super) rewards: &'a [f32],
+}
+
 impl Job<'_> {
     /// The step's rollout with feedback: the samples from scratch, the contexts, the feedback
     /// samples, one group per problem (its samples from scratch first).
@@ -122,12 +129,15 @@ impl Job<'_> {
     pub(super) fn learn_from_step(
         &mut self,
         step: usize,
-        texts: &[String],
-        rewards: &[f32],
-        examples: &[ember_tasks::task::Example],
+        samples: Scored<'_>,
         shown: &mut [serde_json::Map<String, serde_json::Value>],
         row: &mut Row,
     ) -> Result<()> {
+        let Scored {
+            examples,
+            texts,
+            rewards,
+        } = samples;
         let Some(lanpo) = self.lanpo.as_mut() else {
             return Ok(());
         };

@@ -4,21 +4,20 @@
 //! per step rollout → reward → rescoring → filters → advantages and update → log, evaluation and
 //! checkpoint (the run kit's end-of-step protocol). The set-up is in `setup.rs`.
 
-use crate::common::run::open_run;
-use crate::llm::adaptive::{AdaScoring, ada_rollout};
 use crate::llm::critic::{Critic, update_step};
 use crate::llm::lanpo::Lanpo;
-use crate::llm::pipeline::{Draw, Generator, Pipeline};
+use crate::llm::pipeline::{Generator, Pipeline};
+use crate::llm::plop::Placing;
 use crate::llm::ranks;
 use crate::llm::remote::Remote;
-use crate::llm::replay::Replay;
+use crate::llm::replay::{Fresh, Replay};
 use crate::llm::saved::{Extras, save_checkpoint};
 use crate::llm::schema::Recipe;
 use crate::llm::teacher::Teacher;
 use crate::lm::score::{Scorer, completions, json_number, shown_samples, with_reward_parts};
 use crate::lm::step::{
-    Reference, SamplerRef, UpdateCtx, experience, greedy_baseline, keep_rows, prompt_features,
-    rescore, rollout_metrics, stats_line,
+    Reference, Rescoring, SamplerRef, UpdateCtx, experience, greedy_baseline, keep_rows,
+    prompt_features, rescore, rollout_metrics, stats_line,
 };
 use crate::lm::{Policy, evaluate, evaluate_sampled, write_final};
 use anyhow::{Context, Result};
@@ -30,12 +29,13 @@ use ember_llm::actor::LlmExperience;
 use ember_llm::{Generation, Llama, SamplingConfig};
 use ember_run::{Row, Run, RunOptions, Timings};
 use ember_tasks::task::{Example, TaskSet};
-use ember_train::{Optimizer, UpdateConfig};
+use ember_train::{DataParallel, Optimizer, UpdateConfig};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 mod lanpo;
+mod rounds;
 mod setup;
 
 /// What a run reports at the end.
@@ -58,31 +58,12 @@ pub struct Summary {
 /// Runs the recipe, writing into `out`: set-up, then per step rollout → reward → rescoring →
 /// filters → advantages and update → log, evaluation and checkpoint, then the end.
 pub fn train(r: &Recipe, out: &Path, opts: &RunOptions) -> Result<Summary> {
-    let start = Instant::now();
-    let curves = (keys::ROLLOUT_REWARD_MEAN, keys::EVAL_ACCURACY);
-    // What several ranks cannot run yet is refused before the run directory is touched.
-    if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
-        ranks::supported(r, w)?;
-    }
-    let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
-    let task = r.task.build()?;
-    let base = crate::common::device::device(&r.header.device)?;
-    // `[data_parallel]`: checked before the warm-up and the first evaluation.
-    let group = crate::common::device::data_parallel(&r.header.device, r.data_parallel)?;
-    // `targets = "plop"`: chosen now, or read back when resuming.
-    let placed = crate::llm::plop::place(r, &task, &run, &base)?;
-    let mut job = Job::new(&placed, out, run, task, base)?;
-    if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
-        job.check_every = ranks::check_every(w)?;
-        job.world = Some(w.clone());
-    }
-    let mut job = job.start()?;
-    job.prepare_update(group)?;
-    ember_run::drive(job, start)
+    ember_run::train::<Job>(&Placing::new(r), out, opts)
 }
 
 /// The run between steps: what every step uses and what a checkpoint holds.
 struct Job<'a> {
+    /// The recipe with its LoRA targets placed (`targets = "plop"`).
     r: &'a Recipe,
     out: &'a Path,
     run: Run,
@@ -118,18 +99,23 @@ struct Job<'a> {
     /// `EMBER_DIST_CHECK_EVERY`: the ranks compare their parameters this often (0: at the
     /// checkpoints and the last step only).
     check_every: usize,
+    /// `[data_parallel]`'s group, from the set-up to the optimizer's.
+    group: Option<Arc<DataParallel>>,
 }
 
 /// A step's rollout, scored and rescored, before the update.
 struct Prepared {
-    batch: RolloutBatch,
-    /// The experience on the host device.
-    exp: LlmExperience,
-    /// The rows the filters keep.
-    kept: Vec<usize>,
+    rollout: Kept,
     responses: Vec<Vec<u32>>,
     timing: Timings,
     shown: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A step's rollout batch, its experience on the host device, and the rows the filters keep.
+struct Kept {
+    batch: RolloutBatch,
+    exp: LlmExperience,
+    kept: Vec<usize>,
 }
 
 /// A step's rollout as sampled (beside its generation): the prompts, the sampler and its
@@ -184,7 +170,14 @@ impl Job<'_> {
         };
         // ReRULE: replayed hard groups join the fresh ones, their sampler's log-probs as μ.
         let mixed = match self.replay.as_mut() {
-            Some(rp) => rp.mix(step, r.train.run.steps, &sampled.prompts, &g, &rewards, row)?,
+            Some(rp) => {
+                let fresh = Fresh {
+                    prompts: &sampled.prompts,
+                    g: &g,
+                    rewards: &rewards,
+                };
+                rp.mix([step, r.train.run.steps], fresh, row)?
+            }
             None => None,
         };
         let (gt, rt) = match &mixed {
@@ -206,11 +199,14 @@ impl Job<'_> {
         crate::lm::step::warn_if_nothing_valid(&r.header.name, step, &rewards);
         let n = r.train.run.log_samples;
         let mut shown = shown_samples(n, &g, examples, &texts, &responses, &rewards);
-        self.learn_from_step(step, &texts, &rewards, examples, &mut shown, row)?;
+        let scored = lanpo::Scored {
+            examples,
+            texts: &texts,
+            rewards: &rewards,
+        };
+        self.learn_from_step(step, scored, &mut shown, row)?;
         Ok(Prepared {
-            batch,
-            exp,
-            kept,
+            rollout: Kept { batch, exp, kept },
             responses,
             timing,
             shown,
@@ -284,48 +280,6 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// Reinforce-Ada's rollout: rounds drawn and scored until each prompt's pool is balanced.
-    fn sample_in_rounds(&mut self, step: usize, row: &mut Row) -> Result<(Sampled, Generation)> {
-        let r = self.r;
-        let ada = self.parts.adaptive.context("rounds need Reinforce-Ada")?;
-        let Draw {
-            examples,
-            prompts,
-            sc,
-            ..
-        } = self.draw(step, step)?;
-        let sampler = self.policy.model.valid();
-        let policy = &self.policy;
-        let a = ada_rollout(
-            &ada,
-            r.rollout.samples_per_prompt,
-            &prompts,
-            &examples,
-            SamplerRef::new(&sampler, &sc, &self.base),
-            AdaScoring {
-                scorer: &mut self.scorer,
-                step: step + 1,
-                row,
-                decode: &|ids| policy.decode(ids),
-            },
-        )?;
-        row.insert("rollout/ada_rounds".into(), a.rounds as f64);
-        row.insert("rollout/ada_samples_drawn".into(), a.drawn as f64);
-        row.insert("rollout/ada_unfinished_prompts".into(), a.unfinished as f64);
-        row.insert("rollout/tokens_drawn".into(), a.tokens_drawn as f64);
-        row.insert("rollout/ada_reward_mean_drawn".into(), a.reward_mean_drawn);
-        let pool_stats = ada.global_stats.then_some((a.pool_mean, a.pool_std));
-        let sampled = Sampled {
-            examples,
-            prompts,
-            sampler,
-            sc,
-            scored: Some(a.rewards),
-            pool_stats,
-        };
-        Ok((sampled, a.generation))
-    }
-
     /// The batch of `gt` (the fresh generation `g` and any replayed groups) with rewards `rt`:
     /// the overlong penalty, old-policy and reference log-probs without gradients, the
     /// teacher's part, BASIS's features and ReMax's greedy baseline.
@@ -369,15 +323,12 @@ impl Job<'_> {
             || stale;
         let kl_reference = self.kl_reference();
         let world = self.world.as_ref();
-        batch = rescore(
-            batch,
-            &host_exp,
-            world,
-            &s.sampler,
-            recompute,
-            kl_reference,
-            ad,
-        )?;
+        let how = Rescoring {
+            sampler: &s.sampler,
+            recompute_old: recompute,
+            reference: kl_reference,
+        };
+        batch = rescore(batch, &host_exp, world, how, ad)?;
         if recompute || kl_reference.is_some() {
             let _ = self.base.sync();
             timing.add("ref", t_ref.elapsed().as_secs_f64());
@@ -410,12 +361,15 @@ impl Job<'_> {
     fn update(
         mut self,
         step: usize,
-        batch: RolloutBatch,
-        host: LlmExperience,
-        kept: Vec<usize>,
+        rollout: Kept,
         shown: &mut [serde_json::Map<String, serde_json::Value>],
         row: &mut Row,
     ) -> Result<Self> {
+        let Kept {
+            batch,
+            exp: host,
+            kept,
+        } = rollout;
         let lr = self.lr_at(step);
         let ad = &self.ad;
         let exp = LlmExperience {
@@ -522,8 +476,19 @@ impl Job<'_> {
     }
 }
 
-impl ember_run::Job for Job<'_> {
+impl<'a> ember_run::Job<'a> for Job<'a> {
+    type Recipe = Placing<'a>;
     type Summary = Summary;
+
+    fn setup(r: &'a Placing<'a>, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        Self::open(r, out, opts)
+    }
+
+    fn start(self) -> Result<Self> {
+        let mut job = self.begin()?;
+        job.prepare_update()?;
+        Ok(job)
+    }
 
     fn run(&self) -> &Run {
         &self.run
@@ -546,16 +511,14 @@ impl ember_run::Job for Job<'_> {
         };
         row.insert(keys::ACTOR_LR.to_string(), self.lr_at(step));
         let Prepared {
-            batch,
-            exp,
-            kept,
+            rollout,
             responses,
             mut timing,
             mut shown,
         } = prepared;
-        if !kept.is_empty() {
+        if !rollout.kept.is_empty() {
             let t_update = Instant::now();
-            self = self.update(step, batch, exp, kept, &mut shown, &mut row)?;
+            self = self.update(step, rollout, &mut shown, &mut row)?;
             // With a critic this includes its values, PACT's rescoring and its update (also
             // logged alone as `timing_s/update_critic`).
             timing.add("update_actor", t_update.elapsed().as_secs_f64());

@@ -3,11 +3,13 @@
 //! data-parallel group and servers.
 
 use super::Job;
+use crate::common::run::open_run;
 use crate::llm::build_policy;
 use crate::llm::critic::Critic;
 use crate::llm::lanpo::{Lanpo, Pool};
 use crate::llm::pipeline::Draw;
 use crate::llm::pipeline::Pipeline;
+use crate::llm::plop::Placing;
 use crate::llm::ranks;
 use crate::llm::remote::Remote;
 use crate::llm::replay::{Limits, Replay, StoredGroup};
@@ -25,24 +27,41 @@ use ember_dist::World;
 use ember_engine::ReplayBuffer;
 use ember_engine::SplitMix64;
 use ember_engine::keys;
-use ember_run::{Run, checkpoint};
+use ember_run::{Run, RunOptions, checkpoint};
 use ember_tasks::task::TaskSet;
-use ember_train::{DataParallel, broadcast_trained};
+use ember_train::broadcast_trained;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 impl<'a> Job<'a> {
+    /// Opens the run directory, places the LoRA targets, builds the job; checks what several
+    /// ranks cannot run and the data-parallel group before the run directory or the warm-up.
+    pub(super) fn open(p: &'a Placing<'a>, out: &'a Path, opts: &RunOptions) -> Result<Self> {
+        let r = p.given();
+        let curves = (keys::ROLLOUT_REWARD_MEAN, keys::EVAL_ACCURACY);
+        if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
+            ranks::supported(r, w)?;
+        }
+        let run = open_run(out, opts, &r.header.name, r, r.train.run.run_loop(), curves)?;
+        let task = r.task.build()?;
+        let base = crate::common::device::device(&r.header.device)?;
+        let group = crate::common::device::data_parallel(&r.header.device, r.data_parallel)?;
+        // `targets = "plop"`: chosen now, or read back when resuming.
+        let placed = p.place(&task, &run, &base)?;
+        let mut job = Job::new(placed, out, run, task, base)?;
+        if let Some(w) = opts.world.as_ref().filter(|w| w.size() > 1) {
+            job.check_every = ranks::check_every(w)?;
+            job.world = Some(w.clone());
+        }
+        job.group = group;
+        Ok(job)
+    }
+
     /// The task, the policy (every prompt checked against its context now, not at the step
     /// that first draws it, which would stop every resumed run at the same step), the reward.
-    pub(super) fn new(
-        r: &'a Recipe,
-        out: &'a Path,
-        run: Run,
-        task: TaskSet,
-        base: Device,
-    ) -> Result<Self> {
+    fn new(r: &'a Recipe, out: &'a Path, run: Run, task: TaskSet, base: Device) -> Result<Self> {
         let eval = task.held_out_set(r.header.seed, r.task.eval_size);
         if eval.is_empty() {
             bail!("the task's held-out split is empty");
@@ -90,6 +109,7 @@ impl<'a> Job<'a> {
             accuracy_after: 0.0,
             steps_done: run.first_step(),
             r,
+            group: None,
             out,
             run,
             task,
@@ -103,7 +123,7 @@ impl<'a> Job<'a> {
 
     /// A resumed run's policy and RNG; a fresh run's warm-up, KL reference and first
     /// evaluation.
-    pub(super) fn start(mut self) -> Result<Self> {
+    pub(super) fn begin(mut self) -> Result<Self> {
         let r = self.r;
         let reference_path = self.out.join("reference.bpk");
         if let Some((dir, st)) = self.run.resumed() {
@@ -212,10 +232,10 @@ impl<'a> Job<'a> {
 
     /// The optimizer, PPO's critic (from the policy as the warm-up left it), replay, the
     /// data-parallel group, what a resumed run's checkpoint holds of them, and the servers.
-    pub(super) fn prepare_update(&mut self, group: Option<Arc<DataParallel>>) -> Result<()> {
+    pub(super) fn prepare_update(&mut self) -> Result<()> {
         let r = self.r;
         self.critic = Critic::new(r, &self.policy, &self.ad);
-        if let Some(g) = group {
+        if let Some(g) = self.group.take() {
             self.run.say(&format!(
                 "data-parallel update: {} devices, {} reduction",
                 g.devices().len(),
@@ -266,15 +286,8 @@ impl<'a> Job<'a> {
         self.remote = match r.rollout.backend {
             RolloutBackend::Local => None,
             RolloutBackend::Openai => {
-                let mut rm = Remote::connect(
-                    &r.rollout.base_urls,
-                    r.rollout.model.as_deref().unwrap_or_default(),
-                    r.rollout.request_timeout_s.unwrap_or(600.0),
-                    r.rollout.request_retries.unwrap_or(3),
-                    &format!("{}-{}", r.header.name, std::process::id()),
-                    &self.out.join("serving"),
-                    r.rollout.server_keys()?,
-                )?;
+                let tag = format!("{}-{}", r.header.name, std::process::id());
+                let mut rm = Remote::connect(&r.rollout, &tag, &self.out.join("serving"))?;
                 // A rollout k steps stale needs its step's adapter while k newer are pushed.
                 rm.keep_versions(r.rollout.max_staleness + 1);
                 Some(Arc::new(Mutex::new(rm)))

@@ -860,3 +860,30 @@ fn library_code(dirs: &[&str]) -> Vec<(String, String)> {
     }
     out
 }
+
+/// `models/ember-llm` is three rooms: the model (the files of `src/`), `load/` and `decode/`.
+/// Loading and decoding import the model; the model imports neither, and decoding does not
+/// import loading (`lib.rs` only re-exports).
+#[test]
+fn the_llm_rooms_import_one_way() {
+    let src = root().join("models").join("ember-llm").join("src");
+    let mut wrong = Vec::new();
+    for f in rust_files(&src) {
+        let rel = f.strip_prefix(&src).unwrap().display().to_string();
+        let forbidden: &[&str] = if rel.starts_with("decode/") {
+            &["crate::load"]
+        } else if rel.starts_with("load/") || rel == "lib.rs" {
+            &[]
+        } else {
+            &["crate::load", "crate::decode"]
+        };
+        let text = std::fs::read_to_string(&f).unwrap();
+        for line in code_lines(non_test_part(&text)) {
+            if let Some(name) = forbidden.iter().find(|n| line.contains(*n)) {
+                wrong.push(format!("{rel} imports {name}: `{line}`"));
+            }
+        }
+    }
+    assert!(rust_files(&src).len() >= 20, "ember-llm's files moved");
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

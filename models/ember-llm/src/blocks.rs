@@ -4,7 +4,7 @@
 //! the blocks the same way). Passes over many rows (prefill, scoring, training) keep the f32
 //! weights, where a matrix product reuses each weight across the rows.
 //!
-//! Blocks are kept only where they equal the f32 weights (`crate::quantize`), so a decoding
+//! Blocks are kept only where they equal the f32 weights (`crate::load::quantize`), so a decoding
 //! step computes the model every other pass computes, up to the order of the sums. `BF16`
 //! weights (packed once for AMX tiles) are the exception: their product rounds
 //! the activations to bf16 as well, so they serve only a model whose products were chosen to

@@ -35,7 +35,7 @@ pub enum LlmError {
     Manifest(#[from] ember_train::manifest::ManifestError),
     /// GGUF reading failed.
     #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
+    Gguf(#[from] GgufError),
     /// The tokenizer could not be built or failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -58,4 +58,43 @@ impl LlmError {
             source,
         }
     }
+}
+
+/// What can go wrong reading a GGUF file.
+#[derive(Debug, Error)]
+pub enum GgufError {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid GGUF file.
+    #[error("{path}: not a valid GGUF file: {reason}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor uses a quantization this reader does not implement.
+    #[error("tensor `{name}` has GGML type {ggml_type} ({type_name}), which is not supported")]
+    UnsupportedType {
+        /// Tensor name.
+        name: String,
+        /// GGML type id.
+        ggml_type: u32,
+        /// Its name, when known.
+        type_name: &'static str,
+    },
+    /// A tensor or metadata key that is needed is missing.
+    #[error("GGUF file has no {kind} `{name}`")]
+    Missing {
+        /// "tensor" or "metadata key".
+        kind: &'static str,
+        /// The name.
+        name: String,
+    },
 }

@@ -6,7 +6,7 @@
 //! adapter stores `a` `[in, r]`, `b` `[r, out]` with the same scale, so the two are transposes.
 
 use crate::error::{LlmError, Result};
-use crate::load::{write_atomic, write_safetensors};
+use crate::files::{write_atomic, write_safetensors};
 use crate::model::Llama;
 use burn::module::Lora;
 use burn::module::{LoraAdapter, Module, Param, ParamGroup, Reparameterizer};
@@ -303,10 +303,10 @@ pub fn load_peft(model: Llama, dir: &Path, device: &Device) -> Result<(Llama, Lo
     };
     settings.validate()?;
     let st_path = dir.join("adapter_model.safetensors");
-    let mut src = crate::load::SafetensorsSource::open_file(&st_path)?;
+    let mut src = crate::files::SafetensorsSource::open_file(&st_path)?;
     let mut factors = HashMap::new();
     for (ours, hf) in target_paths(&model, &settings.targets) {
-        use crate::load::WeightSource;
+        use crate::files::WeightSource;
         let missing = |k: &str| LlmError::Checkpoint {
             path: st_path.clone(),
             reason: format!("missing tensor `{k}`"),

@@ -8,46 +8,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use thiserror::Error;
 
-/// What can go wrong reading a GGUF file.
-#[derive(Debug, Error)]
-pub enum GgufError {
-    /// The file could not be opened or read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The bytes are not a valid GGUF file.
-    #[error("{path}: not a valid GGUF file: {reason}")]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A tensor uses a quantization this reader does not implement.
-    #[error("tensor `{name}` has GGML type {ggml_type} ({type_name}), which is not supported")]
-    UnsupportedType {
-        /// Tensor name.
-        name: String,
-        /// GGML type id.
-        ggml_type: u32,
-        /// Its name, when known.
-        type_name: &'static str,
-    },
-    /// A tensor or metadata key that is needed is missing.
-    #[error("GGUF file has no {kind} `{name}`")]
-    Missing {
-        /// "tensor" or "metadata key".
-        kind: &'static str,
-        /// The name.
-        name: String,
-    },
-}
+pub use crate::error::GgufError;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]

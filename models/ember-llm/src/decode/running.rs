@@ -17,9 +17,9 @@
 //! Tokens are read back once per step (the scheduler must know which rows ended).
 
 use crate::cache::{CacheShape, KvCache, bucketed};
+use crate::decode::sample::{left_pad, sample_rows_with, truncate};
 use crate::error::{LlmError, Result};
 use crate::model::Llama;
-use crate::sample::{left_pad, sample_rows_with, truncate};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use ember_engine::SplitMix64;
@@ -39,7 +39,7 @@ pub struct RowSampling {
 
 impl RowSampling {
     fn scoring_temperature(&self) -> f32 {
-        crate::temperature::scoring_temperature(self.temperature)
+        crate::decode::temperature::scoring_temperature(self.temperature)
     }
 
     fn truncation(&self) -> (usize, u32, u32) {
@@ -377,7 +377,7 @@ impl Running {
                     r.tag, self.vocab
                 )));
             }
-            let ok = crate::temperature::temperature_ok(s.temperature.into(), true)
+            let ok = crate::decode::temperature::temperature_ok(s.temperature.into(), true)
                 && s.top_p > 0.0
                 && s.top_p <= 1.0
                 && (0.0..1.0).contains(&s.min_p);

@@ -4,7 +4,7 @@
 //! changes the base weights ([`crate::merge`]) drops them.
 
 use crate::error::{LlmError, Result};
-use crate::gguf::GgufFile;
+use crate::load::gguf::GgufFile;
 use crate::load::{GgufSource, Loaded, config_from_gguf, load};
 use crate::lora::TARGETS;
 use crate::model::{Llama, like};

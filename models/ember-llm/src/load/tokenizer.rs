@@ -2,7 +2,7 @@
 //! or a byte-level BPE rebuilt from GGUF metadata; Jinja chat templates rendered by `minijinja`.
 
 use crate::error::{LlmError, Result};
-use crate::gguf::{GgufFile, Value};
+use crate::load::gguf::{GgufFile, Value};
 use serde_json::json;
 use std::path::Path;
 
@@ -234,12 +234,12 @@ impl Tokenizer {
             .inner
             .to_string(false)
             .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
-        crate::load::write_atomic(&path, json.as_bytes())?;
+        crate::files::write_atomic(&path, json.as_bytes())?;
         let mut cfg = serde_json::Map::new();
         cfg.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
         if let Some(t) = &self.chat_template {
             cfg.insert("chat_template".into(), json!(t));
-            crate::load::write_atomic(&dir.join("chat_template.jinja"), t.as_bytes())?;
+            crate::files::write_atomic(&dir.join("chat_template.jinja"), t.as_bytes())?;
         }
         if let Some(b) = &self.bos_token {
             cfg.insert("bos_token".into(), json!(b));
@@ -250,7 +250,7 @@ impl Tokenizer {
         let cfg_path = dir.join("tokenizer_config.json");
         let text =
             serde_json::to_string_pretty(&serde_json::Value::Object(cfg)).unwrap_or_default();
-        crate::load::write_atomic(&cfg_path, text.as_bytes())
+        crate::files::write_atomic(&cfg_path, text.as_bytes())
     }
 
     /// Vocabulary size including added tokens.

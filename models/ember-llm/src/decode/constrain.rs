@@ -9,10 +9,10 @@
 //! `stop_check_every` steps. The masks are `[rows, steps, vocab]` booleans: meant for
 //! vocabularies of thousands of tokens, not a 150k one.
 
+use crate::decode::sample::{Generation, Prefilled, SamplingConfig, check_inputs, prefill};
+use crate::decode::sample::{sample_rows, truncate};
 use crate::error::{LlmError, Result};
 use crate::model::{Llama, chosen_log_probs};
-use crate::sample::{Generation, Prefilled, SamplingConfig, check_inputs, prefill};
-use crate::sample::{sample_rows, truncate};
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};

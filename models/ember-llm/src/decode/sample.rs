@@ -7,10 +7,10 @@
 //! reads are the stop check every `stop_check_every` steps and the final results.
 
 use crate::cache::{KvCache, bucketed};
+use crate::decode::shrink::Shrinking;
+use crate::decode::temperature::{MAX_TEMPERATURE, temperature_ok};
 use crate::error::{LlmError, Result};
 use crate::model::Llama;
-use crate::shrink::Shrinking;
-use crate::temperature::{MAX_TEMPERATURE, temperature_ok};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -103,7 +103,7 @@ impl SamplingConfig {
     /// agree with them: the sampling temperature, or 1 for greedy decoding (temperature 0, where
     /// the argmax is taken and its log-prob reported under the model's own distribution).
     pub fn scoring_temperature(&self) -> f32 {
-        crate::temperature::scoring_temperature(self.temperature)
+        crate::decode::temperature::scoring_temperature(self.temperature)
     }
 
     /// Checks every value.

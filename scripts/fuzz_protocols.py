@@ -158,7 +158,7 @@ kind = "external"
 command = ["python3", "{program}"]
 timeout_s = 3
 [rollout]
-episodes_per_step = 4
+prompts_per_step = 4
 samples_per_prompt = 4
 max_turns = 3
 {train}"""

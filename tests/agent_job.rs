@@ -21,7 +21,7 @@ fn tmp(tag: &str) -> PathBuf {
 const SMALL: [&str; 7] = [
     "env.max=3",
     "rollout.max_turns=3",
-    "rollout.episodes_per_step=8",
+    "rollout.prompts_per_step=8",
     "eval_episodes=64",
     "train.steps=40",
     "train.eval_every=10",
@@ -231,6 +231,10 @@ fn agent_recipe_errors_name_the_key() {
         (
             "rollout.samples_per_episode=4",
             "`rollout.samples_per_episode` is now spelled `rollout.samples_per_prompt`",
+        ),
+        (
+            "rollout.episodes_per_step=4",
+            "`rollout.episodes_per_step` is now spelled `rollout.prompts_per_step`",
         ),
         ("train.min_lr_ratio=-3", "train.min_lr_ratio"),
         ("train.weight_decay=nan", "train.weight_decay"),

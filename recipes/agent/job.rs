@@ -201,7 +201,7 @@ impl<'a> AgentJob<'a> {
     /// turn's.
     fn play(&mut self) -> Result<(Trajectories, TrajectoryTensors, RolloutBatch)> {
         let (r, ad) = (self.r, &self.ad);
-        let seeds = EpisodeSource::train(&mut self.rng, r.rollout.episodes_per_step);
+        let seeds = EpisodeSource::train(&mut self.rng, r.rollout.prompts_per_step);
         let sampler = self.policy.model.valid();
         let sc = sampling(r, &self.policy.stop, self.rng.next_u64());
         let plays = Plays {

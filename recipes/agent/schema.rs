@@ -42,8 +42,8 @@ pub enum EnvSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRollout {
-    /// Episode seeds per step.
-    pub episodes_per_step: usize,
+    /// Episode seeds per step (an episode seed is the prompt a group of episodes shares).
+    pub prompts_per_step: usize,
     /// Episodes played from each episode seed (a group: the seed fixes the episode's opening
     /// prompt).
     pub samples_per_prompt: usize,
@@ -115,7 +115,7 @@ impl AgentRecipe {
     pub fn validate(&self) -> Result<()> {
         let ro = &self.rollout;
         for (key, v) in [
-            ("rollout.episodes_per_step", ro.episodes_per_step),
+            ("rollout.prompts_per_step", ro.prompts_per_step),
             ("rollout.samples_per_prompt", ro.samples_per_prompt),
             ("rollout.max_turns", ro.max_turns),
             ("rollout.max_new_tokens", ro.max_new_tokens),
@@ -135,9 +135,9 @@ impl AgentRecipe {
         }
         let key = "rollout.samples_per_prompt";
         crate::common::config::check_samples_per_prompt(key, ro.samples_per_prompt, 1)?;
-        let rows = ro.episodes_per_step.checked_mul(ro.samples_per_prompt);
+        let rows = ro.prompts_per_step.checked_mul(ro.samples_per_prompt);
         if rows.is_none_or(|n| n > 100_000) {
-            bail!("rollout.episodes_per_step × rollout.samples_per_prompt must be at most 100000");
+            bail!("rollout.prompts_per_step × rollout.samples_per_prompt must be at most 100000");
         }
         if let PolicyChoice::Pretrained(p) =
             choose_policy(self.model.as_ref(), self.pretrained.as_ref())?

@@ -15,7 +15,8 @@ pub struct Renamed {
     pub new: &'static [&'static str],
 }
 
-/// Every renamed key. The group size is `samples_per_prompt` and the PPO ratio's clip is
+/// Every renamed key. The group size is `samples_per_prompt`, the groups a step draws
+/// `prompts_per_step` (an agent's episode seeds too) and the PPO ratio's clip is
 /// `clip_low`/`clip_high` in every kind, as in an LLM recipe's `[rollout]` and `[loss.policy]`.
 pub const RENAMED: &[Renamed] = &[
     Renamed {
@@ -41,6 +42,10 @@ pub const RENAMED: &[Renamed] = &[
     Renamed {
         old: "rollout.samples_per_episode",
         new: &["rollout.samples_per_prompt"],
+    },
+    Renamed {
+        old: "rollout.episodes_per_step",
+        new: &["rollout.prompts_per_step"],
     },
 ];
 

@@ -3,9 +3,10 @@
 # prompts x 8 samples, N new tokens, one optimizer step, no KL and no reference model: Ember
 # (`recipes/smollm2-gsm8k-grpo.toml` with the overrides below; as the recipe is, then with one
 # CPU shard of 32-row micro-batches instead of two concurrent shards of 16, then without
-# shared-prefix scoring) and TRL's GRPOTrainer (`benches/grpo_trl.py`: its defaults, then
-# gradient checkpointing off), one after the other on this machine. Prints one line per run: seconds per step,
-# generation and update seconds, peak resident memory (and Ember's completion tokens/s).
+# shared-prefix scoring, then with each layer's activations checkpointed) and TRL's
+# GRPOTrainer (`benches/grpo_trl.py`: its defaults, then gradient checkpointing off), one after
+# the other on this machine. Prints one line per run: seconds per step, generation and update
+# seconds, peak resident memory (and Ember's completion tokens/s).
 #
 #   GSM8K_JSONL=path/to/train.jsonl TRL_PYTHON=path/to/venv/bin/python \
 #     benches/grpo_step.sh [new_tokens=64] [prompts=8] [steps=3]
@@ -60,6 +61,7 @@ EOF
 ember_run "ember shared-prefix"
 ember_run "ember one shard" --set data_parallel.cpu_shards=1
 ember_run "ember unshared" --set shared_prefix=false
+ember_run "ember checkpointed" --set train.checkpoint_activations=true
 
 if [ -n "${TRL_PYTHON:-}" ]; then
   HF="$OUT/smollm2-hf"

@@ -59,6 +59,7 @@ impl Actor for Toy {
         let x = x.clone().select(0, idx);
         let logits = x.matmul(self.w.val()) + self.theta.val().reshape([1, STEPS]);
         Scored {
+            recompute: None,
             log_probs: log_sigmoid(logits),
             entropy: None,
             kl: None,

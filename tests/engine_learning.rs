@@ -440,6 +440,7 @@ impl ember_train::Actor for Bandit {
         let idx =
             Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), &actions.device());
         ember_train::Scored {
+            recompute: None,
             log_probs: self.log_probs(&actions.clone().select(0, idx)),
             entropy: None,
             kl: None,

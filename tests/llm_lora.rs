@@ -461,3 +461,76 @@ fn shared_prefix_scoring_equals_the_unshared_pass() {
     assert!(v.iter().zip(&v0).all(|(x, y)| (x - y).abs() < 1e-5));
     assert!(grad_gap(&g, &g0) <= 1e-5);
 }
+
+/// Per-layer activation checkpointing (`Llama::with_checkpointing`) gives the plain backward's
+/// log-probs, entropies and every gradient, unshared and shared-prefix, with full weights
+/// (embeddings, norms, every projection and the tied head; Llama and Qwen3) and with LoRA on all
+/// seven projections; a no-grad pass is never checkpointed.
+#[test]
+fn checkpointed_layers_give_the_plain_gradients() {
+    use burn::tensor::{Tensor, TensorData};
+    use ember_train::Actor;
+    let device = dev().autodiff();
+    let exp = shared_prompt_experience(&device);
+    let rows = [5, 0, 1, 3, 4, 2];
+    let weights = Tensor::<2>::from_data(
+        TensorData::new((0..30).map(|i| 0.3 - 0.05 * i as f32).collect(), [6, 5]),
+        &device,
+    );
+    let run = |model: &ember_llm::Llama, checkpoint: bool, shared: bool| {
+        let m = model
+            .clone()
+            .with_shared_prefix(shared)
+            .with_checkpointing(checkpoint);
+        let mut s = m.score(&exp, &rows, true);
+        assert_eq!(s.recompute.is_some(), checkpoint);
+        let recompute = s.recompute.take();
+        let ent = s.entropy.expect("entropy");
+        let loss = (s.log_probs.clone() * weights.clone()).sum() + ent.clone().sum() * 0.5;
+        let grads = loss.backward();
+        let g = match recompute {
+            Some(r) => r.finish(grads),
+            None => GradientsParams::from_grads(grads, &m),
+        };
+        (vals(s.log_probs), vals(ent), all_grads(&m, &g))
+    };
+    let check = |model: &ember_llm::Llama| {
+        for shared in [false, true] {
+            let (lp, ent, g) = run(model, true, shared);
+            let (lp0, ent0, g0) = run(model, false, shared);
+            assert!(max_abs_diff(&lp, &lp0) < 1e-5, "shared {shared}: log-probs");
+            assert!(
+                max_abs_diff(&ent, &ent0) < 1e-5,
+                "shared {shared}: entropies"
+            );
+            let rel = grad_gap(&g, &g0);
+            assert!(
+                rel <= 1e-4,
+                "shared {shared}: gradients differ by {rel} (relative)"
+            );
+        }
+        run(model, false, false).2.len()
+    };
+    let base = load(&tiny(), &device).unwrap().model;
+    assert!(check(&base) >= 2 * 9, "every weight trains");
+    let qwen3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_qwen3");
+    assert!(check(&load(&qwen3, &device).unwrap().model) >= 2 * 11);
+    let settings = LoraSettings {
+        rank: 4,
+        alpha: 8.0,
+        targets: ember_llm::LORA_TARGETS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    // One step in, so that B ≠ 0 and the adapters' products reach the layers' inputs.
+    let lora = apply_lora(base, &settings).unwrap();
+    let (lp, _) = lora.token_log_probs(exp.tokens.clone(), exp.mask.clone(), 1.0, false, true);
+    let g = GradientsParams::from_grads(lp.sum().neg().backward(), &lora);
+    let lora = AdamConfig::new().init().step(5e-2, lora, g);
+    assert_eq!(check(&lora), 2 * 7 * 2, "A and B of 7 targets × 2 layers");
+    // Without autodiff (rescoring) the pass keeps nothing for a backward.
+    let plain = lora.with_checkpointing(true).valid();
+    let reference = shared_prompt_experience(&dev());
+    assert!(plain.score(&reference, &rows, false).recompute.is_none());
+}

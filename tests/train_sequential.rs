@@ -31,6 +31,7 @@ impl Actor for Toy {
         let [r, t] = off.dims();
         let logits = self.theta.val().reshape([1, t]).expand([r, t]) + off;
         Scored {
+            recompute: None,
             log_probs: log_sigmoid(logits),
             entropy: None,
             kl: None,

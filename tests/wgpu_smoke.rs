@@ -4,9 +4,11 @@
 #![cfg(feature = "wgpu")]
 
 use burn::module::Module;
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_llm::actor::LlmExperience;
 use ember_llm::{Family, Llama, LlamaConfig, SamplingConfig, generate};
+use ember_train::Actor;
 use std::time::Instant;
 
 fn config() -> LlamaConfig {
@@ -52,6 +54,33 @@ fn train_step(model: Llama, device: &Device) -> Vec<f32> {
     );
     let mut optim: ModuleOptimizer = AdamWConfig::new().init();
     let model = optim.step(1e-2, model, grads).valid();
+    let (toks, mask) = batch(device);
+    values(model.forward(toks, mask))
+}
+
+/// One SGD step (learning rate 0.1) on the batch's response log-likelihood through the actor's
+/// training pass on `device`'s autodiff device, its layers checkpointed or not; the new logits.
+fn checkpointed_step(model: Llama, device: &Device, checkpoint: bool) -> Vec<f32> {
+    let ad = device.clone().autodiff();
+    let (tokens, mask) = batch(&ad);
+    let exp = LlmExperience {
+        tokens,
+        mask,
+        response_len: 4,
+        temperature: 1.0,
+        adapters: true,
+    };
+    let m = model.with_checkpointing(checkpoint);
+    let mut s = m.score(&exp, &[0, 1], false);
+    let recompute = s.recompute.take();
+    assert_eq!(recompute.is_some(), checkpoint);
+    let grads = s.log_probs.sum().neg().backward();
+    let grads = match recompute {
+        Some(r) => r.finish(grads),
+        None => GradientsParams::from_grads(grads, &m),
+    };
+    let mut optim: ModuleOptimizer = SgdConfig::new().init();
+    let model = optim.step(0.1, m, grads).valid();
     let (toks, mask) = batch(device);
     values(model.forward(toks, mask))
 }
@@ -126,6 +155,22 @@ fn wgpu_matches_cpu() {
     );
     let d = max_diff(&want, &got);
     assert!(d < 1e-3, "logits after one AdamW step differ by {d}");
+
+    // Per-layer activation checkpointing on wgpu: the gradients of the plain backward.
+    let t0 = Instant::now();
+    let fresh = || {
+        config()
+            .init(&gpu_ad)
+            .load_record(model.clone().into_record())
+    };
+    let plain = checkpointed_step(fresh(), &gpu, false);
+    let checkpointed = checkpointed_step(fresh(), &gpu, true);
+    eprintln!(
+        "checkpointed step: {:.1} s (two steps on wgpu)",
+        t0.elapsed().as_secs_f64()
+    );
+    let d = max_diff(&plain, &checkpointed);
+    assert!(d < 1e-4, "checkpointed and plain steps differ by {d}");
 
     // WGSL has no bf16: a bf16 recipe runs in f32 on wgpu, and says so.
     let (p, note) = ember::common::device::resolve_precision(

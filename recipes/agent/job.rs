@@ -147,6 +147,9 @@ impl<'a> AgentJob<'a> {
             &ad,
             None,
         )?;
+        policy.model = policy
+            .model
+            .with_checkpointing(r.train.run.checkpoint_activations);
         // A chat template that cannot extend a conversation is refused now, not at the first
         // turn.
         policy.turn_end()?;

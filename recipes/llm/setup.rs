@@ -34,7 +34,8 @@ pub fn build_policy_with(r: &Recipe, device: &Device, peft: Option<&Path>) -> Re
         .model
         .with_precision(precision)
         .with_fused_attention(r.fused_attention)
-        .with_shared_prefix(r.shared_prefix);
+        .with_shared_prefix(r.shared_prefix)
+        .with_checkpointing(r.train.run.checkpoint_activations);
     Ok(policy)
 }
 

@@ -378,6 +378,11 @@ pub struct TrainLoop {
     /// and to TensorBoard's Text tab at each evaluation; 0 = none.
     #[serde(default = "four")]
     pub log_samples: usize,
+    /// Per-layer activation checkpointing of the update's passes: each decoder layer's input is
+    /// kept alone and the layer recomputed in the backward pass (less memory for about one more
+    /// forward pass; the same gradients). Default false.
+    #[serde(default)]
+    pub checkpoint_activations: bool,
 }
 
 impl TrainLoop {

@@ -4,7 +4,7 @@
 
 use crate::optim::Optimizer;
 use crate::parallel::{Copies, Replicate};
-use crate::update::{Steps, UpdateSchedule, UpdateStats, select2};
+use crate::update::{MicroLoss, Steps, UpdateSchedule, UpdateStats, select2};
 use burn::module::Module;
 use burn::tensor::Tensor;
 use ember_engine::keys;
@@ -88,6 +88,11 @@ pub fn critic_update<C: Critic>(
             mask: pick(&batch.mask),
             weights: batch.weights.as_ref().map(pick),
         };
-        value_loss(cfg, &input, norm)
+        let (loss, metrics) = value_loss(cfg, &input, norm)?;
+        Ok(MicroLoss {
+            loss,
+            metrics,
+            recompute: None,
+        })
     })
 }

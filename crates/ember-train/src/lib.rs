@@ -50,4 +50,6 @@ pub use pass::{UpdateData, update};
 pub use precision::Precision;
 pub use schedule::{LrConfig, LrSchedule};
 pub use sequential::{Turns, sequential_update};
-pub use update::{Actor, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step};
+pub use update::{
+    Actor, Recompute, Scored, UpdateConfig, UpdateSchedule, UpdateStats, accumulated_step,
+};

@@ -5,7 +5,7 @@
 
 use crate::optim::Optimizer;
 use crate::parallel::{Copies, Replicate};
-use crate::update::{Actor, PARTIAL, Steps, UpdateConfig, UpdateStats, select2};
+use crate::update::{Actor, MicroLoss, PARTIAL, Steps, UpdateConfig, UpdateStats, select2};
 use burn::tensor::Tensor;
 use ember_engine::keys;
 use ember_engine::{
@@ -199,7 +199,8 @@ impl<E: Replicate> Pass<'_, E> {
         };
         let copies = Copies::new(optim.data_parallel().map(AsRef::as_ref), experience);
         steps.run(actor, optim, order, |actor, replica, chunk, idx, norm| {
-            let scored = actor.score(copies.get(replica), chunk, with_entropy);
+            let mut scored = actor.score(copies.get(replica), chunk, with_entropy);
+            let recompute = scored.recompute.take();
             let d = scored.log_probs.device();
             let pick = |t: &Tensor<2>| select2(t, idx).to_device(&d);
             let only = |t: Tensor<2>| match &self.tokens {
@@ -226,7 +227,12 @@ impl<E: Replicate> Pass<'_, E> {
                 rollout_log_probs: batch.rollout_log_probs.as_ref().map(pick),
                 kl: kl.map(only),
             };
-            actor_loss(&cfg.loss, &input, norm)
+            let (loss, metrics) = actor_loss(&cfg.loss, &input, norm)?;
+            Ok(MicroLoss {
+                loss,
+                metrics,
+                recompute,
+            })
         })
     }
 }

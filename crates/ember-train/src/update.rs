@@ -9,14 +9,56 @@ use crate::parallel::{DataParallel, Replicate};
 use crate::world::{gather_metrics, sum_gradients};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
 use ember_engine::keys;
 use ember_engine::{ActorLossConfig, AggNorm, EngineError, Metrics};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The rest of a backward pass that a checkpointed forward left to do: given the gradients of
+/// the loss's own backward, it recomputes what the forward did not keep and returns every
+/// parameter's gradient (what `GradientsParams::from_grads` gives for a forward that kept all).
+pub struct Recompute(Box<dyn FnOnce(Gradients) -> GradientsParams + Send>);
+
+impl Recompute {
+    /// A recomputation that finishes the backward with `finish`.
+    pub fn new(finish: impl FnOnce(Gradients) -> GradientsParams + Send + 'static) -> Self {
+        Self(Box::new(finish))
+    }
+
+    /// Every parameter's gradient, from the gradients of the loss's backward.
+    pub fn finish(self, grads: Gradients) -> GradientsParams {
+        (self.0)(grads)
+    }
+}
+
+impl std::fmt::Debug for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Recompute")
+    }
+}
+
+/// A micro-batch's loss, its metrics, and the recomputation that finishes its backward when
+/// its forward was checkpointed.
+pub(crate) struct MicroLoss {
+    pub(crate) loss: Tensor<1>,
+    pub(crate) metrics: Metrics,
+    pub(crate) recompute: Option<Recompute>,
+}
+
+impl MicroLoss {
+    /// The gradients of every parameter of `model` that the loss reaches.
+    fn gradients<M: Module>(self, model: &M) -> GradientsParams {
+        let grads = self.loss.backward();
+        match self.recompute {
+            None => GradientsParams::from_grads(grads, model),
+            Some(r) => r.finish(grads),
+        }
+    }
+}
+
 /// Per-step log-probs (with gradient) and optionally entropies of some rows.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scored {
     /// `[rows, steps]`.
     pub log_probs: Tensor<2>,
@@ -25,6 +67,8 @@ pub struct Scored {
     /// `[rows, steps]` a closed-form KL to the reference, when the actor computes one (the
     /// loss then uses it instead of an estimator on the reference's log-probs).
     pub kl: Option<Tensor<2>>,
+    /// What finishes the backward when the forward was checkpointed (`None`: it kept all).
+    pub recompute: Option<Recompute>,
 }
 
 /// A trainable policy over the steps of an experience batch.
@@ -189,13 +233,7 @@ impl Steps<'_> {
         mut model: M,
         optim: &mut Optimizer,
         order: &mut dyn FnMut(usize) -> Vec<usize>,
-        loss: impl Fn(
-            &M,
-            usize,
-            &[usize],
-            &Tensor<1, Int>,
-            AggNorm,
-        ) -> Result<(Tensor<1>, Metrics), EngineError>
+        loss: impl Fn(&M, usize, &[usize], &Tensor<1, Int>, AggNorm) -> Result<MicroLoss, EngineError>
         + Sync,
     ) -> Result<(M, UpdateStats), EngineError> {
         let [rows, _] = self.mask.dims();
@@ -243,9 +281,9 @@ impl Steps<'_> {
                     let mut host = Vec::new();
                     for chunk in cut.micro_batches(rows) {
                         let chunk = chunk.as_slice();
-                        let (l, metrics) = loss(replica, k, chunk, &index(chunk, &device), norm)?;
-                        acc.accumulate(replica, GradientsParams::from_grads(l.backward(), replica));
-                        host.push(metrics.to_host().into_iter().collect());
+                        let micro = loss(replica, k, chunk, &index(chunk, &device), norm)?;
+                        host.push(micro.metrics.to_host().into_iter().collect());
+                        acc.accumulate(replica, micro.gradients(replica));
                     }
                     Ok::<_, EngineError>((acc.grads(), host))
                 };

@@ -59,6 +59,7 @@ impl Actor for GaussianPolicy {
         let log_probs = self.log_prob(obs, actions).reshape(shape);
         let entropy = with_entropy.then(|| self.entropy().reshape([1, 1]).expand(shape));
         Scored {
+            recompute: None,
             log_probs,
             entropy,
             kl: None,

@@ -166,6 +166,7 @@ impl Actor for FlowDit {
             .then(|| experience.kl_to_reference(self, rows, mean.clone(), per_row(|c| c.noise)));
         let [r, k] = [rows.len(), experience.coefs.len()];
         Scored {
+            recompute: None,
             log_probs: gaussian_log_prob(next, mean, per_row(|c| c.std)).reshape([r, k]),
             entropy: None,
             kl,

@@ -137,21 +137,39 @@ impl Actor for Llama {
 
     fn score(&self, exp: &LlmExperience, rows: &[usize], with_entropy: bool) -> Scored {
         let c = exp.chunk(self, rows);
-        let (log_probs, entropy) = match &c.shared {
-            Some(s) => self.shared_log_probs(s, exp.temperature, with_entropy, exp.adapters),
-            None => self.last_log_probs(
-                c.tokens.clone(),
-                c.mask.clone(),
-                c.response_len,
-                Scoring {
-                    temperature: exp.temperature,
-                    entropy: with_entropy,
-                    adapters: exp.adapters,
-                },
+        let how = Scoring {
+            temperature: exp.temperature,
+            entropy: with_entropy,
+            adapters: exp.adapters,
+        };
+        // A training pass (the model on an autodiff device) checkpoints its layers when asked.
+        let training = self.embed_tokens.weight.device().is_autodiff();
+        let ((log_probs, entropy), recompute) = match (&c.shared, training && self.checkpoints()) {
+            (Some(s), false) => (
+                self.shared_log_probs(s, exp.temperature, with_entropy, exp.adapters),
+                None,
             ),
+            (Some(s), true) => {
+                let (scores, r) = self.checkpointed_shared_log_probs(s, how);
+                (scores, Some(r))
+            }
+            (None, false) => {
+                let tokens = c.tokens.clone();
+                (
+                    self.last_log_probs(tokens, c.mask.clone(), c.response_len, how),
+                    None,
+                )
+            }
+            (None, true) => {
+                let tokens = c.tokens.clone();
+                let (scores, r) =
+                    self.checkpointed_last_log_probs(tokens, &c.mask, c.response_len, how);
+                (scores, Some(r))
+            }
         };
         let (log_probs, entropy) = (c.pad(log_probs), entropy.map(|e| c.pad(e)));
         Scored {
+            recompute,
             log_probs,
             entropy,
             kl: None,

@@ -10,6 +10,7 @@
 //!   steps (`BLOCK_ROWS`: when a product reads them).
 //! - `lora`: LoRA and PEFT I/O; `mixture`: MoLoRA attached to the projections; `plop`: PLoP's
 //!   feature norms for LoRA placement.
+//! - `checkpoint`: per-layer activation checkpointing of training passes.
 //! - `actor`: the `Actor` impl (each micro-batch's unused padding columns dropped); `shared`:
 //!   shared-prefix scoring (rows with the same prompt run it once); `value`: PPO's value
 //!   model, the policy's transformer with a scalar head.
@@ -25,6 +26,7 @@ pub mod actor;
 mod blocks;
 pub mod cache;
 pub mod chartok;
+mod checkpoint;
 mod config;
 mod decode;
 mod error;

@@ -124,6 +124,9 @@ pub struct Llama {
     /// Score rows that share their prompt by running the prompt once (see `crate::shared`).
     #[module(skip)]
     pub(crate) shared_prefix: bool,
+    /// Training passes checkpoint their layers (see `crate::checkpoint`).
+    #[module(skip)]
+    pub(crate) checkpoint_layers: bool,
     /// The output head as quantized blocks for decoding steps (`crate::blocks`).
     #[module(skip)]
     pub(crate) head_blocks: Option<QuantMatrix>,
@@ -261,6 +264,7 @@ impl LlamaConfig {
             precision: Precision::F32,
             fused_attention: false,
             shared_prefix: true,
+            checkpoint_layers: false,
             head_blocks: None,
         }
     }
@@ -302,7 +306,7 @@ impl Attention {
     }
 
     /// W_o over the heads' outputs `[b, t, heads·hd]` ([`heads`](Self::heads)).
-    fn output(&self, heads: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
+    pub(crate) fn output(&self, heads: Tensor<3>, c: &RouteCtx) -> Tensor<3> {
         proj(&self.o_proj, &self.blocks[3], &self.o_mix, heads, c)
     }
 
@@ -323,6 +327,60 @@ impl Attention {
         op::attention(q, k, v, bias, fused)
             .swap_dims(1, 2)
             .reshape([b, t, h * hd])
+    }
+}
+
+/// What every decoder layer of an unshared pass reads besides its input: the rotary tables
+/// (cos, sin), the attention bias `[b, 1, t, t]` (causal and padding), and whether burn's fused
+/// attention runs.
+#[derive(Clone)]
+pub(crate) struct PlainPass {
+    rope: (Tensor<4>, Tensor<4>),
+    bias: Tensor<4>,
+    fused: bool,
+}
+
+impl PlainPass {
+    /// The same on `h`'s side of autodiff (a checkpointed pass runs its layers without it).
+    pub(crate) fn matching(&self, h: &Tensor<3>) -> Self {
+        let side = |t: Tensor<4>| match h.is_autodiff() {
+            true => t.autodiff(),
+            false => t.inner(),
+        };
+        Self {
+            rope: (side(self.rope.0.clone()), side(self.rope.1.clone())),
+            bias: side(self.bias.clone()),
+            fused: self.fused,
+        }
+    }
+}
+
+impl Block {
+    /// Layer `i` of an unshared pass over the residual stream `h` `[b, t, d_model]`: attention
+    /// then the MLP, each pre-normed and added back; `visit` is shown each projection's input.
+    pub(crate) fn plain_step(
+        &self,
+        i: usize,
+        h: Tensor<3>,
+        pass: &PlainPass,
+        ctx: &RouteCtx,
+        visit: &mut Option<Visit<'_>>,
+    ) -> Tensor<3> {
+        let a = &self.self_attn;
+        let x = rms_norm(&self.input_layernorm, h.clone());
+        if let Some(f) = visit.as_mut() {
+            for (j, l) in [&a.q_proj, &a.k_proj, &a.v_proj].into_iter().enumerate() {
+                f(i, j, l, &x);
+            }
+        }
+        let (q, k, v) = a.project(x, &pass.rope, ctx);
+        let heads = a.heads(q, k, v, pass.bias.clone(), pass.fused);
+        if let Some(f) = visit.as_mut() {
+            f(i, 3, &a.o_proj, &heads);
+        }
+        let h = h + a.output(heads, ctx);
+        let x = rms_norm(&self.post_attention_layernorm, h.clone());
+        h + self.mlp.forward(x, ctx, i, visit)
     }
 }
 
@@ -384,6 +442,19 @@ impl Llama {
     /// The precision of the products.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// This model with its training passes checkpointed per layer (`[train]
+    /// checkpoint_activations`; `crate::checkpoint`): each layer's input kept alone and the
+    /// layer recomputed in the backward pass. No-grad passes are unchanged.
+    pub fn with_checkpointing(mut self, on: bool) -> Self {
+        self.checkpoint_layers = on;
+        self
+    }
+
+    /// Whether training passes checkpoint their layers.
+    pub fn checkpointing(&self) -> bool {
+        self.checkpoint_layers
     }
 
     /// This model with burn's fused `attention` op for passes of more than one query token
@@ -570,33 +641,27 @@ impl Llama {
         mut visit: Option<Visit<'_>>,
     ) -> Tensor<3> {
         ctx.begin_pass();
-        let [b, t] = tokens.dims();
-        let rope = self.rope(position_ids(&mask));
+        let pass = self.plain_pass(&mask);
+        let mut h = self.embed(tokens);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.plain_step(i, h, &pass, ctx, &mut visit);
+        }
+        h
+    }
+
+    /// What every layer of an unshared pass over `mask` `[batch, t]` reads besides its input.
+    pub(crate) fn plain_pass(&self, mask: &Tensor<2>) -> PlainPass {
+        let [b, t] = mask.dims();
         let device = mask.device();
         let causal = Tensor::<2>::ones([t, t], &device)
             .tril(0)
             .reshape([1, 1, t, t]);
-        let allowed = causal * mask.reshape([b, 1, 1, t]);
-        let bias = (allowed.neg() + 1.0) * MASKED;
-        let mut h = self.embed(tokens);
-        for (i, layer) in self.layers.iter().enumerate() {
-            let a = &layer.self_attn;
-            let x = rms_norm(&layer.input_layernorm, h.clone());
-            if let Some(f) = visit.as_mut() {
-                for (j, l) in [&a.q_proj, &a.k_proj, &a.v_proj].into_iter().enumerate() {
-                    f(i, j, l, &x);
-                }
-            }
-            let (q, k, v) = a.project(x, &rope, ctx);
-            let heads = a.heads(q, k, v, bias.clone(), self.fused_attention && t > 1);
-            if let Some(f) = visit.as_mut() {
-                f(i, 3, &a.o_proj, &heads);
-            }
-            h = h + proj(&a.o_proj, &a.blocks[3], &a.o_mix, heads, ctx);
-            let x = rms_norm(&layer.post_attention_layernorm, h.clone());
-            h = h + layer.mlp.forward(x, ctx, i, &mut visit);
+        let allowed = causal * mask.clone().reshape([b, 1, 1, t]);
+        PlainPass {
+            rope: self.rope(position_ids(mask)),
+            bias: (allowed.neg() + 1.0) * MASKED,
+            fused: self.fused_attention && t > 1,
         }
-        h
     }
 
     /// Runs `tokens` `[batch, t]` (with `mask` `[batch, t]`) through the model, appending their
@@ -729,21 +794,29 @@ impl Llama {
         n: usize,
         how: Scoring,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
-        let Scoring {
-            temperature,
-            entropy: with_entropy,
-            adapters,
-        } = how;
-        let [b, t] = tokens.dims();
+        let t = tokens.dims()[1];
         assert!(
             n >= 1 && n < t,
             "last_log_probs: n = {n} for sequences of {t}"
         );
+        let adapters = how.adapters;
         let h = self.hidden_routed(tokens.clone(), mask, &RouteCtx::plain(adapters));
-        let d = h.dims()[2];
+        self.response_log_probs(h, tokens, n, how)
+    }
+
+    /// The log-probs (and entropies) of the last `n` of `tokens` `[b, t]` from the last layer's
+    /// output `h` `[b, t, d_model]`: the final norm and the head on the positions before them.
+    pub(crate) fn response_log_probs(
+        &self,
+        h: Tensor<3>,
+        tokens: Tensor<2, Int>,
+        n: usize,
+        how: Scoring,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let [b, t, d] = h.dims();
         let h = h.slice([0..b, t - 1 - n..t - 1, 0..d]);
         let targets = tokens.slice([0..b, t - n..t]);
-        self.head_log_probs(h, targets, temperature, with_entropy, adapters)
+        self.head_log_probs(h, targets, how.temperature, how.entropy, how.adapters)
     }
 
     /// The final norm, the output head and [`chosen_log_probs`] over hidden states `h`

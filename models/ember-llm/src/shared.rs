@@ -6,7 +6,9 @@
 //! keys and values are gathered per row with `select`, whose backward sums the rows' gradients
 //! into the one prompt: the same gradients as running the prompt in every row.
 
-use crate::model::{Llama, MASKED, apply_rope, head_norm, like, position_ids, proj, rms_norm};
+use crate::model::{
+    Block, Llama, MASKED, apply_rope, head_norm, like, position_ids, proj, rms_norm,
+};
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ember_molora::RouteCtx;
 
@@ -108,6 +110,111 @@ fn positions(s: &SharedRows) -> (Tensor<2, Int>, Tensor<2, Int>) {
     (position_ids(&s.prompt_mask), resp)
 }
 
+/// What every decoder layer of a shared pass reads besides its input: the shape `[U, P, R,
+/// N]`, each row's prompt, the prompts' and responses' attention biases and rotary tables, and
+/// whether burn's fused attention runs.
+#[derive(Clone)]
+pub(crate) struct SharedPass {
+    shape: [usize; 4],
+    owner: Tensor<1, Int>,
+    bias: (Tensor<4>, Tensor<4>),
+    rope_p: (Tensor<4>, Tensor<4>),
+    rope_r: (Tensor<4>, Tensor<4>),
+    fused: bool,
+}
+
+impl SharedPass {
+    /// The same on `h`'s side of autodiff (a checkpointed pass runs its layers without it).
+    pub(crate) fn matching(&self, h: &Tensor<3>) -> Self {
+        let side = |t: &Tensor<4>| match h.is_autodiff() {
+            true => t.clone().autodiff(),
+            false => t.clone().inner(),
+        };
+        let pair = |(a, b): &(Tensor<4>, Tensor<4>)| (side(a), side(b));
+        let owner = match h.is_autodiff() {
+            true => self.owner.clone().autodiff(),
+            false => self.owner.clone().inner(),
+        };
+        Self {
+            shape: self.shape,
+            owner,
+            bias: pair(&self.bias),
+            rope_p: pair(&self.rope_p),
+            rope_r: pair(&self.rope_r),
+            fused: self.fused,
+        }
+    }
+
+    /// The last layer's stream split into the prompts' `[U, P, d]` and the responses' `[R, N,
+    /// d]`.
+    pub(crate) fn unsplit(&self, h: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
+        let [u, p, r, n] = self.shape;
+        let d = h.dims()[2];
+        let prompts = h.clone().narrow(1, 0, u * p).reshape([u, p, d]);
+        (prompts, h.narrow(1, u * p, r * n).reshape([r, n, d]))
+    }
+}
+
+impl Block {
+    /// Layer `i` of a shared pass over the stream `h` `[1, U·P + R·N, d_model]`: every
+    /// projection over prompts and responses at once, the prompts attending to themselves and
+    /// each response to its owner's prompt keys and values, then its own.
+    pub(crate) fn shared_step(
+        &self,
+        i: usize,
+        h: Tensor<3>,
+        pass: &SharedPass,
+        ctx: &RouteCtx,
+    ) -> Tensor<3> {
+        let [u, p, r, n] = pass.shape;
+        let split = |x: Tensor<3>, heads: usize, hd: usize| {
+            let ph = x.clone().narrow(1, 0, u * p).reshape([u, p, heads, hd]);
+            let rh = x.narrow(1, u * p, r * n).reshape([r, n, heads, hd]);
+            (ph.swap_dims(1, 2), rh.swap_dims(1, 2))
+        };
+        let a = &self.self_attn;
+        let (hq, kv, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
+        let x = rms_norm(&self.input_layernorm, h.clone());
+        // Qwen3's per-head norms act on the last axis (the head's), kept by the split.
+        let norm = |n: &Option<_>, (p, r)| (head_norm(n, p), head_norm(n, r));
+        let project = |l, b, m, heads| split(proj(l, b, m, x.clone(), ctx), heads, hd);
+        let (qp, qr) = norm(&a.q_norm, project(&a.q_proj, &a.blocks[0], &a.q_mix, hq));
+        let (kp, kr) = norm(&a.k_norm, project(&a.k_proj, &a.blocks[1], &a.k_mix, kv));
+        let (vp, vr) = project(&a.v_proj, &a.blocks[2], &a.v_mix, kv);
+        let rope = |t, (cos, sin): &(Tensor<4>, Tensor<4>)| apply_rope(t, cos, sin);
+        let (qp, kp) = (rope(qp, &pass.rope_p), rope(kp, &pass.rope_p));
+        let (qr, kr) = (rope(qr, &pass.rope_r), rope(kr, &pass.rope_r));
+        let keys = Tensor::cat(vec![kp.clone().select(0, pass.owner.clone()), kr], 2);
+        let values = Tensor::cat(vec![vp.clone().select(0, pass.owner.clone()), vr], 2);
+        let (bias_p, bias_r) = pass.bias.clone();
+        let heads_p = a.heads(qp, kp, vp, bias_p, pass.fused && p > 1);
+        let heads_r = a.heads(qr, keys, values, bias_r, pass.fused && n > 1);
+        let heads = Tensor::cat(
+            vec![
+                heads_p.reshape([1, u * p, hq * hd]),
+                heads_r.reshape([1, r * n, hq * hd]),
+            ],
+            1,
+        );
+        let h = h + a.output(heads, ctx);
+        let x = rms_norm(&self.post_attention_layernorm, h.clone());
+        h + self.mlp.forward(x, ctx, i, &mut None)
+    }
+}
+
+/// The hidden states that predict the `N` response tokens of each row of `s`, from a shared
+/// pass's outputs `(prompts, responses)`: the owner prompt's last position, then the row's first
+/// `N − 1` positions (`[R, N, d_model]`).
+pub(crate) fn predictors(hp: Tensor<3>, hr: Tensor<3>, s: &SharedRows) -> Tensor<3> {
+    let [u, p, d] = hp.dims();
+    let [r, n, _] = hr.dims();
+    let last = hp.slice([0..u, p - 1..p, 0..d]).select(0, s.owner.clone());
+    if n == 1 {
+        return last;
+    }
+    Tensor::cat(vec![last, hr.slice([0..r, 0..n - 1, 0..d])], 1)
+}
+
 impl Llama {
     /// Whether this model can score with [`SharedRows`]: sharing is on and no layer carries a
     /// Mixture-of-LoRA (whose routing is per sequence).
@@ -119,89 +226,51 @@ impl Llama {
     /// responses' `[R, N, d_model]`, equal to the unshared pass's at the same positions.
     pub(crate) fn shared_hidden(&self, s: &SharedRows, adapters: bool) -> (Tensor<3>, Tensor<3>) {
         let ctx = RouteCtx::plain(adapters);
+        let pass = self.shared_pass(s);
+        let mut h = self.shared_embed(s);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = layer.shared_step(i, h, &pass, &ctx);
+        }
+        pass.unsplit(h)
+    }
+
+    /// The residual stream of prompts and responses as one `[1, U·P + R·N, d]` tensor: every
+    /// projection runs once over both.
+    pub(crate) fn shared_embed(&self, s: &SharedRows) -> Tensor<3> {
         let [u, p] = s.prompt_tokens.dims();
         let [r, n] = s.tokens.dims();
-        let (bias_p, bias_r) = biases(s);
-        let (pos_p, pos_r) = positions(s);
-        let (rope_p, rope_r) = (self.rope(pos_p), self.rope(pos_r));
         let hp = self.embed(s.prompt_tokens.clone());
         let d = hp.dims()[2];
-        // The residual stream of prompts and responses as one `[1, U·P + R·N, d]` tensor: every
-        // projection runs once over both.
-        let mut h = Tensor::cat(
+        Tensor::cat(
             vec![
                 hp.reshape([1, u * p, d]),
                 self.embed(s.tokens.clone()).reshape([1, r * n, d]),
             ],
             1,
-        );
-        let split = |x: Tensor<3>, heads: usize, hd: usize| {
-            let ph = x.clone().narrow(1, 0, u * p).reshape([u, p, heads, hd]);
-            let rh = x.narrow(1, u * p, r * n).reshape([r, n, heads, hd]);
-            (ph.swap_dims(1, 2), rh.swap_dims(1, 2))
-        };
-        let fused = self.fused_attention;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let a = &layer.self_attn;
-            let (hq, kv, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
-            let x = rms_norm(&layer.input_layernorm, h.clone());
-            // Qwen3's per-head norms act on the last axis (the head's), kept by the split.
-            let norm = |n: &Option<_>, (p, r)| (head_norm(n, p), head_norm(n, r));
-            let (qp, qr) = norm(
-                &a.q_norm,
-                split(
-                    proj(&a.q_proj, &a.blocks[0], &a.q_mix, x.clone(), &ctx),
-                    hq,
-                    hd,
-                ),
-            );
-            let (kp, kr) = norm(
-                &a.k_norm,
-                split(
-                    proj(&a.k_proj, &a.blocks[1], &a.k_mix, x.clone(), &ctx),
-                    kv,
-                    hd,
-                ),
-            );
-            let (vp, vr) = split(proj(&a.v_proj, &a.blocks[2], &a.v_mix, x, &ctx), kv, hd);
-            let (qp, kp) = (
-                apply_rope(qp, &rope_p.0, &rope_p.1),
-                apply_rope(kp, &rope_p.0, &rope_p.1),
-            );
-            let (qr, kr) = (
-                apply_rope(qr, &rope_r.0, &rope_r.1),
-                apply_rope(kr, &rope_r.0, &rope_r.1),
-            );
-            let keys = Tensor::cat(vec![kp.clone().select(0, s.owner.clone()), kr], 2);
-            let values = Tensor::cat(vec![vp.clone().select(0, s.owner.clone()), vr], 2);
-            let heads_p = a.heads(qp, kp, vp, bias_p.clone(), fused && p > 1);
-            let heads_r = a.heads(qr, keys, values, bias_r.clone(), fused && n > 1);
-            let heads = Tensor::cat(
-                vec![
-                    heads_p.reshape([1, u * p, hq * hd]),
-                    heads_r.reshape([1, r * n, hq * hd]),
-                ],
-                1,
-            );
-            h = h + proj(&a.o_proj, &a.blocks[3], &a.o_mix, heads, &ctx);
-            let x = rms_norm(&layer.post_attention_layernorm, h.clone());
-            h = h + layer.mlp.forward(x, &ctx, i, &mut None);
+        )
+    }
+
+    /// What every layer of a shared pass over `s` reads besides its input.
+    pub(crate) fn shared_pass(&self, s: &SharedRows) -> SharedPass {
+        let [u, p] = s.prompt_tokens.dims();
+        let [r, n] = s.tokens.dims();
+        let (bias_p, bias_r) = biases(s);
+        let (pos_p, pos_r) = positions(s);
+        SharedPass {
+            shape: [u, p, r, n],
+            owner: s.owner.clone(),
+            bias: (bias_p, bias_r),
+            rope_p: self.rope(pos_p),
+            rope_r: self.rope(pos_r),
+            fused: self.fused_attention,
         }
-        let prompts = h.clone().narrow(1, 0, u * p).reshape([u, p, d]);
-        (prompts, h.narrow(1, u * p, r * n).reshape([r, n, d]))
     }
 
     /// The hidden states that predict the `N` response tokens of each row: the owner prompt's
     /// last position, then the row's first `N − 1` positions (`[R, N, d_model]`).
     pub(crate) fn shared_predictors(&self, s: &SharedRows, adapters: bool) -> Tensor<3> {
         let (hp, hr) = self.shared_hidden(s, adapters);
-        let [u, p, d] = hp.dims();
-        let [r, n, _] = hr.dims();
-        let last = hp.slice([0..u, p - 1..p, 0..d]).select(0, s.owner.clone());
-        if n == 1 {
-            return last;
-        }
-        Tensor::cat(vec![last, hr.slice([0..r, 0..n - 1, 0..d])], 1)
+        predictors(hp, hr, s)
     }
 
     /// The final-normed hidden states (f32) that predict the response tokens of shared rows:

@@ -242,6 +242,7 @@ impl Actor for ConstrainedLlama {
             self.llama
                 .masked_log_probs(seqs, allowed, exp.temperature, with_entropy);
         Scored {
+            recompute: None,
             log_probs,
             entropy,
             kl: None,

@@ -305,6 +305,23 @@ fn idx(rows: &[i64]) -> burn::tensor::Tensor<1, burn::tensor::Int> {
     )
 }
 
+/// `base` with LoRA (rank 4) on all seven projections, one Adam step into `exp`'s
+/// log-likelihood, so that B ≠ 0 and the adapters' products reach the layers' inputs.
+fn stepped_lora(base: ember_llm::Llama, exp: &ember_llm::actor::LlmExperience) -> ember_llm::Llama {
+    let settings = LoraSettings {
+        rank: 4,
+        alpha: 8.0,
+        targets: ember_llm::LORA_TARGETS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let lora = apply_lora(base, &settings).unwrap();
+    let (lp, _) = lora.token_log_probs(exp.tokens.clone(), exp.mask.clone(), 1.0, false, true);
+    let g = GradientsParams::from_grads(lp.sum().neg().backward(), &lora);
+    AdamConfig::new().init().step(5e-2, lora, g)
+}
+
 /// A batch whose rows share prompts (three of prompt A, two of B, one alone), interleaved,
 /// prompts of different lengths (left-padded) and response masks with holes (a multi-turn
 /// layout: observation gaps and right padding).
@@ -398,19 +415,7 @@ fn shared_prefix_scoring_equals_the_unshared_pass() {
     let qwen3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_qwen3");
     let full = check(load(&qwen3, &device).unwrap().model, &exp);
     assert!(full >= 2 * 11, "{full} parameters with gradients");
-    // LoRA on all seven projections, one step in so that B ≠ 0.
-    let settings = LoraSettings {
-        rank: 4,
-        alpha: 8.0,
-        targets: ember_llm::LORA_TARGETS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    };
-    let lora = apply_lora(base, &settings).unwrap();
-    let (lp, _) = lora.token_log_probs(exp.tokens.clone(), exp.mask.clone(), 1.0, false, true);
-    let g = GradientsParams::from_grads(lp.sum().neg().backward(), &lora);
-    let lora = AdamConfig::new().init().step(5e-2, lora, g);
+    let lora = stepped_lora(base, &exp);
     assert_eq!(
         check(lora.clone(), &exp),
         2 * 7 * 2,
@@ -515,19 +520,7 @@ fn checkpointed_layers_give_the_plain_gradients() {
     assert!(check(&base) >= 2 * 9, "every weight trains");
     let qwen3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm/tiny_qwen3");
     assert!(check(&load(&qwen3, &device).unwrap().model) >= 2 * 11);
-    let settings = LoraSettings {
-        rank: 4,
-        alpha: 8.0,
-        targets: ember_llm::LORA_TARGETS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-    };
-    // One step in, so that B ≠ 0 and the adapters' products reach the layers' inputs.
-    let lora = apply_lora(base, &settings).unwrap();
-    let (lp, _) = lora.token_log_probs(exp.tokens.clone(), exp.mask.clone(), 1.0, false, true);
-    let g = GradientsParams::from_grads(lp.sum().neg().backward(), &lora);
-    let lora = AdamConfig::new().init().step(5e-2, lora, g);
+    let lora = stepped_lora(base, &exp);
     assert_eq!(check(&lora), 2 * 7 * 2, "A and B of 7 targets × 2 layers");
     // Without autodiff (rescoring) the pass keeps nothing for a backward.
     let plain = lora.with_checkpointing(true).valid();

@@ -4,7 +4,7 @@
 //! similar problems; the rewards then go into the pool, and the policy writes lessons about
 //! the problems it solved.
 
-use super::{Job, Row, Sampled};
+use super::{Job, Row, Sampled, StepSamples};
 use crate::llm::lanpo::{Attempt, Feedback, Lesson, clean_lesson, key, lesson_request, plan};
 use crate::llm::pipeline::Draw;
 use crate::llm::schema::UpdateContext;
@@ -31,13 +31,6 @@ fn embeddings(model: &Llama, prompts: &[Vec<u32>], device: &Device) -> Result<Ve
         .try_into_vec_as::<f32>()
         .map_err(|e| anyhow::anyhow!("reading the prompt embeddings: {e:?}"))?;
     Ok(flat.chunks(d.max(1)).map(<[f32]>::to_vec).collect())
-}
-
-/// A step's samples as scored: each row's example, completion text and reward.
-pub(super) struct Scored<'a> {
-    pub(super) examples: &'a [ember_tasks::task::Example],
-    pub(super) texts: &'a [String],
-    pub(super) rewards: &'a [f32],
 }
 
 impl Job<'_> {
@@ -129,11 +122,11 @@ impl Job<'_> {
     pub(super) fn learn_from_step(
         &mut self,
         step: usize,
-        samples: Scored<'_>,
+        samples: StepSamples<'_>,
         shown: &mut [serde_json::Map<String, serde_json::Value>],
         row: &mut Row,
     ) -> Result<()> {
-        let Scored {
+        let StepSamples {
             examples,
             texts,
             rewards,

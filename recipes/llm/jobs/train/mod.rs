@@ -118,6 +118,13 @@ struct Kept {
     kept: Vec<usize>,
 }
 
+/// A step's samples as scored: each row's example, completion text and reward.
+struct StepSamples<'a> {
+    examples: &'a [ember_tasks::task::Example],
+    texts: &'a [String],
+    rewards: &'a [f32],
+}
+
 /// A step's rollout as sampled (beside its generation): the prompts, the sampler and its
 /// settings, and the rewards and pool statistics when Reinforce-Ada's rounds scored them.
 struct Sampled {
@@ -199,7 +206,7 @@ impl Job<'_> {
         crate::lm::step::warn_if_nothing_valid(&r.header.name, step, &rewards);
         let n = r.train.run.log_samples;
         let mut shown = shown_samples(n, &g, examples, &texts, &responses, &rewards);
-        let scored = lanpo::Scored {
+        let scored = StepSamples {
             examples,
             texts: &texts,
             rewards: &rewards,

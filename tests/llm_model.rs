@@ -118,6 +118,62 @@ fn cached_decode_matches_full_forward_and_rescoring() {
     assert_ne!(g.response_ids(), other.response_ids());
 }
 
+/// A KV cache that grows as positions are written (`KvCache::growing_to`) decodes as one
+/// preallocated at the full length: the same logits at every step; and batched sampling whose
+/// cache grows (8-position buckets, 50 new tokens from room for 32) keeps its log-probs equal
+/// to rescoring.
+#[test]
+fn a_growing_cache_decodes_as_a_preallocated_one() {
+    use ember_llm::cache::KvCache;
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let model = &loaded.model;
+    let ids = |v: &[i64]| {
+        let n = v.len();
+        Tensor::<2, Int>::from_data(TensorData::new(v.to_vec(), [2, n / 2]), &dev())
+    };
+    let prompt = ids(&[5, 17, 33, 4, 3, 9, 27, 81]);
+    let decode = |mut cache: KvCache| {
+        let mut out = vec![vals(model.forward_cached(
+            prompt.clone(),
+            Tensor::ones([2, 4], &dev()),
+            &mut cache,
+        ))];
+        for s in 0..7i64 {
+            let tok = ids(&[(s * 7 + 3) % 50, (s * 11 + 5) % 50]);
+            out.push(vals(model.forward_cached(
+                tok,
+                Tensor::ones([2, 1], &dev()),
+                &mut cache,
+            )));
+        }
+        (out, cache.capacity())
+    };
+    let shape = model.cache_shape();
+    let (want, full) = decode(KvCache::new(shape, 2, 11, &dev()));
+    let (got, grown) = decode(KvCache::new(shape, 2, 5, &dev()).growing_to(11, 1));
+    assert_eq!((full, grown), (11, 11));
+    for (a, b) in want.iter().zip(&got) {
+        assert!(max_abs_diff(a, b) <= 1e-6, "{}", max_abs_diff(a, b));
+    }
+    let prompts = vec![vec![5u32, 17, 33], vec![3u32, 9, 27, 81, 44, 12]];
+    let cfg = SamplingConfig {
+        temperature: 0.7,
+        max_new_tokens: 50,
+        n: 3,
+        seed: 11,
+        cache_bucket: 8,
+        stop_tokens: vec![],
+        ..SamplingConfig::default()
+    };
+    let g = generate(model, &prompts, &cfg, &dev()).unwrap();
+    assert_eq!(g.tokens.dims()[1], 50);
+    let worst = rescoring_gap(model, &g, 0.7);
+    assert!(
+        worst <= 1e-4,
+        "sampler log-probs differ from rescoring by {worst}"
+    );
+}
+
 #[test]
 fn greedy_cached_logits_equal_full_forward_logits() {
     let loaded = load(&fixture("tiny_qwen2"), &dev()).unwrap();

@@ -22,6 +22,13 @@ pub fn runs(kernel: Kernel, device: &Device) -> bool {
     enabled(kernel) && fused_on(device)
 }
 
+/// Whether a new tensor shape costs `device` nothing: the CPU backend compiles no kernel per
+/// shape (GPU backends compile, and autotune, one per shape), so a buffer there may grow as it
+/// fills instead of being allocated at its largest.
+pub fn shapes_are_free(device: &Device) -> bool {
+    fused_on(device)
+}
+
 /// `x` in dtype `dt` (no-op when it already is): how every op, and the models around them,
 /// move between the activations' dtype and f32.
 pub fn like<const D: usize>(x: Tensor<D>, dt: DType) -> Tensor<D> {

@@ -4,7 +4,10 @@
 //! place, and attention always runs over the whole buffer under a key mask, so every decode
 //! step runs the same kernels with the same shapes (no shape-driven recompiles on GPU
 //! backends). Capacities are rounded up to a bucket so that different prompt lengths share
-//! shapes too.
+//! shapes too. A cache may instead grow as positions are written ([`KvCache::growing_to`]):
+//! where shapes need not stay few (the CPU), batched sampling starts with room for the first
+//! tokens and doubles, so that the rows still running when it grows, not every row, pay for
+//! the full length.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use std::ops::Range;
@@ -37,6 +40,10 @@ pub struct KvCache {
     next_pos: Tensor<2, Int>,
     len: usize,
     capacity: usize,
+    /// The most positions it grows to (its capacity unless [`KvCache::growing_to`]).
+    limit: usize,
+    /// Capacities it grows to are multiples of this.
+    bucket: usize,
 }
 
 impl KvCache {
@@ -51,6 +58,25 @@ impl KvCache {
             next_pos: Tensor::zeros([batch, 1], device),
             len: 0,
             capacity,
+            limit: capacity,
+            bucket: 1,
+        }
+    }
+
+    /// This cache growing, as positions are written, up to `limit` positions: each time it is
+    /// full its capacity doubles (rounded up to a multiple of `bucket`, at most `limit`).
+    pub fn growing_to(mut self, limit: usize, bucket: usize) -> Self {
+        self.limit = limit.max(self.capacity);
+        self.bucket = bucket.max(1);
+        self
+    }
+
+    /// Grows, where allowed, to hold `t` more positions.
+    fn make_room(&mut self, t: usize) {
+        let needed = self.len + t;
+        if needed > self.capacity && needed <= self.limit {
+            let doubled = bucketed((2 * self.capacity).max(needed), self.bucket);
+            self.grow(self.rows(), doubled.min(self.limit));
         }
     }
 
@@ -81,6 +107,7 @@ impl KvCache {
     /// Records the mask of `t` new positions.
     pub(crate) fn append_mask(&mut self, mask: Tensor<2>) {
         let [b, t] = mask.dims();
+        self.make_room(t);
         assert!(
             self.len + t <= self.capacity,
             "KV cache overflow: {} + {t} > {}",
@@ -141,6 +168,8 @@ impl KvCache {
             next_pos: self.next_pos.select(0, idx.clone()),
             len: self.len,
             capacity: self.capacity,
+            limit: self.limit,
+            bucket: self.bucket,
         }
     }
 

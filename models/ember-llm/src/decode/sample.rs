@@ -450,6 +450,10 @@ fn host_rows(t: Tensor<2, Int>) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// New tokens a batched sampler's KV cache has room for at first, where it grows
+/// ([`KvCache::growing_to`]).
+const FIRST_ROOM: usize = 32;
+
 /// The state after the prompts' prefill: what decoding starts from.
 pub(crate) struct Prefilled {
     pub(crate) prompt_tokens: Tensor<2, Int>,
@@ -479,7 +483,21 @@ pub(crate) fn prefill(
     let b = rows.len();
     let (prompt_tokens, prompt_mask) = left_pad_to(&rows, cfg.prompt_bucket, device);
     let prompt_len = prompt_tokens.dims()[1];
-    let capacity = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
+    let full = bucketed(prompt_len + cfg.max_new_tokens, cfg.cache_bucket);
+    // Where shapes cost nothing (the CPU) the cache starts with room for FIRST_ROOM new tokens
+    // and doubles as rows lengthen, finished rows having left the batch; elsewhere it holds
+    // the full length from the start, so that every decode step has one shape.
+    let first = bucketed(
+        prompt_len + cfg.max_new_tokens.min(FIRST_ROOM),
+        cfg.cache_bucket,
+    );
+    let capacity = match ember_kernels::op::shapes_are_free(device) {
+        true => first,
+        false => full,
+    };
+    let new_cache = |rows| {
+        KvCache::new(model.cache_shape(), rows, capacity, device).growing_to(full, cfg.cache_bucket)
+    };
     // Mixture-of-LoRA routers take their top-k; sequence routing decides on the prompt and
     // replays that decision for every decoded token.
     let route = ember_molora::RouteCtx::decoding(prompt_mask.clone());
@@ -489,12 +507,12 @@ pub(crate) fn prefill(
     // since their routing records are per row.
     let (cache, logits) = if cfg.n > 1 && crate::mixture::mixtures(model).is_empty() {
         let (toks, mask) = left_pad_to(prompts, cfg.prompt_bucket, device);
-        let mut cache = KvCache::new(model.cache_shape(), prompts.len(), capacity, device);
+        let mut cache = new_cache(prompts.len());
         let logits = model.forward_cached_routed(toks, mask, &mut cache, &route);
         let idx = crate::cache::repeat_index(prompts.len(), cfg.n, device);
         (cache.repeat_rows(&idx), logits.select(0, idx))
     } else {
-        let mut cache = KvCache::new(model.cache_shape(), b, capacity, device);
+        let mut cache = new_cache(b);
         let logits = model.forward_cached_routed(
             prompt_tokens.clone(),
             prompt_mask.clone(),

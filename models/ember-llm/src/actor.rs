@@ -143,29 +143,14 @@ impl Actor for Llama {
             adapters: exp.adapters,
         };
         // A training pass (the model on an autodiff device) checkpoints its layers when asked.
-        let training = self.embed_tokens.weight.device().is_autodiff();
-        let ((log_probs, entropy), recompute) = match (&c.shared, training && self.checkpoints()) {
-            (Some(s), false) => (
-                self.shared_log_probs(s, exp.temperature, with_entropy, exp.adapters),
-                None,
-            ),
-            (Some(s), true) => {
-                let (scores, r) = self.checkpointed_shared_log_probs(s, how);
-                (scores, Some(r))
-            }
-            (None, false) => {
-                let tokens = c.tokens.clone();
-                (
-                    self.last_log_probs(tokens, c.mask.clone(), c.response_len, how),
-                    None,
-                )
-            }
-            (None, true) => {
-                let tokens = c.tokens.clone();
-                let (scores, r) =
-                    self.checkpointed_last_log_probs(tokens, &c.mask, c.response_len, how);
-                (scores, Some(r))
-            }
+        let checkpoint = self.embed_tokens.weight.device().is_autodiff() && self.checkpoints();
+        let kept = |(scores, r)| (scores, Some(r));
+        let (tokens, n) = (c.tokens.clone(), c.response_len);
+        let ((log_probs, entropy), recompute) = match (&c.shared, checkpoint) {
+            (Some(s), false) => (self.shared_log_probs(s, how), None),
+            (Some(s), true) => kept(self.checkpointed_shared_log_probs(s, how)),
+            (None, false) => (self.last_log_probs(tokens, c.mask.clone(), n, how), None),
+            (None, true) => kept(self.checkpointed_last_log_probs(tokens, &c.mask, n, how)),
         };
         let (log_probs, entropy) = (c.pad(log_probs), entropy.map(|e| c.pad(e)));
         Scored {

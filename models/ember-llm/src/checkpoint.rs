@@ -9,7 +9,7 @@
 //! layer's activations during its recomputation, for about one more forward pass of time.
 
 use crate::model::{Block, Llama, Scoring};
-use crate::shared::{SharedRows, predictors};
+use crate::shared::SharedRows;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Gradients, Int, Tensor};
@@ -85,15 +85,7 @@ impl Llama {
         how: Scoring,
     ) -> (Scores, Recompute) {
         let ((hp, hr), recompute) = self.checkpointed_shared(s, how.adapters);
-        let h = predictors(hp, hr, s);
-        let scores = self.head_log_probs(
-            h,
-            s.tokens.clone(),
-            how.temperature,
-            how.entropy,
-            how.adapters,
-        );
-        (scores, recompute)
+        (self.shared_scores(hp, hr, s, how), recompute)
     }
 
     /// Runs every layer over `embedded` outside autodiff, keeping each one's input; returns

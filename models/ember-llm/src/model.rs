@@ -10,6 +10,7 @@ pub(crate) use crate::rope::apply_rope;
 use crate::rope::rope_tables;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::tensor::kind::Autodiff;
 use burn::tensor::{DType, Device, Int, Tensor};
 use ember_kernels::{QuantMatrix, op};
 use ember_molora::{MoLora, RouteCtx};
@@ -343,15 +344,21 @@ pub(crate) struct PlainPass {
 impl PlainPass {
     /// The same on `h`'s side of autodiff (a checkpointed pass runs its layers without it).
     pub(crate) fn matching(&self, h: &Tensor<3>) -> Self {
-        let side = |t: Tensor<4>| match h.is_autodiff() {
-            true => t.autodiff(),
-            false => t.inner(),
-        };
+        let side = |t: &Tensor<4>| beside(t.clone(), h);
         Self {
-            rope: (side(self.rope.0.clone()), side(self.rope.1.clone())),
-            bias: side(self.bias.clone()),
+            rope: (side(&self.rope.0), side(&self.rope.1)),
+            bias: side(&self.bias),
             fused: self.fused,
         }
+    }
+}
+
+/// `t` on `h`'s side of autodiff: a checkpointed pass runs its layers outside it and recomputes
+/// them inside, with the same inputs.
+pub(crate) fn beside<const D: usize, K: Autodiff>(t: Tensor<D, K>, h: &Tensor<3>) -> Tensor<D, K> {
+    match h.is_autodiff() {
+        true => t.autodiff(),
+        false => t.inner(),
     }
 }
 

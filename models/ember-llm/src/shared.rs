@@ -7,7 +7,8 @@
 //! into the one prompt: the same gradients as running the prompt in every row.
 
 use crate::model::{
-    Block, Llama, MASKED, apply_rope, head_norm, like, position_ids, proj, rms_norm,
+    Block, Llama, MASKED, Scoring, apply_rope, beside, head_norm, like, position_ids, proj,
+    rms_norm,
 };
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use ember_molora::RouteCtx;
@@ -126,18 +127,10 @@ pub(crate) struct SharedPass {
 impl SharedPass {
     /// The same on `h`'s side of autodiff (a checkpointed pass runs its layers without it).
     pub(crate) fn matching(&self, h: &Tensor<3>) -> Self {
-        let side = |t: &Tensor<4>| match h.is_autodiff() {
-            true => t.clone().autodiff(),
-            false => t.clone().inner(),
-        };
-        let pair = |(a, b): &(Tensor<4>, Tensor<4>)| (side(a), side(b));
-        let owner = match h.is_autodiff() {
-            true => self.owner.clone().autodiff(),
-            false => self.owner.clone().inner(),
-        };
+        let pair = |(a, b): &(Tensor<4>, Tensor<4>)| (beside(a.clone(), h), beside(b.clone(), h));
         Self {
             shape: self.shape,
-            owner,
+            owner: beside(self.owner.clone(), h),
             bias: pair(&self.bias),
             rope_p: pair(&self.rope_p),
             rope_r: pair(&self.rope_r),
@@ -287,12 +280,28 @@ impl Llama {
     pub(crate) fn shared_log_probs(
         &self,
         s: &SharedRows,
-        temperature: f32,
-        with_entropy: bool,
-        adapters: bool,
+        how: Scoring,
     ) -> (Tensor<2>, Option<Tensor<2>>) {
-        let h = self.shared_predictors(s, adapters);
-        self.head_log_probs(h, s.tokens.clone(), temperature, with_entropy, adapters)
+        let (hp, hr) = self.shared_hidden(s, how.adapters);
+        self.shared_scores(hp, hr, s, how)
+    }
+
+    /// [`shared_log_probs`](Self::shared_log_probs) from a shared pass's outputs `hp`, `hr`.
+    pub(crate) fn shared_scores(
+        &self,
+        hp: Tensor<3>,
+        hr: Tensor<3>,
+        s: &SharedRows,
+        how: Scoring,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let h = predictors(hp, hr, s);
+        self.head_log_probs(
+            h,
+            s.tokens.clone(),
+            how.temperature,
+            how.entropy,
+            how.adapters,
+        )
     }
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine (at most about 8 minutes): the warm-up of a recipe in two processes
-# (first run: kernels compiled and autotuned; second run: the persistent kernel cache), then
+# Runs on a GPU machine (about 10 minutes; each run has its own time limit): the warm-up of a
+# recipe in two processes (first run: kernels compiled and autotuned; second run: the
+# persistent kernel cache), then
 # `ember bench-llm` (recipes/llm/jobs/bench.rs) of a CUDA (NVRTC) build beside PyTorch on the same
-# checkpoints and shapes, f32 and bf16 mixed precision, with the GPU's used memory sampled by
+# checkpoints and shapes, f32 (Ember's kernels and the references) and bf16 mixed precision, and
+# a GRPO update's pass at 1024 new tokens both ways, with the GPU's used memory sampled by
 # nvidia-smi every 100 ms during each run. Expects the gzipped binary at .device/ember-cuda.gz:
 #   ../shared/tools/cuda-offline/build.sh -p ember --bin ember --no-default-features --features cuda-nvrtc
 #   mkdir -p .device && gzip -c target/release/ember > .device/ember-cuda.gz
@@ -43,6 +45,15 @@ with_mem() {
     echo "== torch $size (cuda, f32)"
     with_mem "torch-$size" timeout 60 python3 benches/llm_torch.py --out /tmp/bench --size "$size" --device cuda --reps 3 --json "$out/torch-$size.json"
   done
+  echo "== ember smollm2 (cuda, f32, the decomposed references: --kernels burn)"
+  with_mem ember-smollm2-burn timeout 60 /tmp/ember-cuda bench-llm --size smollm2 --device cuda --reps 3 --kernels burn --out /tmp/bench --json "$out/ember-smollm2-burn.json"
+  # A GRPO update's pass at 1024 new tokens (LoRA r16, 2 rows): the references against Ember's
+  # kernels with each layer's activations checkpointed; bench-llm also prints the device's
+  # reserved memory.
+  echo "== ember smollm2 update, 1024 new tokens (cuda, f32, --kernels burn)"
+  with_mem ember-update-burn timeout 60 /tmp/ember-cuda bench-llm --size smollm2 --device cuda --only update --update-tokens 1024 --reps 1 --kernels burn --out /tmp/bench --json "$out/ember-update-burn.json"
+  echo "== ember smollm2 update, 1024 new tokens (cuda, f32, Ember's kernels, checkpointed)"
+  with_mem ember-update-ember timeout 60 /tmp/ember-cuda bench-llm --size smollm2 --device cuda --only update --update-tokens 1024 --reps 1 --checkpoint --out /tmp/bench --json "$out/ember-update-ember.json"
   echo "== ember smollm2 (cuda, f32, fused attention for prefill and training)"
   with_mem ember-smollm2-fused timeout 90 /tmp/ember-cuda bench-llm --size smollm2 --device cuda --reps 3 --fused-attention --out /tmp/bench --json "$out/ember-smollm2-fused.json"
   echo "== ember smollm2 (cuda, bf16 mixed precision)"

@@ -1726,7 +1726,7 @@ fn offline_objectives_train_on_rollouts_and_resume() {
         let r = first(4);
         all_pairs += r
             .iter()
-            .map(|a| r.iter().filter(|b| a > b).count())
+            .map(|a| r.iter().filter(|&&b| *a > b).count())
             .sum::<usize>();
     }
     assert!(best_worst > 0 && all_pairs > best_worst, "{lines}");

@@ -1,7 +1,11 @@
-//! The wgpu backend without a GPU: a micro-sized model on wgpu (Vulkan through Mesa's lavapipe,
-//! or GL on llvmpipe) against the CPU backend: logits, greedy generation with its log-probs,
-//! and one training step. Built only with `--features wgpu`; `.ci/gpu-smoke` runs it.
+//! The wgpu backend without a GPU: Ember's kernels (`wgpu_smoke/kernels.rs`) and a micro-sized
+//! model on wgpu (Vulkan through Mesa's lavapipe, or GL on llvmpipe) against the CPU backend:
+//! logits, greedy generation with its log-probs, and one training step. Built only with
+//! `--features wgpu`; `.ci/gpu-smoke` runs it.
 #![cfg(feature = "wgpu")]
+
+#[path = "wgpu_smoke/kernels.rs"]
+mod kernels;
 
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, SgdConfig};
@@ -94,6 +98,9 @@ fn wgpu_matches_cpu() {
     eprintln!("kernel cache: {db:?}");
     let cpu = ember::common::device::device("cpu").unwrap();
     let gpu = ember::common::device::device("wgpu").unwrap();
+    let t0 = Instant::now();
+    kernels::check_all(&gpu);
+    eprintln!("kernels: {:.1} s", t0.elapsed().as_secs_f64());
     let (cpu_ad, gpu_ad) = (cpu.clone().autodiff(), gpu.clone().autodiff());
     cpu_ad.seed(1);
     let trainable = config().init(&cpu_ad);

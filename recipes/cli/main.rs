@@ -23,9 +23,9 @@ struct Cli {
     kernel_cache: Option<String>,
     /// Ember's fused kernels (`ember`, the default where the device has them), the decomposed
     /// burn-op references (`burn`), or a comma-separated list of the kernels to use (`head`,
-    /// `attention`, `rmsnorm`, `swiglu`, `quant`, `gemv`, and `amx`: many-row products in bf16
-    /// on Intel AMX tiles, never on by default; `ember,amx` adds it to the default set); also
-    /// `EMBER_KERNELS`.
+    /// `attention`, `rmsnorm`, `swiglu`, `rope`, `quant`, `gemv`, `matmul`, and `amx`: many-row
+    /// products in bf16 on Intel AMX tiles, never on by default; `ember,amx` adds it to the
+    /// default set); also `EMBER_KERNELS`.
     #[arg(long, global = true, value_name = "ember|burn|LIST")]
     kernels: Option<String>,
     #[command(subcommand)]

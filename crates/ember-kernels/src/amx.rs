@@ -23,6 +23,11 @@ pub trait FusedAmx: Backend {
     }
 }
 
+/// CubeCL devices multiply in f32 (burn's `matmul`): bf16 products there come from bf16
+/// activations, not from this extension.
+#[cfg(feature = "cube")]
+impl FusedAmx for burn::backend::Cube {}
+
 #[cfg(feature = "flex")]
 impl FusedAmx for burn::backend::Flex {
     fn amx_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -27,13 +27,29 @@ use burn::tensor::Shape;
 use burn::tensor::ops::AttentionModuleOptions;
 
 /// The fused attention as a burn backend extension: the CPU backend runs the blocked forward,
-/// the autodiff backend adds the recomputing backward.
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+/// CubeCL devices (wgpu, CUDA) the blocked forward and backward in burn's CubeCL ops, the
+/// autodiff backend adds the recomputing backward.
+#[backend_extension(Flex: cfg(feature = "flex"), Cube: cfg(feature = "cube"), Autodiff)]
 pub trait FusedAttention: Backend {
     /// `[b, heads, t, hd]`: `softmax(q kᵀ · scale + bias) v` for `q` `[b, heads, t, hd]`, `k`,
     /// `v` `[b, kv_heads, keys, hd]` (`heads` a multiple of `kv_heads`), `bias` `[b, 1, t,
     /// keys]`; the backward pass recomputes `block` query positions at a time.
     fn attention_rows(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        scale: f32,
+        block: usize,
+    ) -> FloatTensor<Self> {
+        let _ = block;
+        forward::<Self>(&Inputs { q, k, v, bias }, scale)
+    }
+
+    /// [`attention_rows`](FusedAttention::attention_rows) as training's forward pass computes
+    /// it (its output is what the backward pass keeps): the backend's own attention op by
+    /// default.
+    fn attention_train(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
@@ -102,6 +118,34 @@ impl FusedAttention for burn::backend::Flex {
             true => crate::cpu::softmax_biased(qk, bias, scale),
             false => probs::<Self>(qk, bias, scale),
         }
+    }
+}
+
+/// On CubeCL devices both passes go block by block (burn's own attention op there repeats no
+/// key/value heads for grouped queries, and its fallback holds every head's scores).
+#[cfg(feature = "cube")]
+impl FusedAttention for burn::backend::Cube {
+    fn attention_rows(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        scale: f32,
+        block: usize,
+    ) -> FloatTensor<Self> {
+        let x: Inputs<Self> = Inputs { q, k, v, bias };
+        blocked::<Self>(&x, Dims::of(&x), scale, block)
+    }
+
+    fn attention_train(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        scale: f32,
+        block: usize,
+    ) -> FloatTensor<Self> {
+        Self::attention_rows(q, k, v, bias, scale, block)
     }
 }
 
@@ -225,7 +269,7 @@ fn forward<B: Backend>(x: &Inputs<B>, scale: f32) -> FloatTensor<B> {
 
 /// The forward pass one block of `block` query positions at a time, through the probabilities
 /// the backward pass recomputes ([`FusedAttention::attention_probs`]): `o = p v` per block.
-#[cfg(feature = "flex")]
+#[cfg(any(feature = "flex", feature = "cube"))]
 fn blocked<B: Backend + FusedAttention>(
     x: &Inputs<B>,
     d: Dims,
@@ -361,9 +405,10 @@ impl<B: Backend + FusedAttention, C: CheckpointStrategy> FusedAttention for Auto
                     v: v.primitive().clone(),
                     bias: bias.into_primitive(),
                 };
-                // The backend's own op, not the blocked forward: training's forward, measured
-                // both ways on the CPU, ran no faster blocked (`benches/README.md`).
-                let out = packed::<B>(forward::<B>(&x, scale));
+                // On the CPU the backend's own op, not the blocked forward: training's forward,
+                // measured both ways there, ran no faster blocked (`benches/README.md`).
+                let (q, k, v, bias) = (x.q.clone(), x.k.clone(), x.v.clone(), x.bias.clone());
+                let out = packed::<B>(B::attention_train(q, k, v, bias, scale, block));
                 let saved = Saved {
                     x,
                     out: out.clone(),

@@ -23,7 +23,7 @@ use burn::tensor::IndexingUpdateOp;
 
 /// The fused head as a burn backend extension: the CPU backend runs the chunked forward, the
 /// autodiff backend adds the recomputing backward.
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+#[backend_extension(Flex: cfg(feature = "flex"), Cube: cfg(feature = "cube"), Autodiff)]
 pub trait FusedHead: Backend + FusedAmx {
     /// `[rows, 2]`: column 0 the log-probability of `targets[r]` under `softmax(h Wᵀ · inv_t)`,
     /// column 1 that distribution's entropy. `h` `[rows, d]`, `w` `[vocab, d]`, `targets`
@@ -40,6 +40,12 @@ pub trait FusedHead: Backend + FusedAmx {
         forward::<Self>(h, w, targets, Scale { inv_t, chunk, bf16 }).out
     }
 }
+
+/// CubeCL devices (wgpu, CUDA) run the decomposed passes in burn's CubeCL ops, which burn's
+/// fusion joins into few kernels; the autodiff backend's hand-written backward keeps what it
+/// keeps on the CPU.
+#[cfg(feature = "cube")]
+impl FusedHead for burn::backend::Cube {}
 
 #[cfg(feature = "flex")]
 impl FusedHead for burn::backend::Flex {}

@@ -11,7 +11,10 @@
 //!   sequence and key/value head (`cpu_attention.rs`).
 //! - [`rms_norm`] and [`swiglu`]: RMSNorm and SwiGLU's gate, each one vectorised pass over the
 //!   cores forward and one backward, keeping only what the backward pass reads (`rms_norm.rs`,
-//!   `swiglu.rs`; the CPU loops over f32 slices, with a branch-free `exp`, in `cpu.rs`).
+//!   `swiglu.rs`; the CPU loops over f32 slices, with a branch-free `exp`, in `cpu.rs`; the
+//!   CubeCL kernels in `cube.rs`).
+//! - [`rope`]: the rotary embedding, one pass each way keeping only its tables (`rope.rs`; a
+//!   CubeCL kernel, the decomposed passes elsewhere).
 //! - [`quant_linear`]: a product with weights held in GGUF's `Q4_1` or `Q8_0` blocks
 //!   ([`QuantMatrix`]), decoded in registers instead of dequantized to f32 (`quant.rs`,
 //!   `cpu_quant.rs`: AVX-512 or AVX2 through pulp, portable loops elsewhere): decoding steps read
@@ -28,7 +31,10 @@
 //!   parallel products split their work with the other workers instead of waiting on them.
 //!
 //! The fused kernels run on the CPU backend (`flex`), with and without autodiff; [`fused_on`]
-//! says whether a device has them. `op` (public) has one function per op, the one place that
+//! says whether a device has them. With the `cube` feature, the head, attention, RMSNorm and
+//! SwiGLU also run on CubeCL devices (wgpu, CUDA): their chunked and blocked passes and their
+//! hand-written backward passes in burn's CubeCL ops ([`cube_on`]; `kernel_on` says which
+//! kernel runs where). `op` (public) has one function per op, the one place that
 //! chooses between a kernel and its reference by the device, the dtype and `--kernels`: models
 //! call those. `Kernel` is the
 //! process-wide choice (`--kernels ember|burn|head,attention,…`, `ember,amx`, `EMBER_KERNELS`;
@@ -48,12 +54,15 @@ mod cpu_attention;
 mod cpu_gemv;
 #[cfg(feature = "flex")]
 mod cpu_quant;
+#[cfg(feature = "cube")]
+mod cube;
 mod gemv;
 mod head;
 pub mod op;
 mod product;
 mod quant;
 mod rms_norm;
+mod rope;
 mod swiglu;
 
 pub use amx::FusedAmx;
@@ -65,6 +74,7 @@ pub use gemv::FusedGemv;
 pub use head::FusedHead;
 pub use quant::{FusedQuantLinear, QuantError, QuantKind, QuantMatrix};
 pub use rms_norm::FusedRmsNorm;
+pub use rope::FusedRope;
 pub use swiglu::FusedSwiglu;
 
 /// One of Ember's fused kernels, as `--kernels` and `EMBER_KERNELS` name it.
@@ -88,11 +98,13 @@ pub enum Kernel {
     /// Many-row f32 products without burn flex's copy of each output ([`f32_matmul`]):
     /// `matmul`.
     Matmul,
+    /// The rotary embedding in one pass each way ([`rope`]; CubeCL devices): `rope`.
+    Rope,
 }
 
 impl Kernel {
     /// Every kernel, in the order of their bits.
-    pub const ALL: [Kernel; 8] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
@@ -101,11 +113,12 @@ impl Kernel {
         Kernel::Gemv,
         Kernel::Amx,
         Kernel::Matmul,
+        Kernel::Rope,
     ];
 
     /// The kernels `ember` names and a run takes unless told otherwise: every kernel that
     /// computes what its reference computes in f32 (all but [`Kernel::Amx`]).
-    pub const DEFAULT: [Kernel; 7] = [
+    pub const DEFAULT: [Kernel; 8] = [
         Kernel::Head,
         Kernel::Attention,
         Kernel::RmsNorm,
@@ -113,6 +126,7 @@ impl Kernel {
         Kernel::Quant,
         Kernel::Gemv,
         Kernel::Matmul,
+        Kernel::Rope,
     ];
 
     /// The kernel's name in `--kernels`.
@@ -126,6 +140,7 @@ impl Kernel {
             Kernel::Gemv => "gemv",
             Kernel::Amx => "amx",
             Kernel::Matmul => "matmul",
+            Kernel::Rope => "rope",
         }
     }
 
@@ -139,6 +154,7 @@ impl Kernel {
             Kernel::Gemv => 32,
             Kernel::Amx => 64,
             Kernel::Matmul => 128,
+            Kernel::Rope => 256,
         }
     }
 }
@@ -213,6 +229,35 @@ pub fn head_chunk(rows: usize) -> usize {
     ((1usize << 22) / rows.max(1)).max(256)
 }
 
+/// Whether `device` is a CubeCL device (wgpu, CUDA; with or without autodiff) in a build with
+/// the `cube` feature: there the head, attention, RMSNorm and SwiGLU run as their extensions
+/// (chunked, blocked, with their own backward passes) in burn's CubeCL ops.
+pub fn cube_on(device: &Device) -> bool {
+    #[cfg(feature = "cube")]
+    {
+        matches!(
+            device.clone().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Cube(_)
+        )
+    }
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// Whether `kernel` exists for `device`: every kernel but `rope` on the CPU backend
+/// ([`fused_on`]); the head, attention, RMSNorm, SwiGLU and RoPE on CubeCL devices
+/// ([`cube_on`]).
+pub fn kernel_on(kernel: Kernel, device: &Device) -> bool {
+    let on_cube = matches!(
+        kernel,
+        Kernel::Head | Kernel::Attention | Kernel::RmsNorm | Kernel::Swiglu | Kernel::Rope
+    );
+    (kernel != Kernel::Rope && fused_on(device)) || (on_cube && cube_on(device))
+}
+
 /// The fused kernels run on `device` (the CPU backend, with or without autodiff).
 pub fn fused_on(device: &Device) -> bool {
     #[cfg(feature = "flex")]
@@ -244,6 +289,7 @@ pub fn head_log_probs(
 ) -> (Tensor<1>, Tensor<1>) {
     let [rows, d] = h.dims();
     let [vocab, dw] = w.dims();
+    let bf16 = bf16_products() && fused_on(&h.device());
     assert_eq!(
         d, dw,
         "head_log_probs: h is [{rows}, {d}], w is [{vocab}, {dw}]"
@@ -259,7 +305,7 @@ pub fn head_log_probs(
         targets.into_dispatch(),
         1.0 / temperature,
         head_chunk(rows),
-        bf16_products(),
+        bf16,
     ));
     let lp = out.clone().slice([0..rows, 0..1]).reshape([rows]);
     (lp, out.slice([0..rows, 1..2]).reshape([rows]))
@@ -370,6 +416,47 @@ pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Ten
 pub fn rms_norm_reference<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Tensor<D> {
     let rms = (x.clone().square().mean_dim(D - 1) + eps).sqrt();
     (x / rms) * gamma.unsqueeze()
+}
+
+/// The rotary embedding `x ∘ cos + swap(x) ∘ s` (rotate-half form, `s = [−sin, sin]`), one
+/// pass forward and one backward keeping only the tables (`rope.rs`). Differentiable in `x`
+/// (not in the tables). A CubeCL kernel on CubeCL devices, in f32; the decomposed passes
+/// elsewhere.
+///
+/// # Shapes
+/// `x` `[b, heads, t, d]` (`d` even), `cos`, `signed_sin` `[b, 1, t, d]` → `[b, heads, t, d]`.
+pub fn rope(x: Tensor<4>, cos: Tensor<4>, signed_sin: Tensor<4>) -> Tensor<4> {
+    let [b, _, t, d] = x.dims();
+    assert!(
+        d.is_multiple_of(2) && cos.dims() == [b, 1, t, d] && signed_sin.dims() == [b, 1, t, d],
+        "rope: x is {:?}, the tables {:?} and {:?}",
+        x.dims(),
+        cos.dims(),
+        signed_sin.dims()
+    );
+    Tensor::<4>::from_dispatch(<Dispatch as FusedRope>::rope(
+        x.into_dispatch(),
+        cos.into_dispatch(),
+        signed_sin.into_dispatch(),
+    ))
+}
+
+/// The decomposed reference of [`rope`] (HF `apply_rotary_pos_emb`): `x · cos` plus the
+/// halves of `x` exchanged (one concatenation) times `s`.
+///
+/// # Shapes
+/// As [`rope`].
+pub fn rope_reference(x: Tensor<4>, cos: Tensor<4>, signed_sin: Tensor<4>) -> Tensor<4> {
+    let d = x.dims()[3];
+    let half = d / 2;
+    let swapped = Tensor::cat(
+        vec![
+            x.clone().narrow(3, half, d - half),
+            x.clone().narrow(3, 0, half),
+        ],
+        3,
+    );
+    x * cos + swapped * signed_sin
 }
 
 /// SwiGLU's gate `silu(gate) · up` in one pass forward and one backward, keeping only `gate`

@@ -5,8 +5,9 @@
 
 use crate::{
     AMX_ROWS, GEMV_ROWS, Kernel, QuantKind, QuantMatrix, amx_matmul, attention as fused_attention,
-    bf16_products, enabled, f32_matmul, fused_on, gemv, quant_linear, rms_norm as fused_rms_norm,
-    rms_norm_reference, swiglu as fused_swiglu, swiglu_reference,
+    bf16_products, enabled, f32_matmul, fused_on, gemv, kernel_on, quant_linear,
+    rms_norm as fused_rms_norm, rms_norm_reference, rope as fused_rope, rope_reference,
+    swiglu as fused_swiglu, swiglu_reference,
 };
 use burn::tensor::activation::softmax;
 use burn::tensor::module::linear as burn_linear;
@@ -19,7 +20,7 @@ pub const BLOCK_ROWS: usize = 16;
 
 /// Whether `kernel` is chosen and runs on `device`.
 pub fn runs(kernel: Kernel, device: &Device) -> bool {
-    enabled(kernel) && fused_on(device)
+    enabled(kernel) && kernel_on(kernel, device)
 }
 
 /// Whether a new tensor shape costs `device` nothing: the CPU backend compiles no kernel per
@@ -48,6 +49,20 @@ pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, eps: f64) -> Ten
         return fused_rms_norm(x, gamma, eps);
     }
     like(rms_norm_reference(like(x, DType::F32), gamma, eps), dt)
+}
+
+/// The rotary embedding `x ∘ cos + swap(x) ∘ s` (rotate-half form; HF
+/// `apply_rotary_pos_emb`): the fused kernel ([`crate::rope`]) for f32 where it runs and the
+/// tables are `[b, 1, t, d]` with `d` even, else [`rope_reference`].
+pub fn rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
+    let [b, _, t, d] = x.dims();
+    let tables = [b, 1, t, d];
+    let fits = d % 2 == 0 && cos.dims() == tables && signed_sin.dims() == tables;
+    let f32s = [x.dtype(), cos.dtype(), signed_sin.dtype()] == [DType::F32; 3];
+    match fits && f32s && runs(Kernel::Rope, &x.device()) {
+        true => fused_rope(x, cos.clone(), signed_sin.clone()),
+        false => rope_reference(x, cos.clone(), signed_sin.clone()),
+    }
 }
 
 /// SwiGLU's gate `silu(gate) · up`: the fused kernel ([`crate::swiglu`]) for f32 where it

@@ -17,9 +17,15 @@ use burn::tensor::Shape;
 
 /// The fused RMSNorm as a burn backend extension: the CPU backend runs one vectorised pass per
 /// row, the autodiff backend adds the backward pass.
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+#[backend_extension(
+    Flex: cfg(feature = "flex"),
+    Cube: cfg(feature = "cube"),
+    Fusion: cfg(feature = "cube"),
+    Autodiff
+)]
 pub trait FusedRmsNorm: Backend {
     /// `[rows, d]`: `x · r · γ` for `x` `[rows, d]`, `γ` `[d]`.
+    #[fusion(dtype = x, shape = x)]
     fn rms_norm_rows(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -29,6 +35,10 @@ pub trait FusedRmsNorm: Backend {
     }
 
     /// `(y, r)`: the output and each row's `r` `[rows, 1]`.
+    #[fusion(meta = |x, _gamma, _eps| (x.clone(), burn::backend::fusion::custom::TensorSpec::new(
+        Shape::new([x.shape[0], 1]),
+        x.dtype,
+    )))]
     fn rms_norm_saved(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -38,6 +48,7 @@ pub trait FusedRmsNorm: Backend {
     }
 
     /// `(∂L/∂x, ∂L/∂γ)` from the output's gradient `dy` and the saved `r`.
+    #[fusion(meta = |x, gamma, _r, _dy| (x.clone(), gamma.clone()))]
     fn rms_norm_grad(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -77,6 +88,40 @@ fn grads<B: Backend>(
     let dx = B::float_sub(B::float_mul(gy, r.clone()), B::float_mul(x.clone(), c));
     let dgamma = B::float_sum_dim(B::float_mul(B::float_mul(dy, x), r), 0);
     (dx, B::float_reshape(dgamma, Shape::new([d])))
+}
+
+#[cfg(feature = "cube")]
+impl FusedRmsNorm for burn_cubecl::CubeBackend {
+    fn rms_norm_rows(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> FloatTensor<Self> {
+        Self::rms_norm_saved(x, gamma, eps).0
+    }
+
+    fn rms_norm_saved(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        match crate::cube::all_f32(&[&x, &gamma]) {
+            true => crate::cube::rms_norm(x, gamma, eps),
+            false => forward::<Self>(x, gamma, eps),
+        }
+    }
+
+    fn rms_norm_grad(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        match crate::cube::all_f32(&[&x, &gamma, &r, &dy]) {
+            true => crate::cube::rms_norm_grad(x, gamma, r, dy),
+            false => grads::<Self>(x, gamma, r, dy),
+        }
+    }
 }
 
 #[cfg(feature = "flex")]

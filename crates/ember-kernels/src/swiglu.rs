@@ -14,16 +14,24 @@ use burn::backend::autodiff::{
 };
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
-/// The fused gate as a burn backend extension: the CPU backend runs one vectorised pass, the
-/// autodiff backend adds the backward pass that keeps only the two inputs.
-#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+/// The fused gate as a burn backend extension: the CPU backend runs one vectorised pass,
+/// CubeCL devices one kernel (`cube.rs`, deferred through burn's fusion), the autodiff backend
+/// adds the backward pass that keeps only the two inputs.
+#[backend_extension(
+    Flex: cfg(feature = "flex"),
+    Cube: cfg(feature = "cube"),
+    Fusion: cfg(feature = "cube"),
+    Autodiff
+)]
 pub trait FusedSwiglu: Backend {
     /// `silu(gate) · up`, element-wise (`gate` and `up` of one shape).
+    #[fusion(dtype = gate, shape = gate)]
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         forward::<Self>(gate, up)
     }
 
     /// `(∂L/∂gate, ∂L/∂up)` of [`swiglu`](FusedSwiglu::swiglu) from the output's gradient.
+    #[fusion(meta = |gate, _up, _dy| (gate.clone(), gate.clone()))]
     fn swiglu_grad(
         gate: FloatTensor<Self>,
         up: FloatTensor<Self>,
@@ -52,6 +60,27 @@ fn grads<B: Backend>(
     let inner = B::float_add_scalar(B::float_sub(gate, gs), 1f32.into());
     let dg = B::float_mul(B::float_mul(B::float_mul(dy, up), s), inner);
     (dg, du)
+}
+
+#[cfg(feature = "cube")]
+impl FusedSwiglu for burn_cubecl::CubeBackend {
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        match crate::cube::all_f32(&[&gate, &up]) {
+            true => crate::cube::swiglu(gate, up),
+            false => forward::<Self>(gate, up),
+        }
+    }
+
+    fn swiglu_grad(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        match crate::cube::all_f32(&[&gate, &up, &dy]) {
+            true => crate::cube::swiglu_grad(gate, up, dy),
+            false => grads::<Self>(gate, up, dy),
+        }
+    }
 }
 
 #[cfg(feature = "flex")]

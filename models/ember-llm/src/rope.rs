@@ -265,19 +265,10 @@ pub(crate) fn rope_tables(
 
 /// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁] (HF `apply_rotary_pos_emb`),
 /// computed as x·cos + [x₂, x₁]·signed_sin with `signed_sin` = [−sin, sin] from
-/// [`rope_tables`]: the halves swapped by one concatenation, no negation. (A `flip` of the
-/// halves is a view with negative strides, which burn flex copies element by element.)
+/// [`rope_tables`]: `ember_kernels::op::rope` (a kernel where one runs, else the halves swapped
+/// by one concatenation, no negation).
 pub(crate) fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, signed_sin: &Tensor<4>) -> Tensor<4> {
-    let d = x.dims()[3];
-    let half = d / 2;
-    let swapped = Tensor::cat(
-        vec![
-            x.clone().narrow(3, half, d - half),
-            x.clone().narrow(3, 0, half),
-        ],
-        3,
-    );
-    x * cos.clone() + swapped * signed_sin.clone()
+    ember_kernels::op::rope(x, cos, signed_sin)
 }
 
 #[cfg(test)]

@@ -92,10 +92,16 @@ options:
   --precision f32|bf16           product precision (bf16: autocast-style mixed precision)
   --fused-attention              burn's fused attention op for multi-token passes
   --only ROWS                    a comma-separated subset of prefill,decode_b1,decode_b32,train
-                                 (e.g. to profile one of them; default all)
+                                 (e.g. to profile one of them; default all), or update: a GRPO
+                                 update's scoring pass and backward (LoRA r16 on the seven
+                                 projections, 2 rows of a 64-token prompt and N response
+                                 tokens), with the device's reserved memory on GPUs
+  --update-tokens N              the update row's response tokens (default 1024)
+  --checkpoint                   the update row with each layer's activations checkpointed
   --kernels ember|burn|LIST      Ember's fused kernels (default), the decomposed burn-op
                                  references, or a comma-separated list of the kernels to use
-                                 (head, attention, rmsnorm, swiglu, quant, gemv, matmul; crates/ember-kernels),
+                                 (head, attention, rmsnorm, swiglu, rope, quant, gemv, matmul;
+                                 crates/ember-kernels),
                                  with `ember` for the default set: `ember,amx` adds the bf16
                                  products on Intel AMX tiles (not on by default)
   --blocks q4_1|q8_0|bf16        quantize the weights to GGUF's blocks (the f32 weights become
@@ -130,10 +136,15 @@ pub struct BenchArgs {
     pub kernels: Vec<ember_kernels::Kernel>,
     /// Quantize the weights to these blocks (`--blocks`).
     pub blocks: Option<ember_kernels::QuantKind>,
+    /// The update row's response tokens (`--update-tokens`).
+    pub update_tokens: usize,
+    /// The update row with per-layer activation checkpointing (`--checkpoint`).
+    pub checkpoint: bool,
 }
 
-/// The measurements of each size, in order.
+/// The measurements of each size, in order (`update` only when asked for by `--only`).
 const ROWS: [&str; 4] = ["prefill", "decode_b1", "decode_b32", "train"];
+const ALL_ROWS: [&str; 5] = ["prefill", "decode_b1", "decode_b32", "train", "update"];
 
 impl BenchArgs {
     /// Parses `args`; `Ok(None)` means `--help` was asked for. Unknown flags, missing values
@@ -152,6 +163,8 @@ impl BenchArgs {
             only: ROWS.iter().map(|r| r.to_string()).collect(),
             kernels: ember_kernels::Kernel::DEFAULT.to_vec(),
             blocks: None,
+            update_tokens: 1024,
+            checkpoint: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -166,6 +179,14 @@ impl BenchArgs {
                 "--bench" => {}
                 "--matmul" => out.matmul = true,
                 "--fused-attention" => out.fused_attention = true,
+                "--checkpoint" => out.checkpoint = true,
+                "--update-tokens" => {
+                    let v = value()?;
+                    out.update_tokens = match v.parse::<usize>() {
+                        Ok(n) if (1..=8192).contains(&n) => n,
+                        _ => bail!("--update-tokens {v}: expected a whole number from 1 to 8192"),
+                    }
+                }
                 "--size" => {
                     out.sizes = match value()?.as_str() {
                         "all" => vec!["tiny".into(), "smollm2".into()],
@@ -178,8 +199,11 @@ impl BenchArgs {
                 "--only" => {
                     let v = value()?;
                     out.only = v.split(',').map(|r| r.trim().to_string()).collect();
-                    if let Some(bad) = out.only.iter().find(|r| !ROWS.contains(&r.as_str())) {
-                        bail!("--only {v}: unknown row `{bad}` (rows: {})", ROWS.join(","));
+                    if let Some(bad) = out.only.iter().find(|r| !ALL_ROWS.contains(&r.as_str())) {
+                        bail!(
+                            "--only {v}: unknown row `{bad}` (rows: {})",
+                            ALL_ROWS.join(",")
+                        );
                     }
                 }
                 "--out" => out.out = value()?.into(),
@@ -320,14 +344,17 @@ fn size_rows(
     let mut record = |name: &str, tokens: usize, (first, best): (f64, f64)| {
         let tps = tokens as f64 / best;
         let peak = peak_rss_mib();
+        let reserved = device_reserved_mib(device);
         println!(
             "ember {size:8} {name:18} {tps:12.1} tokens/s   (best {best:.4} s, first {first:.3} s, \
-             peak RSS {} MiB)",
-            peak.map_or("?".into(), |m| format!("{m:.0}"))
+             peak RSS {} MiB{})",
+            peak.map_or("?".into(), |m| format!("{m:.0}")),
+            reserved.map_or(String::new(), |m| format!(", device reserved {m:.0} MiB"))
         );
         rows.push(
             serde_json::json!({"size": size, "bench": name, "tokens_per_s": tps,
             "best_s": best, "first_s": first, "peak_rss_mib": peak,
+            "device_reserved_mib": reserved,
             "precision": format!("{precision:?}").to_lowercase()}),
         );
     };
@@ -373,6 +400,16 @@ fn size_rows(
             }),
         );
     }
+    if opts.only.iter().any(|r| r == "update") {
+        let ad = device.clone().autodiff();
+        let base = ember_llm::load(&dir, &ad)
+            .with_context(|| format!("reloading {}", dir.display()))?
+            .model
+            .with_precision(precision)
+            .with_checkpointing(opts.checkpoint);
+        let (name, tokens, timed) = update_row(base, opts, &ad)?;
+        record(&name, tokens, timed);
+    }
     // Training: forward + backward of −Σ log π over batch 8 × 128 tokens.
     if !opts.only.iter().any(|r| r == "train") {
         return Ok(rows);
@@ -395,6 +432,63 @@ fn size_rows(
         }),
     );
     Ok(rows)
+}
+
+/// The device allocator's reserved memory in MiB (GPU backends; `None` on the CPU backend).
+fn device_reserved_mib(device: &Device) -> Option<f64> {
+    let usage = device.memory_pool_usage()?;
+    Some(usage.bytes_reserved as f64 / (1u64 << 20) as f64)
+}
+
+/// The update row on `base` (on `ad`, an autodiff device): its name, tokens and timings, the
+/// device's memory freed and the peak RSS reset before it.
+fn update_row(
+    base: ember_llm::Llama,
+    opts: &BenchArgs,
+    ad: &Device,
+) -> anyhow::Result<(String, usize, (f64, f64))> {
+    let run = update_pass(base, opts.update_tokens, ad)?;
+    ad.memory_cleanup();
+    reset_peak_rss();
+    let t = 64 + opts.update_tokens;
+    Ok((format!("update_b2_t{t}"), 2 * t, time(ad, opts.reps, run)))
+}
+
+/// A GRPO update's pass on `base` with LoRA r16/α32 on the seven projections: the actor's
+/// scoring of 2 rows of a 64-token prompt and `response` tokens, `−Σ log π` and its backward
+/// (finished by recomputing the layers where `base` checkpoints them).
+fn update_pass(
+    base: ember_llm::Llama,
+    response: usize,
+    ad: &Device,
+) -> anyhow::Result<impl FnMut()> {
+    use ember_train::Actor;
+    let settings = ember_llm::LoraSettings {
+        rank: 16,
+        alpha: 32.0,
+        targets: ember_llm::LORA_TARGETS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    let model = ember_llm::apply_lora(base, &settings)?;
+    let vocab = model.vocab_size();
+    let t = 64 + response;
+    let exp = ember_llm::actor::LlmExperience {
+        tokens: tokens(2, t, vocab, ad),
+        mask: Tensor::<2>::ones([2, t], ad),
+        response_len: response,
+        temperature: 1.0,
+        adapters: true,
+    };
+    Ok(move || {
+        let mut s = model.score(&exp, &[0, 1], false);
+        let recompute = s.recompute.take();
+        let grads = s.log_probs.sum().neg().backward();
+        if let Some(r) = recompute {
+            let _ = r.finish(grads);
+        }
+    })
 }
 
 #[cfg(test)]

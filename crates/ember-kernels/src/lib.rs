@@ -277,7 +277,7 @@ pub fn fused_on(device: &Device) -> bool {
 /// The log-probability of each row's target token under `softmax(h Wᵀ / temperature)` and that
 /// distribution's entropy, fused: no `[rows, vocab]` tensor is held, in the forward pass or for
 /// the backward pass, which recomputes the logits chunk by chunk (`head.rs`). Differentiable in
-/// `h` and `w`. Runs where [`fused_on`] says so.
+/// `h` and `w`. Runs where [`kernel_on`] says so.
 ///
 /// # Shapes
 /// `h` `[rows, d]`, `w` `[vocab, d]`, `targets` `[rows]` → (`[rows]`, `[rows]`).
@@ -342,7 +342,7 @@ pub fn attention_block(rows: usize, keys: usize) -> usize {
 /// matrix: only the inputs and the output are kept, and the backward pass recomputes the
 /// probabilities block by block (`attention.rs`). Query head `kv·groups + g`
 /// reads key/value head `kv`. Differentiable in `q`, `k`, `v` (not in `bias`). Runs where
-/// [`fused_on`] says so, in f32.
+/// [`kernel_on`] says so, in f32.
 ///
 /// # Shapes
 /// `q` `[b, heads, t, hd]`, `k`, `v` `[b, kv_heads, keys, hd]`, `bias` `[b, 1, t, keys]` →
@@ -391,7 +391,7 @@ pub fn attention_reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, bias: Tenso
 
 /// RMSNorm over the last axis, `x · r · γ` with `r = 1/√(mean(x²) + ε)`, in one pass per row
 /// forward and backward, keeping `x` and `r` for the backward pass (`rms_norm.rs`).
-/// Differentiable in `x` and `γ`. Runs where [`fused_on`] says so, in f32.
+/// Differentiable in `x` and `γ`. Runs where [`kernel_on`] says so, in f32.
 ///
 /// # Shapes
 /// `x` `[..., d]`, `gamma` `[d]` → `[..., d]`.
@@ -461,7 +461,7 @@ pub fn rope_reference(x: Tensor<4>, cos: Tensor<4>, signed_sin: Tensor<4>) -> Te
 
 /// SwiGLU's gate `silu(gate) · up` in one pass forward and one backward, keeping only `gate`
 /// and `up` for the backward pass (`swiglu.rs`). Differentiable in both. Runs where
-/// [`fused_on`] says so, in f32.
+/// [`kernel_on`] says so, in f32.
 ///
 /// # Shapes
 /// `gate`, `up` of one shape → that shape.

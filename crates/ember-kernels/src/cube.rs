@@ -89,6 +89,32 @@ fn cube_sum<F: Float>(sums: &mut Shared<[F]>, part: F) -> F {
     total
 }
 
+/// `Σ_c a[base + c] · b[base + c]` over the row of `a`'s width starting at `base` (times `w[c]`
+/// when `weighted`), the cube's units striding over the columns, as every unit sees it.
+#[cube]
+fn row_dot<F: Float>(
+    a: &Tensor<F>,
+    b: &Tensor<F>,
+    w: &Tensor<F>,
+    base: usize,
+    #[comptime] units: usize,
+    #[comptime] weighted: bool,
+) -> F {
+    let d = a.shape(1);
+    let mut acc = F::new(0.0);
+    let mut c = UNIT_POS_X as usize;
+    while c < d {
+        let mut v = a[base + c] * b[base + c];
+        if weighted {
+            v *= w[c];
+        }
+        acc += v;
+        c += units;
+    }
+    let mut sums = Shared::new_slice(units);
+    cube_sum::<F>(&mut sums, acc)
+}
+
 /// RMSNorm of each row of `x` `[rows, d]`: `r = 1/√(Σx²/d + ε)`, `y = x · r · γ`.
 #[cube(launch)]
 fn rms_norm_kernel<F: Float>(
@@ -106,15 +132,7 @@ fn rms_norm_kernel<F: Float>(
         terminate!();
     }
     let base = row * d;
-    let mut acc = F::new(0.0);
-    let mut c = UNIT_POS_X as usize;
-    while c < d {
-        let v = x[base + c];
-        acc += v * v;
-        c += units;
-    }
-    let mut sums = Shared::new_slice(units);
-    let ms = cube_sum::<F>(&mut sums, acc) / F::cast_from(d);
+    let ms = row_dot::<F>(x, x, gamma, base, units, false) / F::cast_from(d);
     let rr = F::new(1.0) / F::sqrt(ms + F::cast_from(eps));
     let mut k = UNIT_POS_X as usize;
     while k < d {
@@ -143,15 +161,8 @@ fn rms_norm_dx_kernel<F: Float>(
         terminate!();
     }
     let base = row * d;
-    let mut acc = F::new(0.0);
-    let mut c = UNIT_POS_X as usize;
-    while c < d {
-        acc += x[base + c] * dy[base + c] * gamma[c];
-        c += units;
-    }
     let rr = r[row];
-    let mut sums = Shared::new_slice(units);
-    let scale = rr * rr * rr * cube_sum::<F>(&mut sums, acc) / F::cast_from(d);
+    let scale = rr * rr * rr * row_dot::<F>(x, dy, gamma, base, units, true) / F::cast_from(d);
     let mut k = UNIT_POS_X as usize;
     while k < d {
         dx[base + k] = rr * dy[base + k] * gamma[k] - x[base + k] * scale;

@@ -209,6 +209,31 @@ fn rope(gpu: &Device) {
     agree("rope", run(gpu, true), run(&Device::flex(), false), 1e-4);
 }
 
+/// The elementwise and row kernels past one grid axis's 65 535 cubes (cubes spill to the
+/// second axis): SwiGLU over 65 535 · 256 + 1 000 elements and RMSNorm over 70 000 rows, against
+/// the references on the CPU.
+fn big_grids(gpu: &Device) {
+    let n = 65_535 * 256 + 1_000;
+    let (g, u) = (random(&[n], 16), random(&[n], 17));
+    let (x, gamma) = (random(&[70_000, 8], 18), random(&[8], 19));
+    let run = |dev: &Device, fused: bool| {
+        let at = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), dev);
+        let rows = Tensor::<2>::from_data(TensorData::new(x.clone(), [70_000, 8]), dev);
+        let (gate, norm) = match fused {
+            true => (
+                op::swiglu(at(&g), at(&u)),
+                op::rms_norm(rows, at(&gamma), 1e-5),
+            ),
+            false => (
+                ember_kernels::swiglu_reference(at(&g), at(&u)),
+                ember_kernels::rms_norm_reference(rows, at(&gamma), 1e-5),
+            ),
+        };
+        vec![("swiglu", values(gate)), ("rmsnorm", values(norm))]
+    };
+    agree("grids", run(gpu, true), run(&Device::flex(), false), 1e-4);
+}
+
 /// Every kernel Ember has for CubeCL devices, on `gpu`.
 pub fn check_all(gpu: &Device) {
     let kernels = [
@@ -229,4 +254,5 @@ pub fn check_all(gpu: &Device) {
     head(gpu);
     attention(gpu);
     rope(gpu);
+    big_grids(gpu);
 }

@@ -179,24 +179,25 @@ fn attention(gpu: &Device) {
 }
 
 /// The rotary embedding through `op` (the kernel on `gpu`) against its reference on the CPU,
-/// 3 heads of dimension 10 over 7 positions with per-sequence tables: the output and the
-/// input's gradient.
+/// 3 heads of dimension 10 over 7 positions with per-sequence tables, the heads a transposed
+/// view of `[b, t, heads, d]` as the model's are: the output and the input's gradient.
 fn rope(gpu: &Device) {
     let (x, cos, sin) = (
-        random(&[2, 3, 7, 10], 12),
+        random(&[2, 7, 3, 10], 12),
         random(&[2, 1, 7, 10], 13),
         random(&[2, 1, 7, 10], 14),
     );
     let wts = random(&[2, 3, 7, 10], 15);
     let run = |dev: &Device, fused: bool| {
-        let xt = tracked(&x, [2, 3, 7, 10], dev);
+        let xt = tracked(&x, [2, 7, 3, 10], dev);
+        let heads = xt.clone().swap_dims(1, 2);
         let (c, s) = (
             constant(&cos, [2, 1, 7, 10], dev),
             constant(&sin, [2, 1, 7, 10], dev),
         );
         let y = match fused {
-            true => op::rope(xt.clone(), &c, &s),
-            false => ember_kernels::rope_reference(xt.clone(), c, s),
+            true => op::rope(heads, &c, &s),
+            false => ember_kernels::rope_reference(heads, c, s),
         };
         let gr = (y.clone() * constant(&wts, [2, 3, 7, 10], dev))
             .sum()

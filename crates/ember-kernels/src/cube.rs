@@ -170,10 +170,11 @@ fn rms_norm_dx_kernel<F: Float>(
     }
 }
 
-/// Rotary embedding (rotate-half) of `x` `[b, heads, t, d]` with the tables `cos`, `sin`
-/// `[b, 1, t, d]` (`sin` signed: `[−sin, sin]`), one unit per element, `j` the column half a
-/// row away: forward `y[i] = x[i]·cos[i] + x[j]·sin[i]`; backward (`x` the output's gradient)
-/// `y[i] = x[i]·cos[i] + x[j]·sin[j]`.
+/// Rotary embedding (rotate-half) of `x` `[b, heads, t, d]` (read through its strides: the
+/// model's heads are a transposed view) with the contiguous tables `cos`, `sin` `[b, 1, t, d]`
+/// (`sin` signed: `[−sin, sin]`) into the contiguous `y`, one unit per element, `j` the column
+/// half a row away: forward `y[i] = x[i]·cos[i] + x[j]·sin[i]`; backward (`x` the output's
+/// gradient) `y[i] = x[i]·cos[i] + x[j]·sin[j]`.
 #[cube(launch)]
 fn rope_kernel<F: Float>(
     x: &Tensor<F>,
@@ -185,18 +186,22 @@ fn rope_kernel<F: Float>(
 ) {
     let i = ABSOLUTE_POS;
     if i < y.len() {
-        let d = x.shape(3);
-        let t = x.shape(2);
+        let heads = y.shape(1);
+        let t = y.shape(2);
+        let d = y.shape(3);
         let col = i % d;
         let pos = (i / d) % t;
-        let seq = i / (d * t * x.shape(1));
+        let head = (i / (d * t)) % heads;
+        let seq = i / (d * t * heads);
         let table = (seq * t + pos) * d;
         let partner = (col + d / 2) % d;
-        let j = i - col + partner;
+        let row = seq * x.stride(0) + head * x.stride(1) + pos * x.stride(2);
+        let own = x[row + col * x.stride(3)];
+        let other = x[row + partner * x.stride(3)];
         if backward {
-            y[i] = x[i] * cos[table + col] + x[j] * sin[table + partner];
+            y[i] = own * cos[table + col] + other * sin[table + partner];
         } else {
-            y[i] = x[i] * cos[table + col] + x[j] * sin[table + col];
+            y[i] = own * cos[table + col] + other * sin[table + col];
         }
     }
 }
@@ -329,7 +334,7 @@ pub(crate) fn rms_norm_grad(
 /// The rotary embedding of `x` `[b, heads, t, d]` with the tables `[b, 1, t, d]`, or with
 /// `backward` the gradient of its input from the output's gradient `x`.
 pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, backward: bool) -> CubeTensor {
-    let [x, cos, sin] = [x, cos, sin].map(into_contiguous);
+    let (cos, sin) = (into_contiguous(cos), into_contiguous(sin));
     let y = empty(&x, x.shape());
     let (count, dim) = elementwise(x.shape().num_elements());
     let dt = dtype_to_storage_type(x.dtype);

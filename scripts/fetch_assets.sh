@@ -90,5 +90,8 @@ venv_with "$cache/py" \
 # server, trackio's, and wandb for offline runs. A virtual environment of their own (about 1 GiB),
 # so their pins never move the one above.
 venv_with "$cache/trackers-py" "mlflow==3.17.2 trackio==0.43.0 wandb==0.31.0"
+# The Tinker SDK (tests/tinker.rs runs a user's loop through it against `ember serve --tinker`),
+# in an environment of its own (it pins transformers and protobuf of its own choosing).
+venv_with "$cache/tinker-py" "tinker==0.38.0"
 echo "assets in $cache:"
 ls -l "$cache"

@@ -887,3 +887,42 @@ fn finished_rows_leave_the_decode_batch_without_changing_what_is_drawn() {
         assert!(rescoring_gap(model, &shrunk, cfg.scoring_temperature()) <= 1e-4);
     }
 }
+
+/// `target_log_probs` with the next tokens as targets equals `token_log_probs` (right padding,
+/// two rows of different lengths), and a target that is not the next token is scored at its
+/// own position.
+#[test]
+fn target_log_probs_equal_next_token_scoring() {
+    let loaded = load(&fixture("tiny_llama"), &dev()).unwrap();
+    let model = &loaded.model;
+    let rows = [vec![5i64, 17, 33, 8, 2], vec![3i64, 9, 27, 0, 0]];
+    let mask_rows = [[1.0f32, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0, 0.0]];
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(rows.concat(), [2, 5]), &dev());
+    let mask = Tensor::<2>::from_data(TensorData::new(mask_rows.concat(), [2, 5]), &dev());
+    let how = Scoring {
+        temperature: 1.0,
+        entropy: false,
+        adapters: true,
+    };
+    let (next, _) = model.token_log_probs(tokens.clone(), mask.clone(), 1.0, false, true);
+    let mut shifted: Vec<i64> = rows
+        .iter()
+        .flat_map(|r| r[1..].iter().copied().chain([0]))
+        .collect();
+    let targets = Tensor::<2, Int>::from_data(TensorData::new(shifted.clone(), [2, 5]), &dev());
+    let (lp, _) = model.target_log_probs(tokens.clone(), mask.clone(), targets, how);
+    let (next, lp) = (vals(next), vals(lp));
+    for (r, len) in [(0usize, 5usize), (1, 3)] {
+        for p in 0..len - 1 {
+            let d = (lp[r * 5 + p] - next[r * 4 + p]).abs();
+            assert!(d <= 1e-5, "row {r} position {p}: {d}");
+        }
+    }
+    // Another target at position 1 of row 0: its log-prob differs, the others do not move.
+    shifted[1] = 40;
+    let targets = Tensor::<2, Int>::from_data(TensorData::new(shifted, [2, 5]), &dev());
+    let (other, _) = model.target_log_probs(tokens, mask, targets, how);
+    let other = vals(other);
+    assert!((other[1] - lp[1]).abs() > 1e-3);
+    assert!((other[0] - lp[0]).abs() <= 1e-6 && (other[2] - lp[2]).abs() <= 1e-6);
+}

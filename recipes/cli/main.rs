@@ -53,7 +53,7 @@ enum Command {
     /// An OpenAI-compatible HTTP server (completions, chat completions, vLLM's LoRA endpoints)
     /// for a Hugging Face directory or GGUF file and its PEFT adapters; SIGINT/SIGTERM stop it
     /// after the requests already taken are answered.
-    Serve(ember_serve::ServeArgs),
+    Serve(Box<ember_serve::ServeArgs>),
     /// Write a checkpoint (plus an optional adapter, merged) as Hugging Face safetensors +
     /// config.json.
     Export(generate::ExportArgs),
@@ -276,7 +276,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(a) => train(a),
         Command::Serve(a) => {
             let device = ember::common::device::device(&a.device)?;
-            ember_serve::serve(a, device)
+            ember_serve::serve(*a, device)
         }
         Command::Warmup(a) => warmup(a),
         Command::Molora(a) => molora(a),

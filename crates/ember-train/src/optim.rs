@@ -15,6 +15,12 @@ use std::sync::Arc;
 fn burn_epsilon() -> f32 {
     1e-5
 }
+fn beta_1() -> f32 {
+    0.9
+}
+fn beta_2() -> f32 {
+    0.999
+}
 
 /// An f32 written as its shortest decimal (`1e-5`, not the f64 `9.999999747378752e-6`).
 fn shortest<S: serde::Serializer>(x: &f32, s: S) -> Result<S::Ok, S::Error> {
@@ -54,6 +60,13 @@ pub struct OptimizerConfig {
     /// Whether `grad_clip` bounds the global norm (default) or each parameter's.
     #[serde(default)]
     pub grad_clip_mode: ClipMode,
+    /// β₁ and β₂ of the moment averages (PyTorch's and burn's 0.9 and 0.999); set by code
+    /// (the Tinker service's `adam_params`), not by recipes.
+    #[serde(skip, default = "beta_1")]
+    pub beta_1: f32,
+    /// β₂.
+    #[serde(skip, default = "beta_2")]
+    pub beta_2: f32,
 }
 
 impl Default for OptimizerConfig {
@@ -63,6 +76,8 @@ impl Default for OptimizerConfig {
             epsilon: 1e-5,
             grad_clip: 0.0,
             grad_clip_mode: ClipMode::Global,
+            beta_1: beta_1(),
+            beta_2: beta_2(),
         }
     }
 }
@@ -89,11 +104,22 @@ impl OptimizerConfig {
         Self { epsilon, ..self }
     }
 
+    /// With AdamW's β₁ and β₂.
+    pub fn with_betas(self, beta_1: f32, beta_2: f32) -> Self {
+        Self {
+            beta_1,
+            beta_2,
+            ..self
+        }
+    }
+
     /// The optimizer (its state is created lazily, per parameter, at the first step).
     pub fn init(&self) -> Optimizer {
         let mut c = AdamWConfig::new()
             .with_weight_decay(self.weight_decay)
-            .with_epsilon(self.epsilon);
+            .with_epsilon(self.epsilon)
+            .with_beta_1(self.beta_1)
+            .with_beta_2(self.beta_2);
         let clip = self.grad_clip > 0.0;
         if clip && self.grad_clip_mode == ClipMode::PerParameter {
             c = c.with_grad_clipping(Some(GradientClippingConfig::Norm(self.grad_clip)));

@@ -811,6 +811,23 @@ impl Llama {
         self.response_log_probs(h, tokens, n, how)
     }
 
+    /// Log-probs of `targets` where position s of `tokens` predicts `targets[s]` (Tinker's
+    /// alignment: a target need not be the next input token), and optionally the entropies.
+    ///
+    /// # Shapes
+    /// `tokens`, `mask`, `targets` `[batch, seq]`; returns `[batch, seq]`.
+    pub fn target_log_probs(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        targets: Tensor<2, Int>,
+        how: Scoring,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        assert_eq!(tokens.dims(), targets.dims(), "target_log_probs: shapes");
+        let h = self.hidden_routed(tokens, mask, &RouteCtx::plain(how.adapters));
+        self.head_log_probs(h, targets, how.temperature, how.entropy, how.adapters)
+    }
+
     /// The log-probs (and entropies) of the last `n` of `tokens` `[b, t]` from the last layer's
     /// output `h` `[b, t, d_model]`: the final norm and the head on the positions before them.
     pub(crate) fn response_log_probs(

@@ -117,11 +117,11 @@ impl Access {
         let Some(key) = key else {
             return Ok(());
         };
-        match bearer(headers) {
+        match bearer(headers).or_else(|| x_api_key(headers)) {
             Some(given) if same(given.as_bytes(), key.as_bytes()) => Ok(()),
             Some(_) => Err(unauthorized("incorrect API key provided")),
             None => Err(unauthorized(
-                "no API key provided: send `Authorization: Bearer <key>`",
+                "no API key provided: send `Authorization: Bearer <key>` (or `X-API-Key: <key>`)",
             )),
         }
     }
@@ -158,6 +158,11 @@ pub async fn authorize(State(access): State<Arc<Access>>, req: Request, next: Ne
 
 fn unauthorized(message: &str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+}
+
+/// The key of an `X-API-Key` header (the Tinker SDK's).
+fn x_api_key(headers: &HeaderMap) -> Option<&str> {
+    headers.get("x-api-key")?.to_str().ok().map(str::trim)
 }
 
 /// The token of an `Authorization: Bearer <token>` header.

@@ -34,7 +34,13 @@ pub fn router(state: Arc<AppState>, http: &super::listen::HttpLimits) -> Router 
         .route("/update_weights_from_disk", post(update_weights))
         .route("/tokenize", post(super::tokenize::tokenize))
         .route("/detokenize", post(super::tokenize::detokenize))
-        .route("/tokenizer_info", get(super::tokenize::info))
+        .route("/tokenizer_info", get(super::tokenize::info));
+    let routes = if state.tinker.is_some() {
+        routes.merge(super::tinker::routes())
+    } else {
+        routes
+    };
+    let routes = routes
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such route")
         })

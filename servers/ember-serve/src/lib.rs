@@ -30,7 +30,9 @@
 //!   remote tokenizer);
 //! - `gym.rs`: `ember gym serve`, `POST /v1/evaluate` for the gym's remote executor;
 //! - `metrics.rs`: `/metrics` in the Prometheus text format (requests in flight, waiting, the
-//!   age of the oldest, answers by status class).
+//!   age of the oldest, answers by status class);
+//! - `tinker/`: `--tinker`, the Tinker training API (the `tinker` SDK's protocol: training
+//!   clients, losses, AdamW, sampling sessions, saved states) over the same model and engine.
 //!
 //! The first SIGINT or SIGTERM stops accepting connections and lets the requests already taken
 //! finish (graceful shutdown); a second exits at once, in every phase of the shutdown (while
@@ -49,6 +51,7 @@ pub mod listen;
 mod metrics;
 pub mod state;
 mod stream;
+pub mod tinker;
 mod tokenize;
 
 use anyhow::{Context, Result, bail};
@@ -118,6 +121,9 @@ pub struct ServeArgs {
     /// they answer 403.
     #[arg(long)]
     pub enable_admin: bool,
+    /// The Tinker training API.
+    #[command(flatten)]
+    pub tinker: tinker::TinkerArgs,
     /// The admin routes' key (default: EMBER_ADMIN_KEY; neither: the API key).
     #[arg(long)]
     pub admin_key: Option<String>,
@@ -185,7 +191,7 @@ pub fn serve(a: ServeArgs, device: Device) -> Result<()> {
     // ready, or why it could not start.
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo>>();
     let engine = {
-        let (a, names, tok) = (a.clone(), names.clone(), tok.clone());
+        let (a, names, tok, device) = (a.clone(), names.clone(), tok.clone(), device.clone());
         std::thread::Builder::new()
             .name("ember-serve-engine".into())
             .spawn(
@@ -205,19 +211,27 @@ pub fn serve(a: ServeArgs, device: Device) -> Result<()> {
         .recv()
         .context("the engine thread ended before the model was loaded")??;
 
+    let tinker = if a.tinker.tinker {
+        let name = &info.base_name;
+        Some(Arc::new(tinker::Service::start(
+            &a.tinker,
+            &a.model,
+            name,
+            tx.clone(),
+            &device,
+        )?))
+    } else {
+        None
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the HTTP runtime")?;
-    let state = Arc::new(state::AppState::new(
-        info,
-        tok,
-        names,
-        tx,
-        budget(&a),
-        Arc::new(access),
-    ));
+    let state = Arc::new(
+        state::AppState::new(info, tok, names, tx, budget(&a), Arc::new(access))
+            .with_tinker(tinker),
+    );
     let result = rt.block_on(serve_http(&a, state));
     // With the queue's senders gone the engine answers what is left and returns.
     rt.shutdown_background();

@@ -40,6 +40,8 @@ pub struct AppState {
     pub(crate) access: Arc<Access>,
     /// The requests in flight and the answers given (`/metrics`).
     pub(crate) load: Load,
+    /// The Tinker service, when `--tinker` is on.
+    pub(crate) tinker: Option<Arc<crate::tinker::Service>>,
 }
 
 impl AppState {
@@ -70,7 +72,14 @@ impl AppState {
             weights: RwLock::new((info_root, None)),
             access,
             load: Load::default(),
+            tinker: None,
         }
+    }
+
+    /// With the Tinker service (`--tinker`).
+    #[must_use]
+    pub fn with_tinker(self, tinker: Option<Arc<crate::tinker::Service>>) -> Self {
+        Self { tinker, ..self }
     }
 
     /// New requests get 503 from now on.

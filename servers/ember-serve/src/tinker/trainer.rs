@@ -1,0 +1,628 @@
+//! The training side of the Tinker service: one thread owns every training client's LoRA
+//! model, its accumulated gradients and its AdamW, and runs each client's requests in
+//! `seq_id` order (the SDK sends request n + 1 before n is done, and the chunks of one
+//! `forward_backward` in any order), holding a request until those before it have run.
+
+use super::futures::{Futures, Outcome};
+use super::loss::{LossFn, LossInputs, total};
+use super::store;
+use super::wire::{self, ChunkKind, ForwardBackwardRequest};
+use burn::module::Module;
+use burn::optim::GradientsAccumulator;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use ember_llm::{Llama, LoraSettings, Scoring};
+use ember_train::{Optimizer, OptimizerConfig};
+use prost::Message;
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Rows × positions of one forward and backward pass; a `forward_backward` request with more
+/// runs in several passes whose gradients add up.
+pub const PASS_TOKENS: usize = 8192;
+
+/// `create_model`'s `lora_config`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LoraRequest {
+    /// Rank.
+    pub rank: usize,
+    /// Seed of the adapters' initialisation.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Adapters on the MLP projections.
+    #[serde(default = "yes")]
+    pub train_mlp: bool,
+    /// Adapters on the attention projections.
+    #[serde(default = "yes")]
+    pub train_attn: bool,
+    /// An adapter on the unembedding (not supported: logged and left out).
+    #[serde(default = "yes")]
+    pub train_unembed: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `optim_step`'s `adam_params` (`torch.optim.AdamW` semantics).
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct AdamParams {
+    /// Learning rate.
+    pub learning_rate: f64,
+    /// β₁.
+    #[serde(default = "b1")]
+    pub beta1: f32,
+    /// β₂.
+    #[serde(default = "b2")]
+    pub beta2: f32,
+    /// ε.
+    #[serde(default = "eps")]
+    pub eps: f32,
+    /// Decoupled weight decay.
+    #[serde(default)]
+    pub weight_decay: f32,
+    /// Global gradient-norm bound (0: none).
+    #[serde(default)]
+    pub grad_clip_norm: f32,
+}
+
+fn b1() -> f32 {
+    0.9
+}
+fn b2() -> f32 {
+    0.95
+}
+fn eps() -> f32 {
+    1e-12
+}
+
+/// What a training client asks, in its `seq_id` order.
+pub enum Work {
+    /// `forward_backward` (or `forward`, with `forward_only`).
+    ForwardBackward(Box<ForwardBackwardRequest>),
+    /// `optim_step`.
+    Optim(AdamParams),
+    /// `save_weights`: adapter and optimizer under a name.
+    SaveState { name: String, overwrite: bool },
+    /// `save_weights_for_sampler`: a named adapter, or an ephemeral one for a sampling session.
+    SaveSampler(store::SamplerSave),
+    /// `load_weights` into this client: the adapter, and the optimizer state when asked.
+    Load { path: String, optimizer: bool },
+    /// A request that could not be read: its `seq_id` still passes, with this error.
+    Invalid(String),
+}
+
+/// A message to the trainer.
+pub enum Op {
+    /// `create_model`.
+    Create {
+        model_id: String,
+        lora: LoraRequest,
+        future: String,
+    },
+    /// `create_training_client_from_state`: a new client from a saved state.
+    FromState {
+        model_id: String,
+        path: String,
+        optimizer: bool,
+        future: String,
+    },
+    /// A request of a training client.
+    Step {
+        model_id: String,
+        seq_id: i64,
+        work: Work,
+        future: String,
+    },
+}
+
+/// One training client.
+pub struct Client {
+    pub(super) model: Llama,
+    pub(super) lora: LoraSettings,
+    acc: GradientsAccumulator<Llama>,
+    pending_grads: bool,
+    pub(super) optim: Optimizer,
+    pub(super) adam: Option<(f32, f32, f32, f32)>,
+    next_seq: i64,
+    waiting: BTreeMap<i64, (Work, String)>,
+}
+
+impl Client {
+    pub(super) fn new(model: Llama, lora: LoraSettings) -> Self {
+        Self {
+            model,
+            lora,
+            acc: GradientsAccumulator::new(),
+            pending_grads: false,
+            optim: OptimizerConfig::default().init(),
+            adam: None,
+            next_seq: 1,
+            waiting: BTreeMap::new(),
+        }
+    }
+}
+
+/// The trainer's state (lives on its thread).
+pub struct Trainer {
+    pub(super) base: Llama,
+    pub(super) device: Device,
+    pub(super) clients: HashMap<String, Client>,
+    futures: Arc<Futures>,
+    pub(super) store: store::Store,
+}
+
+impl Trainer {
+    /// A trainer over `base` (on an autodiff device), answering through `futures`.
+    pub fn new(base: Llama, device: Device, futures: Arc<Futures>, store: store::Store) -> Self {
+        Self {
+            base: base.no_grad(),
+            device,
+            clients: HashMap::new(),
+            futures,
+            store,
+        }
+    }
+
+    /// Runs until every sender is gone.
+    pub fn run(mut self, rx: std::sync::mpsc::Receiver<Op>) {
+        while let Ok(op) = rx.recv() {
+            self.handle(op);
+        }
+    }
+
+    fn handle(&mut self, op: Op) {
+        match op {
+            Op::Create {
+                model_id,
+                lora,
+                future,
+            } => {
+                let out = self.create(&model_id, &lora);
+                self.futures.finish(&future, answer(out));
+            }
+            Op::FromState {
+                model_id,
+                path,
+                optimizer,
+                future,
+            } => {
+                let out = self.create_from_state(&model_id, &path, optimizer);
+                self.futures.finish(&future, answer(out));
+            }
+            Op::Step {
+                model_id,
+                seq_id,
+                work,
+                future,
+            } => self.enqueue(model_id, seq_id, work, future),
+        }
+    }
+
+    fn create(&mut self, model_id: &str, req: &LoraRequest) -> Result<serde_json::Value, String> {
+        let mut targets = Vec::new();
+        if req.train_attn {
+            targets.extend(["q_proj", "k_proj", "v_proj", "o_proj"]);
+        }
+        if req.train_mlp {
+            targets.extend(["gate_proj", "up_proj", "down_proj"]);
+        }
+        if targets.is_empty() {
+            return Err("lora_config: train_attn and train_mlp are both false".into());
+        }
+        if req.train_unembed {
+            log::warn!(
+                "{model_id}: train_unembed is not supported (Ember's LoRA adapts the seven \
+                 projections): the unembedding stays frozen"
+            );
+        }
+        // α = 32 at every rank, as Tinker's LoRA ("LoRA Without Regret", Schulman et al. 2025).
+        let lora = LoraSettings {
+            rank: req.rank,
+            alpha: 32.0,
+            targets: targets.into_iter().map(String::from).collect(),
+        };
+        if let Some(seed) = req.seed {
+            self.device.seed(seed);
+        }
+        let model = ember_llm::apply_lora(self.base.clone(), &lora).map_err(|e| e.to_string())?;
+        self.clients
+            .insert(model_id.to_string(), Client::new(model, lora));
+        Ok(json!({"model_id": model_id, "type": "create_model"}))
+    }
+
+    fn create_from_state(
+        &mut self,
+        model_id: &str,
+        path: &str,
+        optimizer: bool,
+    ) -> Result<serde_json::Value, String> {
+        let client = self.store.load_client(&self.base, path, optimizer)?;
+        self.clients.insert(model_id.to_string(), client);
+        Ok(json!({"model_id": model_id, "path": path, "type": "load_weights"}))
+    }
+
+    fn enqueue(&mut self, model_id: String, seq_id: i64, work: Work, future: String) {
+        let Some(c) = self.clients.get_mut(&model_id) else {
+            let msg = format!("no training client `{model_id}` (create_model first)");
+            self.futures.finish(&future, Outcome::user(msg));
+            return;
+        };
+        if seq_id < c.next_seq {
+            let msg = format!("seq_id {seq_id} of {model_id} has already run");
+            self.futures.finish(&future, Outcome::user(msg));
+            return;
+        }
+        c.waiting.insert(seq_id, (work, future));
+        loop {
+            let Some(c) = self.clients.get_mut(&model_id) else {
+                return;
+            };
+            let Some((work, future)) = c.waiting.remove(&c.next_seq) else {
+                return;
+            };
+            c.next_seq += 1;
+            let out = self.run_work(&model_id, work);
+            self.futures.finish(&future, out);
+        }
+    }
+
+    fn run_work(&mut self, model_id: &str, work: Work) -> Outcome {
+        let out = match work {
+            Work::ForwardBackward(req) => {
+                return self
+                    .forward_backward(model_id, &req)
+                    .unwrap_or_else(Outcome::user);
+            }
+            Work::Optim(p) => self.optim_step(model_id, p),
+            Work::SaveState { name, overwrite } => self.save_state(model_id, &name, overwrite),
+            Work::SaveSampler(s) => self.save_sampler(model_id, s),
+            Work::Load { path, optimizer } => {
+                let client = self.store.load_client(&self.base, &path, optimizer);
+                client.and_then(|new| self.replace(model_id, new, optimizer, &path))
+            }
+            Work::Invalid(e) => Err(e),
+        };
+        answer(out)
+    }
+
+    fn client(&mut self, model_id: &str) -> Result<&mut Client, String> {
+        self.clients
+            .get_mut(model_id)
+            .ok_or_else(|| format!("no training client `{model_id}`"))
+    }
+
+    fn replace(
+        &mut self,
+        model_id: &str,
+        new: Client,
+        optimizer: bool,
+        path: &str,
+    ) -> Result<serde_json::Value, String> {
+        let c = self.client(model_id)?;
+        if new.lora != c.lora {
+            return Err(format!(
+                "{path} holds a LoRA of rank {} on {:?}; this client's is rank {} on {:?}",
+                new.lora.rank, new.lora.targets, c.lora.rank, c.lora.targets
+            ));
+        }
+        c.model = new.model;
+        c.acc = GradientsAccumulator::new();
+        c.pending_grads = false;
+        if optimizer {
+            c.optim = new.optim;
+            c.adam = new.adam;
+        }
+        Ok(json!({"path": path, "type": "load_weights"}))
+    }
+
+    /// One request's datums in passes of at most [`PASS_TOKENS`] cells: log-probs, the loss,
+    /// and (unless `forward_only`) the gradients added to the client's.
+    fn forward_backward(
+        &mut self,
+        model_id: &str,
+        req: &ForwardBackwardRequest,
+    ) -> Result<Outcome, String> {
+        let loss = LossFn::parse(&req.loss_fn, &req.loss_fn_config_v2)?;
+        let vocab = self.base.vocab_size();
+        let context = self.base.max_positions();
+        let datums = req
+            .data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Parsed::read(d, &loss, vocab, context).map_err(|e| format!("datum {i}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if datums.is_empty() {
+            return Err("forward_backward: no datums".into());
+        }
+        let device = self.device.clone();
+        let c = self.client(model_id)?;
+        let mut log_probs = Vec::with_capacity(datums.len());
+        let mut loss_sum = 0.0f64;
+        for pass in passes(&datums) {
+            let (lp, sum) = run_pass(c, &datums[pass], &loss, &device, req.forward_only)?;
+            log_probs.extend(lp);
+            loss_sum += sum;
+        }
+        let out = wire::ForwardBackwardOutput {
+            loss_fn_output_type: "ArrayRecord".into(),
+            loss_fn_outputs: vec![wire::record_of("logprobs", &log_probs)],
+            metrics: HashMap::from([("loss:sum".to_string(), loss_sum)]),
+        };
+        Ok(Outcome::Proto(out.encode_to_vec()))
+    }
+
+    fn optim_step(&mut self, model_id: &str, p: AdamParams) -> Result<serde_json::Value, String> {
+        let ok = p.learning_rate.is_finite()
+            && p.learning_rate >= 0.0
+            && (0.0..1.0).contains(&p.beta1)
+            && (0.0..1.0).contains(&p.beta2)
+            && p.eps > 0.0
+            && p.weight_decay >= 0.0
+            && p.grad_clip_norm >= 0.0;
+        if !ok {
+            return Err(format!(
+                "adam_params out of range ({p:?}): learning_rate >= 0, betas in [0, 1), eps \
+                 > 0, weight_decay and grad_clip_norm >= 0"
+            ));
+        }
+        let c = self.client(model_id)?;
+        let key = (p.beta1, p.beta2, p.eps, p.weight_decay);
+        let config = OptimizerConfig::default()
+            .with_betas(p.beta1, p.beta2)
+            .with_epsilon(p.eps)
+            .with_grad_clip(p.grad_clip_norm);
+        let config = OptimizerConfig {
+            weight_decay: p.weight_decay,
+            ..config
+        };
+        // A change of β, ε or decay (or the clip bound) keeps the moments: the new AdamW
+        // takes the old one's state.
+        let state = c.optim.to_record();
+        c.optim = config.init().load_record(state);
+        c.adam = Some(key);
+        if !c.pending_grads {
+            return Ok(json!({"type": "optim_step", "metrics": {}}));
+        }
+        let grads = c.acc.grads();
+        c.pending_grads = false;
+        let model = c.model.clone();
+        let (model, report) = c.optim.step(p.learning_rate, model, grads);
+        c.model = model;
+        Ok(json!({
+            "type": "optim_step",
+            "metrics": {"grad_norm:mean": report.grad_norm, "applied:mean": f64::from(u8::from(report.applied))}
+        }))
+    }
+
+    fn save_state(
+        &mut self,
+        model_id: &str,
+        name: &str,
+        overwrite: bool,
+    ) -> Result<serde_json::Value, String> {
+        let c = self
+            .clients
+            .get(model_id)
+            .ok_or("no such training client")?;
+        let path = self.store.save_state(model_id, name, c, overwrite)?;
+        Ok(json!({"path": path, "type": "save_weights"}))
+    }
+
+    fn save_sampler(
+        &mut self,
+        model_id: &str,
+        s: store::SamplerSave,
+    ) -> Result<serde_json::Value, String> {
+        let c = self
+            .clients
+            .get(model_id)
+            .ok_or("no such training client")?;
+        let model = c.model.valid();
+        let lora = c.lora.clone();
+        self.store.save_sampler(model_id, &model, &lora, s)
+    }
+}
+
+fn answer(out: Result<serde_json::Value, String>) -> Outcome {
+    match out {
+        Ok(v) => Outcome::Json(v),
+        Err(e) => Outcome::user(e),
+    }
+}
+
+/// One datum: input tokens, targets, and the loss's per-token inputs.
+struct Parsed {
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+    inputs: HashMap<String, Vec<f32>>,
+}
+
+impl Parsed {
+    fn read(d: &wire::Datum, loss: &LossFn, vocab: usize, context: usize) -> Result<Self, String> {
+        let mut tokens = Vec::new();
+        for c in &d.model_input {
+            match &c.chunk {
+                Some(ChunkKind::EncodedText(t)) => tokens.extend(wire::tokens_from_i32(&t.tokens)?),
+                Some(ChunkKind::Image(_)) => return Err("image chunks are not supported".into()),
+                Some(ChunkKind::Dmel(_)) => return Err("dmel chunks are not supported".into()),
+                None => {}
+            }
+        }
+        let n = tokens.len();
+        if n == 0 || n > context {
+            return Err(format!("{n} input tokens (the model takes 1..={context})"));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "input token {t} is outside the vocabulary of {vocab}"
+            ));
+        }
+        let get = |name: &str| -> Result<Vec<f64>, String> {
+            let t = d
+                .loss_fn_inputs
+                .get(name)
+                .ok_or_else(|| format!("loss_fn_inputs has no `{name}`"))?;
+            let (v, shape) = wire::tensor_values(name, t)?;
+            if shape != [n] {
+                return Err(format!(
+                    "loss_fn_inputs `{name}` has shape {shape:?}; the model input has {n} \
+                     tokens (targets of shape [N, K] are not supported)"
+                ));
+            }
+            Ok(v)
+        };
+        let targets = get("target_tokens")?
+            .into_iter()
+            .map(|v| {
+                (v >= 0.0 && (v as usize) < vocab && v.fract() == 0.0)
+                    .then_some(v as u32)
+                    .ok_or_else(|| format!("target token {v} is outside the vocabulary of {vocab}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut inputs = HashMap::new();
+        let mut names: Vec<&str> = loss.inputs().to_vec();
+        if matches!(loss, LossFn::Gspo { .. })
+            && d.loss_fn_inputs.contains_key("sequence_ratio_mask")
+        {
+            names.push("sequence_ratio_mask");
+        }
+        for name in names {
+            let v = get(name)?;
+            if v.iter().any(|x| !x.is_finite()) {
+                return Err(format!("loss_fn_inputs `{name}` holds a non-finite value"));
+            }
+            inputs.insert(name.to_string(), v.into_iter().map(|x| x as f32).collect());
+        }
+        Ok(Self {
+            tokens,
+            targets,
+            inputs,
+        })
+    }
+}
+
+/// Consecutive ranges of datums whose padded size stays within [`PASS_TOKENS`] (a datum longer
+/// than that runs alone).
+fn passes(datums: &[Parsed]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut longest) = (0, 0);
+    for (i, d) in datums.iter().enumerate() {
+        let l = longest.max(d.tokens.len());
+        if i > start && l * (i + 1 - start) > PASS_TOKENS {
+            out.push(start..i);
+            start = i;
+            longest = d.tokens.len();
+        } else {
+            longest = l;
+        }
+    }
+    out.push(start..datums.len());
+    out
+}
+
+/// One pass: the datums right-padded to one length, their log-probs (host values, each datum's
+/// own length) and loss; the gradients added to the client's unless `forward_only`.
+fn run_pass(
+    c: &mut Client,
+    datums: &[Parsed],
+    loss: &LossFn,
+    device: &Device,
+    forward_only: bool,
+) -> Result<(Vec<Vec<f32>>, f64), String> {
+    let (b, t) = (
+        datums.len(),
+        datums.iter().map(|d| d.tokens.len()).max().unwrap_or(1),
+    );
+    let pad_u = |f: &dyn Fn(&Parsed) -> &[u32]| -> Tensor<2, Int> {
+        let v: Vec<i64> = datums
+            .iter()
+            .flat_map(|d| {
+                let s = f(d);
+                s.iter()
+                    .map(|&x| i64::from(x))
+                    .chain(std::iter::repeat_n(0, t - s.len()))
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(v, [b, t]), device)
+    };
+    let pad_f = |f: &dyn Fn(&Parsed) -> Vec<f32>| -> Tensor<2> {
+        let v: Vec<f32> = datums
+            .iter()
+            .flat_map(|d| {
+                let s = f(d);
+                let n = s.len();
+                s.into_iter().chain(std::iter::repeat_n(0.0, t - n))
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(v, [b, t]), device)
+    };
+    let tokens = pad_u(&|d| &d.tokens);
+    let targets = pad_u(&|d| &d.targets);
+    let mask = pad_f(&|d| vec![1.0; d.tokens.len()]);
+    let names: Vec<String> = datums[0].inputs.keys().cloned().collect();
+    let named = names
+        .into_iter()
+        .map(|k| {
+            let t = pad_f(&|d| {
+                d.inputs
+                    .get(&k)
+                    .cloned()
+                    .unwrap_or_else(|| vec![0.0; d.tokens.len()])
+            });
+            (k, t)
+        })
+        .collect();
+    let how = Scoring {
+        temperature: 1.0,
+        entropy: false,
+        adapters: true,
+    };
+    let (lp, _) = c.model.target_log_probs(tokens, mask.clone(), targets, how);
+    let x = LossInputs {
+        log_probs: lp.clone(),
+        mask,
+        named,
+    };
+    let sum = total(loss, &x)?;
+    let host = lp
+        .detach()
+        .into_data()
+        .try_into_vec::<f32>()
+        .map_err(|e| format!("{e:?}"))?;
+    let per_datum = datums
+        .iter()
+        .enumerate()
+        .map(|(i, d)| host[i * t..i * t + d.tokens.len()].to_vec())
+        .collect();
+    let value = f64::from(sum.clone().detach().into_scalar::<f32>());
+    if !forward_only {
+        let grads = burn::optim::GradientsParams::from_grads(sum.backward(), &c.model);
+        c.acc.accumulate(&c.model, grads);
+        c.pending_grads = true;
+    }
+    Ok((per_datum, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn datum(n: usize) -> Parsed {
+        Parsed {
+            tokens: vec![1; n],
+            targets: vec![1; n],
+            inputs: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn passes_stay_within_the_cell_budget() {
+        let ds: Vec<Parsed> = [4000, 4000, 100, 9000, 10].into_iter().map(datum).collect();
+        assert_eq!(passes(&ds), vec![0..2, 2..3, 3..4, 4..5]);
+        assert_eq!(passes(&ds[..1]), vec![0..1]);
+    }
+}

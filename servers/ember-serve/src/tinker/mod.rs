@@ -169,10 +169,7 @@ pub fn routes() -> Router<Arc<AppState>> {
             "/api/v1/telemetry",
             post(|| async { Json(json!({"status": "accepted"})) }),
         )
-        .route(
-            "/api/v1/sessions/{id}/finish",
-            post(|| async { Json(json!({})) }),
-        )
+        .route("/api/v1/sessions/{id}/finish", post(finish_session))
         .route(
             "/api/v1/healthz",
             get(|| async { Json(json!({"status": "ok"})) }),
@@ -250,6 +247,17 @@ async fn capabilities(State(st): State<Arc<AppState>>) -> Result<Response, ApiEr
         })
         .collect();
     Ok(Json(json!({"supported_models": models})).into_response())
+}
+
+/// `sessions/{id}/finish`: the session's training clients are dropped (their saved states
+/// stay on disk).
+async fn finish_session(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let s = service(&st)?;
+    s.send(Op::EndSession(id))?;
+    Ok(Json(json!({})).into_response())
 }
 
 #[derive(Deserialize)]

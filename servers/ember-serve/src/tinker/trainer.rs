@@ -16,6 +16,7 @@ use prost::Message;
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 /// Rows × positions of one forward and backward pass; a `forward_backward` request with more
@@ -115,7 +116,12 @@ pub enum Op {
         work: Work,
         future: String,
     },
+    /// A session ended (`sessions/{id}/finish`): its training clients are dropped.
+    EndSession(String),
 }
+
+/// Training clients held at once; `create_model` past it is refused until a session ends.
+pub const MAX_CLIENTS: usize = 64;
 
 /// One training client.
 pub struct Client {
@@ -179,7 +185,8 @@ impl Trainer {
                 lora,
                 future,
             } => {
-                let out = self.create(&model_id, &lora);
+                let out = catch_unwind(AssertUnwindSafe(|| self.create(&model_id, &lora)));
+                let out = out.unwrap_or_else(|_| Err("internal error creating the model".into()));
                 self.futures.finish(&future, answer(out));
             }
             Op::FromState {
@@ -188,7 +195,10 @@ impl Trainer {
                 optimizer,
                 future,
             } => {
-                let out = self.create_from_state(&model_id, &path, optimizer);
+                let out = catch_unwind(AssertUnwindSafe(|| {
+                    self.create_from_state(&model_id, &path, optimizer)
+                }));
+                let out = out.unwrap_or_else(|_| Err(format!("internal error loading {path}")));
                 self.futures.finish(&future, answer(out));
             }
             Op::Step {
@@ -197,10 +207,20 @@ impl Trainer {
                 work,
                 future,
             } => self.enqueue(model_id, seq_id, work, future),
+            Op::EndSession(session) => {
+                let prefix = format!("{session}:train:");
+                self.clients.retain(|id, _| !id.starts_with(&prefix));
+            }
         }
     }
 
     fn create(&mut self, model_id: &str, req: &LoraRequest) -> Result<serde_json::Value, String> {
+        if self.clients.len() >= MAX_CLIENTS && !self.clients.contains_key(model_id) {
+            return Err(format!(
+                "{MAX_CLIENTS} training clients are held, the most this server keeps: close a \
+                 session (ServiceClient.close) to free its clients"
+            ));
+        }
         let mut targets = Vec::new();
         if req.train_attn {
             targets.extend(["q_proj", "k_proj", "v_proj", "o_proj"]);
@@ -263,7 +283,17 @@ impl Trainer {
                 return;
             };
             c.next_seq += 1;
-            let out = self.run_work(&model_id, work);
+            let out = catch_unwind(AssertUnwindSafe(|| self.run_work(&model_id, work)))
+                .unwrap_or_else(|_| {
+                    // A panic may leave the client half-updated: it is dropped.
+                    self.clients.remove(&model_id);
+                    Outcome::Error {
+                        message: format!(
+                            "internal error; the training client {model_id} was dropped"
+                        ),
+                        category: "server",
+                    }
+                });
             self.futures.finish(&future, out);
         }
     }

@@ -105,6 +105,21 @@ fn run_client(gguf: &Path, python: &Path, dir: &Path) -> Value {
         "the SDK script failed:\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // One SIGTERM ends the server (its trainer lets go of the engine's queue).
+    let mut server = server;
+    server.signal("-TERM");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 120,
+            "the server did not stop after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
     serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
 }
 

@@ -124,3 +124,6 @@ out["from_path_tokens"] = c.sequences[0].tokens
 
 with open(out_path, "w") as f:
     json.dump(out, f)
+
+# Closing the session frees its training clients on the server.
+service.close("success").result()

@@ -64,13 +64,20 @@ impl Drop for Slot {
     }
 }
 
-/// Admits a request within its client's share (every route but `/health` and `/metrics`).
+/// Admits a request within its client's share (every route but `/health`, `/metrics` and
+/// Tinker's `retrieve_future`).
 pub async fn per_client(State(clients): State<Arc<Clients>>, req: Request, next: Next) -> Response {
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    let (Some(ip), false) = (peer, matches!(req.uri().path(), "/health" | "/metrics")) else {
+    // Tinker's `retrieve_future` long-polls without work of the engine's (bounded by the
+    // connection limit): a loop with many samples out does not use up its share with polls.
+    let free = matches!(
+        req.uri().path(),
+        "/health" | "/metrics" | "/api/v1/retrieve_future"
+    );
+    let (Some(ip), false) = (peer, free) else {
         return next.run(req).await;
     };
     let Some(slot) = clients.enter(ip) else {

@@ -213,13 +213,9 @@ pub fn serve(a: ServeArgs, device: Device) -> Result<()> {
 
     let tinker = if a.tinker.tinker {
         let name = &info.base_name;
-        Some(Arc::new(tinker::Service::start(
-            &a.tinker,
-            &a.model,
-            name,
-            tx.clone(),
-            &device,
-        )?))
+        let body = a.http.max_body_bytes;
+        let t = tinker::Service::start(&a.tinker, &a.model, name, tx.clone(), &device, body)?;
+        Some(Arc::new(t))
     } else {
         None
     };
@@ -232,7 +228,11 @@ pub fn serve(a: ServeArgs, device: Device) -> Result<()> {
         state::AppState::new(info, tok, names, tx, budget(&a), Arc::new(access))
             .with_tinker(tinker),
     );
-    let result = rt.block_on(serve_http(&a, state));
+    let result = rt.block_on(serve_http(&a, state.clone()));
+    // The trainer holds a sender of the engine's queue: it stops, so that the queue closes.
+    if let Some(t) = &state.tinker {
+        t.shutdown();
+    }
     // With the queue's senders gone the engine answers what is left and returns.
     rt.shutdown_background();
     engine

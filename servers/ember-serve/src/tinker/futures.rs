@@ -1,8 +1,9 @@
 //! Tinker's futures: every submission answers at once with a `request_id`, and
 //! `retrieve_future` long-polls for its result (`try_again` after the poll window). Results
 //! stay readable (the SDK may read one again after a retry) until the store holds more than
-//! its bound, when the oldest finished ones are dropped. Submissions retried by the SDK carry
-//! the same key (model and `seq_id`, session and counter), and get the first one's id back.
+//! its bounds (a count, and [`RESULT_BYTES`] of protobuf results), when the oldest finished ones
+//! are dropped. Submissions retried by the SDK carry the same key (model and `seq_id`, session
+//! and counter), and get the first one's id back; keys are kept in a bound of their own.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -47,11 +48,18 @@ pub enum Poll {
     Unknown,
 }
 
+/// Bytes of protobuf results kept at most.
+pub const RESULT_BYTES: usize = 256 << 20;
+
+/// Submission keys kept per kept result.
+const KEYS_PER_RESULT: usize = 4;
+
 #[derive(Default)]
 struct Store {
     slots: HashMap<String, Option<Outcome>>,
-    /// Finished ids, oldest first (what is dropped past the bound).
-    finished: VecDeque<String>,
+    /// Finished ids and their sizes, oldest first (what is dropped past the bounds).
+    finished: VecDeque<(String, usize)>,
+    bytes: usize,
     /// Submission keys already given an id.
     keys: HashMap<String, String>,
     key_order: VecDeque<String>,
@@ -92,7 +100,7 @@ impl Futures {
         if let Some(k) = key {
             s.keys.insert(k.clone(), id.clone());
             s.key_order.push_back(k);
-            while s.key_order.len() > self.keep {
+            while s.key_order.len() > self.keep * KEYS_PER_RESULT {
                 if let Some(old) = s.key_order.pop_front() {
                     s.keys.remove(&old);
                 }
@@ -104,13 +112,20 @@ impl Futures {
     /// Records `id`'s outcome and wakes its pollers.
     pub fn finish(&self, id: &str, outcome: Outcome) {
         {
+            let size = match &outcome {
+                Outcome::Proto(b) => b.len(),
+                _ => 0,
+            };
             let mut s = self.lock();
             s.slots.insert(id.to_string(), Some(outcome));
-            s.finished.push_back(id.to_string());
-            while s.finished.len() > self.keep {
-                if let Some(old) = s.finished.pop_front() {
-                    s.slots.remove(&old);
-                }
+            s.finished.push_back((id.to_string(), size));
+            s.bytes += size;
+            while s.finished.len() > self.keep || s.bytes > RESULT_BYTES {
+                let Some((old, n)) = s.finished.pop_front() else {
+                    break;
+                };
+                s.slots.remove(&old);
+                s.bytes -= n;
             }
         }
         self.done.notify_waiters();
@@ -151,6 +166,9 @@ mod tests {
     fn retries_get_the_first_id_and_old_results_are_dropped_past_the_bound() {
         let f = Futures::new(2);
         let (a, fresh) = f.open(Some("m:1".into()));
+        for k in 0..2 * KEYS_PER_RESULT - 1 {
+            f.open(Some(format!("other {k}")));
+        }
         assert!(fresh);
         assert_eq!(f.open(Some("m:1".into())), (a.clone(), false));
         let (b, _) = f.open(None);

@@ -9,6 +9,9 @@ use burn::tensor::Tensor;
 use ember_engine::{PolicyLossInput, PolicyLossKind, policy_loss};
 use std::collections::HashMap;
 
+/// The engine's bound on |log π − log q| (`ember_engine`'s `LOG_RATIO_CLAMP`).
+const LOG_RATIO_CLAMP: f32 = 20.0;
+
 /// A loss Tinker names, with its `loss_fn_config`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LossFn {
@@ -143,7 +146,13 @@ pub fn total(loss: &LossFn, x: &LossInputs) -> Result<Tensor<1>, String> {
         LossFn::CrossEntropy => x.get("weights")?.mul(lp).neg(),
         LossFn::ImportanceSampling => {
             let q = x.get("logprobs")?;
-            (lp - q).exp().mul(x.get("advantages")?).neg()
+            // The log-ratio clamped as the engine clamps it (±20), so a sentinel q at a position
+            // with A = 0 gives 0, not ∞·0.
+            (lp - q)
+                .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+                .exp()
+                .mul(x.get("advantages")?)
+                .neg()
         }
         LossFn::Dro { beta } => {
             let (q, a) = (x.get("logprobs")?, x.get("advantages")?);
@@ -181,8 +190,9 @@ fn ppo(lo: f32, hi: f32) -> PolicyLossKind {
     }
 }
 
-/// The engine's per-token loss `kind` with the sampler's log-probs as log π_old, summed over
-/// `mask`.
+/// The engine's per-token loss `kind` with the sampler's log-probs as log π_old (its `mask`
+/// the positions a sequence ratio averages over: GSPO's `sequence_ratio_mask`), summed over
+/// every position of every datum.
 fn engine(kind: PolicyLossKind, x: &LossInputs, mask: Tensor<2>) -> Result<Tensor<1>, String> {
     let input = PolicyLossInput {
         log_probs: x.log_probs.clone(),
@@ -192,7 +202,7 @@ fn engine(kind: PolicyLossKind, x: &LossInputs, mask: Tensor<2>) -> Result<Tenso
         ref_log_probs: None,
     };
     let out = policy_loss(&kind, &input).map_err(|e| e.to_string())?;
-    Ok(out.per_step.mul(out.mask).sum())
+    Ok(out.per_step.mul(x.mask.clone()).sum())
 }
 
 #[cfg(test)]

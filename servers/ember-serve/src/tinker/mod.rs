@@ -36,7 +36,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use store::{Samplers, Store};
@@ -71,11 +71,13 @@ const RESULTS_KEPT: usize = 4096;
 /// The Tinker service's shared state.
 pub struct Service {
     futures: Arc<Futures>,
-    trainer: Mutex<std::sync::mpsc::Sender<Op>>,
+    trainer: Mutex<Option<std::sync::mpsc::Sender<Op>>>,
     samplers: Arc<Samplers>,
     store_dir: PathBuf,
     names: Vec<String>,
     max_chunk: usize,
+    max_chunk_bytes: usize,
+    closing: Arc<AtomicBool>,
     sessions: AtomicU64,
     stamp: u64,
     /// Model id → (the base model name it was created with, LoRA rank when known).
@@ -91,6 +93,7 @@ impl Service {
         base_name: &str,
         engine: mpsc::Sender<Msg>,
         device: &Device,
+        max_body_bytes: usize,
     ) -> anyhow::Result<Self> {
         if a.tinker_max_chunk == 0 {
             anyhow::bail!("--tinker-max-chunk must be >= 1");
@@ -107,7 +110,8 @@ impl Service {
             engine,
             samplers.clone(),
         );
-        let t = Trainer::new(loaded.model, ad, futures.clone(), store);
+        let closing = Arc::new(AtomicBool::new(false));
+        let t = Trainer::new(loaded.model, ad, futures.clone(), store, closing.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("ember-tinker-trainer".into())
@@ -119,26 +123,49 @@ impl Service {
         names.extend(a.aliases.iter().cloned());
         Ok(Self {
             futures,
-            trainer: Mutex::new(tx),
+            trainer: Mutex::new(Some(tx)),
             samplers,
             store_dir: a.tinker_dir.clone(),
             names,
             max_chunk: a.tinker_max_chunk,
+            // The SDK's estimate of a chunk's size is its protobuf size; a margin for the
+            // framing keeps every chunk under the body limit.
+            max_chunk_bytes: max_body_bytes / 4 * 3,
+            closing,
             sessions: AtomicU64::new(0),
             stamp,
             models: Mutex::new(HashMap::new()),
         })
     }
 
-    fn send(&self, op: Op) -> Result<(), ApiError> {
-        let tx = self.trainer.lock().unwrap_or_else(|p| p.into_inner());
-        tx.send(op).map_err(|_| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "the trainer has stopped",
-            )
-        })
+    /// Sends `op` to the trainer; if it has stopped, `future` (the op's, if any) fails.
+    fn send(&self, op: Op, future: Option<&str>) -> Result<(), ApiError> {
+        let tx = lock(&self.trainer);
+        let sent = tx.as_ref().is_some_and(|tx| tx.send(op).is_ok());
+        if sent {
+            return Ok(());
+        }
+        let message = "the trainer has stopped (the server is shutting down)";
+        if let Some(id) = future {
+            let category = "server";
+            let out = Outcome::Error {
+                message: message.into(),
+                category,
+            };
+            self.futures.finish(id, out);
+        }
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            message,
+        ))
+    }
+
+    /// Stops the trainer once it has failed what it holds (at shutdown, so that the engine's
+    /// queue closes).
+    pub fn shutdown(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        lock(&self.trainer).take();
     }
 
     fn base_of(&self, name: &str) -> Result<(), ApiError> {
@@ -225,6 +252,7 @@ async fn config(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
         "use_pyqwest_transport": false,
         "proto_compress_fwdbwd": false,
         "fwdbwd_max_chunk_len": s.max_chunk,
+        "fwdbwd_max_chunk_bytes_count": s.max_chunk_bytes,
     }))
     .into_response())
 }
@@ -256,7 +284,10 @@ async fn finish_session(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     let s = service(&st)?;
-    s.send(Op::EndSession(id))?;
+    let prefix = format!("{id}:");
+    lock(&s.models).retain(|m, _| !m.starts_with(&prefix));
+    s.samplers.end_session(&prefix);
+    s.send(Op::EndSession(id), None)?;
     Ok(Json(json!({})).into_response())
 }
 
@@ -311,11 +342,12 @@ async fn create_model(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Respo
     let (id, fresh) = s.futures.open(Some(format!("create {model_id}")));
     if fresh {
         lock(&s.models).insert(model_id.clone(), (req.base_model.clone(), Some(lora.rank)));
-        s.send(Op::Create {
+        let op = Op::Create {
             model_id: model_id.clone(),
             lora,
             future: id.clone(),
-        })?;
+        };
+        s.send(op, Some(&id))?;
     }
     Ok(future_reply(&id, Some(&model_id)))
 }
@@ -355,12 +387,13 @@ async fn get_info(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Response,
 fn step(s: &Service, model_id: &str, seq_id: i64, work: Work) -> Result<Response, ApiError> {
     let (id, fresh) = s.futures.open(Some(format!("{model_id}#{seq_id}")));
     if fresh {
-        s.send(Op::Step {
+        let op = Op::Step {
             model_id: model_id.to_string(),
             seq_id,
             work,
             future: id.clone(),
-        })?;
+        };
+        s.send(op, Some(&id))?;
     }
     Ok(future_reply(&id, Some(model_id)))
 }
@@ -492,12 +525,13 @@ async fn load_weights(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Respo
     if fresh {
         let base = s.names.first().cloned().unwrap_or_default();
         lock(&s.models).insert(model_id.clone(), (base, None));
-        s.send(Op::FromState {
+        let op = Op::FromState {
             model_id: model_id.clone(),
             path: r.path,
             optimizer: r.optimizer,
             future: id.clone(),
-        })?;
+        };
+        s.send(op, Some(&id))?;
     }
     Ok(future_reply(&id, Some(&model_id)))
 }

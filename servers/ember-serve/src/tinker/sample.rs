@@ -199,7 +199,7 @@ fn plan(st: &AppState, s: &Service, r: SampleRequest) -> Result<Plan, ApiError> 
         ));
     }
     let model = match (&r.sampling_session_id, &r.base_model) {
-        (Some(id), _) => s.samplers.get(id).map(|(m, _)| m).ok_or_else(|| {
+        (Some(id), _) => s.samplers.use_session(id).ok_or_else(|| {
             ApiError::bad(
                 "sampling_session_id",
                 format!(

@@ -82,6 +82,19 @@ impl Samplers {
         self.lock().loaded.iter().any(|n| n == engine_name)
     }
 
+    /// `session`'s engine name, the adapter behind it marked as the most recently used.
+    pub fn use_session(&self, session: &str) -> Option<String> {
+        let mut s = self.lock();
+        let name = s.sessions.get(session)?.0.clone();
+        touch(&mut s.loaded, &name);
+        Some(name)
+    }
+
+    /// Forgets the sessions whose ids start with `prefix` (a finished session's).
+    pub fn end_session(&self, prefix: &str) {
+        self.lock().sessions.retain(|id, _| !id.starts_with(prefix));
+    }
+
     /// Records `session` → `engine_name` (an adapter loaded when `adapter`); returns the adapters
     /// to unload past [`SAMPLERS_KEPT`] (their sessions are dropped).
     pub fn register(
@@ -94,7 +107,7 @@ impl Samplers {
         let mut s = self.lock();
         s.sessions
             .insert(session.to_string(), (engine_name.to_string(), path));
-        if !adapter || s.loaded.iter().any(|n| n == engine_name) {
+        if !adapter || touch(&mut s.loaded, engine_name) {
             return Vec::new();
         }
         s.loaded.push_back(engine_name.to_string());
@@ -107,6 +120,17 @@ impl Samplers {
         }
         gone
     }
+}
+
+/// Moves `name` to the back of `loaded` (most recently used); false when it is not there.
+fn touch(loaded: &mut VecDeque<String>, name: &str) -> bool {
+    let Some(i) = loaded.iter().position(|n| n == name) else {
+        return false;
+    };
+    if let Some(n) = loaded.remove(i) {
+        loaded.push_back(n);
+    }
+    true
 }
 
 /// The checkpoint directory and the engine's queue.
@@ -305,9 +329,12 @@ impl Store {
             check_name(name)?;
             let path = format!("tinker://{model_id}/sampler_weights/{name}");
             self.publish(&path, true, write)?;
+            let (dir, _) = self.resolve(&path)?;
             if let Some(session) = &s.session {
-                let (dir, _) = self.resolve(&path)?;
                 self.install_blocking(session, &path, &dir, Some(path.clone()))?;
+            } else if self.samplers.is_loaded(&path) {
+                // Saved again under a name the engine holds: its sessions sample the new weights.
+                self.load_blocking(&path, &dir)?;
             }
             return Ok(serde_json::json!({"path": path, "type": "save_weights_for_sampler"}));
         }
@@ -332,23 +359,29 @@ impl Store {
         dir: &Path,
         path: Option<String>,
     ) -> Result<(), String> {
+        self.load_blocking(engine_name, dir)?;
+        for old in self.samplers.register(session, engine_name, path, true) {
+            let (tx, _rx) = oneshot::channel();
+            let _ = self.engine.blocking_send(Msg::Unload(old, tx));
+        }
+        Ok(())
+    }
+
+    /// Loads (or replaces) the engine's adapter `engine_name` from the PEFT directory `dir`.
+    fn load_blocking(&self, engine_name: &str, dir: &Path) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
         let req = LoadLora {
             lora_name: engine_name.to_string(),
             lora_path: dir.display().to_string(),
             load_inplace: true,
         };
+        let stopped = |_| "the engine has stopped".to_string();
         self.engine
             .blocking_send(Msg::Load(req, tx))
-            .map_err(|_| "the engine has stopped".to_string())?;
+            .map_err(stopped)?;
         rx.blocking_recv()
             .map_err(|_| "the engine has stopped".to_string())?
-            .map_err(|e| e.message)?;
-        for old in self.samplers.register(session, engine_name, path, true) {
-            let (tx, _rx) = oneshot::channel();
-            let _ = self.engine.blocking_send(Msg::Unload(old, tx));
-        }
-        Ok(())
+            .map_err(|e| e.message)
     }
 }
 
@@ -384,10 +417,12 @@ mod tests {
                     .is_empty()
             );
         }
-        assert_eq!(
-            s.register("late", "a-late", None, true),
-            vec!["a0".to_string()]
-        );
+        // a1 used again: after a0, a2 is the oldest.
+        assert_eq!(s.use_session("s1").as_deref(), Some("a1"));
+        let late = s.register("late", "a-late", None, true);
+        assert_eq!(late, vec!["a0".to_string()]);
+        let later = s.register("later", "a-later", None, true);
+        assert_eq!(later, vec!["a2".to_string()]);
         assert!(s.get("s0").is_none());
         assert_eq!(s.get("s1").unwrap().0, "a1");
         assert_eq!(s.get("base").unwrap().0, "smol");

@@ -18,6 +18,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows × positions of one forward and backward pass; a `forward_backward` request with more
 /// runs in several passes whose gradients add up.
@@ -123,6 +124,10 @@ pub enum Op {
 /// Training clients held at once; `create_model` past it is refused until a session ends.
 pub const MAX_CLIENTS: usize = 64;
 
+/// How far past the next request to run a request may arrive (the SDK sends a chunked batch's
+/// chunks at once, and later requests before earlier ones finish).
+const MAX_AHEAD: i64 = 4096;
+
 /// One training client.
 pub struct Client {
     pub(super) model: Llama,
@@ -157,24 +162,48 @@ pub struct Trainer {
     pub(super) clients: HashMap<String, Client>,
     futures: Arc<Futures>,
     pub(super) store: store::Store,
+    closing: Arc<AtomicBool>,
 }
 
 impl Trainer {
     /// A trainer over `base` (on an autodiff device), answering through `futures`.
-    pub fn new(base: Llama, device: Device, futures: Arc<Futures>, store: store::Store) -> Self {
+    pub fn new(
+        base: Llama,
+        device: Device,
+        futures: Arc<Futures>,
+        store: store::Store,
+        closing: Arc<AtomicBool>,
+    ) -> Self {
         Self {
             base: base.no_grad(),
             device,
             clients: HashMap::new(),
             futures,
             store,
+            closing,
         }
     }
 
-    /// Runs until every sender is gone.
+    /// Runs until every sender is gone; once `closing` is set, what is queued fails at once.
     pub fn run(mut self, rx: std::sync::mpsc::Receiver<Op>) {
         while let Ok(op) = rx.recv() {
-            self.handle(op);
+            if !self.closing.load(Ordering::SeqCst) {
+                self.handle(op);
+                continue;
+            }
+            let future = match op {
+                Op::Create { future, .. } | Op::FromState { future, .. } => future,
+                Op::Step { future, .. } => future,
+                Op::EndSession(_) => continue,
+            };
+            let message = "the server is shutting down".to_string();
+            self.futures.finish(
+                &future,
+                Outcome::Error {
+                    message,
+                    category: "server",
+                },
+            );
         }
     }
 
@@ -209,18 +238,41 @@ impl Trainer {
             } => self.enqueue(model_id, seq_id, work, future),
             Op::EndSession(session) => {
                 let prefix = format!("{session}:train:");
-                self.clients.retain(|id, _| !id.starts_with(&prefix));
+                let ended: Vec<String> = self
+                    .clients
+                    .keys()
+                    .filter(|id| id.starts_with(&prefix))
+                    .cloned()
+                    .collect();
+                for id in ended {
+                    self.drop_client(&id, "its session ended");
+                }
             }
         }
     }
 
-    fn create(&mut self, model_id: &str, req: &LoraRequest) -> Result<serde_json::Value, String> {
+    /// Drops a client, failing the requests it holds (`why` says why).
+    fn drop_client(&mut self, model_id: &str, why: &str) {
+        if let Some(c) = self.clients.remove(model_id) {
+            for (_, (_, future)) in c.waiting {
+                let msg = format!("the training client {model_id} was dropped: {why}");
+                self.futures.finish(&future, Outcome::user(msg));
+            }
+        }
+    }
+
+    fn room(&self, model_id: &str) -> Result<(), String> {
         if self.clients.len() >= MAX_CLIENTS && !self.clients.contains_key(model_id) {
             return Err(format!(
                 "{MAX_CLIENTS} training clients are held, the most this server keeps: close a \
                  session (ServiceClient.close) to free its clients"
             ));
         }
+        Ok(())
+    }
+
+    fn create(&mut self, model_id: &str, req: &LoraRequest) -> Result<serde_json::Value, String> {
+        self.room(model_id)?;
         let mut targets = Vec::new();
         if req.train_attn {
             targets.extend(["q_proj", "k_proj", "v_proj", "o_proj"]);
@@ -258,6 +310,7 @@ impl Trainer {
         path: &str,
         optimizer: bool,
     ) -> Result<serde_json::Value, String> {
+        self.room(model_id)?;
         let client = self.store.load_client(&self.base, path, optimizer)?;
         self.clients.insert(model_id.to_string(), client);
         Ok(json!({"model_id": model_id, "path": path, "type": "load_weights"}))
@@ -269,8 +322,12 @@ impl Trainer {
             self.futures.finish(&future, Outcome::user(msg));
             return;
         };
-        if seq_id < c.next_seq {
-            let msg = format!("seq_id {seq_id} of {model_id} has already run");
+        if seq_id < c.next_seq || seq_id - c.next_seq > MAX_AHEAD {
+            let msg = format!(
+                "seq_id {seq_id} of {model_id}: the next to run is {} (at most {MAX_AHEAD} may \
+                 wait for it)",
+                c.next_seq
+            );
             self.futures.finish(&future, Outcome::user(msg));
             return;
         }
@@ -283,17 +340,16 @@ impl Trainer {
                 return;
             };
             c.next_seq += 1;
-            let out = catch_unwind(AssertUnwindSafe(|| self.run_work(&model_id, work)))
-                .unwrap_or_else(|_| {
-                    // A panic may leave the client half-updated: it is dropped.
-                    self.clients.remove(&model_id);
-                    Outcome::Error {
-                        message: format!(
-                            "internal error; the training client {model_id} was dropped"
-                        ),
-                        category: "server",
-                    }
-                });
+            let out = catch_unwind(AssertUnwindSafe(|| self.run_work(&model_id, work)));
+            let Ok(out) = out else {
+                // A panic may leave the client half-updated: it is dropped, with what waits.
+                let message = format!("internal error; the training client {model_id} was dropped");
+                let category = "server";
+                self.futures
+                    .finish(&future, Outcome::Error { message, category });
+                self.drop_client(&model_id, "an earlier request failed inside the server");
+                return;
+            };
             self.futures.finish(&future, out);
         }
     }
@@ -310,7 +366,7 @@ impl Trainer {
             Work::SaveSampler(s) => self.save_sampler(model_id, s),
             Work::Load { path, optimizer } => {
                 let client = self.store.load_client(&self.base, &path, optimizer);
-                client.and_then(|new| self.replace(model_id, new, optimizer, &path))
+                client.and_then(|new| self.replace(model_id, new, &path))
             }
             Work::Invalid(e) => Err(e),
         };
@@ -327,7 +383,6 @@ impl Trainer {
         &mut self,
         model_id: &str,
         new: Client,
-        optimizer: bool,
         path: &str,
     ) -> Result<serde_json::Value, String> {
         let c = self.client(model_id)?;
@@ -337,13 +392,12 @@ impl Trainer {
                 new.lora.rank, new.lora.targets, c.lora.rank, c.lora.targets
             ));
         }
+        // Without the saved optimizer state the moments start again, for the new weights.
         c.model = new.model;
         c.acc = GradientsAccumulator::new();
         c.pending_grads = false;
-        if optimizer {
-            c.optim = new.optim;
-            c.adam = new.adam;
-        }
+        c.optim = new.optim;
+        c.adam = new.adam;
         Ok(json!({"path": path, "type": "load_weights"}))
     }
 
@@ -496,7 +550,7 @@ impl Parsed {
                 .loss_fn_inputs
                 .get(name)
                 .ok_or_else(|| format!("loss_fn_inputs has no `{name}`"))?;
-            let (v, shape) = wire::tensor_values(name, t)?;
+            let (v, shape) = wire::tensor_values(name, t, n)?;
             if shape != [n] {
                 return Err(format!(
                     "loss_fn_inputs `{name}` has shape {shape:?}; the model input has {n} \
@@ -593,7 +647,14 @@ fn run_pass(
     let tokens = pad_u(&|d| &d.tokens);
     let targets = pad_u(&|d| &d.targets);
     let mask = pad_f(&|d| vec![1.0; d.tokens.len()]);
-    let names: Vec<String> = datums[0].inputs.keys().cloned().collect();
+    let mut names: Vec<String> = datums
+        .iter()
+        .flat_map(|d| d.inputs.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    // Every datum has the loss's own inputs; a datum without GSPO's ratio mask counts every
+    // position in its ratio.
     let named = names
         .into_iter()
         .map(|k| {
@@ -601,7 +662,7 @@ fn run_pass(
                 d.inputs
                     .get(&k)
                     .cloned()
-                    .unwrap_or_else(|| vec![0.0; d.tokens.len()])
+                    .unwrap_or_else(|| vec![1.0; d.tokens.len()])
             });
             (k, t)
         })

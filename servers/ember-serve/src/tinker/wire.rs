@@ -204,9 +204,14 @@ pub fn i32_bytes(v: &[u32]) -> Vec<u8> {
         .collect()
 }
 
-/// A dense 1-D tensor's values as f64, whatever its dtype (float32, bfloat16, int32, int64);
-/// sparse CSR tensors are expanded. `name` names the tensor in errors.
-pub fn tensor_values(name: &str, t: &WireTensor) -> Result<(Vec<f64>, Vec<usize>), String> {
+/// A tensor's values as f64, whatever its dtype (float32, bfloat16, int32, int64); sparse CSR
+/// tensors are expanded. Its element count must be at most `most` (checked before anything is
+/// decoded or allocated). `name` names the tensor in errors.
+pub fn tensor_values(
+    name: &str,
+    t: &WireTensor,
+    most: usize,
+) -> Result<(Vec<f64>, Vec<usize>), String> {
     let shape: Vec<usize> = t
         .shape
         .iter()
@@ -215,7 +220,8 @@ pub fn tensor_values(name: &str, t: &WireTensor) -> Result<(Vec<f64>, Vec<usize>
     let count = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| format!("{name}: shape {shape:?} overflows"))?;
+        .filter(|&c| c <= most)
+        .ok_or_else(|| format!("{name}: shape {shape:?} holds more than {most} values"))?;
     let values = match &t.encoding {
         Some(Encoding::Dense(b)) => decode(name, b, t.dtype)?,
         Some(Encoding::SparseCsr(s)) => sparse(name, s, t.dtype, &shape)?,
@@ -335,16 +341,16 @@ mod tests {
             dtype: DTYPE_FLOAT32,
             shape: vec![2, 3],
         };
-        let (a, shape) = tensor_values("w", &dense).unwrap();
+        let (a, shape) = tensor_values("w", &dense, 6).unwrap();
         assert_eq!(shape, vec![2, 3]);
-        assert_eq!(a, tensor_values("w", &csr).unwrap().0);
+        assert_eq!(a, tensor_values("w", &csr, 6).unwrap().0);
         assert_eq!(a, vec![0.0, 2.0, 0.0, 0.0, 0.0, -1.5]);
         let bad = WireTensor {
             shape: vec![4],
             ..dense
         };
         assert!(
-            tensor_values("w", &bad)
+            tensor_values("w", &bad, 6)
                 .unwrap_err()
                 .contains("6 values for shape [4]")
         );

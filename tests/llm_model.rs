@@ -926,3 +926,62 @@ fn target_log_probs_equal_next_token_scoring() {
     assert!((other[1] - lp[1]).abs() > 1e-3);
     assert!((other[0] - lp[0]).abs() <= 1e-6 && (other[2] - lp[2]).abs() <= 1e-6);
 }
+
+/// `shared_token_log_probs` (each distinct prompt run once) equals `token_log_probs` on the same
+/// rows, in values and in the gradient of the embedding: two prompts of different lengths
+/// (left-padded to 4 columns), three rows on the first and one on the second, responses of
+/// different lengths (right-padded).
+#[test]
+fn shared_token_log_probs_equal_the_unshared_pass() {
+    let ad = dev().autodiff();
+    let model = load(&fixture("tiny_llama"), &ad).unwrap().model;
+    let rows: [[i64; 7]; 4] = [
+        [5, 17, 33, 8, 2, 9, 0],
+        [5, 17, 33, 8, 40, 0, 0],
+        [5, 17, 33, 8, 7, 7, 3],
+        [0, 0, 12, 6, 30, 31, 0],
+    ];
+    let masks: [[f32; 7]; 4] = [
+        [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+        [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
+        [1.0; 7],
+        [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+    ];
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(rows.concat(), [4, 7]), &ad);
+    let mask = Tensor::<2>::from_data(TensorData::new(masks.concat(), [4, 7]), &ad);
+    let how = Scoring {
+        temperature: 1.0,
+        entropy: true,
+        adapters: true,
+    };
+    // Each position counts where it and the token it predicts are both real.
+    let m = mask.clone().slice([0..4, 1..7]) * mask.clone().slice([0..4, 0..6]);
+    let run = |shared: bool| {
+        let (lp, ent) = if shared {
+            model.shared_token_log_probs(tokens.clone(), mask.clone(), 4, how)
+        } else {
+            model.token_log_probs(tokens.clone(), mask.clone(), 1.0, true, true)
+        };
+        let grads = (lp.clone() * m.clone()).sum().backward();
+        let g = model.embed_tokens.weight.grad(&grads).unwrap();
+        (
+            vals(lp * m.clone()),
+            vals(ent.unwrap() * m.clone()),
+            g.into_data().try_to_vec::<f32>().unwrap(),
+        )
+    };
+    let (a, b) = (run(true), run(false));
+    for (what, x, y) in [
+        ("log-probs", &a.0, &b.0),
+        ("entropies", &a.1, &b.1),
+        ("embedding gradient", &a.2, &b.2),
+    ] {
+        let worst = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        eprintln!("shared vs unshared {what}: {worst:e}");
+        assert!(worst <= 1e-5, "{what}: {worst}");
+    }
+}

@@ -255,6 +255,11 @@ fn check_losses(out: &Value) {
         "{refused}"
     );
     // Five datums in chunks of two, the first chunk sent last: every datum in its place.
+    // Two datums sharing their prompt (scored once) equal each scored alone.
+    for i in 0..2 {
+        let (a, b) = (&out["shared_together"][i], &out["shared_alone"][i]);
+        assert_close("a shared-prompt datum", &floats(a), &floats(b), 1e-5);
+    }
     let chunked = out["chunked"].as_array().unwrap();
     assert_eq!(chunked.len(), 5);
     for c in chunked {

@@ -89,6 +89,14 @@ many = [sft(x1, y1, w1) for _ in range(5)]
 chunked = training.forward(many, "cross_entropy").result()
 out["chunked"] = [o["logprobs"].tolist() for o in chunked.loss_fn_outputs]
 
+# Two samples of one prompt in one request (the prompt scored once, shared) against each alone.
+seq_a, seq_b = [1, 504, 3120, 28, 253, 2], [1, 504, 3120, 28, 19, 4437]
+pair = [sft(s[:-1], s[1:], [1.0] * (len(s) - 1)) for s in (seq_a, seq_b)]
+together = training.forward(pair, "cross_entropy").result()
+out["shared_together"] = [o["logprobs"].tolist() for o in together.loss_fn_outputs]
+out["shared_alone"] = [training.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+                       for d in pair]
+
 # Sampling from the trained weights, twice with one seed, once with another.
 sampler = training.save_weights_and_get_sampling_client().result()
 prompt = types.ModelInput.from_ints([1, 504, 3120])

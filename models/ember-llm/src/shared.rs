@@ -286,6 +286,46 @@ impl Llama {
         self.shared_scores(hp, hr, s, how)
     }
 
+    /// [`token_log_probs`](Self::token_log_probs) of rows whose first `p` columns hold a prompt
+    /// (left-padded) that several rows share: each distinct prompt runs through the decoder
+    /// once (the rows' log-probs of their prompt tokens are their prompt's, of their own tokens
+    /// from the shared pass), equal to the unshared pass to float rounding. Runs unshared when
+    /// no two rows share their prompt columns or sharing is off.
+    ///
+    /// # Shapes
+    /// `tokens`, `mask` `[rows, p + n]` with `1 <= p`, `n >= 1`; returns `[rows, p + n − 1]`
+    /// for the tokens `1..p + n`.
+    pub fn shared_token_log_probs(
+        &self,
+        tokens: Tensor<2, Int>,
+        mask: Tensor<2>,
+        p: usize,
+        how: Scoring,
+    ) -> (Tensor<2>, Option<Tensor<2>>) {
+        let t = tokens.dims()[1];
+        let split = (self.can_share() && p >= 1 && p < t)
+            .then(|| SharedRows::split(tokens.clone(), mask.clone(), p))
+            .flatten();
+        let Some(s) = split else {
+            return self.token_log_probs(tokens, mask, how.temperature, how.entropy, how.adapters);
+        };
+        let (hp, hr) = self.shared_hidden(&s, how.adapters);
+        let (resp, resp_h) = self.shared_scores(hp.clone(), hr, &s, how);
+        if p == 1 {
+            return (resp, resp_h);
+        }
+        let [u, _, d] = hp.dims();
+        let h = hp.slice([0..u, 0..p - 1, 0..d]);
+        let targets = s.prompt_tokens.clone().slice([0..u, 1..p]);
+        let (lp, ent) = self.head_log_probs(h, targets, how.temperature, how.entropy, how.adapters);
+        let own = |x: Tensor<2>| x.select(0, s.owner.clone());
+        let lp = Tensor::cat(vec![own(lp), resp], 1);
+        let ent = ent
+            .zip(resp_h)
+            .map(|(a, b)| Tensor::cat(vec![own(a), b], 1));
+        (lp, ent)
+    }
+
     /// [`shared_log_probs`](Self::shared_log_probs) from a shared pass's outputs `hp`, `hr`.
     pub(crate) fn shared_scores(
         &self,

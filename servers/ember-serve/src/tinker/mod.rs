@@ -7,7 +7,8 @@
 //! - `wire.rs`: the protobuf messages and tensor codecs;
 //! - `futures.rs`: request ids, long-polled results, retried submissions deduplicated;
 //! - `trainer.rs`: the thread that owns the training clients and runs their requests in
-//!   `seq_id` order; `loss.rs`: the losses; `store.rs`: saved states and sampler adapters;
+//!   `seq_id` order; `pass.rs`: a request's datums in passes (shared prefixes scored once);
+//!   `loss.rs`: the losses; `store.rs`: saved states and sampler adapters;
 //! - `sample.rs`: `asample` on the engine's continuous batcher.
 //!
 //! Every route sits under `/api/v1/` and takes the key in `X-API-Key` (the SDK's header; it only
@@ -15,6 +16,7 @@
 
 mod futures;
 mod loss;
+mod pass;
 mod sample;
 mod store;
 mod trainer;

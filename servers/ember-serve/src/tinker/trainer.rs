@@ -4,13 +4,14 @@
 //! `forward_backward` in any order), holding a request until those before it have run.
 
 use super::futures::{Futures, Outcome};
-use super::loss::{LossFn, LossInputs, total};
+use super::loss::LossFn;
+use super::pass::{Parsed, passes, run_pass};
 use super::store;
-use super::wire::{self, ChunkKind, ForwardBackwardRequest};
+use super::wire::{self, ForwardBackwardRequest};
 use burn::module::Module;
 use burn::optim::GradientsAccumulator;
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use ember_llm::{Llama, LoraSettings, Scoring};
+use burn::tensor::{Device, Tensor};
+use ember_llm::{Llama, LoraSettings};
 use ember_train::{Optimizer, OptimizerConfig};
 use prost::Message;
 use serde::Deserialize;
@@ -19,10 +20,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Rows × positions of one forward and backward pass; a `forward_backward` request with more
-/// runs in several passes whose gradients add up.
-pub const PASS_TOKENS: usize = 8192;
 
 /// `create_model`'s `lora_config`.
 #[derive(Debug, Clone, Deserialize)]
@@ -141,6 +138,13 @@ pub struct Client {
 }
 
 impl Client {
+    /// The gradients of `loss` added to those gathered since the last `optim_step`.
+    pub(super) fn add_gradients(&mut self, loss: Tensor<1>) {
+        let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &self.model);
+        self.acc.accumulate(&self.model, grads);
+        self.pending_grads = true;
+    }
+
     pub(super) fn new(model: Llama, lora: LoraSettings) -> Self {
         Self {
             model,
@@ -401,7 +405,7 @@ impl Trainer {
         Ok(json!({"path": path, "type": "load_weights"}))
     }
 
-    /// One request's datums in passes of at most [`PASS_TOKENS`] cells: log-probs, the loss,
+    /// One request's datums in passes of at most [`PASS_TOKENS`](super::pass::PASS_TOKENS) cells: log-probs, the loss,
     /// and (unless `forward_only`) the gradients added to the client's.
     fn forward_backward(
         &mut self,
@@ -515,205 +519,5 @@ fn answer(out: Result<serde_json::Value, String>) -> Outcome {
     match out {
         Ok(v) => Outcome::Json(v),
         Err(e) => Outcome::user(e),
-    }
-}
-
-/// One datum: input tokens, targets, and the loss's per-token inputs.
-struct Parsed {
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
-    inputs: HashMap<String, Vec<f32>>,
-}
-
-impl Parsed {
-    fn read(d: &wire::Datum, loss: &LossFn, vocab: usize, context: usize) -> Result<Self, String> {
-        let mut tokens = Vec::new();
-        for c in &d.model_input {
-            match &c.chunk {
-                Some(ChunkKind::EncodedText(t)) => tokens.extend(wire::tokens_from_i32(&t.tokens)?),
-                Some(ChunkKind::Image(_)) => return Err("image chunks are not supported".into()),
-                Some(ChunkKind::Dmel(_)) => return Err("dmel chunks are not supported".into()),
-                None => {}
-            }
-        }
-        let n = tokens.len();
-        if n == 0 || n > context {
-            return Err(format!("{n} input tokens (the model takes 1..={context})"));
-        }
-        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(format!(
-                "input token {t} is outside the vocabulary of {vocab}"
-            ));
-        }
-        let get = |name: &str| -> Result<Vec<f64>, String> {
-            let t = d
-                .loss_fn_inputs
-                .get(name)
-                .ok_or_else(|| format!("loss_fn_inputs has no `{name}`"))?;
-            let (v, shape) = wire::tensor_values(name, t, n)?;
-            if shape != [n] {
-                return Err(format!(
-                    "loss_fn_inputs `{name}` has shape {shape:?}; the model input has {n} \
-                     tokens (targets of shape [N, K] are not supported)"
-                ));
-            }
-            Ok(v)
-        };
-        let targets = get("target_tokens")?
-            .into_iter()
-            .map(|v| {
-                (v >= 0.0 && (v as usize) < vocab && v.fract() == 0.0)
-                    .then_some(v as u32)
-                    .ok_or_else(|| format!("target token {v} is outside the vocabulary of {vocab}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut inputs = HashMap::new();
-        let mut names: Vec<&str> = loss.inputs().to_vec();
-        if matches!(loss, LossFn::Gspo { .. })
-            && d.loss_fn_inputs.contains_key("sequence_ratio_mask")
-        {
-            names.push("sequence_ratio_mask");
-        }
-        for name in names {
-            let v = get(name)?;
-            if v.iter().any(|x| !x.is_finite()) {
-                return Err(format!("loss_fn_inputs `{name}` holds a non-finite value"));
-            }
-            inputs.insert(name.to_string(), v.into_iter().map(|x| x as f32).collect());
-        }
-        Ok(Self {
-            tokens,
-            targets,
-            inputs,
-        })
-    }
-}
-
-/// Consecutive ranges of datums whose padded size stays within [`PASS_TOKENS`] (a datum longer
-/// than that runs alone).
-fn passes(datums: &[Parsed]) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let (mut start, mut longest) = (0, 0);
-    for (i, d) in datums.iter().enumerate() {
-        let l = longest.max(d.tokens.len());
-        if i > start && l * (i + 1 - start) > PASS_TOKENS {
-            out.push(start..i);
-            start = i;
-            longest = d.tokens.len();
-        } else {
-            longest = l;
-        }
-    }
-    out.push(start..datums.len());
-    out
-}
-
-/// One pass: the datums right-padded to one length, their log-probs (host values, each datum's
-/// own length) and loss; the gradients added to the client's unless `forward_only`.
-fn run_pass(
-    c: &mut Client,
-    datums: &[Parsed],
-    loss: &LossFn,
-    device: &Device,
-    forward_only: bool,
-) -> Result<(Vec<Vec<f32>>, f64), String> {
-    let (b, t) = (
-        datums.len(),
-        datums.iter().map(|d| d.tokens.len()).max().unwrap_or(1),
-    );
-    let pad_u = |f: &dyn Fn(&Parsed) -> &[u32]| -> Tensor<2, Int> {
-        let v: Vec<i64> = datums
-            .iter()
-            .flat_map(|d| {
-                let s = f(d);
-                s.iter()
-                    .map(|&x| i64::from(x))
-                    .chain(std::iter::repeat_n(0, t - s.len()))
-            })
-            .collect();
-        Tensor::from_data(TensorData::new(v, [b, t]), device)
-    };
-    let pad_f = |f: &dyn Fn(&Parsed) -> Vec<f32>| -> Tensor<2> {
-        let v: Vec<f32> = datums
-            .iter()
-            .flat_map(|d| {
-                let s = f(d);
-                let n = s.len();
-                s.into_iter().chain(std::iter::repeat_n(0.0, t - n))
-            })
-            .collect();
-        Tensor::from_data(TensorData::new(v, [b, t]), device)
-    };
-    let tokens = pad_u(&|d| &d.tokens);
-    let targets = pad_u(&|d| &d.targets);
-    let mask = pad_f(&|d| vec![1.0; d.tokens.len()]);
-    let mut names: Vec<String> = datums
-        .iter()
-        .flat_map(|d| d.inputs.keys().cloned())
-        .collect();
-    names.sort();
-    names.dedup();
-    // Every datum has the loss's own inputs; a datum without GSPO's ratio mask counts every
-    // position in its ratio.
-    let named = names
-        .into_iter()
-        .map(|k| {
-            let t = pad_f(&|d| {
-                d.inputs
-                    .get(&k)
-                    .cloned()
-                    .unwrap_or_else(|| vec![1.0; d.tokens.len()])
-            });
-            (k, t)
-        })
-        .collect();
-    let how = Scoring {
-        temperature: 1.0,
-        entropy: false,
-        adapters: true,
-    };
-    let (lp, _) = c.model.target_log_probs(tokens, mask.clone(), targets, how);
-    let x = LossInputs {
-        log_probs: lp.clone(),
-        mask,
-        named,
-    };
-    let sum = total(loss, &x)?;
-    let host = lp
-        .detach()
-        .into_data()
-        .try_into_vec::<f32>()
-        .map_err(|e| format!("{e:?}"))?;
-    let per_datum = datums
-        .iter()
-        .enumerate()
-        .map(|(i, d)| host[i * t..i * t + d.tokens.len()].to_vec())
-        .collect();
-    let value = f64::from(sum.clone().detach().into_scalar::<f32>());
-    if !forward_only {
-        let grads = burn::optim::GradientsParams::from_grads(sum.backward(), &c.model);
-        c.acc.accumulate(&c.model, grads);
-        c.pending_grads = true;
-    }
-    Ok((per_datum, value))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn datum(n: usize) -> Parsed {
-        Parsed {
-            tokens: vec![1; n],
-            targets: vec![1; n],
-            inputs: HashMap::new(),
-        }
-    }
-
-    #[test]
-    fn passes_stay_within_the_cell_budget() {
-        let ds: Vec<Parsed> = [4000, 4000, 100, 9000, 10].into_iter().map(datum).collect();
-        assert_eq!(passes(&ds), vec![0..2, 2..3, 3..4, 4..5]);
-        assert_eq!(passes(&ds[..1]), vec![0..1]);
     }
 }

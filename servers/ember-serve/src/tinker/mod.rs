@@ -66,7 +66,7 @@ pub struct TinkerArgs {
 }
 
 /// How long `retrieve_future` holds a request before answering `try_again` (the SDK waits 45 s).
-const POLL: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_secs(35);
 /// Finished results kept for `retrieve_future`.
 const RESULTS_KEPT: usize = 4096;
 

@@ -2,7 +2,8 @@
 //! `scripts/fetch_assets.sh` makes): `tests/tinker_client.py` runs a user's calls on SmolLM2
 //! (forward, forward_backward with every loss, optim_step, a batch split into chunks that
 //! arrive out of order, seeded sampling from the trained weights, prompt log-probs,
-//! save_state and a resume with the optimizer, a sampling client over a saved adapter), and
+//! save_state and a resume with the optimizer, a sampling client over a saved adapter, an
+//! alias and an unknown name, close), and
 //! this test checks what the SDK saw against Ember's own numbers: the base model's log-probs,
 //! one AdamW update computed directly, and each loss's formula on the returned log-probs.
 
@@ -86,6 +87,8 @@ fn run_client(gguf: &Path, python: &Path, dir: &Path) -> Value {
         "2",
         "--api-key",
         "tml-ember-test",
+        "--alias",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
         "--tinker-dir",
     ]);
     c.arg(dir.join("ck")).stderr(Stdio::inherit());
@@ -135,7 +138,15 @@ fn the_tinker_sdk_trains_samples_and_resumes_against_ember() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = run_client(&gguf, &python, &dir);
-    assert_eq!(out["models"], serde_json::json!(["smol"]));
+    let models = serde_json::json!(["smol", "HuggingFaceTB/SmolLM2-135M-Instruct"]);
+    assert_eq!(out["models"], models);
+    assert_eq!(out["alias_model"], "HuggingFaceTB/SmolLM2-135M-Instruct");
+    assert!(
+        out["unknown_model"]
+            .as_str()
+            .unwrap()
+            .contains("is not served here")
+    );
     assert_eq!(out["info_model"], "smol");
 
     // The fresh adapter (B = 0) leaves the base model: its log-probs are Ember's own.

@@ -21,6 +21,15 @@ caps = tinker.RestClient(base_url=base_url, api_key="tml-ember-test").get_server
 out["models"] = [m.model_name for m in caps.supported_models]
 
 training = service.create_lora_training_client(base_model=model_name, rank=8, seed=3).result()
+# The same model under its alias (--alias), and a name the server does not serve.
+alias = service.create_lora_training_client(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", rank=4,
+                                            train_unembed=False).result()
+out["alias_model"] = alias.get_info().model_data.model_name
+try:
+    service.create_lora_training_client(base_model="nobody/nothing", rank=4).result()
+    out["unknown_model"] = ""
+except Exception as e:
+    out["unknown_model"] = str(e)
 out["info_model"] = training.get_info().model_data.model_name
 
 # Two datums of different lengths: tokens x, targets y (position i predicts y[i]), weights w

@@ -67,6 +67,9 @@ pub struct TinkerArgs {
 
 /// How long `retrieve_future` holds a request before answering `try_again` (the SDK waits 45 s).
 const POLL: Duration = Duration::from_secs(35);
+/// How long a session may send no heartbeat before it ends (the SDK sends one every 10 s).
+const SESSION_IDLE: Duration = Duration::from_secs(300);
+
 /// Finished results kept for `retrieve_future`.
 const RESULTS_KEPT: usize = 4096;
 
@@ -82,6 +85,8 @@ pub struct Service {
     closing: Arc<AtomicBool>,
     sessions: AtomicU64,
     stamp: u64,
+    /// Each session's last sign of life (creation, heartbeat, a new training client).
+    seen: Mutex<HashMap<String, std::time::Instant>>,
     /// Model id → (the base model name it was created with, LoRA rank when known).
     models: Mutex<HashMap<String, (String, Option<usize>)>>,
 }
@@ -137,6 +142,7 @@ impl Service {
             sessions: AtomicU64::new(0),
             stamp,
             models: Mutex::new(HashMap::new()),
+            seen: Mutex::new(HashMap::new()),
         })
     }
 
@@ -190,10 +196,7 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/api/v1/client/config", post(config))
         .route("/api/v1/create_session", post(create_session))
-        .route(
-            "/api/v1/session_heartbeat",
-            post(|| async { Json(json!({"type": "session_heartbeat"})) }),
-        )
+        .route("/api/v1/session_heartbeat", post(heartbeat))
         .route(
             "/api/v1/telemetry",
             post(|| async { Json(json!({"status": "accepted"})) }),
@@ -263,7 +266,56 @@ async fn create_session(State(st): State<Arc<AppState>>) -> Result<Response, Api
     let s = service(&st)?;
     let n = s.sessions.fetch_add(1, Ordering::Relaxed);
     let id = format!("s{:x}-{n}", s.stamp);
+    s.seen(&id)?;
     Ok(Json(json!({"session_id": id, "type": "create_session"})).into_response())
+}
+
+#[derive(Deserialize)]
+struct Heartbeat {
+    session_id: String,
+}
+
+/// `session_heartbeat` (every 10 s from the SDK): the session stays; sessions silent for
+/// [`SESSION_IDLE`] end, and their training clients are dropped.
+async fn heartbeat(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
+    let s = service(&st)?;
+    let r: Heartbeat = body(&b)?;
+    check_session(&r.session_id)?;
+    s.seen(&r.session_id)?;
+    Ok(Json(json!({"type": "session_heartbeat"})).into_response())
+}
+
+impl Service {
+    /// Marks `session` alive now, and ends the sessions silent for [`SESSION_IDLE`] (a script
+    /// that died without `close()`).
+    fn seen(&self, session: &str) -> Result<(), ApiError> {
+        let now = std::time::Instant::now();
+        let idle: Vec<String> = {
+            let mut seen = lock(&self.seen);
+            seen.insert(session.to_string(), now);
+            let idle = seen
+                .iter()
+                .filter(|(_, t)| now.duration_since(**t) > SESSION_IDLE)
+                .map(|(id, _)| id.clone())
+                .collect();
+            seen.retain(|_, t| now.duration_since(*t) <= SESSION_IDLE);
+            idle
+        };
+        for id in idle {
+            log::info!("session {id} sent no heartbeat for {SESSION_IDLE:?}: it ends");
+            self.end(id)?;
+        }
+        Ok(())
+    }
+
+    /// Ends `session`: its models, sampling sessions and training clients are dropped.
+    fn end(&self, session: String) -> Result<(), ApiError> {
+        let prefix = format!("{session}:");
+        lock(&self.models).retain(|m, _| !m.starts_with(&prefix));
+        self.samplers.end_session(&prefix);
+        lock(&self.seen).remove(&session);
+        self.send(Op::EndSession(session), None)
+    }
 }
 
 async fn capabilities(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
@@ -286,10 +338,7 @@ async fn finish_session(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Response, ApiError> {
     let s = service(&st)?;
-    let prefix = format!("{id}:");
-    lock(&s.models).retain(|m, _| !m.starts_with(&prefix));
-    s.samplers.end_session(&prefix);
-    s.send(Op::EndSession(id), None)?;
+    s.end(id)?;
     Ok(Json(json!({})).into_response())
 }
 
@@ -323,6 +372,7 @@ async fn create_model(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Respo
     let s = service(&st)?;
     let req: CreateModel = body(&b)?;
     check_session(&req.session_id)?;
+    s.seen(&req.session_id)?;
     s.base_of(&req.base_model)?;
     let lora = req
         .lora_config

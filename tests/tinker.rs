@@ -299,6 +299,12 @@ fn check_sampling_and_saves(out: &Value, dir: &Path) {
     assert_close("prompt log-probs", &p, &lp[..4], 1e-3);
     // save_state, then one step; the resumed client's step is the same.
     assert_eq!(out["step_after_save"], out["step_after_resume"]);
+    let listed = serde_json::json!(["sampler_weights/sampler-1", "weights/ckpt-1"]);
+    assert_eq!(out["checkpoints"], listed);
+    assert_eq!(
+        out["weights_info"],
+        serde_json::json!(["smol", 8, true, true])
+    );
     let saved = out["saved_path"].as_str().unwrap();
     let rel = saved.strip_prefix("tinker://").unwrap();
     let ck = dir.join("ck").join(rel);

@@ -122,6 +122,11 @@ saved = training.save_state("ckpt-1").result().path
 out["saved_path"] = saved
 named = training.save_weights_for_sampler("sampler-1").result().path
 out["sampler_path"] = named
+rest = tinker.RestClient(base_url=base_url, api_key="tml-ember-test")
+listed = rest.list_checkpoints(saved.split("/")[2]).result()
+out["checkpoints"] = sorted(c.checkpoint_id for c in listed.checkpoints)
+info = rest.get_weights_info_by_tinker_path(saved).result()
+out["weights_info"] = [info.base_model, info.lora_rank, info.train_attn, info.train_mlp]
 
 
 def one_step(client):

@@ -222,6 +222,11 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/api/v1/samplers/{id}", get(sample::sampler_info))
         .route("/api/v1/asample", post(sample::asample))
         .route("/api/v1/retrieve_future", post(retrieve_future))
+        .route(
+            "/api/v1/training_runs/{id}/checkpoints",
+            get(list_checkpoints),
+        )
+        .route("/api/v1/weights_info", post(weights_info))
 }
 
 use axum::Json;
@@ -586,6 +591,32 @@ async fn load_weights(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Respo
         s.send(op, Some(&id))?;
     }
     Ok(future_reply(&id, Some(&model_id)))
+}
+
+/// `GET training_runs/{id}/checkpoints` (`RestClient.list_checkpoints`, `tinker checkpoint
+/// list`): the saves under `--tinker-dir`.
+async fn list_checkpoints(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let s = service(&st)?;
+    let list = store::list(&s.store_dir, &id).map_err(|e| ApiError::bad("training_run_id", e))?;
+    Ok(Json(json!({"checkpoints": list, "cursor": null})).into_response())
+}
+
+#[derive(Deserialize)]
+struct WeightsInfo {
+    tinker_path: String,
+}
+
+/// `POST weights_info` (`RestClient.get_weights_info_by_tinker_path`).
+async fn weights_info(State(st): State<Arc<AppState>>, b: Bytes) -> Result<Response, ApiError> {
+    let s = service(&st)?;
+    let r: WeightsInfo = body(&b)?;
+    let base = s.names.first().cloned().unwrap_or_default();
+    let info = store::info(&s.store_dir, &base, &r.tinker_path)
+        .map_err(|e| ApiError::bad("tinker_path", e))?;
+    Ok(Json(info).into_response())
 }
 
 #[derive(Deserialize)]

@@ -133,6 +133,98 @@ fn touch(loaded: &mut VecDeque<String>, name: &str) -> bool {
     true
 }
 
+/// The saves of `model_id` (`training_runs/{id}/checkpoints`): `weights/NAME` (training
+/// states) and `sampler_weights/NAME`, with their time and size, newest last.
+pub fn list(root: &Path, model_id: &str) -> Result<Vec<serde_json::Value>, String> {
+    parse_path(&format!("tinker://{model_id}/weights/x"))?;
+    let mut out = Vec::new();
+    for (kind, what) in [("weights", "training"), ("sampler_weights", "sampler")] {
+        let dir = root.join(model_id).join(kind);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if check_name(&name).is_err() || !e.path().is_dir() {
+                continue;
+            }
+            let files = std::fs::read_dir(e.path()).into_iter().flatten().flatten();
+            let size: u64 = files
+                .filter_map(|f| f.metadata().ok())
+                .map(|m| m.len())
+                .sum();
+            let secs = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            out.push((
+                secs,
+                serde_json::json!({
+                    "checkpoint_id": format!("{kind}/{name}"),
+                    "checkpoint_type": what,
+                    "time": rfc3339(secs),
+                    "tinker_path": format!("tinker://{model_id}/{kind}/{name}"),
+                    "size_bytes": size,
+                    "public": false,
+                }),
+            ));
+        }
+    }
+    out.sort_by_key(|(t, _)| *t);
+    Ok(out.into_iter().map(|(_, v)| v).collect())
+}
+
+/// What a save at `path` holds (`weights_info`): the base model and the LoRA settings.
+pub fn info(root: &Path, base_name: &str, path: &str) -> Result<serde_json::Value, String> {
+    let (model, kind, name) = parse_path(path)?;
+    let dir = root.join(model).join(kind).join(name);
+    let config = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&config).map_err(|_| format!("{path} does not exist"))?;
+    let peft: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{path}: adapter_config.json: {e}"))?;
+    let targets: Vec<String> = peft["target_modules"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let has = |names: &[&str]| names.iter().any(|n| targets.iter().any(|t| t == n));
+    Ok(serde_json::json!({
+        "base_model": base_name,
+        "is_lora": true,
+        "lora_rank": peft["r"],
+        "train_attn": has(&["q_proj", "k_proj", "v_proj", "o_proj"]),
+        "train_mlp": has(&["gate_proj", "up_proj", "down_proj"]),
+        "train_unembed": false,
+    }))
+}
+
+/// `secs` after the Unix epoch as an RFC 3339 UTC time (the civil date by Hinnant's
+/// `civil_from_days`).
+fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
 /// The checkpoint directory and the engine's queue.
 pub struct Store {
     pub(super) dir: PathBuf,
@@ -388,6 +480,14 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        // 2026-12-07 23:20:40 UTC and a leap day.
+        assert_eq!(rfc3339(1_796_685_640), "2026-12-07T23:20:40Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
 
     #[test]
     fn paths_and_names_are_checked() {

@@ -3,19 +3,19 @@
 //! `tinker://MODEL_ID/weights/NAME` is the directory `--tinker-dir/MODEL_ID/weights/NAME`: a
 //! PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`, loadable by `peft` or by
 //! `ember serve --adapter`) beside the adapter's burn record, the AdamW state and `tinker.json`
-//! (the LoRA settings and Adam's β, ε and decay); `.../sampler_weights/NAME` holds the PEFT
+//! (the LoRA settings and AdamW's settings); `.../sampler_weights/NAME` holds the PEFT
 //! adapter alone. Each is written to a temporary directory and renamed into place with a
 //! manifest of checksums (checked on load), so a failed save leaves the previous one intact.
 //!
 //! The engine holds the adapters of the newest [`SAMPLERS_KEPT`] sampler saves and loaded
 //! paths; a sampling session whose adapter was dropped gets an error saying so.
 
-use super::trainer::Client;
+use super::trainer::{Adam, Client};
 use crate::api::LoadLora;
 use crate::engine::Msg;
 use burn::module::{Module, ParamGroup};
 use ember_llm::{Llama, LoraSettings};
-use ember_train::{OptimizerConfig, manifest};
+use ember_train::manifest;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -34,8 +34,8 @@ const META: &str = "tinker.json";
 struct Meta {
     base_model: String,
     lora: LoraSettings,
-    /// β₁, β₂, ε, weight decay of the last `optim_step` (none before the first).
-    adam: Option<(f32, f32, f32, f32)>,
+    /// AdamW's settings at the last `optim_step` (none before the first).
+    adam: Option<Adam>,
 }
 
 /// A `save_weights_for_sampler`: a name (a path on disk), or a sampling session to serve.
@@ -392,14 +392,10 @@ impl Store {
         if optimizer {
             let rec = burn::optim::OptimizerRecord::load(dir.join(OPTIM))
                 .map_err(|e| format!("{path}: {OPTIM}: {e}"))?;
-            let (b1, b2, eps, wd) = meta.adam.unwrap_or((0.9, 0.999, 1e-5, 0.0));
-            let cfg = OptimizerConfig {
-                weight_decay: wd,
-                ..OptimizerConfig::default()
-                    .with_betas(b1, b2)
-                    .with_epsilon(eps)
-            };
-            client.optim = cfg.init().load_record(rec);
+            if let Some(adam) = meta.adam {
+                client.optim = adam.optimizer();
+            }
+            client.optim = client.optim.load_record(rec);
             client.adam = meta.adam;
         }
         Ok(client)

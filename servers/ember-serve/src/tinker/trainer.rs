@@ -14,7 +14,7 @@ use burn::tensor::{Device, Tensor};
 use ember_llm::{Llama, LoraSettings};
 use ember_train::{Optimizer, OptimizerConfig};
 use prost::Message;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -49,6 +49,15 @@ fn yes() -> bool {
 pub struct AdamParams {
     /// Learning rate.
     pub learning_rate: f64,
+    /// The rest, which the optimizer keeps between steps.
+    #[serde(flatten)]
+    pub settings: Adam,
+}
+
+/// AdamW's settings besides the learning rate, as `adam_params` names them (kept with a saved
+/// state in `tinker.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Adam {
     /// β₁.
     #[serde(default = "b1")]
     pub beta1: f32,
@@ -64,6 +73,36 @@ pub struct AdamParams {
     /// Global gradient-norm bound (0: none).
     #[serde(default)]
     pub grad_clip_norm: f32,
+}
+
+impl Adam {
+    /// Checks each value.
+    fn check(&self) -> Result<(), String> {
+        let ok = (0.0..1.0).contains(&self.beta1)
+            && (0.0..1.0).contains(&self.beta2)
+            && self.eps > 0.0
+            && self.weight_decay >= 0.0
+            && self.grad_clip_norm >= 0.0;
+        ok.then_some(()).ok_or_else(|| {
+            format!(
+                "adam_params out of range ({self:?}): betas in [0, 1), eps > 0, weight_decay \
+                 and grad_clip_norm >= 0"
+            )
+        })
+    }
+
+    /// Ember's optimizer with these settings.
+    pub fn optimizer(&self) -> Optimizer {
+        let config = OptimizerConfig::default()
+            .with_betas(self.beta1, self.beta2)
+            .with_epsilon(self.eps)
+            .with_grad_clip(self.grad_clip_norm);
+        OptimizerConfig {
+            weight_decay: self.weight_decay,
+            ..config
+        }
+        .init()
+    }
 }
 
 fn b1() -> f32 {
@@ -132,7 +171,8 @@ pub struct Client {
     acc: GradientsAccumulator<Llama>,
     pending_grads: bool,
     pub(super) optim: Optimizer,
-    pub(super) adam: Option<(f32, f32, f32, f32)>,
+    /// The settings `optim` was built with (none before the first `optim_step`).
+    pub(super) adam: Option<Adam>,
     next_seq: i64,
     waiting: BTreeMap<i64, (Work, String)>,
 }
@@ -444,34 +484,18 @@ impl Trainer {
     }
 
     fn optim_step(&mut self, model_id: &str, p: AdamParams) -> Result<serde_json::Value, String> {
-        let ok = p.learning_rate.is_finite()
-            && p.learning_rate >= 0.0
-            && (0.0..1.0).contains(&p.beta1)
-            && (0.0..1.0).contains(&p.beta2)
-            && p.eps > 0.0
-            && p.weight_decay >= 0.0
-            && p.grad_clip_norm >= 0.0;
-        if !ok {
-            return Err(format!(
-                "adam_params out of range ({p:?}): learning_rate >= 0, betas in [0, 1), eps \
-                 > 0, weight_decay and grad_clip_norm >= 0"
-            ));
+        if !(p.learning_rate.is_finite() && p.learning_rate >= 0.0) {
+            return Err(format!("learning_rate {} must be >= 0", p.learning_rate));
         }
+        p.settings.check()?;
         let c = self.client(model_id)?;
-        let key = (p.beta1, p.beta2, p.eps, p.weight_decay);
-        let config = OptimizerConfig::default()
-            .with_betas(p.beta1, p.beta2)
-            .with_epsilon(p.eps)
-            .with_grad_clip(p.grad_clip_norm);
-        let config = OptimizerConfig {
-            weight_decay: p.weight_decay,
-            ..config
-        };
-        // A change of β, ε or decay (or the clip bound) keeps the moments: the new AdamW
-        // takes the old one's state.
-        let state = c.optim.to_record();
-        c.optim = config.init().load_record(state);
-        c.adam = Some(key);
+        if c.adam != Some(p.settings) {
+            // A change of β, ε, decay or the clip bound keeps the moments: the new AdamW
+            // takes the old one's state.
+            let state = c.optim.to_record();
+            c.optim = p.settings.optimizer().load_record(state);
+            c.adam = Some(p.settings);
+        }
         if !c.pending_grads {
             return Ok(json!({"type": "optim_step", "metrics": {}}));
         }
